@@ -1,0 +1,127 @@
+"""Find and load the YAML catalogs (models, hardware profiles), aliases, and user files.
+
+The catalogs live in ``models/`` and ``hardware_profiles/`` at the repository root; a built wheel
+carries them as ``planner/_catalog/{models,hardware_profiles}`` (see pyproject.toml).
+"""
+
+from __future__ import annotations
+
+import difflib
+from functools import lru_cache
+from pathlib import Path
+from typing import TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from .errors import UsageError
+from .specs import HardwareProfile, ModelSpec
+
+T = TypeVar("T", bound=BaseModel)
+
+_PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def catalog_dir(kind: str) -> Path:
+    """Directory of a catalog (``models`` or ``hardware_profiles``): the wheel's copy, else the repo's."""
+    for candidate in (_PACKAGE_DIR / "_catalog" / kind, _PACKAGE_DIR.parent / kind):
+        if candidate.is_dir():
+            return candidate
+    raise UsageError(f"the {kind} catalog is missing from this installation")
+
+
+def read_yaml(path: Path) -> object:
+    """Parse a YAML file; raises UsageError (one line) if it is missing or malformed."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        problem = getattr(exc, "problem", None) or "malformed YAML"
+        raise UsageError(f"{path}: {problem}{where}") from None
+
+
+def validate(cls: type[T], data: object, origin: str) -> T:
+    """Validate ``data`` as ``cls``; turns pydantic's report into one line naming the field."""
+    if not isinstance(data, dict):
+        raise UsageError(f"{origin}: expected a mapping of fields, got {type(data).__name__}")
+    try:
+        return cls.model_validate(data)
+    except ValidationError as exc:
+        raise UsageError(f"{origin}: {describe_validation_error(exc)}") from None
+    except UsageError as exc:  # raised by quantity parsing inside a validator
+        raise UsageError(f"{origin}: {exc}") from None
+
+
+def describe_validation_error(exc: ValidationError) -> str:
+    """The first problem of a pydantic error, as 'field.path: message' (+ how many more)."""
+    errors = exc.errors()
+    first = errors[0]
+    loc = ".".join(str(part) for part in first["loc"]) or "(top level)"
+    msg = first["msg"]
+    if first["type"] == "missing":
+        msg = "missing required field"
+    elif first["type"] == "extra_forbidden":
+        msg = "unknown field"
+    msg = msg.removeprefix("Value error, ")
+    more = f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})" if len(errors) > 1 else ""
+    return f"{loc}: {msg}{more}"
+
+
+@lru_cache(maxsize=None)
+def _load_all(kind: str) -> dict[str, BaseModel]:
+    cls = ModelSpec if kind == "models" else HardwareProfile
+    entries: dict[str, BaseModel] = {}
+    for path in sorted(catalog_dir(kind).glob("*.yaml")):
+        spec = validate(cls, read_yaml(path), str(path))
+        entries[spec.name] = spec
+    return entries
+
+
+def models() -> dict[str, ModelSpec]:
+    """All catalog models by name."""
+    return _load_all("models")  # type: ignore[return-value]
+
+
+def hardware_profiles() -> dict[str, HardwareProfile]:
+    """All catalog hardware profiles by name."""
+    return _load_all("hardware_profiles")  # type: ignore[return-value]
+
+
+def _resolve(kind: str, label: str, name: str, cls: type[T]) -> T:
+    path = Path(name).expanduser()
+    if name.endswith((".yaml", ".yml", ".json")) or path.is_file():
+        if not path.is_file():
+            raise UsageError(f"{label} file not found: {name}")
+        if path.suffix == ".json":
+            raise UsageError(f"{name}: JSON {label} files are not supported yet; write the YAML schema")
+        return validate(cls, read_yaml(path), str(path))
+    entries = _load_all(kind)
+    key = name.strip().lower()
+    names: dict[str, str] = {}
+    for spec in entries.values():
+        names[spec.name.lower()] = spec.name
+        for alias in spec.aliases:  # type: ignore[attr-defined]
+            names[alias.lower()] = spec.name
+    if key in names:
+        return entries[names[key]]  # type: ignore[return-value]
+    close = difflib.get_close_matches(key, list(names), n=5, cutoff=0.5)
+    prefix = sorted({names[n] for n in names if n.startswith(key) or key in n})
+    suggestions = list(dict.fromkeys([names[c] for c in close] + prefix))[:6]
+    hint = f"; did you mean: {', '.join(suggestions)}?" if suggestions else \
+        f"; see `plan3d {'models' if kind == 'models' else 'hardware'}` for the list"
+    raise UsageError(f"unknown {label} {name!r}{hint}")
+
+
+def resolve_model(name: str) -> ModelSpec:
+    """A catalog name or alias (case-insensitive), or a path to a YAML file of the model schema."""
+    return _resolve("models", "model", name, ModelSpec)
+
+
+def resolve_hardware(name: str) -> HardwareProfile:
+    """A catalog name or alias, or a path to a YAML hardware profile."""
+    return _resolve("hardware_profiles", "hardware profile", name, HardwareProfile)

@@ -1,0 +1,236 @@
+"""The `plan3d` command line (typer). Thin: parse, call the planner, hand results to report."""
+
+from __future__ import annotations
+
+import functools
+import os
+from enum import Enum
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from . import catalog, report
+from .errors import PlannerError, UsageError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Plan 3D-parallel (TP/PP/DP/ZeRO) training of large transformers.")
+
+
+class RecomputeChoice(str, Enum):
+    none = "none"
+    selective = "selective"
+    full = "full"
+
+
+def handle_errors(func):
+    """Turn planner errors into one line on stderr and their exit code; never a traceback."""
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        try:
+            return func(*args, **kwargs)
+        except PlannerError as exc:
+            report.error(str(exc))
+            raise typer.Exit(exc.exit_code) from None
+        except (typer.Exit, typer.Abort):
+            raise
+        except KeyboardInterrupt:
+            report.error("interrupted")
+            raise typer.Exit(130) from None
+        except Exception as exc:  # a bug: still one line, the traceback on request
+            if os.environ.get("PLAN3D_DEBUG"):
+                raise
+            report.error(f"internal error: {type(exc).__name__}: {exc} "
+                         "(set PLAN3D_DEBUG=1 for the traceback and please report it)")
+            raise typer.Exit(3) from None
+    return wrapper
+
+
+# Shared options --------------------------------------------------------------------------------
+MODEL = typer.Option(None, "--model", "-m", help="Catalog model name or alias (e.g. 175b), or a YAML file.")
+GPUS = typer.Option(None, "--gpus", "-g", help="Number of GPUs (whole nodes beyond one node).")
+HARDWARE = typer.Option("dgx-h100", "--hardware", help="Hardware profile name or YAML file.")
+GBS = typer.Option(None, "--global-batch-size", help="Sequences per optimizer step (default: the model's).")
+SEQ = typer.Option(None, "--seq-length", help="Tokens per sequence (default: the model's).")
+JSON = typer.Option(False, "--json", help="Print JSON (SI units) instead of tables.")
+
+
+def _training(model, global_batch_size, seq_length):
+    from .catalog import validate
+    from .specs import TrainingSpec
+    for name, value in (("--global-batch-size", global_batch_size), ("--seq-length", seq_length)):
+        if value is not None and value <= 0:
+            raise UsageError(f"{name} must be positive, got {value}")
+    data = {"seq_length": seq_length or model.training.seq_length,
+            "global_batch_size": global_batch_size or model.training.global_batch_size,
+            "tokens": model.training.tokens}
+    return validate(TrainingSpec, data, "training")
+
+
+def _require(value, flag: str):
+    if value is None:
+        raise UsageError(f"missing option {flag}")
+    return value
+
+
+@app.command()
+@handle_errors
+def search(
+    model: Optional[str] = MODEL, gpus: Optional[int] = GPUS, hardware: str = HARDWARE,
+    global_batch_size: Optional[int] = GBS, seq_length: Optional[int] = SEQ,
+    top: int = typer.Option(10, "--top", help="How many layouts to show."),
+    json_out: bool = JSON,
+    export: Optional[Path] = typer.Option(None, "--export", help="Write the best layout as a plan YAML."),
+    force: bool = typer.Option(False, "--force", help="Overwrite an existing --export file."),
+    tp: Optional[int] = typer.Option(None, "--tp", help="Pin tensor-parallel size."),
+    pp: Optional[int] = typer.Option(None, "--pp", help="Pin pipeline-parallel size."),
+    dp: Optional[int] = typer.Option(None, "--dp", help="Pin data-parallel size."),
+    zero_stage: Optional[int] = typer.Option(None, "--zero-stage", help="Pin ZeRO stage (0-3)."),
+    micro_batch_size: Optional[int] = typer.Option(None, "--micro-batch-size", help="Pin micro-batch size."),
+    recompute: Optional[RecomputeChoice] = typer.Option(None, "--recompute", help="Pin recomputation."),
+    sequence_parallel: Optional[bool] = typer.Option(None, "--sequence-parallel/--no-sequence-parallel",
+                                                     help="Pin sequence parallelism."),
+    vpp: Optional[int] = typer.Option(None, "--vpp", help="Pin virtual pipeline stages per rank."),
+    max_tp: Optional[int] = typer.Option(None, "--max-tp", help="Upper bound on tp."),
+    max_pp: Optional[int] = typer.Option(None, "--max-pp", help="Upper bound on pp."),
+    max_micro_batch_size: int = typer.Option(64, "--max-micro-batch-size", help="Upper bound on micro-batch size."),
+    max_vpp: int = typer.Option(16, "--max-vpp", help="Upper bound on vpp."),
+) -> None:
+    """Rank the TP/PP/DP/ZeRO layouts that fit, by predicted throughput."""
+    from .export import make_plan, write_plan
+    from .search import SearchOptions
+    from .search import search as run_search
+    m = catalog.resolve_model(_require(model, "--model"))
+    hw = catalog.resolve_hardware(hardware)
+    training = _training(m, global_batch_size, seq_length)
+    _check_positive(top=top, tp=tp, pp=pp, dp=dp, micro_batch_size=micro_batch_size, vpp=vpp,
+                    max_tp=max_tp, max_pp=max_pp, max_micro_batch_size=max_micro_batch_size,
+                    max_vpp=max_vpp)
+    if zero_stage is not None and zero_stage not in (0, 1, 2, 3):
+        raise UsageError(f"--zero-stage must be 0, 1, 2 or 3, got {zero_stage}")
+    if export is not None and export.exists() and not force:
+        raise UsageError(f"{export} exists; pass --force to overwrite it")
+    opts = SearchOptions(tp=tp, pp=pp, dp=dp, zero_stage=zero_stage, micro_batch_size=micro_batch_size,
+                         recompute=recompute.value if recompute else None,
+                         sequence_parallel=sequence_parallel, vpp=vpp, max_tp=max_tp, max_pp=max_pp,
+                         max_micro_batch_size=max_micro_batch_size, max_vpp=max_vpp)
+    n = _require(gpus, "--gpus")
+    with report.err.status("Searching layouts...", spinner="dots"):
+        result = run_search(m, hw, training, n, opts)
+    best = result.ranked
+    if export is not None:
+        write_plan(make_plan(m, hw, training, best.candidates.layout(0), best.to_dict(0)), export, force)
+    if json_out:
+        report.print_json([best.to_dict(i) for i in range(min(top, len(best)))])
+    else:
+        report.header(m, hw, training, n)
+        report.search_table(result, top)
+        if export is not None:
+            report.out.print(f"Wrote the best plan to {export}")
+
+
+@app.command()
+@handle_errors
+def estimate(
+    model: Optional[str] = MODEL, gpus: Optional[int] = GPUS, hardware: str = HARDWARE,
+    global_batch_size: Optional[int] = GBS, seq_length: Optional[int] = SEQ,
+    tp: Optional[int] = typer.Option(None, "--tp", help="Tensor-parallel size."),
+    pp: Optional[int] = typer.Option(None, "--pp", help="Pipeline-parallel size."),
+    dp: Optional[int] = typer.Option(None, "--dp", help="Data-parallel size (default gpus/(tp*pp))."),
+    zero_stage: int = typer.Option(1, "--zero-stage", help="ZeRO stage 0-3."),
+    micro_batch_size: int = typer.Option(1, "--micro-batch-size", help="Micro-batch size."),
+    recompute: RecomputeChoice = typer.Option(RecomputeChoice.none, "--recompute"),
+    sequence_parallel: bool = typer.Option(False, "--sequence-parallel/--no-sequence-parallel"),
+    vpp: int = typer.Option(1, "--vpp", help="Virtual pipeline stages per rank."),
+    plan: Optional[Path] = typer.Option(None, "--plan", help="Evaluate a plan YAML written by --export."),
+    json_out: bool = JSON,
+) -> None:
+    """Memory and step-time breakdown of one layout (from flags or --plan)."""
+    from .cost.step import estimate_layout
+    from .export import read_plan
+    if plan is not None:
+        p = read_plan(plan)
+        m, hw, training, layout, n = p.model, p.hardware, p.training, p.layout, p.gpus
+    else:
+        m = catalog.resolve_model(_require(model, "--model"))
+        hw = catalog.resolve_hardware(hardware)
+        training = _training(m, global_batch_size, seq_length)
+        n = _require(gpus, "--gpus")
+        layout = _layout(m, hw, training, n, tp or 1, pp or 1, dp, zero_stage, micro_batch_size,
+                         recompute.value, sequence_parallel, vpp)
+    est = estimate_layout(m, hw, training, layout)
+    if json_out:
+        report.print_json(est.to_dict(0))
+    else:
+        report.header(m, hw, training, n)
+        report.estimate_report(est)
+
+
+def _layout(m, hw, training, gpus, tp, pp, dp, zero_stage, micro_batch_size, recompute, sp, vpp):
+    """Validate one user layout against the same rules the search applies (UsageError)."""
+    from .catalog import validate
+    from .search import check_inputs
+    from .space import Candidates, constraint_masks
+    from .specs import Layout
+    check_inputs(gpus, hw)
+    _check_positive(tp=tp, pp=pp, dp=dp, micro_batch_size=micro_batch_size, vpp=vpp)
+    if gpus % (tp * pp):
+        raise UsageError(f"tp*pp = {tp * pp} does not divide {gpus} GPUs")
+    dp = dp or gpus // (tp * pp)
+    if tp * pp * dp != gpus:
+        raise UsageError(f"tp*pp*dp = {tp * pp * dp} but --gpus is {gpus}")
+    layout = validate(Layout, dict(tp=tp, pp=pp, dp=dp, zero_stage=zero_stage,
+                                   micro_batch_size=micro_batch_size, recompute=recompute,
+                                   sequence_parallel=sp, vpp=vpp), "layout")
+    masks = constraint_masks(m, training, hw.gpus_per_node, Candidates.from_layouts([layout]))
+    broken = [rule for rule, ok in masks.items() if not ok[0]]
+    if broken:
+        raise UsageError(f"layout {layout.short()} breaks: {'; '.join(broken)}")
+    return layout
+
+
+def _check_positive(**values) -> None:
+    for name, value in values.items():
+        if value is not None and value <= 0:
+            raise UsageError(f"--{name.replace('_', '-')} must be positive, got {value}")
+
+
+@app.command()
+@handle_errors
+def models(json_out: bool = JSON) -> None:
+    """List the model catalog."""
+    from .cost.flops import total_params
+    entries = catalog.models().values()
+    if json_out:
+        report.print_json([m.model_dump(mode="json", exclude_none=True) for m in entries])
+        return
+    rows = [(m.name, f"{total_params(m) / 1e9:.1f}B", str(m.num_layers), str(m.hidden_size),
+             f"{m.num_attention_heads}/{m.kv_heads}", m.activation, ", ".join(m.aliases))
+            for m in sorted(entries, key=total_params)]
+    report.catalog_table("Models", rows, ("name", "params", "layers", "hidden", "heads/kv", "mlp", "aliases"))
+
+
+@app.command()
+@handle_errors
+def hardware(json_out: bool = JSON) -> None:
+    """List the hardware profiles."""
+    entries = catalog.hardware_profiles().values()
+    if json_out:
+        report.print_json([h.model_dump(mode="json") for h in entries])
+        return
+    rows = []
+    for h in entries:
+        d = h.model_dump(mode="json")
+        rows.append((h.name, h.gpu.name, d["gpu"]["hbm_capacity"], f"{h.gpu.peak_tflops['bf16']:g}",
+                     str(h.gpus_per_node), d["intra_node"]["bandwidth_per_gpu"],
+                     f"{h.inter_node.nics_per_node} x {d['inter_node']['bandwidth_per_nic']}"))
+    report.catalog_table("Hardware profiles", rows, ("name", "GPU", "HBM", "bf16 TFLOP/s",
+                                                     "GPUs/node", "NVLink/GPU (one way)", "NICs/node"))
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

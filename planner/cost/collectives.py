@@ -1,0 +1,77 @@
+"""Time of collectives on a group, given where its ranks sit (formulas.md 5.1-5.3).
+
+Cost model: t = alpha + phi * S / busbw (nccl-tests' bus-bandwidth convention), split in two
+phases for a group with ``n_local`` ranks per node on ``n_nodes`` nodes (formulas.md 5.2): an
+intra-node phase on NVLink, then an inter-node phase in which each GPU moves S/n_local over its
+own share of the node's NICs. A group inside one node never touches the NICs.
+All arrays have shape (N,); sizes in bytes, bandwidths in bytes/s, times in seconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..specs import HardwareProfile
+
+
+@dataclass(frozen=True)
+class Links:
+    """Achieved bus bandwidths and per-collective latencies of one system (SI units)."""
+
+    intra_bw: float  # NVLink busbw per GPU, one direction, after efficiency
+    inter_bw: float  # NIC busbw per GPU, one direction, after efficiency
+    intra_latency: float
+    inter_latency: float
+    gpus_per_node: int
+
+    @classmethod
+    def of(cls, hw: HardwareProfile) -> "Links":
+        eff = hw.efficiency
+        return cls(intra_bw=hw.intra_node.bandwidth_per_gpu * eff.nvlink,
+                   inter_bw=hw.network_bandwidth_per_gpu * eff.network,
+                   intra_latency=hw.intra_node.latency, inter_latency=hw.inter_node.latency,
+                   gpus_per_node=hw.gpus_per_node)
+
+
+def placement(size: np.ndarray, stride: np.ndarray, gpus_per_node: int) -> tuple[np.ndarray, np.ndarray]:
+    """(ranks per node, nodes) of a group of ``size`` ranks spaced ``stride`` apart.
+
+    n_local = min(size, max(1, G // stride)), n_nodes = size / n_local (formulas.md 5.3), for
+    Megatron's rank order where group sizes and strides are powers of two dividing each other.
+    """
+    size = np.asarray(size, dtype=np.int64)
+    stride = np.asarray(stride, dtype=np.int64)
+    n_local = np.minimum(size, np.maximum(1, gpus_per_node // np.maximum(stride, 1)))
+    return n_local, -(-size // n_local)
+
+
+_PHASE_FACTOR = {"all_reduce": 2.0, "reduce_scatter": 1.0, "all_gather": 1.0}
+
+
+def collective_time(op: str, size_bytes: np.ndarray, n_local: np.ndarray, n_nodes: np.ndarray,
+                    links: Links) -> np.ndarray:
+    """Seconds for ``op`` (all_reduce | reduce_scatter | all_gather) of S bytes per rank.
+
+    S is the buffer per rank for all-reduce and the total (gathered/unscattered) size for
+    reduce-scatter and all-gather. Two-phase (hierarchical) ring cost, formulas.md 5.2:
+      k*(n_l-1)/n_l * S/B_nvl + k*(n_r-1)/n_r * (S/n_l)/B_ib  (k = 2 for all-reduce, else 1)
+    plus one latency per phase that is used. A group of one rank costs 0.
+    """
+    k = _PHASE_FACTOR[op]
+    n_local = np.asarray(n_local, dtype=np.float64)
+    n_nodes = np.asarray(n_nodes, dtype=np.float64)
+    size = np.asarray(size_bytes, dtype=np.float64)
+    intra = k * (n_local - 1) / n_local * size / links.intra_bw
+    inter = k * (n_nodes - 1) / n_nodes * (size / n_local) / links.inter_bw
+    latency = np.where(n_local > 1, links.intra_latency, 0.0) + \
+        np.where(n_nodes > 1, links.inter_latency, 0.0)
+    return intra + inter + latency
+
+
+def p2p_time(size_bytes: np.ndarray, crosses_node: np.ndarray, links: Links) -> np.ndarray:
+    """Seconds for one point-to-point message: alpha + S/B on NVLink or on the GPU's NIC share."""
+    size = np.asarray(size_bytes, dtype=np.float64)
+    return np.where(crosses_node, links.inter_latency + size / links.inter_bw,
+                    links.intra_latency + size / links.intra_bw)

@@ -1,0 +1,110 @@
+"""Compute time of one layer and of the pipeline's edge work, per micro-batch per GPU (formulas.md 4.4, 7.1).
+
+GEMMs: T = F / (F_peak * eta(F)), with eta falling for small GEMMs as
+eta(F) = eta_max * F / (F + F_half) (hardware profile: ``matmul``, ``matmul_half_flops``).
+Attention with flash attention: causal FLOPs at the ``attention`` efficiency, backward 2.5x forward
+(5 vs 2 score-sized GEMMs, formulas.md 7.1). Without flash attention: full s^2 batched GEMMs plus
+the memory-bound softmax/dropout on the score matrix. Memory-bound elementwise work (norms,
+bias-dropout-add, activation function) at the achieved HBM bandwidth; backward 2x forward.
+Arrays have shape (N,), seconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..specs import HardwareProfile, ModelSpec, TrainingSpec
+from ..space import Candidates
+from . import flops
+
+SOFTMAX_BYTES_PER_SCORE = 9.0  # fused scale-mask-softmax read 2 + write 2, dropout read 2 + write 2 + mask 1
+CROSS_ENTROPY_BYTES_PER_LOGIT = 20.0  # bf16 logits read, fp32 cast write/read, exp write/read, grad write
+
+
+def gemm_efficiency(flops_per_gemm: np.ndarray, hw: HardwareProfile) -> np.ndarray:
+    """eta(F) = matmul * F / (F + matmul_half_flops): achieved fraction of peak for one GEMM of F FLOPs."""
+    eff = hw.efficiency
+    f = np.asarray(flops_per_gemm, dtype=np.float64)
+    return eff.matmul * f / (f + eff.matmul_half_flops)
+
+
+@dataclass(frozen=True)
+class LayerTimes:
+    """Seconds for one layer and one micro-batch on one GPU, each (N,)."""
+
+    gemm_forward: np.ndarray
+    attention_forward: np.ndarray
+    attention_backward: np.ndarray
+    memory_forward: np.ndarray
+    column_parallel_share: float  # share of GEMM work in QKV and fc1 (whose backward hides TP comm)
+
+    @property
+    def forward(self) -> np.ndarray:
+        return self.gemm_forward + self.attention_forward + self.memory_forward
+
+    @property
+    def backward(self) -> np.ndarray:
+        return 2 * self.gemm_forward + self.attention_backward + 2 * self.memory_forward
+
+
+def peak_flops(hw: HardwareProfile, training: TrainingSpec) -> float:
+    """Dense peak FLOP/s of the training dtype."""
+    return hw.gpu.peak_tflops[training.dtype if training.dtype in hw.gpu.peak_tflops else "bf16"] * 1e12
+
+
+def layer_times(model: ModelSpec, training: TrainingSpec, hw: HardwareProfile,
+                c: Candidates) -> LayerTimes:
+    """Compute and memory-bound time of one transformer layer for one micro-batch on one GPU."""
+    s, h, a = training.seq_length, model.hidden_size, model.num_attention_heads
+    b = c.micro_batch_size.astype(np.float64)
+    tp = c.tp.astype(np.float64)
+    tokens = s * b
+    peak = peak_flops(hw, training)
+    hbm = hw.gpu.hbm_bandwidth * hw.efficiency.hbm
+
+    gemm = tokens * flops.gemm_flops_per_token_layer(model, c.tp)
+    t_gemm = gemm / (peak * gemm_efficiency(gemm / 4, hw))  # QKV, out-proj, fc1 (or gate+up), fc2
+
+    attn = b * flops.attention_flops_per_sequence_layer(model, s, causal=training.flash_attention) / tp
+    if training.flash_attention:
+        t_attn_f = attn / (peak * hw.efficiency.attention)
+        t_attn_b = 2.5 * t_attn_f
+    else:
+        scores = b * a / tp * s * s
+        t_gemm_attn = attn / (peak * gemm_efficiency(attn / 2, hw))
+        t_softmax = scores * SOFTMAX_BYTES_PER_SCORE / hbm
+        t_attn_f = t_gemm_attn + t_softmax
+        t_attn_b = 2 * t_gemm_attn + 2 * t_softmax
+
+    # Elementwise bytes per token: two norms (read 2h, write 2h each) and two bias-dropout-add
+    # (read 4h, write 2h, mask h each) ~ 22h, sharded by SP; activation function 4f (GeLU) or
+    # 6f (SwiGLU: read gate and up, write the product), sharded by TP.
+    sp_div = np.where(c.sequence_parallel, tp, 1.0)
+    act = (6.0 if model.activation == "swiglu" else 4.0) * model.ffn
+    t_mem = tokens * (22.0 * h / sp_div + act / tp) / hbm
+
+    d, g = model.kv_channels, model.kv_heads
+    qkv = 2 * h * d * (a + g)
+    fc1 = (2 if model.activation == "swiglu" else 1) * h * model.ffn
+    share = (qkv - a * d * h + fc1) / (flops.attention_weights(model) + flops.mlp_weights(model))
+    return LayerTimes(t_gemm, t_attn_f, t_attn_b, t_mem, float(share))
+
+
+def output_layer_time(model: ModelSpec, training: TrainingSpec, hw: HardwareProfile,
+                      c: Candidates) -> np.ndarray:
+    """Forward + backward seconds of the output GEMM (2*s*b*h*V_p/t, x3) and the cross entropy. (N,)"""
+    s, h = training.seq_length, model.hidden_size
+    tokens = s * c.micro_batch_size.astype(np.float64)
+    vocab = flops.padded_vocab(model.vocab_size, c.tp).astype(np.float64)
+    gemm = 2.0 * tokens * h * vocab / c.tp
+    t_gemm = 3 * gemm / (peak_flops(hw, training) * gemm_efficiency(gemm, hw))
+    t_loss = tokens * vocab / c.tp * CROSS_ENTROPY_BYTES_PER_LOGIT / \
+        (hw.gpu.hbm_bandwidth * hw.efficiency.hbm)
+    return t_gemm + t_loss
+
+
+def optimizer_time(params_updated: np.ndarray, hw: HardwareProfile) -> np.ndarray:
+    """Adam step: ~30 B of HBM traffic per updated parameter (formulas.md 7.1). (N,) seconds"""
+    return 30.0 * params_updated / (hw.gpu.hbm_bandwidth * hw.efficiency.hbm)

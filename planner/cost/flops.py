@@ -1,0 +1,125 @@
+"""Parameter counts and FLOPs (formulas.md sections 1 and 4).
+
+Conventions: 2 FLOPs per multiply-add; a training step runs each GEMM three times (forward,
+input-gradient, weight-gradient). Arrays have shape (N,) over candidates; ``tp`` enters through
+the padded vocabulary and the KV-head replication rule.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..specs import ModelSpec
+
+
+def padded_vocab(vocab_size: int, tp: np.ndarray, divisible_by: int = 128) -> np.ndarray:
+    """V_p = ceil(V / (128*tp)) * 128*tp (Megatron ``vocab_utils.py``). Shape of ``tp``."""
+    multiple = divisible_by * np.asarray(tp)
+    return -(-vocab_size // multiple) * multiple
+
+
+def attention_weights(model: ModelSpec) -> int:
+    """Q, K, V, O weights of one layer: 2*h*d_h*(a + g) (formulas.md 1.1)."""
+    h, d, a, g = model.hidden_size, model.kv_channels, model.num_attention_heads, model.kv_heads
+    return 2 * h * d * (a + g)
+
+
+def mlp_weights(model: ModelSpec) -> int:
+    """MLP weights of one layer: 2*h*f (GeLU) or 3*h*f (SwiGLU)."""
+    return (3 if model.activation == "swiglu" else 2) * model.hidden_size * model.ffn
+
+
+def layer_biases(model: ModelSpec) -> int:
+    """Bias parameters of one layer if ``bias``: QKV (a+2g)*d_h, O h, MLP f+h (GeLU) or 2f+h."""
+    if not model.bias:
+        return 0
+    h, d, a, g, f = (model.hidden_size, model.kv_channels, model.num_attention_heads,
+                     model.kv_heads, model.ffn)
+    return (a + 2 * g) * d + h + (2 * f if model.activation == "swiglu" else f) + h
+
+
+def norm_params(model: ModelSpec) -> int:
+    """Parameters of ONE norm: 2h (LayerNorm gamma, beta) or h (RMSNorm)."""
+    return (2 if model.norm == "layernorm" else 1) * model.hidden_size
+
+
+def layer_params(model: ModelSpec) -> int:
+    """All parameters of one transformer layer (two norms included)."""
+    return attention_weights(model) + mlp_weights(model) + layer_biases(model) + 2 * norm_params(model)
+
+
+def total_params(model: ModelSpec) -> int:
+    """P = L*layer + final norm + V*h*(1 if tied else 2) + learned positions (formulas.md 1.2).
+
+    Uses the real (unpadded) vocabulary, as published counts do. GPT-3 175B: 174.6e9.
+    """
+    h = model.hidden_size
+    embeddings = model.vocab_size * h * (1 if model.tie_embeddings else 2)
+    positions = (model.max_position_embeddings or 0) * h if model.position_embedding == "learned" else 0
+    return model.num_layers * layer_params(model) + norm_params(model) + embeddings + positions
+
+
+def layer_params_per_gpu(model: ModelSpec, tp: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-GPU parameters of one layer under TP, as (tp_sharded, replicated), float arrays.
+
+    GEMM weights divide by tp, except K/V when g < tp: each rank keeps one KV head, so K/V weights
+    per GPU are 2*h*d_h*max(g, tp)/tp (formulas.md 1.3). Column-parallel biases divide by tp;
+    row-parallel output biases (2h) and the norms are replicated.
+    """
+    h, d, a, g, f = (model.hidden_size, model.kv_channels, model.num_attention_heads,
+                     model.kv_heads, model.ffn)
+    tp = np.asarray(tp, dtype=np.float64)
+    kv = np.maximum(g, tp)
+    gemm = (2 * h * d * a + 2 * h * d * kv + mlp_weights(model)) / tp
+    replicated = 2.0 * norm_params(model)
+    if model.bias:
+        column_bias = (a * d + 2 * d * kv + (2 * f if model.activation == "swiglu" else f)) / tp
+        gemm = gemm + column_bias
+        replicated += 2 * h
+    return gemm, np.broadcast_to(replicated, tp.shape).astype(np.float64)
+
+
+def gemm_flops_per_token_layer(model: ModelSpec, tp: np.ndarray) -> np.ndarray:
+    """Forward GEMM FLOPs per token per layer on one GPU: 2 * (GEMM weights per GPU). (N,)"""
+    h, d, a, g = model.hidden_size, model.kv_channels, model.num_attention_heads, model.kv_heads
+    tp = np.asarray(tp, dtype=np.float64)
+    return 2.0 * (2 * h * d * a + 2 * h * d * np.maximum(g, tp) + mlp_weights(model)) / tp
+
+
+def attention_flops_per_sequence_layer(model: ModelSpec, seq_length: int, causal: bool) -> float:
+    """Forward core-attention FLOPs per sequence per layer (QK^T and AV): 4*s^2*a*d_h, halved if causal."""
+    full = 4.0 * seq_length**2 * model.num_attention_heads * model.kv_channels
+    return full / 2 if causal else full
+
+
+def model_flops_per_step(model: ModelSpec, seq_length: int, global_batch_size: int,
+                         tp: np.ndarray, causal: bool = True) -> np.ndarray:
+    """Model FLOPs of one optimizer step (formulas.md 4.1), no recomputation. Shape of ``tp``.
+
+    F = 6*T*[L*(h*d_h*(a+2g) + a*d_h*h + k*h*f) + h*V_p] + 3*B*L*attention_fwd, T = B*s tokens.
+    ``causal=True`` counts the causal half of attention (Megatron-LM since 2025-03, commit
+    8873b55d6a); ``causal=False`` the full s^2 (Narayanan 2021, Korthikanti 2022, PaLM).
+    Megatron counts the padded vocabulary V_p, which depends on tp.
+    """
+    h = model.hidden_size
+    tokens = float(global_batch_size) * seq_length
+    per_token_layer = attention_weights(model) + mlp_weights(model)
+    vocab = padded_vocab(model.vocab_size, tp).astype(np.float64)
+    gemm = 6.0 * tokens * (model.num_layers * per_token_layer + h * vocab)
+    attention = 3.0 * global_batch_size * model.num_layers * \
+        attention_flops_per_sequence_layer(model, seq_length, causal)
+    return gemm + attention
+
+
+def recompute_flops_per_step(model: ModelSpec, seq_length: int, global_batch_size: int,
+                             recompute: np.ndarray, causal: bool = True) -> np.ndarray:
+    """Extra hardware FLOPs of recomputation per step (formulas.md 4.2). (N,)
+
+    full (code 2): one more forward of every layer (GEMMs + attention), not the logits.
+    selective (code 1): one more forward of the attention core.
+    """
+    tokens = float(global_batch_size) * seq_length
+    attention = global_batch_size * model.num_layers * \
+        attention_flops_per_sequence_layer(model, seq_length, causal)
+    layers = 2.0 * tokens * model.num_layers * (attention_weights(model) + mlp_weights(model)) + attention
+    return np.where(recompute == 2, layers, np.where(recompute == 1, attention, 0.0))

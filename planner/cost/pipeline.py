@@ -1,0 +1,53 @@
+"""Pipeline schedules: in-flight micro-batches and the bubble (formulas.md 3.5 and 6).
+
+1F1B (vpp = 1) and interleaved 1F1B (vpp > 1, Megatron's default micro-batch group size = pp).
+Arrays have shape (N,).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def inflight_layers(num_layers: int, pp: np.ndarray, vpp: np.ndarray, m: np.ndarray,
+                    rank: np.ndarray) -> np.ndarray:
+    """Layers' worth of activations held at the peak on pipeline rank ``rank`` (0-based). (N,)
+
+    1F1B: rank r holds min(pp - r, m) micro-batches of its L/pp layers.
+    Interleaved: rank r holds min(2*(pp-r-1) + (vpp-1)*pp + 1, m*vpp) chunks of L/(pp*vpp)
+    layers (warm-up + 1, Megatron ``get_pp_rank_microbatches``); rank 0 with m >= pp gives the
+    Korthikanti factor L*(1 + (pp-1)/(pp*vpp)).
+    """
+    pp = np.asarray(pp, dtype=np.float64)
+    vpp = np.asarray(vpp, dtype=np.float64)
+    m = np.asarray(m, dtype=np.float64)
+    rank = np.asarray(rank, dtype=np.float64)
+    one_f_one_b = np.minimum(pp - rank, m) * num_layers / pp
+    chunks = np.minimum(2 * (pp - rank - 1) + (vpp - 1) * pp + 1, m * vpp)
+    interleaved = chunks * num_layers / (pp * vpp)
+    return np.where(vpp > 1, interleaved, one_f_one_b)
+
+
+def pipeline_time(stage_first: np.ndarray, stage_middle: np.ndarray, stage_last: np.ndarray,
+                  pp: np.ndarray, vpp: np.ndarray, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(makespan, bubble) in seconds of one step's forward+backward over the pipeline. (N,), (N,)
+
+    ``stage_*`` are the forward+backward seconds of ONE micro-batch on the first, a middle and
+    the last pipeline rank (all its chunks). Makespan (formulas.md 6, generalising Narayanan's
+    (m + (p-1)/v) * t to unequal stages):
+        T = m * t_max + (sum_r t_r - t_max) / v
+    and the bubble is the second term. For equal stages this is (p-1)/(v*m) of the ideal time.
+    With pp = 1 the single stage is ``stage_first`` and there is no bubble.
+    """
+    pp = np.asarray(pp, dtype=np.float64)
+    single = pp == 1
+    t_max = np.where(single, stage_first, np.maximum(np.maximum(stage_first, stage_last), stage_middle))
+    total = np.where(single, stage_first,
+                     stage_first + stage_last + np.maximum(pp - 2, 0) * stage_middle)
+    bubble = (total - t_max) / vpp
+    return m * t_max + bubble, bubble
+
+
+def bubble_fraction(pp: np.ndarray, vpp: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """Narayanan's bubble fraction for equal stages: (pp - 1) / (vpp * m). (N,)"""
+    return (np.asarray(pp, dtype=np.float64) - 1) / (vpp * m)

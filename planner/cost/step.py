@@ -1,0 +1,232 @@
+"""Puts the terms together: memory per GPU, step time and its breakdown, tokens/s, MFU, HFU.
+
+Composition (formulas.md 7.1):
+    T_step = T_pipe(stage times per micro-batch, bubble) + exposed DP/ZeRO + optimizer
+where one micro-batch on a stage = layers x (forward + backward + recompute + exposed TP) + edge
+work + exposed pipeline p2p, and exposed ZeRO-2/3 traffic per micro-batch. All arrays (N,).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..specs import HardwareProfile, Layout, ModelSpec, TrainingSpec
+from ..space import Candidates
+from . import compute, flops, memory, pipeline
+from .collectives import Links, collective_time, p2p_time, placement
+
+MEMORY_TERMS = ("weights", "gradients", "optimizer", "activations", "other")
+TIME_TERMS = ("compute", "recompute", "tp_comm", "pp_comm", "dp_comm", "bubble", "optimizer")
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Predictions for N candidates: ``memory[term]``, ``time[term]`` and ``throughput[key]``, each (N,).
+
+    memory (bytes, on the GPU with the highest peak): weights, gradients, optimizer,
+    activations, other (buffers + framework allowance), total, capacity; ``fits`` (bool).
+    time (seconds): step and its terms (sum of TIME_TERMS == step), plus bubble_fraction.
+    throughput: tokens_per_s, model_tflops_per_gpu, mfu, hfu (fractions of the dense peak).
+    """
+
+    candidates: Candidates
+    memory: dict[str, np.ndarray]
+    time: dict[str, np.ndarray]
+    throughput: dict[str, np.ndarray]
+
+    def __len__(self) -> int:
+        return len(self.candidates)
+
+    @property
+    def fits(self) -> np.ndarray:
+        return self.memory["total"] <= self.memory["capacity"]
+
+    def take(self, index: np.ndarray) -> "Estimate":
+        def sub(d: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+            return {k: v[index] for k, v in d.items()}
+        return Estimate(self.candidates.take(index), sub(self.memory), sub(self.time),
+                        sub(self.throughput))
+
+    def to_dict(self, i: int) -> dict:
+        """Candidate i as the JSON object of ``plan3d estimate --json`` (SI units)."""
+        mem = {k: float(v[i]) for k, v in self.memory.items()}
+        mem["fits"] = bool(self.fits[i])
+        return {
+            "layout": self.candidates.layout(i).model_dump(),
+            "memory": mem,
+            "time": {k: float(v[i]) for k, v in self.time.items()},
+            "throughput": {k: float(v[i]) for k, v in self.throughput.items()},
+        }
+
+
+def _tp_comm(model: ModelSpec, training: TrainingSpec, c: Candidates, links: Links,
+             layer: compute.LayerTimes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Exposed TP seconds per layer per micro-batch: (forward, backward, one collective of X).
+
+    X = 2*s*b*h bytes. Without SP: 2 all-reduces forward, 2 backward; with SP: 2 all-gathers + 2
+    reduce-scatters forward, and backward 2 all-gathers + 2 reduce-scatters + 2 re-gathers of the
+    stored input (formulas.md 5.4). Forward collectives are exposed; in backward Megatron overlaps
+    the input-gradient all-reduce/reduce-scatter of QKV and fc1 with their weight-gradient GEMMs
+    and the re-gathers with their input-gradient GEMMs, so only the excess over that window shows.
+    """
+    x = 2.0 * training.seq_length * c.micro_batch_size * model.hidden_size
+    n_local, n_nodes = placement(c.tp, np.ones_like(c.tp), links.gpus_per_node)
+    ar = collective_time("all_reduce", x, n_local, n_nodes, links)
+    ag = collective_time("all_gather", x, n_local, n_nodes, links)
+    rs = collective_time("reduce_scatter", x, n_local, n_nodes, links)
+    sp = c.sequence_parallel
+    forward = np.where(sp, 2 * ag + 2 * rs, 2 * ar)
+    fixed = np.where(sp, 2 * ag, 0.0)
+    hidden = np.where(sp, 2 * rs + 2 * ag, 2 * ar)
+    window = 2 * layer.column_parallel_share * layer.gemm_forward
+    backward = fixed + np.maximum(0.0, hidden - window)
+    return forward, backward, np.where(sp, rs, ar)
+
+
+def _dp_times(params: np.ndarray, training: TrainingSpec, c: Candidates, links: Links):
+    """(once-per-step seconds, per-micro-batch seconds) of DP/ZeRO collectives for ``params``/GPU.
+
+    ZeRO 0: grad all-reduce; 1 (distributed optimizer): grad reduce-scatter + param all-gather;
+    2: grad reduce-scatter every micro-batch + param all-gather; 3: per micro-batch param
+    all-gather twice (forward, backward) + grad reduce-scatter (formulas.md 5.6). DP ranks are tp
+    apart (Megatron order tp-dp-pp). Returns dicts of arrays keyed grad/param.
+    """
+    n_local, n_nodes = placement(c.dp, c.tp, links.gpus_per_node)
+    grad = params * training.grad_bytes
+    weight = params * 2.0
+    ar = collective_time("all_reduce", grad, n_local, n_nodes, links)
+    rs = collective_time("reduce_scatter", grad, n_local, n_nodes, links)
+    ag = collective_time("all_gather", weight, n_local, n_nodes, links)
+    z = c.zero_stage
+    step_grad = np.where(z == 0, ar, np.where(z == 1, rs, 0.0))
+    step_param = np.where((z == 1) | (z == 2), ag, 0.0)
+    mb_forward = np.where(z == 3, ag, 0.0)
+    mb_backward = np.where(z == 3, ag + rs, np.where(z == 2, rs, 0.0))
+    return step_grad, step_param, mb_forward, mb_backward
+
+
+def evaluate(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c: Candidates,
+             causal_flops: bool = True) -> Estimate:
+    """Evaluate N candidate layouts; returns an Estimate of (N,) arrays.
+
+    ``causal_flops`` selects the model-FLOPs convention of MFU (causal attention, as Megatron-LM
+    logs it since 2025-03); the compute time always uses what the kernels execute.
+    Raises nothing for unfit layouts: ``fits`` says which do.
+    """
+    links = Links.of(hw)
+    m = c.num_microbatches(training.global_batch_size)
+    L = model.num_layers
+    layers_per_stage = L / c.pp
+    layer = compute.layer_times(model, training, hw, c)
+    tp_f, tp_b, tp_one = _tp_comm(model, training, c, links, layer)
+
+    recompute = np.where(c.recompute == 2, layer.forward + tp_f,
+                         np.where(c.recompute == 1, layer.attention_forward, 0.0))
+    per_layer_compute = layer.forward + layer.backward
+    per_layer_tp = tp_f + tp_b
+
+    # Pipeline p2p: each TP rank sends s*b*h/(t if SP) bf16 values per boundary and direction;
+    # PP neighbours are tp*dp ranks apart, so they sit on other nodes once tp*dp*pp > G.
+    p2p_bytes = 2.0 * training.seq_length * c.micro_batch_size * model.hidden_size / \
+        np.where(c.sequence_parallel, c.tp, 1)
+    t_p2p = np.where(c.pp > 1, p2p_time(p2p_bytes, c.tp * c.dp * c.pp > hw.gpus_per_node, links), 0.0)
+    p2p_per_mb = np.where(c.vpp > 1, 0.0, 2 * t_p2p)  # 1F1B: blocking send/recv in steady state
+    p2p_fill = np.where(c.vpp > 1, 2 * (c.pp - 1) * t_p2p, 0.0)  # interleaved: overlapped but fill/drain
+
+    # Edge work: embedding (TP all-reduce / reduce-scatter of X) and output layer + loss
+    # (SP: all-gather of its input forward, reduce-scatter backward).
+    edge_first_tp = tp_one
+    edge_last = compute.output_layer_time(model, training, hw, c)
+    edge_last_tp = np.where(c.sequence_parallel, 2 * tp_one, 0.0)
+
+    params_first = memory.stage_params(model, c, "first")
+    params_last = memory.stage_params(model, c, "last")
+    step_grad, step_param, mb_f, mb_b = _dp_times(params_first, training, c, links)
+    window_f = layers_per_stage * layer.forward
+    window_b = layers_per_stage * layer.backward
+    if training.overlap_grad_reduce:
+        dp_per_mb = np.maximum(0.0, mb_f - window_f) + np.maximum(0.0, mb_b - window_b)
+        dp_step = np.maximum(0.0, step_grad - window_b) + np.maximum(0.0, step_param - window_f)
+    else:
+        dp_per_mb, dp_step = mb_f + mb_b, step_grad + step_param
+    # Tied embeddings with pp > 1: all-reduce of the word-embedding gradient, first <-> last stage.
+    vocab = flops.padded_vocab(model.vocab_size, c.tp).astype(np.float64)
+    tied = np.where((c.pp > 1) & model.tie_embeddings,
+                    collective_time("all_reduce", vocab * model.hidden_size / c.tp * training.grad_bytes,
+                                    np.ones_like(c.pp), np.full_like(c.pp, 2), links), 0.0)
+
+    base = {
+        "compute": layers_per_stage * per_layer_compute,
+        "recompute": layers_per_stage * recompute,
+        "tp_comm": layers_per_stage * per_layer_tp,
+        "pp_comm": p2p_per_mb,
+        "dp_comm": dp_per_mb,
+    }
+    single = c.pp == 1
+    stages = {
+        "first": {**base, "compute": base["compute"] + np.where(single, edge_last, 0.0),
+                  "tp_comm": base["tp_comm"] + edge_first_tp + np.where(single, edge_last_tp, 0.0)},
+        "middle": base,
+        "last": {**base, "compute": base["compute"] + edge_last,
+                 "tp_comm": base["tp_comm"] + edge_last_tp},
+    }
+    totals = {k: sum(v.values()) for k, v in stages.items()}
+    t_pipe, bubble = pipeline.pipeline_time(totals["first"], totals["middle"], totals["last"],
+                                            c.pp, c.vpp, m)
+    slowest = np.where(single | (totals["first"] >= np.maximum(totals["last"], totals["middle"])), 0,
+                       np.where(totals["last"] >= totals["middle"], 2, 1))
+    pick = lambda term: np.choose(slowest, [stages["first"][term], stages["middle"][term],  # noqa: E731
+                                            stages["last"][term]])
+    params_updated = np.maximum(params_first, params_last) / np.where(c.zero_stage >= 1, c.dp, 1)
+    t_opt = compute.optimizer_time(params_updated, hw)
+    time = {term: m * pick(term) for term in ("compute", "recompute", "tp_comm", "pp_comm", "dp_comm")}
+    time["pp_comm"] = time["pp_comm"] + p2p_fill
+    time["dp_comm"] = time["dp_comm"] + dp_step + tied
+    time["bubble"] = bubble
+    time["optimizer"] = t_opt
+    time["step"] = t_pipe + p2p_fill + dp_step + tied + t_opt
+    time["bubble_fraction"] = bubble / (m * np.maximum(sum(pick(t) for t in base), 1e-30))
+
+    mem = _memory(model, hw, training, c, params_first, params_last)
+    gpus = (c.tp * c.pp * c.dp).astype(np.float64)
+    f_model = flops.model_flops_per_step(model, training.seq_length, training.global_batch_size,
+                                         c.tp, causal=causal_flops)
+    f_hw = f_model + flops.recompute_flops_per_step(model, training.seq_length,
+                                                    training.global_batch_size, c.recompute,
+                                                    causal=causal_flops)
+    peak = compute.peak_flops(hw, training)
+    step = time["step"]
+    throughput = {
+        "tokens_per_s": training.global_batch_size * training.seq_length / step,
+        "model_tflops_per_gpu": f_model / (step * gpus) / 1e12,
+        "mfu": f_model / (step * gpus * peak),
+        "hfu": f_hw / (step * gpus * peak),
+    }
+    return Estimate(c, mem, time, throughput)
+
+
+def _memory(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c: Candidates,
+            params_first: np.ndarray, params_last: np.ndarray) -> dict[str, np.ndarray]:
+    """Per-GPU memory terms of the stage with the highest total (first or last)."""
+    transient = memory.transient_bytes(model, training, c) + hw.framework_overhead
+    per_stage = []
+    for stage, params in (("first", params_first), ("last", params_last)):
+        terms = memory.model_state_bytes(params, c.zero_stage, c.dp, training)
+        terms["activations"] = memory.activation_bytes(model, training, c, stage)
+        terms["other"] = transient
+        terms["total"] = sum(terms[k] for k in MEMORY_TERMS)
+        per_stage.append(terms)
+    first, last = per_stage
+    use_last = last["total"] > first["total"]
+    mem = {k: np.where(use_last, last[k], first[k]) for k in (*MEMORY_TERMS, "total")}
+    mem["capacity"] = np.full(len(c), float(hw.gpu.hbm_capacity))
+    mem["peak_stage"] = np.where(use_last, c.pp - 1, 0).astype(np.float64)
+    return mem
+
+
+def estimate_layout(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec,
+                    layout: Layout) -> Estimate:
+    """Evaluate one layout (arrays of length 1)."""
+    return evaluate(model, hw, training, Candidates.from_layouts([layout]))

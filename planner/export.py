@@ -1,0 +1,45 @@
+"""plan.yaml: write a chosen plan for review, and read it back (framework configs come later)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from . import __version__
+from .catalog import read_yaml, validate
+from .errors import UsageError
+from .specs import HardwareProfile, Layout, ModelSpec, Plan, TrainingSpec
+
+
+def make_plan(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, layout: Layout,
+              estimate: dict) -> Plan:
+    """A Plan with the estimate's memory/time/throughput (SI units) attached."""
+    return Plan(plan3d_version=__version__, model=model, hardware=hw, gpus=layout.gpus,
+                training=training, layout=layout,
+                estimate={k: estimate[k] for k in ("memory", "time", "throughput")})
+
+
+def plan_to_yaml(plan: Plan) -> str:
+    """The plan as YAML text: model, hardware, gpus, training, layout, estimate (stable key order)."""
+    header = ("# plan3d plan: re-evaluate with `plan3d estimate --plan FILE`.\n"
+              "# estimate: bytes, seconds, FLOP/s as TFLOP/s per GPU; mfu/hfu are fractions of peak.\n")
+    data = plan.model_dump(mode="json", exclude_none=True)
+    return header + yaml.safe_dump(data, sort_keys=False, width=100, allow_unicode=True)
+
+
+def write_plan(plan: Plan, path: Path, force: bool = False) -> None:
+    """Write plan.yaml; an existing file is kept unless ``force`` (UsageError)."""
+    if path.exists() and not force:
+        raise UsageError(f"{path} exists; pass --force to overwrite it")
+    if path.is_dir():
+        raise UsageError(f"{path} is a directory")
+    try:
+        path.write_text(plan_to_yaml(plan), encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def read_plan(path: Path) -> Plan:
+    """Load and validate a plan file (UsageError with the field on any problem)."""
+    return validate(Plan, read_yaml(path), str(path))

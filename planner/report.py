@@ -1,0 +1,136 @@
+"""Rich rendering of search results and estimates. Nothing else in plan3d prints.
+
+Units are converted here only: bytes -> GiB, seconds -> s/ms, FLOP/s -> TFLOP/s, fractions -> %.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from rich.console import Console
+from rich.table import Table
+
+from .cost import Estimate
+from .cost.step import TIME_TERMS
+from .search import SearchResult
+from .specs import HardwareProfile, ModelSpec, TrainingSpec
+
+GIB = 2.0**30
+# Piped output is not wrapped at rich's default 80 columns: the ranked table needs ~130.
+out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+err = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 160)
+
+TIME_LABELS = {
+    "compute": "compute (GEMMs, attention, elementwise)",
+    "recompute": "activation recomputation",
+    "tp_comm": "TP/SP communication (exposed)",
+    "pp_comm": "pipeline p2p (exposed)",
+    "dp_comm": "DP/ZeRO communication (exposed)",
+    "bubble": "pipeline bubble",
+    "optimizer": "optimizer step",
+}
+
+
+def error(message: str) -> None:
+    """One line on stderr."""
+    err.print(f"[bold red]error:[/] {message}", soft_wrap=True)
+
+
+def print_json(data: object) -> None:
+    sys.stdout.write(json.dumps(data, indent=2) + "\n")
+
+
+def _seconds(s: float) -> str:
+    return f"{s * 1e3:.1f} ms" if s < 1 else f"{s:.2f} s"
+
+
+def header(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: int) -> None:
+    from .cost.flops import total_params
+    out.print(f"[bold]{model.name}[/] ({total_params(model) / 1e9:.1f}B parameters) on "
+              f"{gpus} x {hw.gpu.name} ({hw.name}), global batch {training.global_batch_size} x "
+              f"{training.seq_length} tokens")
+
+
+def search_table(result: SearchResult, top: int) -> None:
+    est = result.ranked
+    n = min(top, len(est))
+    table = Table(show_edge=False, header_style="bold")
+    for col in ("#", "tp", "pp", "dp", "zero", "mbs", "vpp", "recompute", "SP",
+                "mem/GPU", "step", "tokens/s", "TFLOP/s/GPU", "MFU", "bubble"):  # noqa: E501
+        table.add_column(col, justify="left" if col == "recompute" else "right")
+    c = est.candidates
+    for i in range(n):
+        lay = c.layout(i)
+        mem = est.memory
+        table.add_row(
+            str(i + 1), str(lay.tp), str(lay.pp), str(lay.dp), str(lay.zero_stage),
+            str(lay.micro_batch_size), str(lay.vpp), lay.recompute,
+            "yes" if lay.sequence_parallel else "no",
+            f"{mem['total'][i] / GIB:.1f}/{mem['capacity'][i] / GIB:.0f} GiB",
+            _seconds(est.time["step"][i]), f"{est.throughput['tokens_per_s'][i]:,.0f}",
+            f"{est.throughput['model_tflops_per_gpu'][i]:.0f}",
+            f"{est.throughput['mfu'][i] * 100:.1f}%",
+            f"{est.time['bubble_fraction'][i] * 100:.1f}%")
+    out.print(table)
+    out.print(explain(result))
+
+
+def explain(result: SearchResult) -> str:
+    """Why the winner wins, and what was pruned, in a few plain lines."""
+    est = result.ranked
+    lines = []
+    step = est.time["step"]
+    terms = {t: float(est.time[t][0]) for t in TIME_TERMS}
+    big = sorted((t for t in terms if t != "compute"), key=terms.get, reverse=True)[0]
+    lines.append(f"Winner: {est.candidates.layout(0).short()}: compute is "
+                 f"{terms['compute'] / step[0] * 100:.0f}% of its {_seconds(step[0])} step; "
+                 f"the largest overhead is {TIME_LABELS[big]} ({terms[big] / step[0] * 100:.1f}%).")
+    if len(est) > 1:
+        diffs = {t: float(est.time[t][1] - est.time[t][0]) for t in TIME_TERMS}
+        worst = max(diffs, key=diffs.get)
+        lines.append(f"Runner-up is {(step[1] / step[0] - 1) * 100:.1f}% slower, mostly "
+                     f"{TIME_LABELS[worst]} (+{_seconds(max(diffs[worst], 0.0))}).")
+    pruned = "; ".join(f"{v:,} by '{k}'" for k, v in result.pruned.items() if v)
+    lines.append(f"Searched {result.enumerated:,} layouts, {len(est):,} fit. Pruned: {pruned or 'none'}.")
+    return "\n".join(lines)
+
+
+def estimate_report(est: Estimate) -> None:
+    """Full memory and time breakdown of one layout (index 0)."""
+    d = est.to_dict(0)
+    lay = est.candidates.layout(0)
+    out.print(f"Layout: {lay.short()}")
+    mem = d["memory"]
+    t = Table(title="Memory per GPU (peak stage)", show_edge=False, header_style="bold")
+    t.add_column("term")
+    t.add_column("GiB", justify="right")
+    t.add_column("share", justify="right")
+    for k in ("weights", "gradients", "optimizer", "activations", "other"):
+        t.add_row(k, f"{mem[k] / GIB:.2f}", f"{mem[k] / mem['total'] * 100:.1f}%")
+    verdict = "fits" if mem["fits"] else "[bold red]DOES NOT FIT[/]"
+    t.add_row("[bold]total[/]", f"[bold]{mem['total'] / GIB:.2f}[/]",
+              f"of {mem['capacity'] / GIB:.0f} GiB: {verdict}")
+    out.print(t)
+    tm = d["time"]
+    t = Table(title="Step time", show_edge=False, header_style="bold")
+    t.add_column("term")
+    t.add_column("time", justify="right")
+    t.add_column("share", justify="right")
+    for k in TIME_TERMS:
+        t.add_row(TIME_LABELS[k], _seconds(tm[k]), f"{tm[k] / tm['step'] * 100:.1f}%")
+    t.add_row("[bold]step[/]", f"[bold]{_seconds(tm['step'])}[/]", "")
+    out.print(t)
+    th = d["throughput"]
+    out.print(f"tokens/s {th['tokens_per_s']:,.0f}  |  model TFLOP/s per GPU "
+              f"{th['model_tflops_per_gpu']:.1f}  |  MFU {th['mfu'] * 100:.1f}%  |  HFU "
+              f"{th['hfu'] * 100:.1f}%  |  bubble {tm['bubble_fraction'] * 100:.1f}% of compute")
+
+
+def catalog_table(title: str, rows: list[tuple[str, ...]], columns: tuple[str, ...]) -> None:
+    t = Table(title=title, show_edge=False, header_style="bold")
+    for col in columns:
+        t.add_column(col)
+    for row in rows:
+        t.add_row(*row)
+    out.print(t)

@@ -1,0 +1,260 @@
+"""The inputs of the planner as pydantic models: ModelSpec, HardwareProfile, TrainingSpec, Layout.
+
+All quantities are SI inside (bytes, bytes/s, seconds). YAML files may write quantities with
+units ("80 GiB", "400 Gb/s", "5 us"), parsed strictly by planner.units; a serialized spec writes
+them back in the shortest exact unit form, so a dump reloads to identical numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any, Literal
+
+from pydantic import (BaseModel, ConfigDict, Field, PlainSerializer, BeforeValidator,
+                      model_validator)
+
+from .units import format_quantity, parse_quantity
+
+
+def _wrap_parse(kind: str):
+    def parse(value: Any, info) -> float:
+        return parse_quantity(value, kind, info.field_name or "value")
+
+    return parse
+
+
+Bytes = Annotated[float, BeforeValidator(_wrap_parse("bytes")),
+                  PlainSerializer(lambda v: format_quantity(v, "bytes"), return_type=str)]
+Bandwidth = Annotated[float, BeforeValidator(_wrap_parse("bandwidth")),
+                      PlainSerializer(lambda v: format_quantity(v, "bandwidth"), return_type=str)]
+Seconds = Annotated[float, BeforeValidator(_wrap_parse("time")),
+                    PlainSerializer(lambda v: format_quantity(v, "time"), return_type=str)]
+Fraction = Annotated[float, Field(gt=0.0, le=1.0)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# ----------------------------------------------------------------------------- models
+
+
+class TrainingDefaults(_Strict):
+    """A model's training defaults, as published (used when the user gives no flags)."""
+
+    seq_length: int = Field(gt=0, le=10_000_000)
+    global_batch_size: int = Field(gt=0, le=100_000_000)
+    tokens: float | None = Field(default=None, gt=0)
+
+
+class ModelSpec(_Strict):
+    """A dense GPT/Llama-style decoder.
+
+    Field names are the public schema of ``models/*.yaml``. ``ffn_hidden_size`` is the width of
+    the MLP's intermediate layer (for SwiGLU: of each of gate and up, as Hugging Face's
+    ``intermediate_size``); it defaults to 4*hidden_size for gelu and is required for swiglu.
+    """
+
+    name: str = Field(min_length=1)
+    aliases: tuple[str, ...] = ()
+    source: str = Field(min_length=1)
+    num_layers: int = Field(gt=0, le=100_000)
+    hidden_size: int = Field(gt=0, le=10_000_000)
+    num_attention_heads: int = Field(gt=0, le=100_000)
+    num_kv_heads: int | None = Field(default=None, gt=0)
+    head_dim: int | None = Field(default=None, gt=0)
+    ffn_hidden_size: int | None = Field(default=None, gt=0)
+    vocab_size: int = Field(gt=0, le=100_000_000)
+    activation: Literal["gelu", "swiglu"] = "gelu"
+    tie_embeddings: bool = False
+    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
+    bias: bool = False
+    position_embedding: Literal["learned", "rope", "alibi"] = "rope"
+    max_position_embeddings: int | None = Field(default=None, gt=0)
+    dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
+    training: TrainingDefaults
+    notes: str | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> "ModelSpec":
+        a, g = self.num_attention_heads, self.kv_heads
+        if a % g:
+            raise ValueError(f"num_attention_heads ({a}) must be a multiple of num_kv_heads ({g})")
+        if self.head_dim is None and self.hidden_size % a:
+            raise ValueError(f"hidden_size ({self.hidden_size}) is not divisible by "
+                             f"num_attention_heads ({a}); set head_dim")
+        if self.activation == "swiglu" and self.ffn_hidden_size is None:
+            raise ValueError("ffn_hidden_size is required for activation: swiglu")
+        if self.position_embedding == "learned" and self.max_position_embeddings is None:
+            raise ValueError("max_position_embeddings is required for learned position embeddings")
+        return self
+
+    @property
+    def kv_heads(self) -> int:
+        """g: KV heads (= attention heads for MHA)."""
+        return self.num_kv_heads or self.num_attention_heads
+
+    @property
+    def kv_channels(self) -> int:
+        """d_h: head dimension (Megatron ``kv_channels``)."""
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    @property
+    def ffn(self) -> int:
+        """f: MLP intermediate width."""
+        return self.ffn_hidden_size or 4 * self.hidden_size
+
+
+# ----------------------------------------------------------------------------- hardware
+
+
+class GPUSpec(_Strict):
+    """One accelerator. ``peak_tflops`` is the dense (non-sparse) peak per dtype, TFLOP/s."""
+
+    name: str
+    hbm_capacity: Bytes
+    hbm_bandwidth: Bandwidth
+    peak_tflops: dict[Literal["fp32", "tf32", "fp16", "bf16", "fp8", "fp4"], float]
+    source: str
+
+    @model_validator(mode="after")
+    def _check(self) -> "GPUSpec":
+        if "bf16" not in self.peak_tflops:
+            raise ValueError("peak_tflops must give bf16")
+        if any(v <= 0 for v in self.peak_tflops.values()):
+            raise ValueError("peak_tflops values must be positive")
+        if self.hbm_capacity <= 0 or self.hbm_bandwidth <= 0:
+            raise ValueError("hbm_capacity and hbm_bandwidth must be positive")
+        return self
+
+
+class IntraNode(_Strict):
+    """The NVLink/NVSwitch domain. ``bandwidth_per_gpu`` is ONE direction (vendor total / 2)."""
+
+    name: str
+    bandwidth_per_gpu: Bandwidth
+    latency: Seconds
+    source: str
+
+
+class InterNode(_Strict):
+    """The scale-out fabric (InfiniBand/RoCE). ``bandwidth_per_nic`` is one direction."""
+
+    name: str
+    nics_per_node: int = Field(gt=0, le=64)
+    bandwidth_per_nic: Bandwidth
+    latency: Seconds
+    source: str
+
+
+class Efficiency(_Strict):
+    """Achieved fractions of peak that the cost model applies; each with where it came from.
+
+    - ``matmul``: best achieved fraction of the dense peak on large bf16 GEMMs.
+    - ``matmul_half_flops``: FLOPs of one GEMM at which it reaches half of ``matmul``
+      (efficiency falls for small per-GPU GEMMs: eta(F) = matmul * F / (F + matmul_half_flops)).
+    - ``attention``: fraction of peak reached by the attention core (flash attention).
+    - ``hbm``: fraction of HBM bandwidth reached by memory-bound kernels.
+    - ``nvlink``, ``network``: achieved bus bandwidth (nccl-tests busbw) / link bandwidth.
+    """
+
+    matmul: Fraction
+    matmul_half_flops: float = Field(ge=0.0)
+    attention: Fraction
+    hbm: Fraction
+    nvlink: Fraction
+    network: Fraction
+    source: str
+
+
+class HardwareProfile(_Strict):
+    """A system: GPU, node and fabric, with the efficiency factors fitted or taken for it."""
+
+    name: str = Field(min_length=1)
+    aliases: tuple[str, ...] = ()
+    description: str = ""
+    gpu: GPUSpec
+    gpus_per_node: int = Field(gt=0, le=1024)
+    intra_node: IntraNode
+    inter_node: InterNode
+    efficiency: Efficiency
+    framework_overhead: Bytes = Field(
+        description="allowance per GPU for CUDA context, NCCL buffers and allocator fragmentation")
+    framework_overhead_source: str = ""
+
+    @property
+    def network_bandwidth_per_gpu(self) -> float:
+        """Bytes/s per GPU, one direction, of the scale-out fabric (NICs per node / GPUs per node)."""
+        return self.inter_node.nics_per_node * self.inter_node.bandwidth_per_nic / self.gpus_per_node
+
+
+# ----------------------------------------------------------------------------- training + layout
+
+Recompute = Literal["none", "selective", "full"]
+RECOMPUTE_CODES: dict[str, int] = {"none": 0, "selective": 1, "full": 2}
+
+
+class TrainingSpec(_Strict):
+    """What is trained: sequence length and global batch (sequences per optimizer step).
+
+    ``grad_bytes`` is 4 for Megatron's default fp32 main grads (2 with --grad-reduce-in-bf16);
+    ``flash_attention`` drops the s^2 attention-score activations and halves causal attention work.
+    """
+
+    seq_length: int = Field(gt=0, le=10_000_000)
+    global_batch_size: int = Field(gt=0, le=100_000_000)
+    tokens: float | None = Field(default=None, gt=0)
+    dtype: Literal["bf16", "fp16"] = "bf16"
+    grad_bytes: Literal[2, 4] = 4
+    flash_attention: bool = True
+    overlap_grad_reduce: bool = True
+
+
+class Layout(_Strict):
+    """One parallel layout. tp*pp*dp = GPUs; ``vpp`` = virtual stages (model chunks) per PP rank."""
+
+    tp: int = Field(gt=0)
+    pp: int = Field(gt=0)
+    dp: int = Field(gt=0)
+    zero_stage: int = Field(ge=0, le=3)
+    micro_batch_size: int = Field(gt=0)
+    recompute: Recompute = "none"
+    sequence_parallel: bool = False
+    vpp: int = Field(default=1, gt=0)
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    def short(self) -> str:
+        sp = " sp" if self.sequence_parallel else ""
+        return (f"tp={self.tp} pp={self.pp} dp={self.dp} zero={self.zero_stage} "
+                f"mbs={self.micro_batch_size} vpp={self.vpp} recompute={self.recompute}{sp}")
+
+
+def padded_vocab(vocab_size: int, tp: int, divisible_by: int = 128) -> int:
+    """Megatron's padded vocabulary: ceil(V / (128*tp)) * 128*tp (``vocab_utils.py``)."""
+    multiple = divisible_by * tp
+    return int(math.ceil(vocab_size / multiple) * multiple)
+
+
+class Plan(_Strict):
+    """A chosen plan as written by ``--export``: everything needed to re-evaluate it.
+
+    The model and hardware are embedded in full, so a plan reproduces the same estimate even if
+    the catalogs change later. ``estimate`` is the prediction at export time (SI units).
+    """
+
+    plan3d_version: str
+    model: ModelSpec
+    hardware: HardwareProfile
+    gpus: int = Field(gt=0)
+    training: TrainingSpec
+    layout: Layout
+    estimate: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> "Plan":
+        if self.layout.gpus != self.gpus:
+            raise ValueError(f"layout tp*pp*dp = {self.layout.gpus} but gpus = {self.gpus}")
+        return self

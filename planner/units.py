@@ -1,0 +1,82 @@
+"""Strict parsing and formatting of quantities with units ("80 GiB", "900 GB/s", "400 Gb/s", "5 us").
+
+Inside plan3d every quantity is SI: bytes, bytes/s, seconds. Conversion happens only here
+(YAML parsing) and in report.py (rendering).
+"""
+
+from __future__ import annotations
+
+import re
+
+from .errors import UsageError
+
+# Multipliers to the SI base unit (bytes, bytes/s, seconds). Bits are converted to bytes (/8).
+_BYTES = {
+    "B": 1.0,
+    "kB": 1e3, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12,
+    "KiB": 2.0**10, "MiB": 2.0**20, "GiB": 2.0**30, "TiB": 2.0**40,
+}
+_BITS = {"b": 1.0, "kb": 1e3, "Kb": 1e3, "Mb": 1e6, "Gb": 1e9, "Tb": 1e12}
+_TIME = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+
+KINDS = {
+    "bytes": {**_BYTES},
+    "bandwidth": {**{f"{u}/s": m for u, m in _BYTES.items()},
+                  **{f"{u}/s": m / 8 for u, m in _BITS.items()},
+                  **{f"{u}ps": m / 8 for u, m in _BITS.items() if u != "b"}},
+    "time": dict(_TIME),
+}
+
+_NUMBER = r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?"
+_PATTERN = re.compile(rf"^\s*({_NUMBER})\s*([A-Za-zµ/]+)\s*$")
+
+
+def parse_quantity(value: object, kind: str, field: str = "value") -> float:
+    """Parse ``"80 GiB"`` (kind ``bytes``), ``"400 Gb/s"`` (``bandwidth``), ``"5 us"`` (``time``).
+
+    Returns the value in SI base units (bytes, bytes/s, seconds) as a float.
+    Raises UsageError for a bare number (the unit is required), an unknown unit, a unit of the
+    wrong kind, or a negative value. Case matters: "Gb/s" is gigabits, "GB/s" gigabytes.
+    """
+    units = KINDS[kind]
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise UsageError(f"{field}: expected a quantity such as {_example(kind)}, got {value!r}")
+    if isinstance(value, (int, float)):
+        raise UsageError(f"{field}: {value!r} needs a unit, e.g. {_example(kind)}")
+    match = _PATTERN.match(value)
+    if not match:
+        raise UsageError(f"{field}: cannot parse {value!r}; expected e.g. {_example(kind)}")
+    number, unit = float(match.group(1)), match.group(2)
+    if unit not in units:
+        known = ", ".join(sorted(units))
+        raise UsageError(f"{field}: unknown unit {unit!r} in {value!r} (known: {known})")
+    if number < 0:
+        raise UsageError(f"{field}: {value!r} must not be negative")
+    return number * units[unit]
+
+
+def format_quantity(value: float, kind: str) -> str:
+    """Inverse of parse_quantity: the shortest exact unit form (``85899345920`` -> ``"80 GiB"``).
+
+    Exact means ``parse_quantity(format_quantity(v, k), k) == v`` bit for bit.
+    """
+    preferred = {
+        "bytes": ["TiB", "GiB", "MiB", "KiB", "TB", "GB", "MB", "kB", "B"],
+        "bandwidth": ["TB/s", "GB/s", "Gb/s", "MB/s", "B/s"],
+        "time": ["s", "ms", "us", "ns"],
+    }[kind]
+    units = KINDS[kind]
+    exact = []
+    for unit in preferred:
+        scaled = value / units[unit]
+        text = f"{scaled:.10g}"
+        if scaled >= 1 and float(text) * units[unit] == value:
+            exact.append(f"{text} {unit}")
+    if exact:
+        return min(exact, key=len)  # ties keep the order of `preferred`
+    base = preferred[-1]
+    return f"{value / units[base]!r} {base}"
+
+
+def _example(kind: str) -> str:
+    return {"bytes": "'80 GiB'", "bandwidth": "'900 GB/s' or '400 Gb/s'", "time": "'5 us'"}[kind]
