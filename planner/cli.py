@@ -229,7 +229,28 @@ def hardware(json_out: bool = JSON) -> None:
 
 
 def main() -> None:
-    app()
+    """Console entry point: usage errors (bad flag, bad value) become one line on stderr, exit 2.
+
+    Typer parses with (its vendored copy of) click in non-standalone mode so that its errors
+    reach us; they carry ``format_message()`` and ``exit_code`` in every typer/click version.
+    """
+    import sys
+    try:
+        code = app(standalone_mode=False)
+    except (typer.Abort, KeyboardInterrupt):
+        report.error("aborted")
+        sys.exit(130)
+    except Exception as exc:
+        if not (hasattr(exc, "format_message") and hasattr(exc, "exit_code")):
+            raise
+        ctx = getattr(exc, "ctx", None)
+        if ctx is not None and not exc.format_message().strip():  # bare `plan3d`: show help
+            report.out.print(ctx.get_help())
+            sys.exit(0)
+        hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+        report.error(f"{exc.format_message()}{hint}")
+        sys.exit(exc.exit_code)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

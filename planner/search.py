@@ -161,5 +161,6 @@ def _no_fit_message(model: ModelSpec, hw: HardwareProfile, gpus: int, miss: Esti
     layout = miss.candidates.layout(0)
     return (f"no layout of {model.name} fits on {gpus} x {hw.gpu.name}: the closest, "
             f"{layout.short()}, needs {total / gib:.1f} GiB of {cap / gib:.0f} GiB per GPU "
-            f"({(total - cap) / gib:.1f} GiB over); use more GPUs, a GPU with more memory, "
-            f"or a smaller micro-batch / sequence length")
+            f"({(total - cap) / gib:.1f} GiB over); use more GPUs (model states shrink about "
+            f"{total / cap:.1f}x with {total / cap:.1f}x the GPUs), a GPU with more memory, or a "
+            f"shorter sequence")
