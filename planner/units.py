@@ -17,15 +17,24 @@ _BYTES = {
     "KiB": 2.0**10, "MiB": 2.0**20, "GiB": 2.0**30, "TiB": 2.0**40,
 }
 _BITS = {"b": 1.0, "kb": 1e3, "Kb": 1e3, "Mb": 1e6, "Gb": 1e9, "Tb": 1e12}
-_TIME = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+_TIME = {"s": 1.0, "ms": 1e3, "us": 1e6, "µs": 1e6, "ns": 1e9}  # divisors
 
-KINDS = {
-    "bytes": {**_BYTES},
-    "bandwidth": {**{f"{u}/s": m for u, m in _BYTES.items()},
-                  **{f"{u}/s": m / 8 for u, m in _BITS.items()},
-                  **{f"{u}ps": m / 8 for u, m in _BITS.items() if u != "b"}},
-    "time": dict(_TIME),
+# unit -> (multiplier, divisor): value = number * multiplier / divisor (exact where possible).
+KINDS: dict[str, dict[str, tuple[float, float]]] = {
+    "bytes": {u: (m, 1.0) for u, m in _BYTES.items()},
+    "bandwidth": {**{f"{u}/s": (m, 1.0) for u, m in _BYTES.items()},
+                  **{f"{u}/s": (m, 8.0) for u, m in _BITS.items()},
+                  **{f"{u}ps": (m, 8.0) for u, m in _BITS.items() if u != "b"}},
+    "time": {u: (1.0, d) for u, d in _TIME.items()},
 }
+
+
+def _to_si(number: float, factor: tuple[float, float]) -> float:
+    return number * factor[0] / factor[1]
+
+
+def _from_si(value: float, factor: tuple[float, float]) -> float:
+    return value * factor[1] / factor[0]
 
 _NUMBER = r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?"
 _PATTERN = re.compile(rf"^\s*({_NUMBER})\s*([A-Za-zµ/]+)\s*$")
@@ -52,7 +61,7 @@ def parse_quantity(value: object, kind: str, field: str = "value") -> float:
         raise UsageError(f"{field}: unknown unit {unit!r} in {value!r} (known: {known})")
     if number < 0:
         raise UsageError(f"{field}: {value!r} must not be negative")
-    return number * units[unit]
+    return _to_si(number, units[unit])
 
 
 def format_quantity(value: float, kind: str) -> str:
@@ -68,14 +77,14 @@ def format_quantity(value: float, kind: str) -> str:
     units = KINDS[kind]
     exact = []
     for unit in preferred:
-        scaled = value / units[unit]
+        scaled = _from_si(value, units[unit])
         text = f"{scaled:.10g}"
-        if scaled >= 1 and float(text) * units[unit] == value:
+        if scaled >= 1 and _to_si(float(text), units[unit]) == value:
             exact.append(f"{text} {unit}")
     if exact:
         return min(exact, key=len)  # ties keep the order of `preferred`
-    base = preferred[-1]
-    return f"{value / units[base]!r} {base}"
+    base = next(u for u in preferred if units[u] == (1.0, 1.0))
+    return f"{value!r} {base}"
 
 
 def _example(kind: str) -> str:

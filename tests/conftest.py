@@ -1,0 +1,32 @@
+"""Shared fixtures: models built by hand (independent of the catalog) and catalog lookups."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner import catalog
+from planner.specs import ModelSpec, TrainingSpec
+
+
+def gpt(name: str, layers: int, hidden: int, heads: int, batch: int = 1, **kw) -> ModelSpec:
+    """A Korthikanti/Narayanan-style GPT: MHA, GeLU 4h, biases, LayerNorm, dropout 0.1, V=51200."""
+    return ModelSpec(name=name, source="test", num_layers=layers, hidden_size=hidden,
+                     num_attention_heads=heads, vocab_size=51200, activation="gelu",
+                     tie_embeddings=True, norm="layernorm", bias=True,
+                     position_embedding="learned", max_position_embeddings=2048, dropout=0.1,
+                     training={"seq_length": 2048, "global_batch_size": batch}, **kw)
+
+
+@pytest.fixture(scope="session")
+def h100():
+    return catalog.resolve_hardware("dgx-h100")
+
+
+@pytest.fixture(scope="session")
+def gpt3():
+    return catalog.resolve_model("gpt3-175b")
+
+
+@pytest.fixture(scope="session")
+def gpt3_training():
+    return TrainingSpec(seq_length=2048, global_batch_size=1536)
