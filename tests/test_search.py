@@ -1,0 +1,103 @@
+"""Search: invariants (hypothesis) and named pruning."""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from planner import catalog
+from planner.cost import evaluate
+from planner.errors import NoFitError, UsageError
+from planner.search import SearchOptions, enumerate_space, search
+from planner.specs import TrainingSpec
+
+MODELS = ["llama2-7b", "llama3-8b", "gpt-neox-20b", "llama2-70b", "megatron-22b"]
+SETTINGS = settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _scaled(hw, **changes):
+    """A copy of a hardware profile with some numbers multiplied ("section.field": factor)."""
+    for path, factor in changes.items():
+        section, field = path.split(".")
+        part = getattr(hw, section)
+        part = part.model_copy(update={field: getattr(part, field) * factor})
+        hw = hw.model_copy(update={section: part})
+    return hw
+
+
+@SETTINGS
+@given(name=st.sampled_from(MODELS), nodes=st.sampled_from([1, 2, 4, 8, 16]),
+       batch=st.sampled_from([64, 256, 512]))
+def test_every_returned_layout_uses_all_gpus_and_fits(name, nodes, batch):
+    model, hw = catalog.resolve_model(name), catalog.resolve_hardware("dgx-a100-80g")
+    gpus = 8 * nodes
+    training = TrainingSpec(seq_length=2048, global_batch_size=batch)
+    try:
+        result = search(model, hw, training, gpus)
+    except (NoFitError, UsageError):
+        return
+    c, mem = result.ranked.candidates, result.ranked.memory
+    assert np.all(c.tp * c.pp * c.dp == gpus)
+    assert np.all(mem["total"] <= mem["capacity"])
+    assert np.all(training.global_batch_size % (c.dp * c.micro_batch_size) == 0)
+    tput = result.ranked.throughput["tokens_per_s"]
+    assert np.all(np.diff(tput) <= 0)  # ranked best first
+
+
+@SETTINGS
+@given(name=st.sampled_from(MODELS), nodes=st.sampled_from([1, 2, 8]), factor=st.floats(1.01, 4.0))
+def test_more_hbm_never_loses_a_feasible_layout(name, nodes, factor):
+    model, hw = catalog.resolve_model(name), catalog.resolve_hardware("dgx-a100-40g")
+    training = TrainingSpec(seq_length=2048, global_batch_size=512)
+    space = enumerate_space(model, hw, training, 8 * nodes, SearchOptions())
+    small = evaluate(model, hw, training, space).fits
+    big = evaluate(model, _scaled(hw, **{"gpu.hbm_capacity": factor}), training, space).fits
+    assert np.all(big[small])
+    assert big.sum() >= small.sum()
+
+
+@SETTINGS
+@given(name=st.sampled_from(MODELS), nodes=st.sampled_from([1, 4, 16]),
+       field=st.sampled_from(["intra_node.bandwidth_per_gpu", "inter_node.bandwidth_per_nic",
+                              "gpu.hbm_bandwidth"]),
+       factor=st.floats(1.01, 8.0))
+def test_more_bandwidth_never_makes_a_layout_slower(name, nodes, field, factor):
+    model, hw = catalog.resolve_model(name), catalog.resolve_hardware("dgx-h100")
+    training = TrainingSpec(seq_length=4096, global_batch_size=256)
+    space = enumerate_space(model, hw, training, 8 * nodes, SearchOptions())
+    base = evaluate(model, hw, training, space).time["step"]
+    fast = evaluate(model, _scaled(hw, **{field: factor}), training, space).time["step"]
+    assert np.all(fast <= base * (1 + 1e-12))
+
+
+def test_time_terms_add_up_to_the_step(gpt3, h100, gpt3_training):
+    result = search(gpt3, h100, gpt3_training, 512)
+    t = result.ranked.time
+    total = sum(t[k] for k in ("compute", "recompute", "tp_comm", "pp_comm", "dp_comm", "bubble",
+                               "optimizer"))
+    np.testing.assert_allclose(total, t["step"], rtol=1e-12)
+
+
+def test_175b_on_512_h100(gpt3, h100, gpt3_training):
+    result = search(gpt3, h100, gpt3_training, 512)
+    best = result.ranked.candidates.layout(0)
+    # GPT-3 175B does not fit without model parallelism: its bf16 weights alone are 349 GB.
+    assert best.tp * best.pp >= 8
+    assert result.enumerated == sum(result.pruned.values()) + len(result.ranked)
+    assert 0.3 < result.ranked.throughput["mfu"][0] < 0.8
+
+
+def test_pins_are_respected(gpt3, h100, gpt3_training):
+    result = search(gpt3, h100, gpt3_training, 512, SearchOptions(tp=8, zero_stage=1, recompute="full"))
+    c = result.ranked.candidates
+    assert set(c.tp) == {8} and set(c.zero_stage) == {1} and set(c.recompute) == {2}
+
+
+def test_bad_gpu_counts_and_batches(gpt3, h100, gpt3_training):
+    with pytest.raises(UsageError, match="whole number of 8-GPU nodes"):
+        search(gpt3, h100, gpt3_training, 12)
+    with pytest.raises(UsageError, match="must be positive"):
+        search(gpt3, h100, gpt3_training, 0)
+    with pytest.raises(UsageError, match="not divisible by any data-parallel degree"):
+        search(gpt3, h100, TrainingSpec(seq_length=2048, global_batch_size=7), 512)
+    with pytest.raises(NoFitError, match=r"closest, .* needs \d+\.\d GiB of 80 GiB"):
+        search(gpt3, h100, gpt3_training, 8)
