@@ -151,6 +151,7 @@ def estimate(
     if plan is not None:
         p = read_plan(plan)
         m, hw, training, layout, n = p.model, p.hardware, p.training, p.layout, p.gpus
+        _check_rules(m, hw, training, layout, allow_cross_node_tp=False)
     else:
         m = catalog.resolve_model(_require(model, "--model"))
         hw = catalog.resolve_hardware(hardware)
@@ -170,7 +171,6 @@ def _layout(m, hw, training, gpus, tp, pp, dp, zero_stage, micro_batch_size, rec
     """Validate one user layout against the same rules the search applies (UsageError)."""
     from .catalog import validate
     from .search import check_inputs
-    from .space import Candidates, constraint_masks
     from .specs import Layout
     check_inputs(gpus, hw)
     _check_positive(tp=tp, pp=pp, dp=dp, micro_batch_size=micro_batch_size, vpp=vpp)
@@ -182,11 +182,18 @@ def _layout(m, hw, training, gpus, tp, pp, dp, zero_stage, micro_batch_size, rec
     layout = validate(Layout, dict(tp=tp, pp=pp, dp=dp, zero_stage=zero_stage,
                                    micro_batch_size=micro_batch_size, recompute=recompute,
                                    sequence_parallel=sp, vpp=vpp), "layout")
-    masks = constraint_masks(m, training, hw.gpus_per_node, Candidates.from_layouts([layout]))
+    _check_rules(m, hw, training, layout)
+    return layout
+
+
+def _check_rules(m, hw, training, layout, allow_cross_node_tp: bool = False) -> None:
+    """Raise UsageError naming every search rule the layout breaks."""
+    from .space import Candidates, constraint_masks
+    masks = constraint_masks(m, training, hw.gpus_per_node, Candidates.from_layouts([layout]),
+                             allow_cross_node_tp)
     broken = [rule for rule, ok in masks.items() if not ok[0]]
     if broken:
         raise UsageError(f"layout {layout.short()} breaks: {'; '.join(broken)}")
-    return layout
 
 
 def _check_positive(**values) -> None:
@@ -223,7 +230,7 @@ def hardware(json_out: bool = JSON) -> None:
         d = h.model_dump(mode="json")
         rows.append((h.name, h.gpu.name, d["gpu"]["hbm_capacity"], f"{h.gpu.peak_tflops['bf16']:g}",
                      str(h.gpus_per_node), d["intra_node"]["bandwidth_per_gpu"],
-                     f"{h.inter_node.nics_per_node} x {d['inter_node']['bandwidth_per_nic']}"))
+                     f"{h.inter_node.nics_per_node} x {h.inter_node.bandwidth_per_nic * 8 / 1e9:g} Gb/s"))
     report.catalog_table("Hardware profiles", rows, ("name", "GPU", "HBM", "bf16 TFLOP/s",
                                                      "GPUs/node", "NVLink/GPU (one way)", "NICs/node"))
 
