@@ -235,6 +235,23 @@ def hardware(json_out: bool = JSON) -> None:
                                                      "GPUs/node", "NVLink/GPU (one way)", "NICs/node"))
 
 
+@app.command()
+@handle_errors
+def regress(
+    cases: Path = typer.Argument(..., help="Case file: a YAML list of cases (layouts or searches)."),
+    baseline: Path = typer.Option(..., "--baseline", help="Baseline YAML of the expected predictions."),
+    rtol: float = typer.Option(1e-6, "--rtol", help="Relative change above which a number has drifted."),
+    update: bool = typer.Option(False, "--update", help="Rewrite the baseline with the current predictions."),
+    max_rows: int = typer.Option(100, "--max-rows", help="Rows of the drift table to print (0 = all)."),
+    json_out: bool = JSON,
+) -> None:
+    """Compare the cost model's predictions on a case file with a baseline (exit 1 on drift)."""
+    from .regress_report import run
+    code = run(cases, baseline, rtol, update, json_out, max_rows)
+    if code:
+        raise typer.Exit(code)
+
+
 def main() -> None:
     """Console entry point: usage errors (bad flag, bad value) become one line on stderr, exit 2.
 
