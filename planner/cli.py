@@ -238,7 +238,8 @@ def hardware(json_out: bool = JSON) -> None:
 @app.command()
 @handle_errors
 def regress(
-    cases: Path = typer.Argument(..., help="Case file: a YAML list of cases (layouts or searches)."),
+    cases: Path = typer.Argument(..., metavar="CASES.yaml",
+                                 help="Case file: a YAML list of cases (layouts or searches)."),
     baseline: Path = typer.Option(..., "--baseline", help="Baseline YAML of the expected predictions."),
     rtol: float = typer.Option(1e-6, "--rtol", help="Relative change above which a number has drifted."),
     update: bool = typer.Option(False, "--update", help="Rewrite the baseline with the current predictions."),

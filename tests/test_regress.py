@@ -254,6 +254,18 @@ def test_layout_that_does_not_fit_is_a_valid_case(shipped):
     assert case["memory.total"] > case["memory.capacity"]
 
 
+def test_model_file_paths_are_relative_to_the_case_file(tmp_path):
+    # A user's own model YAML next to the case file, referenced by a relative path; the case is
+    # the catalog's megatron-1.7b under another name, so it must predict the same numbers.
+    spec = yaml.safe_load((catalog.catalog_dir("models") / "megatron-1.7b.yaml").read_text())
+    (tmp_path / "plans").mkdir()
+    (tmp_path / "plans" / "mine.yaml").write_text(yaml.safe_dump({**spec, "name": "mine", "aliases": []}))
+    cases = load_cases(_case_file(tmp_path / "plans", [GOOD, {**GOOD, "name": "mine", "model": "mine.yaml"}]))
+    out = evaluate_cases(cases)
+    assert out["mine"]["status"] == "ok"
+    assert out["mine"] == out["tiny"]
+
+
 def test_cli_usage_errors_exit_2(tmp_path):
     runner = CliRunner()
     missing = runner.invoke(app, ["regress", str(CASES), "--baseline", str(tmp_path / "none.yaml")])
@@ -270,3 +282,13 @@ def test_cli_usage_errors_exit_2(tmp_path):
     both = _case_file(tmp_path, [{**GOOD, "search": {"top": 3}}])
     result = runner.invoke(app, ["regress", str(both), "--baseline", str(tmp_path / "b.yaml"), "--update"])
     assert result.exit_code == 2 and "exactly one of 'layout' or 'search'" in result.output
+
+
+def test_real_entry_point_missing_baseline_is_one_line_on_stderr(tmp_path):
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, "-c", "from planner.cli import main; main()", "regress",
+                           str(CASES), "--baseline", str(tmp_path / "none.yaml")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.startswith("error: baseline ") and len(proc.stderr.splitlines()) == 1
