@@ -167,7 +167,6 @@ def test_baseline_text_is_byte_stable(tmp_path, current):
     bl.write(a, current)
     assert a.read_bytes() == b.read_bytes()
     assert bl.read(a) == current  # values are stored rounded, so they compare equal
-    assert a.read_bytes() == BASELINE.read_bytes()  # the shipped file is today's output
 
 
 def test_baseline_text_sorted_one_block_per_case():
