@@ -151,7 +151,8 @@ def estimate(
     if plan is not None:
         p = read_plan(plan)
         m, hw, training, layout, n = p.model, p.hardware, p.training, p.layout, p.gpus
-        _check_rules(m, hw, training, layout, allow_cross_node_tp=False)
+        from .search import check_layout
+        check_layout(m, hw, training, n, layout.model_dump())
     else:
         m = catalog.resolve_model(_require(model, "--model"))
         hw = catalog.resolve_hardware(hardware)
@@ -169,31 +170,13 @@ def estimate(
 
 def _layout(m, hw, training, gpus, tp, pp, dp, zero_stage, micro_batch_size, recompute, sp, vpp):
     """Validate one user layout against the same rules the search applies (UsageError)."""
-    from .catalog import validate
-    from .search import check_inputs
-    from .specs import Layout
-    check_inputs(gpus, hw)
+    from .search import check_layout
     _check_positive(tp=tp, pp=pp, dp=dp, micro_batch_size=micro_batch_size, vpp=vpp)
-    if gpus % (tp * pp):
-        raise UsageError(f"tp*pp = {tp * pp} does not divide {gpus} GPUs")
-    dp = dp or gpus // (tp * pp)
-    if tp * pp * dp != gpus:
-        raise UsageError(f"tp*pp*dp = {tp * pp * dp} but --gpus is {gpus}")
-    layout = validate(Layout, dict(tp=tp, pp=pp, dp=dp, zero_stage=zero_stage,
-                                   micro_batch_size=micro_batch_size, recompute=recompute,
-                                   sequence_parallel=sp, vpp=vpp), "layout")
-    _check_rules(m, hw, training, layout)
-    return layout
-
-
-def _check_rules(m, hw, training, layout, allow_cross_node_tp: bool = False) -> None:
-    """Raise UsageError naming every search rule the layout breaks."""
-    from .space import Candidates, constraint_masks
-    masks = constraint_masks(m, training, hw.gpus_per_node, Candidates.from_layouts([layout]),
-                             allow_cross_node_tp)
-    broken = [rule for rule, ok in masks.items() if not ok[0]]
-    if broken:
-        raise UsageError(f"layout {layout.short()} breaks: {'; '.join(broken)}")
+    fields = dict(tp=tp, pp=pp, zero_stage=zero_stage, micro_batch_size=micro_batch_size,
+                  recompute=recompute, sequence_parallel=sp, vpp=vpp)
+    if dp is not None:
+        fields["dp"] = dp
+    return check_layout(m, hw, training, gpus, fields)
 
 
 def _check_positive(**values) -> None:

@@ -97,36 +97,6 @@ def _relative_to(case: Case, folder: Path) -> Case:
 # ----------------------------------------------------------------------------- evaluation
 
 
-def check_layout(model, hw, training, gpus: int, fields: dict[str, Any],
-                 allow_cross_node_tp: bool = False):
-    """The Layout of ``fields`` if it is valid for this model, system and batch (UsageError if not).
-
-    The same checks as ``plan3d estimate``: whole nodes (search.check_inputs), tp*pp*dp = gpus
-    (dp defaults to gpus/(tp*pp)), the Layout schema, and every rule of space.constraint_masks,
-    with the "tp within a node" rule waived when ``allow_cross_node_tp``.
-    """
-    from .catalog import validate
-    from .search import check_inputs
-    from .space import Candidates, constraint_masks
-    from .specs import Layout
-    check_inputs(gpus, hw)
-    data = dict(fields)
-    tp, pp = data.get("tp", 1), data.get("pp", 1)
-    if isinstance(tp, int) and isinstance(pp, int) and tp > 0 and pp > 0 and "dp" not in data:
-        if gpus % (tp * pp):
-            raise UsageError(f"tp*pp = {tp * pp} does not divide {gpus} GPUs")
-        data["dp"] = gpus // (tp * pp)
-    layout = validate(Layout, data, "layout")
-    if layout.gpus != gpus:
-        raise UsageError(f"layout tp*pp*dp = {layout.gpus} but gpus is {gpus}")
-    masks = constraint_masks(model, training, hw.gpus_per_node, Candidates.from_layouts([layout]),
-                             allow_cross_node_tp)
-    broken = [rule for rule, ok in masks.items() if not ok[0]]
-    if broken:
-        raise UsageError(f"layout {layout.short()} breaks: {'; '.join(broken)}")
-    return layout
-
-
 def flatten_estimate(d: dict, prefix: str = "", with_layout: bool = False) -> dict[str, Scalar]:
     """One ``Estimate.to_dict`` as flat terms ``memory.*``, ``time.*``, ``throughput.*`` (and
     ``layout.*`` when ``with_layout``), each prefixed by ``prefix``; values canonical (baseline.canonical)."""
@@ -144,6 +114,7 @@ def _evaluate(case: Case) -> dict[str, Scalar]:
                                        "tokens": model.training.tokens, **case.training}, "training")
     if case.layout is not None:
         from .cost.step import estimate_layout
+        from .search import check_layout
         layout = check_layout(model, hw, training, case.gpus, case.layout, case.allow_cross_node_tp)
         return flatten_estimate(estimate_layout(model, hw, training, layout).to_dict(0))
     from .search import SearchOptions, search

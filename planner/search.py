@@ -7,13 +7,14 @@ and evaluated in one vectorized call of the cost model. No Python loop over cand
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from .cost import Estimate, evaluate
 from .errors import NoFitError, UsageError
 from .space import Candidates, constraint_masks, divisors, product
-from .specs import RECOMPUTE_CODES, HardwareProfile, ModelSpec, TrainingSpec
+from .specs import RECOMPUTE_CODES, HardwareProfile, Layout, ModelSpec, TrainingSpec
 
 MAX_GPUS = 1_000_000
 FIT_RULE = "does not fit in HBM"
@@ -164,3 +165,30 @@ def _no_fit_message(model: ModelSpec, hw: HardwareProfile, gpus: int, miss: Esti
             f"({(total - cap) / gib:.1f} GiB over); use more GPUs (model states shrink about "
             f"{total / cap:.1f}x with {total / cap:.1f}x the GPUs), a GPU with more memory, or a "
             f"shorter sequence")
+
+
+def check_layout(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: int,
+                 fields: dict[str, Any], allow_cross_node_tp: bool = False) -> Layout:
+    """The Layout of ``fields`` if it is valid for this model, system and batch (UsageError if not).
+
+    The checks ``plan3d estimate``, ``--plan`` and ``regress`` apply: whole nodes (search.check_inputs), tp*pp*dp = gpus
+    (dp defaults to gpus/(tp*pp)), the Layout schema, and every rule of space.constraint_masks,
+    with the "tp within a node" rule waived when ``allow_cross_node_tp``.
+    """
+    from .catalog import validate
+    check_inputs(gpus, hw)
+    data = dict(fields)
+    tp, pp = data.get("tp", 1), data.get("pp", 1)
+    if isinstance(tp, int) and isinstance(pp, int) and tp > 0 and pp > 0 and "dp" not in data:
+        if gpus % (tp * pp):
+            raise UsageError(f"tp*pp = {tp * pp} does not divide {gpus} GPUs")
+        data["dp"] = gpus // (tp * pp)
+    layout = validate(Layout, data, "layout")
+    if layout.gpus != gpus:
+        raise UsageError(f"layout tp*pp*dp = {layout.gpus} but gpus is {gpus}")
+    masks = constraint_masks(model, training, hw.gpus_per_node, Candidates.from_layouts([layout]),
+                             allow_cross_node_tp)
+    broken = [rule for rule, ok in masks.items() if not ok[0]]
+    if broken:
+        raise UsageError(f"layout {layout.short()} breaks: {'; '.join(broken)}")
+    return layout
