@@ -7,7 +7,6 @@ Every emitted option name is checked against the target's real option list kept 
 from __future__ import annotations
 
 import json
-import tomllib
 from pathlib import Path
 
 import pytest
@@ -239,6 +238,7 @@ def test_torchtitan_toml_and_zero_mapping():
     plan = make("llama3-8b", 16, gbs=512, tp=2, pp=1, dp=8, zero_stage=0, micro_batch_size=2,
                 sequence_parallel=False, recompute="selective")
     exp = export_plan(plan, "torchtitan", "toml")
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
     body = "\n".join(ln for ln in exp.text.splitlines() if not ln.startswith("#"))
     cfg = tomllib.loads(body)
     keys = set(flatten(cfg))
@@ -316,3 +316,9 @@ def test_cli_export_output_file_and_force(tmp_path):
     assert res.exit_code == 0 and "tensor_model_parallel_size: 8" in out.read_text()
     res = runner.invoke(app, ["export", str(plan_file), "--to", "jax"])
     assert res.exit_code == 2 and "unknown export target" in res.stderr
+
+
+def test_alibi_is_commented_where_the_shape_is_not_exported():
+    plan = make("bloom-176b", 64, tp=8, pp=8, dp=1, zero_stage=1, micro_batch_size=1)
+    assert "ALiBi" in export_plan(plan, "nemo").text
+    assert "ALiBi" in export_plan(plan, "torchtitan").text

@@ -88,6 +88,9 @@ def export_nemo(plan: Plan) -> Export:
         "as run_recipe.py overrides:",
         "  " + " ".join(overrides),
     ]
+    if plan.model.position_embedding == "alibi":
+        comments.append("the model uses ALiBi, which Megatron-Core GPT models do not implement: "
+                        "the recipe needs a model provider with ALiBi")
     if plan.layout.zero_stage >= 2:
         comments.append(f"ZeRO-{plan.layout.zero_stage} = Megatron-FSDP with "
                         f"data_parallel_sharding_strategy {SHARDING[plan.layout.zero_stage]}")

@@ -89,6 +89,9 @@ def torchtitan_settings(plan: Plan, fmt: str) -> tuple[dict[str, dict[str, objec
             ac["selective_ac_option"] = "op"
         notes.append("selective activation checkpointing in torchtitan is per-op SAC, not "
                      "Megatron's core-attention recomputation the estimate assumed")
+    if plan.model.position_embedding == "alibi":
+        notes.append("the model uses ALiBi: the torchtitan model code must implement it "
+                     "(its Llama-style models use RoPE)")
     if tr.grad_bytes == 2:
         notes.append("grad_bytes 2 (bf16 gradient reduction): torchtitan reduces in float32 "
                      "(training.mixed_precision_reduce); not set")
