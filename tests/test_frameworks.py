@@ -157,7 +157,7 @@ def test_megatron_zero0_fp16_grad_bf16_no_flash():
 
 
 def test_megatron_refuses_alibi():
-    plan = make("bloom-176b", 64, tp=8, pp=8, dp=1, zero_stage=1, micro_batch_size=1)
+    plan = make("bloom-176b", 56, tp=8, pp=7, dp=1, zero_stage=1, micro_batch_size=1)
     with pytest.raises(UsageError, match="alibi"):
         megatron_args(plan)
 
@@ -319,6 +319,6 @@ def test_cli_export_output_file_and_force(tmp_path):
 
 
 def test_alibi_is_commented_where_the_shape_is_not_exported():
-    plan = make("bloom-176b", 64, tp=8, pp=8, dp=1, zero_stage=1, micro_batch_size=1)
+    plan = make("bloom-176b", 56, tp=8, pp=7, dp=1, zero_stage=1, micro_batch_size=1)
     assert "ALiBi" in export_plan(plan, "nemo").text
     assert "ALiBi" in export_plan(plan, "torchtitan").text
