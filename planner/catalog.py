@@ -97,6 +97,9 @@ def _resolve(kind: str, label: str, name: str, cls: type[T]) -> T:
     if name.endswith((".yaml", ".yml", ".json")) or path.is_file():
         if not path.is_file():
             raise UsageError(f"{label} file not found: {name}")
+        if path.suffix == ".json" and kind == "models":  # a Hugging Face config.json
+            from .hf_config import load_hf_config
+            return load_hf_config(path)  # type: ignore[return-value]
         if path.suffix == ".json":
             raise UsageError(f"{name}: JSON {label} files are not supported yet; write the YAML schema")
         return validate(cls, read_yaml(path), str(path))
@@ -118,7 +121,8 @@ def _resolve(kind: str, label: str, name: str, cls: type[T]) -> T:
 
 
 def resolve_model(name: str) -> ModelSpec:
-    """A catalog name or alias (case-insensitive), or a path to a YAML file of the model schema."""
+    """A catalog name or alias (case-insensitive), a path to a YAML file of the model schema, or
+    a Hugging Face ``config.json`` (planner.hf_config)."""
     return _resolve("models", "model", name, ModelSpec)
 
 

@@ -187,9 +187,17 @@ def _check_positive(**values) -> None:
 
 @app.command()
 @handle_errors
-def models(json_out: bool = JSON) -> None:
+def models(json_out: bool = JSON,
+           show: Optional[str] = typer.Option(None, "--show", help="Print one model (catalog name, "
+                                              "YAML or HF config.json) as YAML, valid for --model.")) -> None:
     """List the model catalog."""
     from .cost.flops import total_params
+    if show is not None:
+        import sys
+        import yaml
+        data = catalog.resolve_model(show).model_dump(mode="json", exclude_none=True)
+        sys.stdout.write(yaml.safe_dump(data, sort_keys=False, width=100, allow_unicode=True))
+        return
     entries = catalog.models().values()
     if json_out:
         report.print_json([m.model_dump(mode="json", exclude_none=True) for m in entries])
@@ -234,6 +242,56 @@ def regress(
     code = run(cases, baseline, rtol, update, json_out, max_rows)
     if code:
         raise typer.Exit(code)
+
+
+@app.command("export")
+@handle_errors
+def export_cmd(
+    plan: Path = typer.Argument(..., help="Plan YAML written by `plan3d search --export`."),
+    to: str = typer.Option(..., "--to", help="Target: megatron, nemo, deepspeed or torchtitan."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write to FILE instead of stdout."),
+    force: bool = typer.Option(False, "--force", help="Overwrite an existing --output file."),
+    torchtitan_format: str = typer.Option("overrides", "--torchtitan-format",
+                                          help="overrides (torchtitan 0.3) or toml (0.2.x)."),
+) -> None:
+    """Write a plan as a training framework's arguments or config."""
+    from .export import read_plan
+    from .frameworks import export_plan
+    if output is not None and output.exists() and not force:
+        raise UsageError(f"{output} exists; pass --force to overwrite it")
+    if output is not None and output.is_dir():
+        raise UsageError(f"{output} is a directory")
+    result = export_plan(read_plan(plan), to.strip().lower(), torchtitan_format.strip().lower())
+    for note in result.notes:
+        report.err.print(f"note: {note}", markup=False, soft_wrap=True)
+    if output is None:
+        import sys
+        sys.stdout.write(result.text)
+        return
+    try:
+        output.write_text(result.text, encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot write {output}: {exc.strerror or exc}") from None
+    report.err.print(f"Wrote {to} configuration to {output}", markup=False)
+
+
+@app.command()
+@handle_errors
+def placement(
+    plan: Path = typer.Argument(..., help="Plan YAML written by `plan3d search --export`."),
+    order: str = typer.Option("megatron", "--order",
+                              help="Rank order: megatron (default), torchtitan or megatron-tp-pp-dp."),
+    json_out: bool = typer.Option(False, "--json", help="Print every group and the node of every rank."),
+) -> None:
+    """Which ranks form each TP/DP/PP group, which node each is on, and whether TP crosses a node."""
+    from .export import read_plan
+    from .placement import full, render, summary
+    p = read_plan(plan)
+    key = order.strip().lower()
+    if json_out:
+        report.print_json(full(p, key))
+    else:
+        report.out.print(render(summary(p, key)), markup=False, soft_wrap=True)
 
 
 def main() -> None:

@@ -1,0 +1,65 @@
+"""What every framework export shares: the Export result and the numbers derived from a plan.
+
+A plan (planner.specs.Plan) fixes tp, pp, dp, ZeRO stage, micro-batch size b, recomputation,
+sequence parallelism and vpp for a model, a global batch B and a sequence length s. Each target
+spells these differently; the derived quantities below are the same for all of them:
+
+  m  = B / (dp * b)            micro-batches per optimizer step (per pipeline, per DP rank)
+  lv = L / (pp * vpp)          transformer layers per virtual pipeline stage (model chunk)
+
+Nothing here is target-specific. What a target cannot express is reported either as an
+UsageError (the result would describe a different model or schedule) or as a note, which the
+exporter writes as a comment into the output (or, for JSON, on stderr): never dropped silently.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import UsageError
+from ..specs import Plan
+
+
+@dataclass
+class Export:
+    """An exported configuration.
+
+    ``text`` is the file content (comments included where the format has comments); ``notes`` are
+    the caveats that could not go into ``text`` (JSON has no comments) and must be shown to the
+    user separately; ``keys`` are the option/field names ``text`` sets, for checking against a
+    target's real option list.
+    """
+
+    target: str
+    text: str
+    notes: list[str] = field(default_factory=list)
+    keys: list[str] = field(default_factory=list)
+
+
+def microbatches(plan: Plan) -> int:
+    """m = B / (dp * b): micro-batches per step; UsageError if the plan's batch does not divide."""
+    lay, B = plan.layout, plan.training.global_batch_size
+    if B % (lay.dp * lay.micro_batch_size):
+        raise UsageError(f"global batch {B} is not divisible by dp*micro_batch_size = "
+                         f"{lay.dp * lay.micro_batch_size}; the plan is inconsistent")
+    return B // (lay.dp * lay.micro_batch_size)
+
+
+def layers_per_virtual_stage(plan: Plan) -> int:
+    """L / (pp * vpp): layers in each model chunk (Megatron ``--num-layers-per-virtual-pipeline-stage``)."""
+    lay, L = plan.layout, plan.model.num_layers
+    if L % (lay.pp * lay.vpp):
+        raise UsageError(f"num_layers {L} is not divisible by pp*vpp = {lay.pp * lay.vpp}; "
+                         "the plan is inconsistent")
+    return L // (lay.pp * lay.vpp)
+
+
+def describe(plan: Plan) -> str:
+    """One line naming the plan: model, GPUs, layout (for the header comment of every export)."""
+    return (f"{plan.model.name} on {plan.gpus} x {plan.hardware.gpu.name} ({plan.hardware.name}), "
+            f"{plan.layout.short()}, global batch {plan.training.global_batch_size} x "
+            f"{plan.training.seq_length} tokens")
+
+
+RANK_ORDER_NOTE = ("rank order: Megatron's default tp-cp-ep-dp-pp (TP fastest, then DP, then PP), "
+                   "the order the plan3d cost model assumed; see `plan3d placement`")

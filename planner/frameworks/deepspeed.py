@@ -1,0 +1,78 @@
+"""A DeepSpeed ``ds_config.json`` for a plan, plus where DeepSpeed takes the TP/PP sizes.
+
+Keys checked in deepspeedai/DeepSpeed at commit 088be892c749: deepspeed/runtime/constants.py
+(train_batch_size, train_micro_batch_size_per_gpu, gradient_accumulation_steps, bf16.enabled,
+fp16.enabled) and deepspeed/runtime/zero/config.py (zero_optimization.stage, overlap_comm).
+
+DeepSpeed's batch identity: train_batch_size = micro_batch * gradient_accumulation_steps * DP
+size, with DP = world / (tp * pp) when a model-parallel unit is given; under pipeline
+parallelism the accumulation steps are the micro-batches of one pipeline step. So
+train_batch_size = B, train_micro_batch_size_per_gpu = b, gradient_accumulation_steps = m.
+
+The JSON has no field for TP or PP sizes: PP is ``deepspeed.pipe.PipelineModule(num_stages=pp)``
+(or Megatron-DeepSpeed's ``--pipeline-model-parallel-size``), TP comes from the model code (e.g.
+Megatron-DeepSpeed's ``--tensor-model-parallel-size``). Those go to ``Export.notes`` (stderr),
+since JSON has no comments. DeepSpeed's PipelineEngine asserts ZeRO stage < 2
+(deepspeed/runtime/pipe/engine.py: "ZeRO-2 and ZeRO-3 are incompatible with pipeline
+parallelism"), so pp > 1 with ZeRO-2/3 is a UsageError.
+"""
+
+from __future__ import annotations
+
+import json
+
+from ..errors import UsageError
+from ..specs import Plan
+from .common import RANK_ORDER_NOTE, Export, describe, microbatches
+
+SOURCE = "deepspeedai/DeepSpeed @088be892c749 deepspeed/runtime/constants.py, runtime/zero/config.py"
+
+
+def ds_config(plan: Plan) -> dict:
+    """The ds_config dictionary for ``plan``. UsageError for pp > 1 with ZeRO-2/3."""
+    lay, tr = plan.layout, plan.training
+    m = microbatches(plan)
+    if lay.pp > 1 and lay.zero_stage >= 2:
+        raise UsageError(f"DeepSpeed's pipeline engine does not support ZeRO-{lay.zero_stage} "
+                         f"(it requires stage < 2 when pp > 1); this plan has pp={lay.pp}")
+    cfg: dict = {
+        "train_batch_size": tr.global_batch_size,
+        "train_micro_batch_size_per_gpu": lay.micro_batch_size,
+        "gradient_accumulation_steps": m,
+        "zero_optimization": {"stage": lay.zero_stage, "overlap_comm": tr.overlap_grad_reduce},
+    }
+    cfg["bf16" if tr.dtype == "bf16" else "fp16"] = {"enabled": True}
+    return cfg
+
+
+def _flatten(d: dict, prefix: str = "") -> list[str]:
+    keys = []
+    for k, v in d.items():
+        keys += _flatten(v, f"{prefix}{k}.") if isinstance(v, dict) else [prefix + k]
+    return keys
+
+
+def export_deepspeed(plan: Plan) -> Export:
+    """ds_config.json text; the parallel sizes and caveats as notes."""
+    cfg = ds_config(plan)
+    lay = plan.layout
+    notes = [
+        f"DeepSpeed config for {describe(plan)}; keys: {SOURCE}",
+        f"pipeline: pp={lay.pp} is not a ds_config key; pass it as deepspeed.pipe.PipelineModule("
+        f"num_stages={lay.pp}) or Megatron-DeepSpeed --pipeline-model-parallel-size {lay.pp}",
+        f"tensor parallel: tp={lay.tp} is set by the model code, e.g. Megatron-DeepSpeed "
+        f"--tensor-model-parallel-size {lay.tp}" + (" --sequence-parallel" if lay.sequence_parallel else ""),
+        RANK_ORDER_NOTE + "; DeepSpeed's PipeModelDataParallelTopology uses axes [pipe, data, model] "
+        "(model fastest), the same placement",
+    ]
+    if lay.vpp > 1:
+        notes.append(f"vpp={lay.vpp}: DeepSpeed's pipeline engine runs plain 1F1B; it has no "
+                     "interleaved schedule, so the bubble will be larger than estimated")
+    if lay.recompute != "none":
+        notes.append(f"recompute={lay.recompute}: ds_config has no switch for it; enable it in the "
+                     "model (deepspeed.checkpointing.checkpoint, or Megatron-DeepSpeed "
+                     "--recompute-granularity)")
+    if plan.training.grad_bytes == 2:
+        notes.append("grad_bytes 2 (bf16 gradient reduction) is not set here")
+    text = json.dumps(cfg, indent=2) + "\n"
+    return Export("deepspeed", text, notes=notes, keys=_flatten(cfg))

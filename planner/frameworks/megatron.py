@@ -1,0 +1,131 @@
+"""Megatron-LM ``pretrain_gpt.py`` arguments for a plan, as a shell-ready argument list.
+
+Flag names are those of Megatron-LM's argument parser (megatron/training/arguments.py) at
+NVIDIA/Megatron-LM commit d98e8a64ddf3 (2026-08-22); the tests check every emitted flag against
+that parser's full option list (tests/data/megatron_options.txt).
+
+Mapping (plan field -> flag):
+  tp, pp                 --tensor-model-parallel-size, --pipeline-model-parallel-size
+  vpp > 1                --num-layers-per-virtual-pipeline-stage L/(pp*vpp)
+  (no CP in plan3d)      --context-parallel-size 1
+  sequence_parallel      --sequence-parallel
+  ZeRO 0                 (plain DDP: no flag)
+  ZeRO 1                 --use-distributed-optimizer
+  ZeRO 2 / 3             --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads /
+                         optim_grads_params (Megatron-FSDP; plain pretrain_gpt DDP has no ZeRO-2/3)
+  recompute full         --recompute-granularity full --recompute-method uniform --recompute-num-layers 1
+  recompute selective    --recompute-granularity selective (Megatron's default module: core_attn)
+  batch                  --micro-batch-size b --global-batch-size B --seq-length s
+  model shape            --num-layers, --hidden-size, --ffn-hidden-size, --num-attention-heads,
+                         --group-query-attention --num-query-groups g (GQA/MQA), --kv-channels
+                         (head_dim != h/a), --swiglu, --normalization, --disable-bias-linear,
+                         --position-embedding-type, --max-position-embeddings,
+                         --untie-embeddings-and-output-weights, --attention-dropout, --hidden-dropout
+  training               --bf16 / --fp16, --grad-reduce-in-bf16 (grad_bytes 2),
+                         --overlap-grad-reduce (+ --overlap-param-gather with a sharded optimizer),
+                         --attention-backend unfused (plan without flash attention)
+ALiBi has no Megatron-LM GPT position embedding: UsageError.
+"""
+
+from __future__ import annotations
+
+from ..errors import UsageError
+from ..specs import Plan, padded_vocab
+from .common import RANK_ORDER_NOTE, Export, describe, layers_per_virtual_stage, microbatches
+
+SOURCE = "NVIDIA/Megatron-LM commit d98e8a64ddf3 (2026-08-22), megatron/training/arguments.py"
+FSDP_STRATEGY = {2: "optim_grads", 3: "optim_grads_params"}
+POSITION = {"rope": "rope", "learned": "learned_absolute"}
+
+
+def megatron_args(plan: Plan) -> list[tuple[str, str | None]]:
+    """The (flag, value or None) pairs for ``plan``, in a stable order. UsageError if inexpressible."""
+    model, lay, tr = plan.model, plan.layout, plan.training
+    microbatches(plan)  # validates B % (dp*b)
+    if model.position_embedding not in POSITION:
+        raise UsageError(f"Megatron-LM has no {model.position_embedding} position embedding "
+                         "(--position-embedding-type takes learned_absolute or rope); "
+                         f"{model.name} cannot be exported to Megatron-LM as is")
+    args: list[tuple[str, str | None]] = [
+        ("--tensor-model-parallel-size", str(lay.tp)),
+        ("--pipeline-model-parallel-size", str(lay.pp)),
+    ]
+    if lay.vpp > 1:
+        args.append(("--num-layers-per-virtual-pipeline-stage", str(layers_per_virtual_stage(plan))))
+    args.append(("--context-parallel-size", "1"))
+    if lay.sequence_parallel:
+        args.append(("--sequence-parallel", None))
+    if lay.zero_stage == 1:
+        args.append(("--use-distributed-optimizer", None))
+    elif lay.zero_stage in FSDP_STRATEGY:
+        args += [("--use-megatron-fsdp", None),
+                 ("--data-parallel-sharding-strategy", FSDP_STRATEGY[lay.zero_stage])]
+    if lay.recompute == "full":
+        args += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"),
+                 ("--recompute-num-layers", "1")]
+    elif lay.recompute == "selective":
+        args.append(("--recompute-granularity", "selective"))
+    args += [
+        ("--micro-batch-size", str(lay.micro_batch_size)),
+        ("--global-batch-size", str(tr.global_batch_size)),
+        ("--seq-length", str(tr.seq_length)),
+        ("--max-position-embeddings", str(max(model.max_position_embeddings or 0, tr.seq_length))),
+        ("--num-layers", str(model.num_layers)),
+        ("--hidden-size", str(model.hidden_size)),
+        ("--ffn-hidden-size", str(model.ffn)),
+        ("--num-attention-heads", str(model.num_attention_heads)),
+    ]
+    if model.kv_heads != model.num_attention_heads:
+        args += [("--group-query-attention", None), ("--num-query-groups", str(model.kv_heads))]
+    if model.kv_channels != model.hidden_size // model.num_attention_heads or \
+            model.hidden_size % model.num_attention_heads:
+        args.append(("--kv-channels", str(model.kv_channels)))
+    if model.activation == "swiglu":
+        args.append(("--swiglu", None))
+    args.append(("--normalization", "RMSNorm" if model.norm == "rmsnorm" else "LayerNorm"))
+    if not model.bias:
+        args.append(("--disable-bias-linear", None))
+    args.append(("--position-embedding-type", POSITION[model.position_embedding]))
+    if not model.tie_embeddings:
+        args.append(("--untie-embeddings-and-output-weights", None))
+    args += [("--attention-dropout", f"{model.dropout:g}"), ("--hidden-dropout", f"{model.dropout:g}")]
+    args.append(("--bf16", None) if tr.dtype == "bf16" else ("--fp16", None))
+    if tr.grad_bytes == 2:
+        args.append(("--grad-reduce-in-bf16", None))
+    if tr.overlap_grad_reduce:
+        args.append(("--overlap-grad-reduce", None))
+        if lay.zero_stage >= 1:
+            args.append(("--overlap-param-gather", None))
+    if not tr.flash_attention:
+        args.append(("--attention-backend", "unfused"))
+    return args
+
+
+def export_megatron(plan: Plan) -> Export:
+    """Megatron-LM arguments: header comments, then one flag per line joined by `` \\``."""
+    args = megatron_args(plan)
+    model, lay = plan.model, plan.layout
+    vp = padded_vocab(model.vocab_size, lay.tp)
+    comments = [
+        f"Megatron-LM pretrain_gpt.py arguments for {describe(plan)}",
+        f"flag names: {SOURCE}",
+        RANK_ORDER_NOTE,
+        f"vocabulary: {model.vocab_size} from your tokenizer (--tokenizer-type ...; --vocab-size with "
+        f"NullTokenizer); Megatron pads it to a multiple of 128*tp = {128 * lay.tp}: {vp}",
+        "not set here: data, tokenizer, optimizer and LR schedule, --train-iters/--train-samples, "
+        "checkpointing, logging",
+    ]
+    if lay.zero_stage in FSDP_STRATEGY:
+        comments.append(f"ZeRO-{lay.zero_stage} is Megatron-FSDP here (plain DDP and the distributed "
+                        "optimizer shard only optimizer states); check that your Megatron-LM "
+                        "version supports Megatron-FSDP with this tp/pp, and save checkpoints with "
+                        "--ckpt-format fsdp_dtensor")
+    if lay.recompute == "selective":
+        comments.append("selective recomputation = Megatron's default --recompute-modules core_attn, "
+                        "as the cost model assumed")
+    if not plan.training.flash_attention:
+        comments.append("the plan assumed attention without flash attention (scores stored): "
+                        "--attention-backend unfused")
+    lines = [flag if value is None else f"{flag} {value}" for flag, value in args]
+    text = "".join(f"# {c}\n" for c in comments) + " \\\n".join(lines) + "\n"
+    return Export("megatron", text, keys=[flag for flag, _ in args])

@@ -1,0 +1,139 @@
+"""torchtitan settings for a plan: command-line overrides (0.3+) or a TOML job file (0.2.x).
+
+torchtitan 0.3.0 replaced TOML job files by typed Python config functions (pytorch/torchtitan PR
+#2386; release notes of v0.3.0: "typed Python configuration") launched as
+``python -m torchtitan.train --module <model module> --config <config function>`` plus
+``--section.field value`` overrides; 0.2.x reads ``--job.config_file job.toml``.
+Option names were checked in pytorch/torchtitan:
+  overrides: torchtitan/config/configs.py at commit 0014ac2ca45a (TrainingConfig,
+             ParallelismConfig, ActivationCheckpointConfig of the Python-config era);
+  TOML:      torchtitan/config/job_config.py at commit 000204a4a8bf (Training, Parallelism,
+             ActivationCheckpoint), and pipeline_parallel_{first,last}_stage_less_layers from
+             PR #1416 (merged 2025-07, before v0.2.0 of 2025-10).
+Later main (after 0.3) renamed the batch fields (PR #4121 "fold batch dim": token counts instead
+of local/global batch size; num_pp_microbatches): the overrides fit 0.3, not those versions.
+
+Mapping: tp -> tensor_parallel_degree; pp -> pipeline_parallel_degree with schedule 1F1B
+(vpp = 1) or Interleaved1F1B (vpp > 1) and L/(pp*vpp) layers per stage (first/last stage "less
+layers" set to 0, so stages = pp*vpp as in Megatron); ZeRO-3 -> FSDP, data_parallel_shard_degree
+= dp; ZeRO-0 -> DDP, data_parallel_replicate_degree = dp; ZeRO-1/2 have no torchtitan mode: FSDP
+is written (the nearest mode, it holds no more memory per GPU) with a comment saying so, ZeRO-2
+with fsdp_reshard_after_forward "never" (parameters stay gathered from forward to backward).
+Batch: with pp > 1 all m micro-batches of a DP rank run in one pipeline step
+(local_batch_size = B/dp, pipeline_parallel_microbatch_size = b); with pp = 1 the local batch is
+b and torchtitan accumulates B/(dp*b) steps (global_batch_size = B).
+Recompute: none/full -> activation_checkpoint.mode none/full; selective -> "selective", which in
+torchtitan is per-op SAC (0.2.x selective_ac_option "op"), not Megatron's core-attention
+recomputation: a comment says so. torchtitan's TP always uses sequence parallelism in 0.2.x
+(norms sharded on the sequence); 0.3 has enable_sequence_parallel.
+"""
+
+from __future__ import annotations
+
+from ..errors import UsageError
+from ..specs import Plan
+from .common import Export, describe, layers_per_virtual_stage, microbatches
+
+SOURCE_03 = "pytorch/torchtitan @0014ac2ca45a torchtitan/config/configs.py"
+SOURCE_02 = "pytorch/torchtitan @000204a4a8bf torchtitan/config/job_config.py (+ PR #1416)"
+ORDER_NOTE = ("rank order: torchtitan's ParallelDims mesh [pp, dp_replicate, dp_shard, cp, tp] "
+              "(tp fastest, then dp, then pp): with cp=1 the same TP/DP/PP groups as Megatron's "
+              "tp-cp-ep-dp-pp that the cost model assumed; see `plan3d placement --order torchtitan`")
+
+
+def torchtitan_settings(plan: Plan, fmt: str) -> tuple[dict[str, dict[str, object]], list[str]]:
+    """({section: {field: value}}, comments) for ``plan``; ``fmt`` is "overrides" or "toml"."""
+    lay, tr = plan.layout, plan.training
+    m = microbatches(plan)
+    if tr.dtype != "bf16":
+        raise UsageError("torchtitan's mixed precision takes bfloat16 or float32 parameters, "
+                         f"not {tr.dtype}; this plan cannot be exported to torchtitan")
+    notes: list[str] = []
+    par: dict[str, object] = {"tensor_parallel_degree": lay.tp}
+    if lay.tp > 1 and not lay.sequence_parallel:
+        if fmt == "toml":
+            notes.append("the plan has TP without sequence parallelism, but torchtitan 0.2.x TP "
+                         "always shards norms on the sequence (SP): memory will be lower and TP "
+                         "traffic different from the estimate")
+        else:
+            par["enable_sequence_parallel"] = False
+    if lay.zero_stage == 0:
+        par["data_parallel_replicate_degree"] = lay.dp
+        par["data_parallel_shard_degree"] = 1
+    else:
+        par["data_parallel_replicate_degree"] = 1
+        par["data_parallel_shard_degree"] = lay.dp
+        if lay.zero_stage in (1, 2):
+            notes.append(f"torchtitan has no ZeRO-{lay.zero_stage} mode: written as FSDP "
+                         f"(data_parallel_shard_degree = dp = {lay.dp}), which also shards the "
+                         "weights and gathers them each micro-batch; memory is at most the "
+                         "estimate's, DP traffic is higher")
+            if lay.zero_stage == 2:
+                par["fsdp_reshard_after_forward"] = "never"
+    par["pipeline_parallel_degree"] = lay.pp
+    if lay.pp > 1:
+        par["pipeline_parallel_schedule"] = "Interleaved1F1B" if lay.vpp > 1 else "1F1B"
+        par["pipeline_parallel_layers_per_stage"] = layers_per_virtual_stage(plan)
+        par["pipeline_parallel_first_stage_less_layers"] = 0
+        par["pipeline_parallel_last_stage_less_layers"] = 0
+        par["pipeline_parallel_microbatch_size"] = lay.micro_batch_size
+        local = m * lay.micro_batch_size
+    else:
+        local = lay.micro_batch_size
+    par["context_parallel_degree"] = 1
+    training = {"local_batch_size": local, "global_batch_size": tr.global_batch_size,
+                "seq_len": tr.seq_length, "mixed_precision_param": "bfloat16"}
+    ac: dict[str, object] = {"mode": lay.recompute}
+    if lay.recompute == "selective":
+        if fmt == "toml":
+            ac["selective_ac_option"] = "op"
+        notes.append("selective activation checkpointing in torchtitan is per-op SAC, not "
+                     "Megatron's core-attention recomputation the estimate assumed")
+    if plan.model.position_embedding == "alibi":
+        notes.append("the model uses ALiBi: the torchtitan model code must implement it "
+                     "(its Llama-style models use RoPE)")
+    if tr.grad_bytes == 2:
+        notes.append("grad_bytes 2 (bf16 gradient reduction): torchtitan reduces in float32 "
+                     "(training.mixed_precision_reduce); not set")
+    return {"training": training, "parallelism": par, "activation_checkpoint": ac}, notes
+
+
+def _value(v: object, toml: bool) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return f'"{v}"' if toml else v
+    return str(v)
+
+
+def export_torchtitan(plan: Plan, fmt: str = "overrides") -> Export:
+    """Overrides (torchtitan 0.3) one per line with `` \\``, or a TOML job file (0.2.x)."""
+    if fmt not in ("overrides", "toml"):
+        raise UsageError(f"--torchtitan-format must be overrides or toml, got {fmt!r}")
+    settings, notes = torchtitan_settings(plan, fmt)
+    keys = [f"{s}.{k}" for s, fields in settings.items() for k in fields]
+    if fmt == "toml":
+        head = [f"torchtitan 0.2.x job file (TOML; run with --job.config_file) for {describe(plan)}",
+                f"option names: {SOURCE_02}; does not fit torchtitan 0.3+ (Python configs)",
+                ORDER_NOTE,
+                "merge into your model's job file: [model], [optimizer], [lr_scheduler], "
+                "[checkpoint] are not set here"] + notes
+        body = []
+        for section, fields in settings.items():
+            body.append(f"[{section}]")
+            body += [f"{k} = {_value(v, True)}" for k, v in fields.items()]
+            body.append("")
+        return Export("torchtitan", "".join(f"# {c}\n" for c in head) + "\n".join(body), keys=keys)
+    head = [f"torchtitan 0.3 command-line overrides for {describe(plan)}",
+            f"option names: {SOURCE_03}; for 0.2.x use --torchtitan-format toml",
+            ORDER_NOTE,
+            "append to: python -m torchtitan.train --module <your model module> --config <config fn>"] + notes
+    lines = []
+    for section, fields in settings.items():
+        for k, v in fields.items():
+            if isinstance(v, bool):  # tyro booleans are flags: --x.flag / --x.no_flag
+                lines.append(f"--{section}.{'' if v else 'no_'}{k}")
+            else:
+                lines.append(f"--{section}.{k} {_value(v, False)}")
+    text = "".join(f"# {c}\n" for c in head) + " \\\n".join(lines) + "\n"
+    return Export("torchtitan", text, keys=keys)

@@ -1,0 +1,176 @@
+"""Which global ranks form each TP, CP, DP and PP group, and which node each rank is on.
+
+Rank orders (first = fastest-varying):
+  megatron            tp-cp-ep-dp-pp, Megatron-Core's default RankGenerator order (formulas.md
+                      5.3): rank = i_tp + t*(i_cp + c*(i_dp + d*i_pp)). The cost model
+                      (planner.cost.collectives.placement) assumes this order.
+  megatron-tp-pp-dp   tp-cp-ep-pp-dp, Megatron with --use-tp-pp-dp-mapping (DP outermost, as
+                      Llama 3 ran): rank = i_tp + t*(i_cp + c*(i_pp + p*i_dp)).
+  torchtitan          torchtitan's ParallelDims device mesh [pp, dp_replicate, dp_shard, cp, tp]
+                      (row-major, last = fastest; pytorch/torchtitan
+                      torchtitan/distributed/parallel_dims.py @0119de156de5). DP = dp_replicate x
+                      dp_shard, so with cp = 1 its TP, DP and PP groups equal Megatron's default.
+Nodes: rank r runs on node r // G (G GPUs per node), as torchrun/SLURM number local ranks.
+Everything is built with numpy reshapes of arange(N); no Python loop over ranks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import UsageError
+from .specs import Plan
+
+ORDERS = ("megatron", "torchtitan", "megatron-tp-pp-dp")
+ORDER_TEXT = {
+    "megatron": "Megatron-Core default tp-cp-ep-dp-pp (TP fastest, then CP, DP, PP)",
+    "megatron-tp-pp-dp": "Megatron --use-tp-pp-dp-mapping tp-cp-ep-pp-dp (TP fastest, then CP, PP, DP)",
+    "torchtitan": "torchtitan ParallelDims mesh [pp, dp_replicate, dp_shard, cp, tp] (tp fastest)",
+}
+
+
+@dataclass
+class Placement:
+    """Groups of one layout. ``groups[dim]`` is an int array (number of groups, group size);
+    ``node`` maps rank -> node index. Dims: tp, cp, dp, pp."""
+
+    order: str
+    gpus_per_node: int
+    sizes: dict[str, int]
+    groups: dict[str, np.ndarray]
+    node: np.ndarray
+
+    def span(self, dim: str) -> tuple[np.ndarray, np.ndarray]:
+        """Per group of ``dim``: (largest number of its ranks on one node, number of nodes it spans)."""
+        nodes = self.node[self.groups[dim]]  # (n_groups, size)
+        offset = nodes - nodes.min(axis=1, keepdims=True)
+        counts = np.zeros((nodes.shape[0], int(offset.max()) + 1), dtype=np.int64)
+        np.add.at(counts, (np.arange(nodes.shape[0])[:, None], offset), 1)
+        per_node = counts.max(axis=1)
+        distinct = np.count_nonzero(counts, axis=1)
+        return per_node, distinct
+
+    def crosses(self, dim: str) -> np.ndarray:
+        """Boolean per group: does the group span more than one node?"""
+        return self.span(dim)[1] > 1
+
+
+def rank_grid(tp: int, cp: int, dp: int, pp: int, order: str) -> dict[str, np.ndarray]:
+    """Groups of each dim as (n_groups, size) arrays of global ranks under ``order``."""
+    n = tp * cp * dp * pp
+    r = np.arange(n)
+    if order in ("megatron", "torchtitan"):
+        # axes slow -> fast: pp, dp, cp, tp (torchtitan: pp, dp_replicate*dp_shard, cp, tp)
+        g = r.reshape(pp, dp, cp, tp)
+        axes = {"pp": 0, "dp": 1, "cp": 2, "tp": 3}
+    elif order == "megatron-tp-pp-dp":
+        g = r.reshape(dp, pp, cp, tp)
+        axes = {"dp": 0, "pp": 1, "cp": 2, "tp": 3}
+    else:
+        raise UsageError(f"unknown rank order {order!r}; choose one of {', '.join(ORDERS)}")
+    sizes = {"tp": tp, "cp": cp, "dp": dp, "pp": pp}
+    out = {}
+    for dim, ax in axes.items():
+        moved = np.moveaxis(g, ax, -1)
+        out[dim] = moved.reshape(-1, sizes[dim])
+    return out
+
+
+def place(plan: Plan, order: str = "megatron") -> Placement:
+    """The Placement of ``plan``'s layout (cp = 1: plan3d layouts have no context parallelism)."""
+    lay = plan.layout
+    gpn = plan.hardware.gpus_per_node
+    groups = rank_grid(lay.tp, 1, lay.dp, lay.pp, order)
+    node = np.arange(plan.gpus) // gpn
+    return Placement(order, gpn, {"tp": lay.tp, "cp": 1, "dp": lay.dp, "pp": lay.pp}, groups, node)
+
+
+def cost_model_check(plan: Plan, pl: Placement) -> dict[str, dict[str, object]]:
+    """Compare the enumerated groups with what the cost model assumed.
+
+    The cost model (planner.cost.collectives.placement, formulas.md 5.3) takes TP groups as
+    (n_local, n_nodes) = placement(tp, stride 1) and DP groups as placement(dp, stride tp), and
+    treats pipeline p2p as crossing nodes iff tp*dp*pp > G. Returns per dim the assumed and the
+    enumerated values (for every group) and whether they agree.
+    """
+    from .cost.collectives import placement as assumed
+    lay, G = plan.layout, pl.gpus_per_node
+    result: dict[str, dict[str, object]] = {}
+    for dim, size, stride in (("tp", lay.tp, 1), ("dp", lay.dp, lay.tp)):
+        a_local, a_nodes = assumed(np.array([size]), np.array([stride]), G)
+        local, nodes = pl.span(dim)
+        result[dim] = {"assumed_ranks_per_node": int(a_local[0]), "assumed_nodes": int(a_nodes[0]),
+                       "ranks_per_node": sorted({int(x) for x in local}),
+                       "nodes": sorted({int(x) for x in nodes}),
+                       "agrees": bool(np.all(local == a_local[0]) and np.all(nodes == a_nodes[0]))}
+    # PP: consecutive stages of a group on different nodes?
+    pg = pl.groups["pp"]
+    boundary_cross = pl.node[pg[:, 1:]] != pl.node[pg[:, :-1]] if lay.pp > 1 else np.zeros((1, 0), bool)
+    any_cross = bool(boundary_cross.any())
+    assumed_cross = lay.pp > 1 and lay.tp * lay.dp * lay.pp > G
+    result["pp"] = {"assumed_p2p_crosses_nodes": assumed_cross, "p2p_crosses_nodes": any_cross,
+                    "crossing_boundaries": int(boundary_cross.sum()),
+                    "boundaries": int(boundary_cross.size), "agrees": assumed_cross == any_cross}
+    return result
+
+
+def _dims(pl: Placement) -> list[str]:
+    """tp, dp, pp, and cp only when it is used (size > 1)."""
+    return [d for d in ("tp", "cp", "dp", "pp") if d != "cp" or pl.sizes["cp"] > 1]
+
+
+def summary(plan: Plan, order: str = "megatron", examples: int = 2) -> dict[str, object]:
+    """Compact description: group counts, strides, example groups, node crossing, cost-model check."""
+    pl = place(plan, order)
+    dims = {}
+    for dim in _dims(pl):
+        g = pl.groups[dim]
+        local, nodes = pl.span(dim)
+        stride = int(g[0, 1] - g[0, 0]) if g.shape[1] > 1 else 0
+        dims[dim] = {"size": pl.sizes[dim], "groups": int(g.shape[0]), "stride": stride,
+                     "examples": [g[i].tolist() for i in range(min(examples, g.shape[0]))]
+                     + ([g[-1].tolist()] if g.shape[0] > examples else []),
+                     "ranks_per_node": int(local.min()), "nodes_per_group": int(nodes.max()),
+                     "groups_crossing_nodes": int(np.count_nonzero(nodes > 1))}
+    return {"order": order, "order_description": ORDER_TEXT[order], "gpus": plan.gpus,
+            "gpus_per_node": pl.gpus_per_node, "nodes": -(-plan.gpus // pl.gpus_per_node),
+            "dims": dims, "tp_crosses_node": bool(dims["tp"]["groups_crossing_nodes"]),
+            "cost_model": cost_model_check(plan, pl),
+            "exports_assume": "megatron (tp-cp-ep-dp-pp); torchtitan's and DeepSpeed's default "
+                              "meshes give the same groups"}
+
+
+def full(plan: Plan, order: str = "megatron") -> dict[str, object]:
+    """Everything: the summary plus every group of every dim and the node of every rank."""
+    pl = place(plan, order)
+    data = summary(plan, order)
+    data["groups"] = {dim: pl.groups[dim].tolist() for dim in _dims(pl)}
+    data["node_of_rank"] = pl.node.tolist()
+    return data
+
+
+def render(data: dict[str, object]) -> str:
+    """The summary as text lines for the terminal (group counts, examples, node crossing)."""
+    lines = [f"{data['gpus']} GPUs on {data['nodes']} nodes of {data['gpus_per_node']}; rank order: "
+             f"{data['order_description']}; rank r is on node r // {data['gpus_per_node']}"]
+    for dim, d in data["dims"].items():  # type: ignore[union-attr]
+        ex = "; ".join(_short(g) for g in d["examples"])
+        lines.append(f"{dim.upper():>3}: {d['groups']} groups of {d['size']}, stride {d['stride']}, "
+                     f"{d['ranks_per_node']} rank(s)/node, spans {d['nodes_per_group']} node(s), "
+                     f"{d['groups_crossing_nodes']} cross nodes; e.g. {ex}")
+    lines.append("TP groups cross a node: " + ("YES" if data["tp_crosses_node"] else "no"))
+    cm = data["cost_model"]
+    ok = all(v["agrees"] for v in cm.values())  # type: ignore[union-attr]
+    lines.append("cost model's placement assumption (formulas.md 5.3): " +
+                 ("agrees" if ok else "DISAGREES: " + ", ".join(
+                     k for k, v in cm.items() if not v["agrees"])))  # type: ignore[union-attr]
+    lines.append(f"exports assume: {data['exports_assume']}")
+    return "\n".join(lines)
+
+
+def _short(group: list[int]) -> str:
+    if len(group) <= 6:
+        return "[" + ",".join(map(str, group)) + "]"
+    return f"[{group[0]},{group[1]},...,{group[-1]}]"
