@@ -30,14 +30,35 @@ def catalog_dir(kind: str) -> Path:
     raise UsageError(f"the {kind} catalog is missing from this installation")
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that rejects a mapping with the same key twice (YAML would keep the last)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
 def read_yaml(path: Path) -> object:
-    """Parse a YAML file; raises UsageError (one line) if it is missing or malformed."""
+    """Parse a YAML file; raises UsageError (one line) if it is missing, not UTF-8 text, empty,
+    malformed, or repeats a key."""
+    if path.is_dir():
+        raise UsageError(f"{path} is a directory, not a YAML file")
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{path} is not a UTF-8 text (YAML) file") from None
+    if not text.strip():
+        raise UsageError(f"{path} is empty")
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
@@ -48,7 +69,8 @@ def read_yaml(path: Path) -> object:
 def validate(cls: type[T], data: object, origin: str) -> T:
     """Validate ``data`` as ``cls``; turns pydantic's report into one line naming the field."""
     if not isinstance(data, dict):
-        raise UsageError(f"{origin}: expected a mapping of fields, got {type(data).__name__}")
+        kind = {list: "a list", str: "a single string"}.get(type(data), f"a {type(data).__name__}")
+        raise UsageError(f"{origin}: expected a mapping of fields (name: value), got {kind}")
     try:
         return cls.model_validate(data)
     except ValidationError as exc:
@@ -61,7 +83,7 @@ def describe_validation_error(exc: ValidationError) -> str:
     """The first problem of a pydantic error, as 'field.path: message' (+ how many more)."""
     errors = exc.errors()
     first = errors[0]
-    loc = ".".join(str(part) for part in first["loc"]) or "(top level)"
+    loc = ".".join(str(part) for part in first["loc"])
     msg = first["msg"]
     if first["type"] == "missing":
         msg = "missing required field"
@@ -69,7 +91,7 @@ def describe_validation_error(exc: ValidationError) -> str:
         msg = "unknown field"
     msg = msg.removeprefix("Value error, ")
     more = f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})" if len(errors) > 1 else ""
-    return f"{loc}: {msg}{more}"
+    return f"{loc}: {msg}{more}" if loc else f"{msg}{more}"
 
 
 @lru_cache(maxsize=None)
@@ -94,6 +116,8 @@ def hardware_profiles() -> dict[str, HardwareProfile]:
 
 def _resolve(kind: str, label: str, name: str, cls: type[T]) -> T:
     path = Path(name).expanduser()
+    if path.is_dir():
+        raise UsageError(f"{name} is a directory, not a {label} file")
     if name.endswith((".yaml", ".yml", ".json")) or path.is_file():
         if not path.is_file():
             raise UsageError(f"{label} file not found: {name}")

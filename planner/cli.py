@@ -4,17 +4,33 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 from enum import Enum
 from pathlib import Path
 from typing import Optional
 
-import typer
+if not sys.stdout.isatty():  # help and tables piped or captured: don't cut option names at 80
+    os.environ.setdefault("TERMINAL_WIDTH", "160")
 
-from . import catalog, report
-from .errors import PlannerError, UsageError
+import typer  # noqa: E402
+
+from . import __version__, catalog, report  # noqa: E402
+from .errors import PlannerError, UsageError  # noqa: E402
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Plan 3D-parallel (TP/PP/DP/ZeRO) training of large transformers.")
+
+
+def _version(value: bool) -> None:
+    if value:
+        report.out.print(f"plan3d {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="Print the version and exit.")) -> None:
+    """Plan 3D-parallel (TP/PP/DP/ZeRO) training of large transformers."""
 
 
 class RecomputeChoice(str, Enum):
@@ -34,6 +50,12 @@ def handle_errors(func):
             raise typer.Exit(exc.exit_code) from None
         except (typer.Exit, typer.Abort):
             raise
+        except BrokenPipeError:  # `plan3d ... | head`: the reader left, nothing to report
+            sys.stderr.close()
+            raise typer.Exit(0) from None
+        except OSError as exc:
+            report.error(f"cannot write the output: {exc.strerror or exc}")
+            raise typer.Exit(74) from None  # EX_IOERR
         except KeyboardInterrupt:
             report.error("interrupted")
             raise typer.Exit(130) from None
@@ -52,15 +74,24 @@ GPUS = typer.Option(None, "--gpus", "-g", help="Number of GPUs (whole nodes beyo
 HARDWARE = typer.Option("dgx-h100", "--hardware", help="Hardware profile name or YAML file.")
 GBS = typer.Option(None, "--global-batch-size", help="Sequences per optimizer step (default: the model's).")
 SEQ = typer.Option(None, "--seq-length", help="Tokens per sequence (default: the model's).")
-JSON = typer.Option(False, "--json", help="Print JSON (SI units) instead of tables.")
+JSON = typer.Option(False, "--json", help="Print JSON (SI units: bytes, seconds) instead of tables.")
+MAX_SEQ_LENGTH = 10_000_000
+MAX_BATCH = 100_000_000
 
 
 def _training(model, global_batch_size, seq_length):
     from .catalog import validate
     from .specs import TrainingSpec
-    for name, value in (("--global-batch-size", global_batch_size), ("--seq-length", seq_length)):
+    for name, value, top in (("--global-batch-size", global_batch_size, MAX_BATCH),
+                             ("--seq-length", seq_length, MAX_SEQ_LENGTH)):
         if value is not None and value <= 0:
             raise UsageError(f"{name} must be positive, got {value}")
+        if value is not None and value > top:
+            raise UsageError(f"{name} {value:,} is beyond what plan3d models (at most {top:,})")
+    limit = model.max_position_embeddings
+    if seq_length and model.position_embedding == "learned" and limit and seq_length > limit:
+        raise UsageError(f"--seq-length {seq_length} exceeds the {limit} learned position "
+                         f"embeddings of {model.name}")
     data = {"seq_length": seq_length or model.training.seq_length,
             "global_batch_size": global_batch_size or model.training.global_batch_size,
             "tokens": model.training.tokens}
@@ -97,7 +128,7 @@ def search(
     max_vpp: int = typer.Option(16, "--max-vpp", help="Upper bound on vpp."),
 ) -> None:
     """Rank the TP/PP/DP/ZeRO layouts that fit, by predicted throughput."""
-    from .export import make_plan, write_plan
+    from .export import check_destination, make_plan, write_plan
     from .search import SearchOptions
     from .search import search as run_search
     m = catalog.resolve_model(_require(model, "--model"))
@@ -108,8 +139,8 @@ def search(
                     max_vpp=max_vpp)
     if zero_stage is not None and zero_stage not in (0, 1, 2, 3):
         raise UsageError(f"--zero-stage must be 0, 1, 2 or 3, got {zero_stage}")
-    if export is not None and export.exists() and not force:
-        raise UsageError(f"{export} exists; pass --force to overwrite it")
+    if export is not None:
+        check_destination(export, force)
     opts = SearchOptions(tp=tp, pp=pp, dp=dp, zero_stage=zero_stage, micro_batch_size=micro_batch_size,
                          recompute=recompute.value if recompute else None,
                          sequence_parallel=sequence_parallel, vpp=vpp, max_tp=max_tp, max_pp=max_pp,
@@ -132,40 +163,60 @@ def search(
 @app.command()
 @handle_errors
 def estimate(
-    model: Optional[str] = MODEL, gpus: Optional[int] = GPUS, hardware: str = HARDWARE,
+    model: Optional[str] = MODEL, gpus: Optional[int] = GPUS,
+    hardware: Optional[str] = typer.Option(None, "--hardware",
+                                           help="Hardware profile name or YAML file [default: dgx-h100]."),
     global_batch_size: Optional[int] = GBS, seq_length: Optional[int] = SEQ,
-    tp: Optional[int] = typer.Option(None, "--tp", help="Tensor-parallel size."),
-    pp: Optional[int] = typer.Option(None, "--pp", help="Pipeline-parallel size."),
-    dp: Optional[int] = typer.Option(None, "--dp", help="Data-parallel size (default gpus/(tp*pp))."),
-    zero_stage: int = typer.Option(1, "--zero-stage", help="ZeRO stage 0-3."),
-    micro_batch_size: int = typer.Option(1, "--micro-batch-size", help="Micro-batch size."),
-    recompute: RecomputeChoice = typer.Option(RecomputeChoice.none, "--recompute"),
-    sequence_parallel: bool = typer.Option(False, "--sequence-parallel/--no-sequence-parallel"),
-    vpp: int = typer.Option(1, "--vpp", help="Virtual pipeline stages per rank."),
-    plan: Optional[Path] = typer.Option(None, "--plan", help="Evaluate a plan YAML written by --export."),
+    tp: Optional[int] = typer.Option(None, "--tp", help="Tensor-parallel size [default: 1]."),
+    pp: Optional[int] = typer.Option(None, "--pp", help="Pipeline-parallel size [default: 1]."),
+    dp: Optional[int] = typer.Option(None, "--dp", help="Data-parallel size [default: gpus/(tp*pp)]."),
+    zero_stage: Optional[int] = typer.Option(None, "--zero-stage", help="ZeRO stage 0-3 [default: 1]."),
+    micro_batch_size: Optional[int] = typer.Option(None, "--micro-batch-size",
+                                                   help="Micro-batch size [default: 1]."),
+    recompute: Optional[RecomputeChoice] = typer.Option(None, "--recompute",
+                                                        help="Recomputation [default: none]."),
+    sequence_parallel: Optional[bool] = typer.Option(None, "--sequence-parallel/--no-sequence-parallel",
+                                                     help="Sequence parallelism [default: off]."),
+    vpp: Optional[int] = typer.Option(None, "--vpp", help="Virtual pipeline stages per rank [default: 1]."),
+    plan: Optional[Path] = typer.Option(None, "--plan", help="Evaluate a plan YAML written by --export "
+                                        "(alone: it cannot be combined with the other flags)."),
     json_out: bool = JSON,
 ) -> None:
-    """Memory and step-time breakdown of one layout (from flags or --plan)."""
+    """Memory and step-time breakdown of one layout (from flags or --plan). Exits 1 if it does not fit."""
     from .cost.step import estimate_layout
-    from .export import read_plan
+    from .search import check_layout
+    flags = {"--model": model, "--gpus": gpus, "--hardware": hardware,
+             "--global-batch-size": global_batch_size, "--seq-length": seq_length, "--tp": tp,
+             "--pp": pp, "--dp": dp, "--zero-stage": zero_stage, "--micro-batch-size": micro_batch_size,
+             "--recompute": recompute, "--sequence-parallel": sequence_parallel, "--vpp": vpp}
     if plan is not None:
+        from .export import read_plan
+        given = [flag for flag, value in flags.items() if value is not None]
+        if given:
+            raise UsageError(f"--plan cannot be combined with {', '.join(given)}: the plan fixes "
+                             "them (edit the plan, or estimate from flags without --plan)")
         p = read_plan(plan)
         m, hw, training, layout, n = p.model, p.hardware, p.training, p.layout, p.gpus
-        from .search import check_layout
         check_layout(m, hw, training, n, layout.model_dump())
     else:
         m = catalog.resolve_model(_require(model, "--model"))
-        hw = catalog.resolve_hardware(hardware)
+        hw = catalog.resolve_hardware(hardware or "dgx-h100")
         training = _training(m, global_batch_size, seq_length)
         n = _require(gpus, "--gpus")
-        layout = _layout(m, hw, training, n, tp or 1, pp or 1, dp, zero_stage, micro_batch_size,
-                         recompute.value, sequence_parallel, vpp)
+        layout = _layout(m, hw, training, n, tp or 1, pp or 1, dp,
+                         1 if zero_stage is None else zero_stage, micro_batch_size or 1,
+                         (recompute or RecomputeChoice.none).value, bool(sequence_parallel), vpp or 1)
     est = estimate_layout(m, hw, training, layout)
+    result = est.to_dict(0)
     if json_out:
-        report.print_json(est.to_dict(0))
+        report.print_json(result)
     else:
         report.header(m, hw, training, n)
         report.estimate_report(est)
+    if plan is not None:
+        report.plan_drift(p, result)
+    if not result["memory"]["fits"]:
+        raise typer.Exit(1)
 
 
 def _layout(m, hw, training, gpus, tp, pp, dp, zero_stage, micro_batch_size, recompute, sp, vpp):
@@ -214,7 +265,7 @@ def hardware(json_out: bool = JSON) -> None:
     """List the hardware profiles."""
     entries = catalog.hardware_profiles().values()
     if json_out:
-        report.print_json([h.model_dump(mode="json") for h in entries])
+        report.print_json([h.model_dump(mode="python") for h in entries])  # SI numbers
         return
     rows = []
     for h in entries:

@@ -28,12 +28,22 @@ def plan_to_yaml(plan: Plan) -> str:
     return header + yaml.safe_dump(data, sort_keys=False, width=100, allow_unicode=True)
 
 
-def write_plan(plan: Plan, path: Path, force: bool = False) -> None:
-    """Write plan.yaml; an existing file is kept unless ``force`` (UsageError)."""
+def check_destination(path: Path, force: bool) -> None:
+    """UsageError unless ``path`` can be written: a file name (not '', '.', '-' or a directory)
+    in an existing directory, and not an existing file unless ``force``."""
+    if str(path) in ("", ".", "-"):
+        raise UsageError(f"--export needs a file name, got {str(path)!r}")
+    if path.is_dir():
+        raise UsageError(f"{path} is a directory; give a file name such as {path / 'plan.yaml'}")
     if path.exists() and not force:
         raise UsageError(f"{path} exists; pass --force to overwrite it")
-    if path.is_dir():
-        raise UsageError(f"{path} is a directory")
+    if not path.parent.is_dir():
+        raise UsageError(f"cannot write {path}: directory {path.parent} does not exist")
+
+
+def write_plan(plan: Plan, path: Path, force: bool = False) -> None:
+    """Write plan.yaml; an existing file is kept unless ``force`` (UsageError)."""
+    check_destination(path, force)
     try:
         path.write_text(plan_to_yaml(plan), encoding="utf-8")
     except OSError as exc:

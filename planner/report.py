@@ -42,7 +42,11 @@ def print_json(data: object) -> None:
 
 
 def _seconds(s: float) -> str:
-    return f"{s * 1e3:.1f} ms" if s < 1 else f"{s:.2f} s"
+    if s < 1:
+        return f"{s * 1e3:.1f} ms"
+    if s < 3600:
+        return f"{s:.2f} s"
+    return f"{s / 3600:.1f} h" if s < 86400 else f"{s / 86400:.1f} days"
 
 
 def header(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: int) -> None:
@@ -83,14 +87,23 @@ def explain(result: SearchResult) -> str:
     step = est.time["step"]
     terms = {t: float(est.time[t][0]) for t in TIME_TERMS}
     big = sorted((t for t in terms if t != "compute"), key=terms.get, reverse=True)[0]
+    overhead = (f"the largest overhead is {TIME_LABELS[big]} ({terms[big] / step[0] * 100:.1f}%)"
+                if terms[big] >= 0.001 * step[0] else "overheads are under 0.1% each")
     lines.append(f"Winner: {est.candidates.layout(0).short()}: compute is "
-                 f"{terms['compute'] / step[0] * 100:.0f}% of its {_seconds(step[0])} step; "
-                 f"the largest overhead is {TIME_LABELS[big]} ({terms[big] / step[0] * 100:.1f}%).")
+                 f"{terms['compute'] / step[0] * 100:.0f}% of its {_seconds(step[0])} step; {overhead}.")
     if len(est) > 1:
-        diffs = {t: float(est.time[t][1] - est.time[t][0]) for t in TIME_TERMS}
-        worst = max(diffs, key=diffs.get)
-        lines.append(f"Runner-up is {(step[1] / step[0] - 1) * 100:.1f}% slower, mostly "
-                     f"{TIME_LABELS[worst]} (+{_seconds(max(diffs[worst], 0.0))}).")
+        first, second = est.candidates.layout(0), est.candidates.layout(1)
+        differs = ", ".join(f"{k} {getattr(first, k)} -> {getattr(second, k)}"
+                            for k in type(first).model_fields if getattr(first, k) != getattr(second, k))
+        extra = (est.memory["total"][1] - est.memory["total"][0]) / GIB
+        if step[1] <= step[0] * (1 + 1e-4):
+            lines.append(f"Runner-up ties on time ({differs}) and uses {extra:+.1f} GiB; ties rank "
+                         f"the lower ZeRO stage, then the smaller memory, first.")
+        else:
+            diffs = {t: float(est.time[t][1] - est.time[t][0]) for t in TIME_TERMS}
+            worst = max(diffs, key=diffs.get)
+            lines.append(f"Runner-up ({differs}) is {(step[1] / step[0] - 1) * 100:.2f}% slower, "
+                         f"mostly {TIME_LABELS[worst]} (+{_seconds(max(diffs[worst], 0.0))}).")
     pruned = "; ".join(f"{v:,} by '{k}'" for k, v in result.pruned.items() if v)
     lines.append(f"Searched {result.enumerated:,} layouts, {len(est):,} fit. Pruned: {pruned or 'none'}.")
     return "\n".join(lines)
@@ -125,6 +138,21 @@ def estimate_report(est: Estimate) -> None:
     out.print(f"tokens/s {th['tokens_per_s']:,.0f}  |  model TFLOP/s per GPU "
               f"{th['model_tflops_per_gpu']:.1f}  |  MFU {th['mfu'] * 100:.1f}%  |  HFU "
               f"{th['hfu'] * 100:.1f}%  |  bubble {tm['bubble_fraction'] * 100:.1f}% of compute")
+
+
+def plan_drift(plan, fresh: dict, rtol: float = 1e-9) -> None:
+    """Note on stderr when a plan was written by another plan3d version, or when today's estimate
+    differs from the one stored in the plan (the cost model or the plan changed since export)."""
+    from . import __version__
+    if plan.plan3d_version != __version__:
+        err.print(f"note: plan written by plan3d {plan.plan3d_version}, evaluated with {__version__}",
+                  soft_wrap=True, markup=False)
+    stored = (plan.estimate or {}).get("time", {}).get("step")
+    now = fresh["time"]["step"]
+    if stored is not None and abs(stored - now) > rtol * abs(now):
+        err.print(f"note: the plan's stored step time {_seconds(stored)} differs from today's "
+                  f"estimate {_seconds(now)}; the cost model, or the plan, changed since export",
+                  soft_wrap=True, markup=False)
 
 
 def catalog_table(title: str, rows: list[tuple[str, ...]], columns: tuple[str, ...]) -> None:

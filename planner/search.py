@@ -38,6 +38,13 @@ class SearchOptions:
     max_vpp: int = 16
     allow_cross_node_tp: bool = False
 
+    def __post_init__(self) -> None:
+        for pin, bound, name in ((self.tp, self.max_tp, "tp"), (self.pp, self.max_pp, "pp"),
+                                 (self.micro_batch_size, self.max_micro_batch_size, "micro-batch-size"),
+                                 (self.vpp, self.max_vpp, "vpp")):
+            if pin is not None and bound is not None and pin > bound:
+                raise UsageError(f"--{name} {pin} contradicts --max-{name} {bound}")
+
 
 @dataclass
 class SearchResult:
@@ -135,11 +142,16 @@ def search(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: 
         miss = est.take(np.array([int(np.argmin(over))]))
         raise NoFitError(_no_fit_message(model, hw, gpus, miss))
     ok = est.take(fits)
-    order = np.lexsort((ok.memory["total"], -ok.throughput["tokens_per_s"]))
+    # Best throughput first; exact ties: the lower ZeRO stage (less traffic), then less memory.
+    order = np.lexsort((ok.memory["total"], ok.candidates.zero_stage, -ok.throughput["tokens_per_s"]))
     return SearchResult(ranked=ok.take(order), enumerated=enumerated, pruned=pruned)
 
 
 def _no_split_message(model: ModelSpec, hw: HardwareProfile, gpus: int, opts: SearchOptions) -> str:
+    if None not in (opts.tp, opts.pp, opts.dp) and opts.tp * opts.pp * opts.dp != gpus:
+        return f"tp*pp*dp = {opts.tp * opts.pp * opts.dp} but --gpus is {gpus}"
+    if opts.dp is not None and gpus % opts.dp:
+        return f"--dp {opts.dp} does not divide {gpus} GPUs"
     pins = ", ".join(f"{k}={getattr(opts, k)}" for k in ("tp", "pp", "dp") if getattr(opts, k) is not None)
     pinned = f" with {pins}" if pins else ""
     return (f"no layout of {model.name} can use {gpus} GPUs{pinned}: tp (a power of two up to "
@@ -149,9 +161,13 @@ def _no_split_message(model: ModelSpec, hw: HardwareProfile, gpus: int, opts: Se
 def _nothing_valid_message(model: ModelSpec, training: TrainingSpec, gpus: int, rule: str,
                            space: Candidates) -> str:
     if rule == "global batch divisible by dp*micro_batch_size":
-        dps = ", ".join(str(d) for d in sorted(set(space.dp.tolist())))
+        dps = sorted(set(space.dp.tolist()))
+        mbs = sorted(set(space.micro_batch_size.tolist()))
+        if len(mbs) == 1 and any(training.global_batch_size % d == 0 for d in dps):
+            return (f"--micro-batch-size {mbs[0]} does not divide the per-replica batch "
+                    f"{training.global_batch_size}/dp for any dp in {{{', '.join(map(str, dps))}}}")
         return (f"global batch size {training.global_batch_size} is not divisible by any "
-                f"data-parallel degree available on {gpus} GPUs (dp in {{{dps}}}); "
+                f"data-parallel degree available on {gpus} GPUs (dp in {{{', '.join(map(str, dps))}}}); "
                 f"choose a batch that is a multiple of one of them")
     return f"no layout of {model.name} on {gpus} GPUs passes the rule '{rule}'"
 

@@ -13,27 +13,35 @@ from typing import Annotated, Any, Literal
 from pydantic import (BaseModel, ConfigDict, Field, PlainSerializer, BeforeValidator,
                       model_validator)
 
+from .errors import UsageError
 from .units import format_quantity, parse_quantity
 
 
 def _wrap_parse(kind: str):
-    def parse(value: Any, info) -> float:
-        return parse_quantity(value, kind, info.field_name or "value")
+    def parse(value: Any) -> float:
+        try:
+            return parse_quantity(value, kind, field=None)
+        except UsageError as exc:  # pydantic adds the field's full path
+            raise ValueError(str(exc)) from None
 
     return parse
 
 
 Bytes = Annotated[float, BeforeValidator(_wrap_parse("bytes")),
-                  PlainSerializer(lambda v: format_quantity(v, "bytes"), return_type=str)]
+                  PlainSerializer(lambda v: format_quantity(v, "bytes"), return_type=str, when_used="json")]
 Bandwidth = Annotated[float, BeforeValidator(_wrap_parse("bandwidth")),
-                      PlainSerializer(lambda v: format_quantity(v, "bandwidth"), return_type=str)]
+                      PlainSerializer(lambda v: format_quantity(v, "bandwidth"), return_type=str, when_used="json")]
 Seconds = Annotated[float, BeforeValidator(_wrap_parse("time")),
-                    PlainSerializer(lambda v: format_quantity(v, "time"), return_type=str)]
+                    PlainSerializer(lambda v: format_quantity(v, "time"), return_type=str, when_used="json")]
 Fraction = Annotated[float, Field(gt=0.0, le=1.0)]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: YAML's "32" is not silently an int, nor "no" a bool; unknown fields are errors.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._+-]*$"  # usable on a command line: no spaces
 
 
 # ----------------------------------------------------------------------------- models
@@ -55,8 +63,8 @@ class ModelSpec(_Strict):
     ``intermediate_size``); it defaults to 4*hidden_size for gelu and is required for swiglu.
     """
 
-    name: str = Field(min_length=1)
-    aliases: tuple[str, ...] = ()
+    name: str = Field(pattern=NAME_PATTERN)
+    aliases: list[str] = []
     source: str = Field(min_length=1)
     num_layers: int = Field(gt=0, le=100_000)
     hidden_size: int = Field(gt=0, le=10_000_000)
@@ -136,6 +144,12 @@ class IntraNode(_Strict):
     latency: Seconds
     source: str
 
+    @model_validator(mode="after")
+    def _check(self) -> "IntraNode":
+        if self.bandwidth_per_gpu <= 0:
+            raise ValueError("bandwidth_per_gpu must be positive")
+        return self
+
 
 class InterNode(_Strict):
     """The scale-out fabric (InfiniBand/RoCE). ``bandwidth_per_nic`` is one direction."""
@@ -145,6 +159,12 @@ class InterNode(_Strict):
     bandwidth_per_nic: Bandwidth
     latency: Seconds
     source: str
+
+    @model_validator(mode="after")
+    def _check(self) -> "InterNode":
+        if self.bandwidth_per_nic <= 0:
+            raise ValueError("bandwidth_per_nic must be positive")
+        return self
 
 
 class Efficiency(_Strict):
@@ -170,8 +190,8 @@ class Efficiency(_Strict):
 class HardwareProfile(_Strict):
     """A system: GPU, node and fabric, with the efficiency factors fitted or taken for it."""
 
-    name: str = Field(min_length=1)
-    aliases: tuple[str, ...] = ()
+    name: str = Field(pattern=NAME_PATTERN)
+    aliases: list[str] = []
     description: str = ""
     gpu: GPUSpec
     gpus_per_node: int = Field(gt=0, le=1024)
@@ -181,6 +201,12 @@ class HardwareProfile(_Strict):
     framework_overhead: Bytes = Field(
         description="allowance per GPU for CUDA context, NCCL buffers and allocator fragmentation")
     framework_overhead_source: str = ""
+
+    @model_validator(mode="after")
+    def _check(self) -> "HardwareProfile":
+        if self.framework_overhead >= self.gpu.hbm_capacity:
+            raise ValueError("framework_overhead must be smaller than gpu.hbm_capacity")
+        return self
 
     @property
     def network_bandwidth_per_gpu(self) -> float:

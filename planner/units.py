@@ -40,27 +40,28 @@ _NUMBER = r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?"
 _PATTERN = re.compile(rf"^\s*({_NUMBER})\s*([A-Za-zµ/]+)\s*$")
 
 
-def parse_quantity(value: object, kind: str, field: str = "value") -> float:
+def parse_quantity(value: object, kind: str, field: str | None = "value") -> float:
     """Parse ``"80 GiB"`` (kind ``bytes``), ``"400 Gb/s"`` (``bandwidth``), ``"5 us"`` (``time``).
 
     Returns the value in SI base units (bytes, bytes/s, seconds) as a float.
-    Raises UsageError for a bare number (the unit is required), an unknown unit, a unit of the
+    Raises UsageError (its message prefixed with ``field``, unless None) for a bare number (the unit is required), an unknown unit, a unit of the
     wrong kind, or a negative value. Case matters: "Gb/s" is gigabits, "GB/s" gigabytes.
     """
+    prefix = f"{field}: " if field else ""
     units = KINDS[kind]
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-        raise UsageError(f"{field}: expected a quantity such as {_example(kind)}, got {value!r}")
+        raise UsageError(f"{prefix}expected a quantity such as {_example(kind)}, got {value!r}")
     if isinstance(value, (int, float)):
-        raise UsageError(f"{field}: {value!r} needs a unit, e.g. {_example(kind)}")
+        raise UsageError(f"{prefix}{value!r} needs a unit, e.g. {_example(kind)}")
     match = _PATTERN.match(value)
     if not match:
-        raise UsageError(f"{field}: cannot parse {value!r}; expected e.g. {_example(kind)}")
+        raise UsageError(f"{prefix}cannot parse {value!r}; expected e.g. {_example(kind)}")
     number, unit = float(match.group(1)), match.group(2)
     if unit not in units:
         known = ", ".join(sorted(units))
-        raise UsageError(f"{field}: unknown unit {unit!r} in {value!r} (known: {known})")
+        raise UsageError(f"{prefix}unknown unit {unit!r} in {value!r} (known: {known})")
     if number < 0:
-        raise UsageError(f"{field}: {value!r} must not be negative")
+        raise UsageError(f"{prefix}{value!r} must not be negative")
     return _to_si(number, units[unit])
 
 

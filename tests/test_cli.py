@@ -61,7 +61,7 @@ def test_estimate_from_flags_matches_hand_checks():
     code, out, err = run("estimate", "-m", "llama2-7b", "-g", "8", "--tp", "1", "--pp", "1",
                          "--zero-stage", "0", "--json", "--hardware", "dgx-a100-80g",
                          "--global-batch-size", "64", "--seq-length", "4096")
-    assert code == 0, err
+    assert code == 1, err  # it prints the breakdown, and exits 1 because it does not fit
     est = json.loads(out)
     # Llama-2-7B with tp=1, pp=1, V = 32000 (already a multiple of 128): all 6,738,415,616
     # parameters on each GPU; ZeRO-0: 2 B weights, 4 B fp32 grads, 12 B optimizer.
@@ -87,6 +87,21 @@ def test_estimate_from_flags_matches_hand_checks():
     (["estimate", "-m", "175b", "-g", "512", "--tp", "16", "--pp", "2"], 2, "tp within a node"),
     (["estimate", "--plan", "nosuch.yaml"], 2, "cannot read nosuch.yaml"),
     (["frobnicate"], 2, "No such command"),
+    (["search", "--model", "175b", "--gpus", "512", "--tp", "8", "--pp", "8", "--dp", "16"], 2,
+     "tp*pp*dp = 1024 but --gpus is 512"),
+    (["search", "--model", "175b", "--gpus", "512", "--micro-batch-size", "5"], 2,
+     "--micro-batch-size 5 does not divide the per-replica batch"),
+    (["search", "--model", "175b", "--gpus", "512", "--tp", "8", "--max-tp", "4"], 2,
+     "--tp 8 contradicts --max-tp 4"),
+    (["search", "--model", "175b", "--gpus", "512", "--seq-length", "8192"], 2,
+     "exceeds the 2048 learned position embeddings"),
+    (["search", "--model", "175b", "--gpus", "512", "--seq-length", "100000000"], 2,
+     "beyond what plan3d models"),
+    (["search", "--model", "175b", "--gpus", "512", "--export", "-"], 2, "--export needs a file name"),
+    (["search", "--model", "175b", "--gpus", "512", "--export", "."], 2, "--export needs a file name"),
+    (["search", "--model", "175b", "--gpus", "512", "--export", "nodir/plan.yaml"], 2,
+     "directory nodir does not exist"),
+    (["search", "--model", ".", "--gpus", "8"], 2, "is a directory"),
 ])
 def test_bad_input_is_one_line(args, code, message, tmp_path):
     got, out, err = run(*args, cwd=tmp_path)
@@ -110,6 +125,55 @@ def test_malformed_plan_and_model_files(tmp_path):
                      "training: {seq_length: 512, global_batch_size: 32}\n")
     code, out, err = run("search", "--model", str(model), "--gpus", "8", "--top", "1")
     assert code == 0 and "tiny" in out, err
+
+
+def test_plan_cannot_be_combined_with_flags_and_notes_drift(tmp_path):
+    plan = tmp_path / "plan.yaml"
+    code, _, err = run("search", "--model", "llama2-7b", "--gpus", "8", "--export", str(plan))
+    assert code == 0, err
+    code, _, err = run("estimate", "--plan", str(plan), "--tp", "8")
+    assert code == 2 and "--plan cannot be combined with --tp" in err
+    data = yaml.safe_load(plan.read_text())
+    data["estimate"]["time"]["step"] = 1.0
+    plan.write_text(yaml.safe_dump(data))
+    code, _, err = run("estimate", "--plan", str(plan))
+    assert code == 0 and "note: the plan's stored step time 1.00 s differs" in err
+
+
+def test_bad_files_are_one_line_errors(tmp_path):
+    import shutil
+    from planner.catalog import catalog_dir
+    src = (catalog_dir("models") / "llama2-7b.yaml").read_text()
+    cases = {
+        "binary.yaml": (b"\x80\x81\xfe" * 50, "is not a UTF-8 text (YAML) file"),
+        "empty.yaml": (b"", "is empty"),
+        "dup.yaml": ((src + "num_layers: 64\n").encode(), "duplicate key 'num_layers'"),
+        "str.yaml": ((src.replace("num_layers: 32", 'num_layers: "32"')).encode(),
+                     "num_layers: Input should be a valid integer"),
+        "list.yaml": (b"- a\n- b\n", "expected a mapping of fields (name: value), got a list"),
+    }
+    for name, (content, message) in cases.items():
+        path = tmp_path / name
+        path.write_bytes(content)
+        code, out, err = run("search", "--model", str(path), "--gpus", "8")
+        assert code == 2 and message in err and "Traceback" not in err, (name, err)
+    hw = tmp_path / "hw.yaml"
+    shutil.copy(catalog_dir("hardware_profiles") / "dgx-h100.yaml", hw)
+    hw.write_text(hw.read_text().replace("bandwidth_per_gpu: 450 GB/s", "bandwidth_per_gpu: 0 GB/s"))
+    code, _, err = run("search", "--model", "llama2-7b", "--gpus", "16", "--hardware", str(hw))
+    assert code == 2 and "intra_node: bandwidth_per_gpu must be positive" in err, err
+    hw.write_text(hw.read_text().replace("0 GB/s", "900 GB"))
+    code, _, err = run("search", "--model", "llama2-7b", "--gpus", "16", "--hardware", str(hw))
+    assert code == 2 and "intra_node.bandwidth_per_gpu: unknown unit 'GB'" in err, err
+
+
+def test_version_and_hardware_json_in_si_units():
+    from planner import __version__
+    code, out, _ = run("--version")
+    assert code == 0 and out.strip() == f"plan3d {__version__}"
+    code, out, _ = run("hardware", "--json")
+    h100 = next(h for h in json.loads(out) if h["name"] == "dgx-h100")
+    assert h100["gpu"]["hbm_capacity"] == 80 * 2**30 and h100["inter_node"]["bandwidth_per_nic"] == 50e9
 
 
 def test_catalog_listings():

@@ -52,6 +52,7 @@ class Estimate:
     def to_dict(self, i: int) -> dict:
         """Candidate i as the JSON object of ``plan3d estimate --json`` (SI units)."""
         mem = {k: float(v[i]) for k, v in self.memory.items()}
+        mem["peak_stage"] = int(mem["peak_stage"])
         mem["fits"] = bool(self.fits[i])
         return {
             "layout": self.candidates.layout(i).model_dump(),
