@@ -20,6 +20,7 @@ from collections import defaultdict
 
 import torch
 import torch.distributed as dist
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 try:  # DTensor is public since torch 2.5
@@ -170,7 +171,7 @@ class Instrument(TorchDispatchMode):
 
     def _track_outputs(self, out) -> None:
         if isinstance(out, torch.Tensor):
-            if not isinstance(out, DTensor) and out.device.type != "meta":
+            if not isinstance(out, (DTensor, FakeTensor)) and out.device.type != "meta":
                 try:
                     self._track(out.untyped_storage())
                 except Exception:  # noqa: BLE001 - e.g. sparse or opaque tensors

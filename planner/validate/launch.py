@@ -24,8 +24,12 @@ def free_port() -> int:
 def _child(rank: int, world: int, port: int, target, cfg: dict) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                       LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    import warnings
+
     import torch
     torch.set_num_threads(1)
+    warnings.filterwarnings("ignore", category=FutureWarning)  # deprecations inside torch
+    warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\.")
     try:
         target(cfg)
     except BaseException:  # noqa: BLE001 - reported to the parent through the file

@@ -61,8 +61,12 @@ def _nbytes(tensors) -> int:
     return total
 
 
-def run_rank(cfg: dict) -> None:
-    """Run cfg["steps"] training steps as this rank (env RANK/WORLD_SIZE/MASTER_*); write rank JSON."""
+def run_rank(cfg: dict) -> dict:
+    """Run cfg["steps"] training steps as this rank (env RANK/WORLD_SIZE/MASTER_*).
+
+    Writes rank{R}.json to cfg["out_dir"], or with cfg["gather"] returns on rank 0 the record with
+    "all": every rank's record (torch.distributed.gather_object). Returns this rank's record.
+    """
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B
 
@@ -153,17 +157,23 @@ def run_rank(cfg: dict) -> None:
         record["live_baseline"].append(baseline)
         record["live_peak"].append(inst.peak)
         if has_last:
-            record["losses"].append(sum(float(x) for x in losses) / len(losses))
+            record["losses"].append(sum(float(x.detach()) for x in losses) / len(losses))
     record["params_bytes"] = _nbytes(params)
     record["grads_bytes"] = grads_held
     record["optimizer_bytes"] = flat.state_bytes() if flat is not None else sum(
         _nbytes(v for k, v in st.items() if k != "step") for st in opt.state.values())
     if device.type == "cuda":
         record["cuda_max_allocated"] = torch.cuda.max_memory_allocated()
-    Path(cfg["out_dir"]).mkdir(parents=True, exist_ok=True)
-    (Path(cfg["out_dir"]) / f"rank{rank}.json").write_text(json.dumps(record))
+    if cfg.get("gather"):  # torchrun: rank 0 collects every record (ranks may be on other nodes)
+        records = [None] * dist.get_world_size() if rank == 0 else None
+        dist.gather_object(record, records, dst=0)
+        record["all"] = records
+    else:
+        Path(cfg["out_dir"]).mkdir(parents=True, exist_ok=True)
+        (Path(cfg["out_dir"]) / f"rank{rank}.json").write_text(json.dumps(record))
     dist.barrier()
     dist.destroy_process_group()
+    return record
 
 
 def _opt_tensors(opt, flat) -> list:
