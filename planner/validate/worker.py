@@ -39,11 +39,12 @@ def build_model(cfg: dict) -> GPT:
 
 def reference_losses(cfg: dict) -> list[float]:
     """Loss per step of the same model and data in one process, full batch, same Adam."""
-    model = build_model(cfg)
+    device = torch.device(cfg["device"])
+    model = build_model(cfg).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=cfg["lr"], foreach=False)
     losses = []
     for step in range(cfg["steps"]):
-        ids, targets = batches(cfg, step)
+        ids, targets = (t.to(device) for t in batches(cfg, step))
         loss = loss_fn(model(ids), targets)
         loss.backward()
         opt.step()
