@@ -154,7 +154,8 @@ def step_volumes(model: ModelSpec, training: TrainingSpec, layout: Layout, pp_ra
     zero = layout.zero_stage
     if dp > 1:
         if torch_impl and zero >= 2:
-            units = [params["layer"]] * params["layers"] + [u for u in (params["first"], params["last"]) if u]
+            roots = [params["first"] + params["last"]] if pp == 1 else [params["first"], params["last"]]
+            units = [params["layer"]] * params["layers"] + [u for u in roots if u]
             gathers = m + 1 if zero == 3 else 1
             for u in units:
                 add("dp", "all_gather", gathers, u * weight_bytes)

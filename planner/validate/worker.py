@@ -96,6 +96,8 @@ def run_rank(cfg: dict) -> dict:
     for _, chunk in chunks:
         if tp > 1:
             apply_tp(chunk, mesh["tp"], cfg["sp"])
+            if cfg["model"]["tie_embeddings"] and pp == 1:  # TP made two parameters: tie again
+                chunk.head.out.weight = chunk.embed.tok.weight
         if cfg["recompute"] == "full":
             apply_full_recompute(chunk)
         if dp > 1 and cfg["zero"] >= 2:
