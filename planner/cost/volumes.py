@@ -46,13 +46,13 @@ from __future__ import annotations
 from typing import Literal
 
 from ..specs import Layout, ModelSpec, TrainingSpec, padded_vocab
+from . import flops
 
 Key = tuple[str, str]
 
 
 def _layer_params(model: ModelSpec, tp: int) -> float:
     """Parameters of one layer on one TP rank (flops.layer_params_per_gpu, sharded + replicated)."""
-    from . import flops
     sharded, replicated = flops.layer_params_per_gpu(model, tp)
     return float(sharded + replicated)
 
@@ -64,7 +64,6 @@ def rank_params(model: ModelSpec, layout: Layout, pp_rank: int) -> dict[str, flo
     positions) if the rank holds stage 0, "last": final norm + output layer if it holds the last
     stage (the output layer also for tied embeddings when pp > 1, formulas.md 1.3)}.
     """
-    from . import flops
     h, tp = model.hidden_size, layout.tp
     vocab = padded_vocab(model.vocab_size, tp)
     first = pp_rank == 0

@@ -28,7 +28,7 @@ try:  # DTensor is public since torch 2.5
 except ImportError:  # pragma: no cover
     from torch.distributed._tensor import DTensor
 
-# op name -> (kind, index of the payload tensor(s), which of them is the payload)
+# op name (without overload) -> collective kind, for each of the two op namespaces
 _FUNCOL = {
     "all_reduce": "all_reduce", "all_reduce_": "all_reduce", "all_reduce_coalesced": "all_reduce",
     "all_reduce_coalesced_": "all_reduce", "all_gather_into_tensor": "all_gather",
