@@ -38,6 +38,7 @@ class GPTConfig:
     tie_embeddings: bool = False
     mlp_groups: int = 1
     recompute: str = "none"         # none | selective | full (full is applied by the parallelizer)
+    max_positions: int = 0          # learned position table size (0: the sequence length)
 
 
 def make_norm(cfg: GPTConfig) -> nn.Module:
@@ -134,7 +135,8 @@ class Embedding(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.tok = nn.Embedding(cfg.vocab, cfg.hidden)
-        self.pos = nn.Embedding(cfg.seq, cfg.hidden) if cfg.positions == "learned" else None
+        self.pos = (nn.Embedding(cfg.max_positions or cfg.seq, cfg.hidden)
+                    if cfg.positions == "learned" else None)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         x = self.tok(ids)
