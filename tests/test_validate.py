@@ -79,7 +79,7 @@ def test_llama_zero3_sp_full_recompute():
     assert checks["comm pp0 tp:reduce_scatter"]["measured"][0] == 20
 
 
-def test_validate_json_cli(tmp_path, monkeypatch):
+def test_validate_cli_world_too_small(tmp_path):
     """Bad input through the CLI: --world too small is one line, exit 2, before any fork."""
     from typer.testing import CliRunner
 
