@@ -345,6 +345,48 @@ def placement(
         report.out.print(render(summary(p, key)), markup=False, soft_wrap=True)
 
 
+@app.command()
+@handle_errors
+def validate(
+    plan: Path = typer.Argument(..., help="Plan YAML written by `plan3d search --export`."),
+    local: bool = typer.Option(False, "--local", help="Run a miniature of the plan on this machine (gloo)."),
+    world: int = typer.Option(8, "--world", help="Ranks to fork with --local (the miniature needs <= 8)."),
+    device: str = typer.Option("cpu", "--device", help="Device of the --local run (cpu only)."),
+    steps: int = typer.Option(3, "--steps", help="Training steps (step 0 is warm-up)."),
+    dtype: str = typer.Option("float64", "--dtype", help="float64 (exact checks) or float32."),
+    layers_per_stage: int = typer.Option(1, "--layers-per-stage", help="Layers per pipeline chunk."),
+    out: Path = typer.Option(Path("measured.json"), "--out", help="Where to write the measurements."),
+    force: bool = typer.Option(False, "--force", help="Overwrite an existing --out file."),
+    timeout: float = typer.Option(600.0, "--timeout", help="Wall-clock limit of the run, seconds."),
+    json_out: bool = JSON,
+) -> None:
+    """Run a plan with real PyTorch parallelism and check measured against predicted."""
+    from .validate import require_torch
+    require_torch()
+    if not local:
+        raise UsageError("on a cluster run `torchrun --nproc-per-node N ... -m planner.validate PLAN` "
+                         "(see README); on this machine pass --local")
+    if device != "cpu":
+        raise UsageError(f"--local runs on cpu (forked gloo ranks), got --device {device}; "
+                         "use torchrun for GPUs")
+    from .export import read_plan
+    from .validate import run_local, write_measured
+    from .validate.compare import render
+    p = read_plan(plan)
+    if out.exists() and not force:
+        raise UsageError(f"{out} exists; pass --force to overwrite it")
+    with report.err.status("Running the miniature on forked ranks...", spinner="dots"):
+        result, records = run_local(p, world=world, dtype=dtype, steps=steps,
+                                    layers_per_stage=layers_per_stage, timeout_s=timeout)
+    write_measured(out, result, records, force=True)
+    if json_out:
+        report.print_json(result)
+    else:
+        render(result, str(out))
+    if not result["passed"]:
+        raise typer.Exit(1)
+
+
 def main() -> None:
     """Console entry point: usage errors (bad flag, bad value) become one line on stderr, exit 2.
 

@@ -33,8 +33,9 @@ TIME_LABELS = {
 
 
 def error(message: str) -> None:
-    """One line on stderr."""
-    err.print(f"[bold red]error:[/] {message}", soft_wrap=True)
+    """One line on stderr (the message is printed literally: no rich markup, so "[x]" stays)."""
+    from rich.markup import escape
+    err.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
 
 
 def print_json(data: object) -> None:

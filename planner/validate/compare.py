@@ -1,0 +1,109 @@
+"""Measured against predicted: the checks, measured.json and the rich table (no torch here).
+
+Checks (each {"name", "measured", "predicted", "passed"}):
+- ``loss step i``: the mean over DP ranks of the last stage's mean micro-batch loss against the
+  single-process reference; relative tolerance by dtype (fp64 1e-12, fp32 1e-5, bf16 2e-2).
+- ``comm pp<r> <group>:<kind>``: [calls, payload bytes] of the last (warm) step on every rank of
+  pipeline rank r, which must all agree and equal planner.cost.volumes exactly.
+- ``<params|grads|optimizer>_bytes pp<r>``: bytes held per rank, within 2% of planner.cost.memory.
+Reported beside them (not checked): live-tensor peak minus the model states against
+memory.activation_bytes, and the median warm step time.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from .miniature import LOSS_RTOL, Run, predict
+
+MEMORY_RTOL = 0.02
+
+
+def _check(name: str, measured, predicted, passed: bool) -> dict:
+    return {"name": name, "measured": measured, "predicted": predicted, "passed": bool(passed)}
+
+
+def compare(run: Run, records: list[dict], reference: list[float] | None) -> dict:
+    """The result object of ``plan3d validate --json``: run, checks, reported, passed.
+
+    ``reference`` None (no single-process reference) reports the losses instead of checking them.
+    """
+    lay = run.layout
+    checks: list[dict] = []
+    reported: list[dict] = []
+    last = [r for r in records if r["coord"]["pp"] == lay.pp - 1 and r["coord"]["tp"] == 0]
+    for i in range(run.steps):
+        got = sum(r["losses"][i] for r in last) / len(last)
+        if reference is None:
+            reported.append({"name": f"loss step {i}", "measured": got, "predicted": None,
+                             "note": "no single-process reference"})
+            continue
+        rel = abs(got - reference[i]) / max(abs(reference[i]), 1e-300)
+        checks.append({**_check(f"loss step {i}", got, reference[i], rel <= LOSS_RTOL[run.dtype]),
+                       "rel_diff": rel, "rtol": LOSS_RTOL[run.dtype]})
+    for pp_rank in range(lay.pp):
+        pred = predict(run, pp_rank)
+        ranks = [r for r in records if r["coord"]["pp"] == pp_rank]
+        keys = sorted(set(pred["comm"]) | {k for r in ranks for k in r["comm"][-1]})
+        for key in keys:
+            want = pred["comm"].get(key, [0, 0])
+            seen = [r["comm"][-1].get(key, [0, 0]) for r in ranks]
+            odd = next((s for s in seen if s != want), seen[0])
+            checks.append(_check(f"comm pp{pp_rank} {key}", odd, want, all(s == want for s in seen)))
+        for term, want in pred["memory"].items():
+            seen = [r[term] for r in ranks]
+            worst = max(seen, key=lambda v: abs(v - want))
+            ok = abs(worst - want) <= MEMORY_RTOL * max(want, 1.0)
+            checks.append(_check(f"{term} pp{pp_rank}", worst, want, ok))
+        peak = max(r["live_peak"][-1] - r["params_bytes"] - r["grads_bytes"] - r["optimizer_bytes"]
+                   for r in ranks)
+        reported.append({"name": f"activation peak pp{pp_rank}", "measured": peak,
+                         "predicted": pred["activations"],
+                         "note": "live tensor peak minus params, grads and optimizer states "
+                                 "(activations + transient buffers); prediction = "
+                                 "memory.activation_bytes x e/2"})
+        times = [t for r in ranks for t in r["step_s"][1:]] or [t for r in ranks for t in r["step_s"]]
+        reported.append({"name": f"step time pp{pp_rank}", "measured": statistics.median(times),
+                         "predicted": None, "note": "seconds, median after step 0; "
+                                                    "CPU times say nothing about GPU time"})
+    return {"run": {"model": run.model.model_dump(mode="json", exclude_none=True),
+                    "training": run.training.model_dump(mode="json"),
+                    "layout": lay.model_dump(), "dtype": run.dtype, "steps": run.steps,
+                    "device": run.device, "world": run.world},
+            "checks": checks, "reported": reported,
+            "passed": all(c["passed"] for c in checks)}
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, list):
+        return f"{value[0]} x / {value[1]:,} B"
+    if isinstance(value, float) and abs(value) < 100:
+        return f"{value:.15g}"
+    return f"{value:,.0f}" if isinstance(value, (int, float)) else str(value)
+
+
+def render(result: dict, path: str | None) -> None:
+    """Print the measured-vs-predicted table (planner.report's console)."""
+    from rich.table import Table
+
+    from .. import report
+    lay = result["run"]["layout"]
+    report.out.print(f"Validated {result['run']['model']['name']} on {result['run']['world']} ranks "
+                     f"({result['run']['device']}, {result['run']['dtype']}): tp={lay['tp']} pp={lay['pp']} "
+                     f"dp={lay['dp']} zero={lay['zero_stage']} vpp={lay['vpp']} "
+                     f"recompute={lay['recompute']}{' sp' if lay['sequence_parallel'] else ''}")
+    table = Table(show_lines=False)
+    for col in ("check", "measured", "predicted", "ok"):
+        table.add_column(col, justify="left" if col == "check" else "right")
+    for c in result["checks"]:
+        table.add_row(c["name"], _fmt(c["measured"]), _fmt(c["predicted"]),
+                      "[green]yes[/]" if c["passed"] else "[red]NO[/]")
+    for r in result["reported"]:
+        table.add_row(f"[dim]{r['name']}[/]", _fmt(r["measured"]), _fmt(r["predicted"]), "[dim]info[/]")
+    report.out.print(table)
+    failed = [c["name"] for c in result["checks"] if not c["passed"]]
+    report.out.print(f"{len(result['checks']) - len(failed)}/{len(result['checks'])} checks passed"
+                     + (f"; FAILED: {', '.join(failed)}" if failed else "")
+                     + (f". Wrote {path}" if path else ""))

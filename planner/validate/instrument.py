@@ -1,0 +1,188 @@
+"""Per-rank instruments: collective calls/bytes per (mesh dim, kind), and live tensor bytes.
+
+``Instrument`` is one TorchDispatchMode. It sees every op at the dispatcher, including the
+collectives that DTensor (``_c10d_functional``), FSDP2, pipelining and ``torch.distributed``
+(``c10d``) issue. Two rules from validator_notes.md section 6: it returns NotImplemented when a
+DTensor is among the types (so DTensor unwraps and the collectives it issues come back through
+the mode), and it unboxes the c10d ProcessGroup ScriptObject to learn the group.
+
+Payload convention (validator_notes.md section 6): all-reduce input, all-gather OUTPUT
+(unsharded), reduce-scatter INPUT (unsharded), the p2p tensor. This is the S of formulas.md 5.1.
+
+Live bytes: a weakref-finalized count per untyped storage created while the mode is on, plus
+the storages that exist when it starts (``baseline``), and FSDP2's ``resize_`` of storages.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import defaultdict
+
+import torch
+import torch.distributed as dist
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.utils._python_dispatch import TorchDispatchMode
+
+try:  # DTensor is public since torch 2.5
+    from torch.distributed.tensor import DTensor
+except ImportError:  # pragma: no cover
+    from torch.distributed._tensor import DTensor
+
+# op name (without overload) -> collective kind, for each of the two op namespaces
+_FUNCOL = {
+    "all_reduce": "all_reduce", "all_reduce_": "all_reduce", "all_reduce_coalesced": "all_reduce",
+    "all_reduce_coalesced_": "all_reduce", "all_gather_into_tensor": "all_gather",
+    "all_gather_into_tensor_out": "all_gather", "all_gather_into_tensor_coalesced": "all_gather",
+    "reduce_scatter_tensor": "reduce_scatter", "reduce_scatter_tensor_out": "reduce_scatter",
+    "reduce_scatter_tensor_coalesced": "reduce_scatter", "broadcast": "broadcast",
+    "broadcast_": "broadcast", "all_to_all_single": "all_to_all",
+}
+_C10D = {
+    "allreduce_": "all_reduce", "allreduce_coalesced_": "all_reduce", "_allgather_base_": "all_gather",
+    "allgather_": "all_gather", "allgather_into_tensor_coalesced_": "all_gather",
+    "allgather_coalesced_": "all_gather", "_reduce_scatter_base_": "reduce_scatter",
+    "reduce_scatter_": "reduce_scatter", "reduce_scatter_tensor_coalesced_": "reduce_scatter",
+    "broadcast_": "broadcast", "send": "send", "recv_": "recv", "recv_any_source_": "recv",
+    "alltoall_": "all_to_all", "alltoall_base_": "all_to_all", "reduce_": "reduce",
+    "gather_": "gather", "scatter_": "scatter", "barrier": "barrier",
+}
+
+
+def _nbytes(x) -> int:
+    if isinstance(x, torch.Tensor):
+        return x.numel() * x.element_size()
+    if isinstance(x, (list, tuple)):
+        return sum(_nbytes(t) for t in x)
+    return 0
+
+
+def _group_name(obj) -> str | None:
+    if isinstance(obj, str):
+        return obj
+    if isinstance(obj, dist.ProcessGroup):
+        return obj.group_name
+    try:
+        return dist.ProcessGroup.unbox(obj).group_name
+    except Exception:  # noqa: BLE001 - not a process group
+        return None
+
+
+def _payload(pkg: str, name: str, kind: str, args, kwargs, out) -> int:
+    """Payload bytes S of one collective call (see the module docstring)."""
+    if pkg == "_c10d_functional":
+        if kind == "all_gather":  # output is the gathered tensor
+            return _nbytes(kwargs.get("out", out))
+        return _nbytes(args[0])
+    # c10d: positional layouts from the op schemas
+    if kind == "all_gather":
+        return _nbytes(args[0])  # output tensor(s)
+    if kind == "reduce_scatter":
+        return _nbytes(args[1])  # input tensor(s), unsharded
+    return _nbytes(args[0])
+
+
+class Instrument(TorchDispatchMode):
+    """Counts collectives as {(dim, kind): [calls, bytes]} and tracks live tensor bytes.
+
+    ``dims`` maps process-group names to mesh-dimension labels ("tp", "dp", "pp", "embd");
+    groups not in the map are labelled by their name. Use ``reset()`` between steps.
+    """
+
+    def __init__(self, dims: dict[str, str]):
+        super().__init__()
+        self.dims = dims
+        self.counts: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
+        self.count_enabled = True
+        self._live: dict[int, int] = {}
+        self.live = 0
+        self.peak = 0
+
+    # ---------------------------------------------------------------- memory
+    def track_existing(self, tensors) -> None:
+        """Count the storages of ``tensors`` (params, grads, optimizer states) as live now."""
+        for t in tensors:
+            if isinstance(t, DTensor):
+                t = t.to_local()
+            if isinstance(t, torch.Tensor):
+                self._track(t.untyped_storage())
+        self.peak = self.live
+
+    def _track(self, st) -> None:
+        key = id(st) if st.data_ptr() == 0 else st.data_ptr()
+        if key in self._live:
+            return
+        size = st.nbytes()
+        self._live[key] = size
+        self.live += size
+        self.peak = max(self.peak, self.live)
+        weakref.finalize(st, self._free, key)
+
+    def _free(self, key) -> None:
+        self.live -= self._live.pop(key, 0)
+
+    def __enter__(self):
+        self._orig_resize = torch.UntypedStorage.resize_
+        mode = self
+
+        def resize_(st, size):  # FSDP2 frees/re-allocates unsharded parameters this way
+            old = st.data_ptr()
+            result = mode._orig_resize(st, size)
+            if old in mode._live:
+                mode.live -= mode._live.pop(old)
+            if size > 0:
+                mode._track(st)
+            return result
+
+        torch.UntypedStorage.resize_ = resize_
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        torch.UntypedStorage.resize_ = self._orig_resize
+        return super().__exit__(*exc)
+
+    def reset_peak(self) -> None:
+        self.peak = self.live
+
+    # ---------------------------------------------------------------- dispatch
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if DTensor in types:
+            return NotImplemented
+        out = func(*args, **kwargs)
+        pkg = func.namespace
+        name = func._schema.name.split("::")[-1]
+        if self.count_enabled and pkg in ("_c10d_functional", "c10d"):
+            kind = (_FUNCOL if pkg == "_c10d_functional" else _C10D).get(name)
+            if kind is not None and kind != "barrier":
+                group = None
+                for arg, value in zip(func._schema.arguments, args):
+                    if arg.name in ("group_name", "process_group"):
+                        group = _group_name(value)
+                if group is None:
+                    for key in ("group_name", "process_group"):
+                        if key in kwargs:
+                            group = _group_name(kwargs[key])
+                dim = self.dims.get(group or "", group or "?")
+                entry = self.counts[(dim, kind)]
+                entry[0] += 1
+                entry[1] += _payload(pkg, name, kind, args, kwargs, out)
+        self._track_outputs(out)
+        return out
+
+    def _track_outputs(self, out) -> None:
+        if isinstance(out, torch.Tensor):
+            if not isinstance(out, (DTensor, FakeTensor)) and out.device.type != "meta":
+                try:
+                    self._track(out.untyped_storage())
+                except Exception:  # noqa: BLE001 - e.g. sparse or opaque tensors
+                    pass
+        elif isinstance(out, (list, tuple)):
+            for o in out:
+                self._track_outputs(o)
+
+    def snapshot(self) -> dict[str, list[int]]:
+        """{"dim:kind": [calls, bytes]} of what was counted since the last reset."""
+        return {f"{d}:{k}": list(v) for (d, k), v in sorted(self.counts.items())}
+
+    def reset(self) -> None:
+        self.counts.clear()

@@ -1,0 +1,213 @@
+"""A GPT/Llama-style decoder in plain PyTorch modules, shaped by a ModelSpec (validator only).
+
+Layout choices made so that tensor parallelism cuts it the way Megatron does:
+- QKV is ONE linear whose output rows are grouped per KV head as [q_1..q_{a/g}, k, v] x g, so a
+  column-parallel shard holds whole groups (an unfused q/k/v would add 2 backward all-reduces per
+  layer under DTensor; validator_notes.md section 2).
+- SwiGLU's gate and up are ONE linear whose rows are grouped in ``mlp_groups`` blocks of
+  [gate, up]; the validator sets mlp_groups = tp so a column shard holds matching halves.
+- Dropout is 0 (deterministic comparison); the attention core is PyTorch's SDPA (causal).
+Imports torch: only ever imported from inside planner.validate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """Shape of the decoder (all sizes are element counts)."""
+
+    num_layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    vocab: int
+    seq: int
+    activation: str = "gelu"        # gelu | swiglu
+    norm: str = "layernorm"         # layernorm | rmsnorm
+    bias: bool = False
+    positions: str = "rope"         # learned | rope | alibi (alibi is run as no position term)
+    tie_embeddings: bool = False
+    mlp_groups: int = 1
+    recompute: str = "none"         # none | selective | full (full is applied by the parallelizer)
+    max_positions: int = 0          # learned position table size (0: the sequence length)
+
+
+def make_norm(cfg: GPTConfig) -> nn.Module:
+    """LayerNorm (weight + bias, 2h parameters) or RMSNorm (h), as planner.cost.flops.norm_params counts."""
+    if cfg.norm == "rmsnorm":
+        return nn.RMSNorm(cfg.hidden, eps=1e-5)
+    return nn.LayerNorm(cfg.hidden, eps=1e-5)
+
+
+def rope(x: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
+    """Rotary embedding on x of shape (b, heads, s, d) (rotate-half form, Su et al. 2021)."""
+    s, d = x.shape[-2], x.shape[-1]
+    inv = 1.0 / (base ** (torch.arange(0, d, 2, dtype=x.dtype, device=x.device) / d))
+    angles = torch.arange(s, dtype=x.dtype, device=x.device)[:, None] * inv[None, :]
+    cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
+    half = d // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], -1)
+    return x * cos + rotated * sin
+
+
+class Attention(nn.Module):
+    """Fused, group-interleaved QKV projection, causal SDPA core, output projection."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.cfg = cfg
+        per_group = cfg.heads // cfg.kv_heads + 2
+        self.qkv = nn.Linear(cfg.hidden, cfg.kv_heads * per_group * cfg.head_dim, bias=cfg.bias)
+        self.o = nn.Linear(cfg.heads * cfg.head_dim, cfg.hidden, bias=cfg.bias)
+
+    def core(self, qkv: torch.Tensor) -> torch.Tensor:
+        """(b, s, local groups * (a/g + 2) * d) -> (b, s, local heads * d); works on any TP shard."""
+        cfg = self.cfg
+        b, s, width = qkv.shape
+        q_per = cfg.heads // cfg.kv_heads
+        groups = width // ((q_per + 2) * cfg.head_dim)
+        x = qkv.view(b, s, groups, q_per + 2, cfg.head_dim)
+        q = x[:, :, :, :q_per].reshape(b, s, groups * q_per, cfg.head_dim).transpose(1, 2)
+        k = x[:, :, :, q_per].transpose(1, 2)
+        v = x[:, :, :, q_per + 1].transpose(1, 2)
+        if cfg.positions == "rope":
+            q, k = rope(q), rope(k)
+        k = k.repeat_interleave(q_per, dim=1)
+        v = v.repeat_interleave(q_per, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return out.transpose(1, 2).reshape(b, s, groups * q_per * cfg.head_dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        qkv = self.qkv(x)
+        if self.cfg.recompute == "selective":  # Korthikanti's core-attention recomputation
+            out = torch.utils.checkpoint.checkpoint(self.core, qkv, use_reentrant=False)
+        else:
+            out = self.core(qkv)
+        return self.o(out)
+
+
+class MLP(nn.Module):
+    """fc1 (for SwiGLU: fused gate+up in ``mlp_groups`` [gate, up] blocks), activation, fc2."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.cfg = cfg
+        width = 2 * cfg.ffn if cfg.activation == "swiglu" else cfg.ffn
+        self.fc1 = nn.Linear(cfg.hidden, width, bias=cfg.bias)
+        self.fc2 = nn.Linear(cfg.ffn, cfg.hidden, bias=cfg.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.fc1(x)
+        if self.cfg.activation == "swiglu":
+            local_groups = max(1, y.shape[-1] * self.cfg.mlp_groups // (2 * self.cfg.ffn))
+            y = y.view(*y.shape[:-1], local_groups, 2, -1)
+            y = (F.silu(y[..., 0, :]) * y[..., 1, :]).flatten(-2)
+        else:
+            y = F.gelu(y)
+        return self.fc2(y)
+
+
+class Block(nn.Module):
+    """Pre-norm transformer layer: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.ln1, self.attn = make_norm(cfg), Attention(cfg)
+        self.ln2, self.mlp = make_norm(cfg), MLP(cfg)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class Embedding(nn.Module):
+    """Word embedding (+ learned positions): ids (b, s) -> (b, s, h)."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.tok = nn.Embedding(cfg.vocab, cfg.hidden)
+        self.pos = (nn.Embedding(cfg.max_positions or cfg.seq, cfg.hidden)
+                    if cfg.positions == "learned" else None)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.tok(ids)
+        if self.pos is not None:
+            x = x + self.pos.weight[: ids.shape[1]]
+        return x
+
+
+class Head(nn.Module):
+    """Final norm and output layer: (b, s, h) -> logits (b, s, V)."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.norm = make_norm(cfg)
+        self.out = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.norm(x))
+
+
+class GPT(nn.Module):
+    """The whole decoder (the single-process reference); ``chunk`` modules are cut from it."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = Embedding(cfg)
+        self.layers = nn.ModuleDict({str(i): Block(cfg) for i in range(cfg.num_layers)})
+        self.head = Head(cfg)
+        self.reset_parameters()
+        if cfg.tie_embeddings:
+            self.head.out.weight = self.embed.tok.weight
+
+    def reset_parameters(self) -> None:
+        """GPT-2 style init: N(0, 0.02) weights, zero biases (init_method_std 0.02), norms at 1/0."""
+        for name, p in self.named_parameters():
+            if p.dim() >= 2:
+                nn.init.normal_(p, 0.0, 0.02)
+            elif "ln" in name or "norm" in name:
+                nn.init.ones_(p) if name.endswith("weight") else nn.init.zeros_(p)
+            else:
+                nn.init.normal_(p, 0.0, 0.02)  # biases non-zero so their gradients are checked
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids)
+        for layer in self.layers.values():
+            x = layer(x)
+        return self.head(x)
+
+
+class Chunk(nn.Module):
+    """One pipeline model chunk: [embed] + some layers + [head], sharing the GPT's modules."""
+
+    def __init__(self, embed: nn.Module | None, layers: dict[str, nn.Module], head: nn.Module | None):
+        super().__init__()
+        self.embed = embed
+        self.layers = nn.ModuleDict(layers)
+        self.head = head
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.embed is not None:
+            x = self.embed(x)
+        for layer in self.layers.values():
+            x = layer(x)
+        if self.head is not None:
+            x = self.head(x)
+        return x
+
+
+def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean token cross entropy of one (micro-)batch: logits (b, s, V), targets (b, s) int64."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float()
+                           if logits.dtype in (torch.float16, torch.bfloat16)
+                           else logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))

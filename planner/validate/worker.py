@@ -1,0 +1,185 @@
+"""One rank of the validation run, and the single-process reference. Imports torch.
+
+``run_rank(cfg)`` is what each rank executes (forked by launch.py or started by torchrun). It
+writes ``rank{R}.json`` in cfg["out_dir"]: per-step losses (last stage), step times, collective
+counts per step {"dim:kind": [calls, bytes]}, live-bytes baseline/peak, and the bytes of
+parameters, gradients and optimizer states it holds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from .instrument import Instrument
+from .model import GPT, GPTConfig, loss_fn
+from .parallel import (FlatOptimizer, apply_fsdp, apply_full_recompute, apply_tp, build_chunks,
+                       embedding_groups, local, reduce_partial_grads)
+
+DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def batches(cfg: dict, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Synthetic tokens of one step: (ids, targets), each (global batch, seq) int64, seeded by step."""
+    g = torch.Generator().manual_seed(cfg["seed"] * 1000 + step)
+    tokens = torch.randint(0, cfg["model"]["vocab"], (cfg["gbs"], cfg["model"]["seq"] + 1), generator=g)
+    return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+
+def build_model(cfg: dict) -> GPT:
+    torch.manual_seed(cfg["seed"])
+    return GPT(GPTConfig(**cfg["model"])).to(DTYPES[cfg["dtype"]])
+
+
+def reference_losses(cfg: dict) -> list[float]:
+    """Loss per step of the same model and data in one process, full batch, same Adam."""
+    device = torch.device(cfg["device"])
+    model = build_model(cfg).to(device)
+    opt = torch.optim.Adam(model.parameters(), lr=cfg["lr"], foreach=False)
+    losses = []
+    for step in range(cfg["steps"]):
+        ids, targets = (t.to(device) for t in batches(cfg, step))
+        loss = loss_fn(model(ids), targets)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return losses
+
+
+def _nbytes(tensors) -> int:
+    total = 0
+    for t in tensors:
+        if t is not None:
+            t = local(t)
+            total += t.numel() * t.element_size()
+    return total
+
+
+def run_rank(cfg: dict) -> dict:
+    """Run cfg["steps"] training steps as this rank (env RANK/WORLD_SIZE/MASTER_*).
+
+    Writes rank{R}.json to cfg["out_dir"], or with cfg["gather"] returns on rank 0 the record with
+    "all": every rank's record (torch.distributed.gather_object). Returns this rank's record.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B
+
+    pp, dp, tp, vpp = cfg["pp"], cfg["dp"], cfg["tp"], cfg["vpp"]
+    device = torch.device(cfg["device"])
+    if device.type == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        device = torch.device("cuda", torch.cuda.current_device())
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, timeout=timedelta(seconds=cfg.get("timeout_s", 120)))
+    rank = dist.get_rank()
+    mesh = init_device_mesh(device.type, (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
+    pp_rank, dp_rank = mesh["pp"].get_local_rank(), mesh["dp"].get_local_rank()
+    dims = {mesh.get_group(d).group_name: d for d in ("pp", "dp", "tp")}
+    embd = None
+    tied = cfg["model"]["tie_embeddings"] and pp > 1
+    if tied:
+        embd = embedding_groups(mesh, pp, dp, tp)
+        dims[embd.group_name] = "embd"
+
+    model = build_model(cfg).to(device)
+    if tied:  # the last stage keeps its own copy of the word embedding (Megatron, formulas.md 1.3)
+        model.head.out.weight = torch.nn.Parameter(model.embed.tok.weight.detach().clone())
+    chunks = build_chunks(model, pp_rank, pp, vpp)
+    del model
+    for _, chunk in chunks:
+        if tp > 1:
+            apply_tp(chunk, mesh["tp"], cfg["sp"])
+            if cfg["model"]["tie_embeddings"] and pp == 1:  # TP made two parameters: tie again
+                chunk.head.out.weight = chunk.embed.tok.weight
+        if cfg["recompute"] == "full":
+            apply_full_recompute(chunk)
+        if dp > 1 and cfg["zero"] >= 2:
+            apply_fsdp(chunk, mesh["dp"], cfg["zero"])
+    params = [p for _, c in chunks for p in c.parameters()]
+    if cfg["zero"] >= 2 and dp > 1:
+        opt = torch.optim.Adam(params, lr=cfg["lr"], foreach=False)
+        flat = None
+    else:
+        flat = FlatOptimizer(params, mesh.get_group("dp") if dp > 1 else None, cfg["zero"], cfg["lr"])
+        opt = None
+
+    n_stages = pp * vpp
+    m = cfg["gbs"] // (dp * cfg["mbs"])
+    stages = [PipelineStage(c, sid, n_stages, device, group=mesh.get_group("pp")) for sid, c in chunks]
+    has_first = any(sid == 0 for sid, _ in chunks)
+    has_last = any(sid == n_stages - 1 for sid, _ in chunks)
+    if vpp > 1:
+        schedule = ScheduleInterleaved1F1B(stages, n_microbatches=m, loss_fn=loss_fn)
+    else:
+        schedule = Schedule1F1B(stages[0], n_microbatches=m, loss_fn=loss_fn)
+    tok_w = chunks[0][1].embed.tok.weight if has_first and tied else None
+    out_w = chunks[-1][1].head.out.weight if has_last and tied else None
+
+    inst = Instrument(dims)
+    record = {"rank": rank, "coord": {"pp": pp_rank, "dp": dp_rank,
+                                      "tp": mesh["tp"].get_local_rank()},
+              "losses": [], "step_s": [], "comm": [], "live_baseline": [], "live_peak": []}
+    for step in range(cfg["steps"]):
+        ids, targets = batches(cfg, step)
+        rows = slice(dp_rank * m * cfg["mbs"], (dp_rank + 1) * m * cfg["mbs"])
+        ids, targets = ids[rows].to(device), targets[rows].to(device)
+        dist.barrier()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        t0 = time.perf_counter()
+        losses: list = []
+        with inst:
+            inst.reset()
+            inst.track_existing(params + [p.grad for p in params] + _opt_tensors(opt, flat))
+            baseline = inst.live
+            args = (ids,) if has_first else ()
+            schedule.step(*args, target=targets if has_last else None, losses=losses)
+            reduce_partial_grads(params)
+            if tied:  # all-reduce the two copies' gradients between first and last stage
+                w = tok_w if tok_w is not None else out_w
+                dist.all_reduce(local(w.grad), group=embd)
+            grads_held = _nbytes(p.grad for p in params)
+            if flat is not None:
+                flat.step()
+            else:
+                opt.step()
+            for p in params:
+                p.grad = None
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        record["step_s"].append(time.perf_counter() - t0)
+        record["comm"].append(inst.snapshot())
+        record["live_baseline"].append(baseline)
+        record["live_peak"].append(inst.peak)
+        if has_last:
+            record["losses"].append(sum(float(x.detach()) for x in losses) / len(losses))
+    record["params_bytes"] = _nbytes(params)
+    record["grads_bytes"] = grads_held
+    record["optimizer_bytes"] = flat.state_bytes() if flat is not None else sum(
+        _nbytes(v for k, v in st.items() if k != "step") for st in opt.state.values())
+    if device.type == "cuda":
+        record["cuda_max_allocated"] = torch.cuda.max_memory_allocated()
+    if cfg.get("gather"):  # torchrun: rank 0 collects every record (ranks may be on other nodes)
+        records = [None] * dist.get_world_size() if rank == 0 else None
+        dist.gather_object(record, records, dst=0)
+        record["all"] = records
+    else:
+        Path(cfg["out_dir"]).mkdir(parents=True, exist_ok=True)
+        (Path(cfg["out_dir"]) / f"rank{rank}.json").write_text(json.dumps(record))
+    dist.barrier()
+    dist.destroy_process_group()
+    return record
+
+
+def _opt_tensors(opt, flat) -> list:
+    if flat is not None:
+        return [flat.master] + [v for st in flat.adam.state.values() for v in st.values()]
+    return [v for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)]

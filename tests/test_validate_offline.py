@@ -1,0 +1,96 @@
+"""The validator's torch-free parts: the miniature, the prediction and the checks."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from planner import catalog
+from planner.errors import UsageError
+from planner.specs import Layout, Plan, TrainingSpec
+from planner.validate.compare import compare
+from planner.validate.miniature import miniature, predict
+
+
+def _plan(model="175b", **layout) -> Plan:
+    lay = Layout(**layout)
+    return Plan(plan3d_version="test", model=catalog.resolve_model(model),
+                hardware=catalog.resolve_hardware("dgx-h100"), gpus=lay.gpus,
+                training=TrainingSpec(seq_length=2048, global_batch_size=1536), layout=lay)
+
+
+PLAN = _plan(tp=4, pp=8, dp=16, zero_stage=1, micro_batch_size=2, sequence_parallel=True, vpp=12)
+
+
+def test_miniature_keeps_every_kind_of_parallelism():
+    run = miniature(PLAN, world=8)
+    assert run.layout == Layout(tp=2, pp=2, dp=2, zero_stage=1, micro_batch_size=2,
+                                sequence_parallel=True, vpp=2)
+    m = run.model
+    # 2 pp x 2 vpp x 1 layer; 4 heads of 16; vocabulary 128 * tp = 256; GPT-3's kind kept.
+    assert (m.num_layers, m.hidden_size, m.num_attention_heads, m.vocab_size) == (4, 64, 4, 256)
+    assert (m.tie_embeddings, m.position_embedding, m.bias, m.norm) == (True, "learned", True, "layernorm")
+    # m' = 2 * pp' = 4 micro-batches of 2 on each of 2 DP ranks: 16 sequences of 32.
+    assert (run.training.global_batch_size, run.training.seq_length) == (16, 32)
+    with pytest.raises(UsageError, match="needs 8 ranks"):
+        miniature(PLAN, world=4)
+
+
+def test_gqa_miniature_keeps_grouped_heads():
+    run = miniature(_plan("llama3-70b", tp=8, pp=4, dp=4, zero_stage=3, micro_batch_size=1), 8)
+    assert (run.model.num_attention_heads, run.model.kv_heads) == (4, 2)
+    assert run.model.activation == "swiglu" and run.model.ffn == 128
+
+
+def test_predicted_model_states_of_the_miniature():
+    run = miniature(PLAN, world=8)
+    pred = predict(run, 0)["memory"]
+    # Stage 0 holds 2 layers of 25,184 parameters per TP rank (see test_validate.py) plus the
+    # embedding 256*64/2 = 8,192 and learned positions 32*64 = 2,048: 60,608 params x 8 B.
+    assert pred["params_bytes"] == 60_608 * 8
+    assert pred["grads_bytes"] == 60_608 * 8
+    # ZeRO-1, float64: master copy + Adam m, v of a 1/2 shard = 3 * 8 * 60,608 / 2.
+    assert pred["optimizer_bytes"] == 3 * 8 * 60_608 / 2
+
+
+def _records(run):
+    """Fake per-rank records that are exactly the prediction (8 ranks, tp fastest)."""
+    records = []
+    for rank in range(run.world):
+        tp, dp, pp = rank % 2, (rank // 2) % 2, rank // 4
+        pred = predict(run, pp)
+        records.append({"coord": {"pp": pp, "dp": dp, "tp": tp}, "losses": [2.5, 2.0, 1.5],
+                        "step_s": [3.0, 1.0, 1.0], "comm": [{}, {}, dict(pred["comm"])],
+                        "live_peak": [0, 0, 10 ** 7], **pred["memory"]})
+    return records
+
+
+def test_checks_pass_on_the_prediction_and_fail_on_one_byte():
+    run = miniature(PLAN, world=8)
+    records = _records(run)
+    result = compare(run, records, [2.5, 2.0, 1.5])
+    assert result["passed"] and all(c["passed"] for c in result["checks"])
+    bad = copy.deepcopy(records)
+    calls, size = bad[5]["comm"][-1]["tp:all_gather"]
+    bad[5]["comm"][-1]["tp:all_gather"] = [calls, size + 1]  # one rank of stage 1, one byte
+    result = compare(run, bad, [2.5, 2.0, 1.5])
+    failed = [c["name"] for c in result["checks"] if not c["passed"]]
+    assert failed == ["comm pp1 tp:all_gather"] and not result["passed"]
+
+
+def test_loss_and_memory_tolerances():
+    run = miniature(PLAN, world=8)
+    records = _records(run)
+    # float64: 1e-12 relative. 2.5 * (1 + 2e-12) fails, 2.5 * (1 + 5e-13) passes.
+    assert not compare(run, records, [2.5 * (1 - 2e-12), 2.0, 1.5])["passed"]
+    assert compare(run, records, [2.5 * (1 - 5e-13), 2.0, 1.5])["passed"]
+    # Memory within 2%: +1.5% passes, +2.5% fails.
+    for factor, ok in ((1.015, True), (1.025, False)):
+        rec = copy.deepcopy(records)
+        rec[0]["params_bytes"] *= factor
+        assert compare(run, rec, [2.5, 2.0, 1.5])["passed"] is ok
+    # No reference: losses are reported, not checked.
+    result = compare(run, records, None)
+    assert not any(c["name"].startswith("loss") for c in result["checks"])
+    assert any(r["name"] == "loss step 0" for r in result["reported"])
