@@ -173,14 +173,24 @@ def _nothing_valid_message(model: ModelSpec, training: TrainingSpec, gpus: int, 
 
 
 def _no_fit_message(model: ModelSpec, hw: HardwareProfile, gpus: int, miss: Estimate) -> str:
+    """The closest miss, its largest memory term, and the remedy that targets that term."""
     gib = 2.0**30
-    total, cap = float(miss.memory["total"][0]), float(miss.memory["capacity"][0])
+    mem = {k: float(v[0]) for k, v in miss.memory.items()}
+    total, cap = mem["total"], mem["capacity"]
     layout = miss.candidates.layout(0)
+    states = mem["weights"] + mem["gradients"] + mem["optimizer"]
+    if states >= mem["activations"]:
+        # States shrink ~1/N with ZeRO-3 over more GPUs; round the need up to whole nodes.
+        g = hw.gpus_per_node
+        need = int(np.ceil(gpus * states / max(cap - (total - states), 1.0) / g) * g)
+        remedy = (f"model states ({states / gib:.1f} GiB) dominate: use more GPUs (roughly "
+                  f"{need:,} or more by memory alone) or GPUs with more memory")
+    else:
+        remedy = (f"activations ({mem['activations'] / gib:.1f} GiB) dominate: use a shorter "
+                  f"sequence, more tensor/pipeline parallelism (more GPUs) or GPUs with more memory")
     return (f"no layout of {model.name} fits on {gpus} x {hw.gpu.name}: the closest, "
             f"{layout.short()}, needs {total / gib:.1f} GiB of {cap / gib:.0f} GiB per GPU "
-            f"({(total - cap) / gib:.1f} GiB over); use more GPUs (model states shrink about "
-            f"{total / cap:.1f}x with {total / cap:.1f}x the GPUs), a GPU with more memory, or a "
-            f"shorter sequence")
+            f"({(total - cap) / gib:.1f} GiB over); {remedy}")
 
 
 def check_layout(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: int,
