@@ -205,7 +205,7 @@ def _case(row: dict) -> RunCase:
         sequence_parallel=bool(value["sequence_parallel"]), vpp=int(value["vpp"])), f"run {case.id} layout")
 
     deepspeed = "deepspeed" in notes_text.lower()
-    pure_bf16 = "PURE" in notes_text
+    pure_bf16 = "(PURE)" in notes_text
     case.training = validate(TrainingSpec, dict(
         seq_length=int(seq), global_batch_size=int(lay["global_batch"]),
         dtype="fp16" if "mixed 16-bit" in notes_text else "bf16",
