@@ -415,16 +415,18 @@ def calibrate(
     output: Path = typer.Option(..., "--output", "-o", help="Where to write the calibrated profile YAML."),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing output file."),
     loo: bool = typer.Option(True, "--loo/--no-loo", help="Also report the leave-one-out error."),
+    exclude: list[str] = typer.Option([], "--exclude", help="Leave out runs whose id matches this glob (repeatable)."),
+    min_trust: Optional[str] = typer.Option(None, "--min-trust", help="Fit only on runs tagged [trust=high|medium|low] or better."),
 ) -> None:
     """Fit a hardware profile's efficiency factors to measured runs; write a new profile."""
     from .fidelity.calibrate import fit, source_text, with_factors
     from .fidelity.profile_io import write_profile
     from .fidelity.render import calibration_report
-    from .fidelity.runs import load_runs
+    from .fidelity.runs import load_runs, select_runs
     if output.exists() and not force:
         raise UsageError(f"{output} exists; pass --force to overwrite it")
     hw = catalog.resolve_hardware(hardware)
-    cases = load_runs(runs)
+    cases = select_runs(load_runs(runs), exclude, min_trust)
     for c in cases:  # runs on the profile's GPU are predicted with the profile being fitted
         if c.skipped is None and c.hardware is not None and c.hardware.gpu.name == hw.gpu.name:
             c.hardware = hw

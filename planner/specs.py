@@ -234,6 +234,13 @@ class TrainingSpec(_Strict):
     grad_bytes: Literal[2, 4] = 4
     flash_attention: bool = True
     overlap_grad_reduce: bool = True
+    # Megatron-LM before Megatron-Core (2021-22): blocking p2p in the interleaved schedule, and
+    # Narayanan 2021 Sec. 4.1 scatter/gather of the p2p tensor (s*b*h/t per rank without SP).
+    overlap_p2p_comm: bool = True
+    p2p_scatter_gather: bool = False
+    # What ZeRO-3 gathers at a time: a transformer layer (FSDP / Megatron-FSDP wrapping) or one
+    # module (DeepSpeed ZeRO-3 fetches per submodule).
+    zero3_gather_unit: Literal["layer", "module"] = "layer"
 
 
 class Layout(_Strict):

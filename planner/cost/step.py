@@ -130,11 +130,16 @@ def evaluate(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c: C
 
     # Pipeline p2p: each TP rank sends s*b*h/(t if SP) bf16 values per boundary and direction;
     # PP neighbours are tp*dp ranks apart, so they sit on other nodes once tp*dp*pp > G.
-    p2p_bytes = 2.0 * training.seq_length * c.micro_batch_size * model.hidden_size / \
-        np.where(c.sequence_parallel, c.tp, 1)
+    # Narayanan 2021 Sec. 4.1 scatter/gather (Megatron-LM before Megatron-Core) also sends only
+    # s*b*h/t per rank without SP. Interleaved: Megatron overlaps p2p with compute
+    # (overlap_p2p_comm, since 2023), paying only the fill/drain; without that overlap every
+    # chunk's send/recv is blocking: 2*vpp transfers per micro-batch (formulas.md 5.5, 6).
+    split = np.where(c.sequence_parallel | training.p2p_scatter_gather, c.tp, 1)
+    p2p_bytes = 2.0 * training.seq_length * c.micro_batch_size * model.hidden_size / split
     t_p2p = np.where(c.pp > 1, p2p_time(p2p_bytes, c.tp * c.dp * c.pp > hw.gpus_per_node, links), 0.0)
-    p2p_per_mb = np.where(c.vpp > 1, 0.0, 2 * t_p2p)  # 1F1B: blocking send/recv in steady state
-    p2p_fill = np.where(c.vpp > 1, 2 * (c.pp - 1) * t_p2p, 0.0)  # interleaved: overlapped but fill/drain
+    overlapped = (c.vpp > 1) & training.overlap_p2p_comm
+    p2p_per_mb = np.where(overlapped, 0.0, 2 * c.vpp * t_p2p)  # blocking send/recv per chunk
+    p2p_fill = np.where(overlapped, 2 * (c.pp - 1) * t_p2p, 0.0)  # overlapped: fill/drain only
 
     # Edge work: embedding (TP all-reduce / reduce-scatter of X) and output layer + loss
     # (SP: all-gather of its input forward, reduce-scatter backward).

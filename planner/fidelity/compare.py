@@ -84,7 +84,10 @@ def compare(case: RunCase, hardware: HardwareProfile | None = None) -> Compariso
         add("tokens_per_s", meas["tokens_per_s"], case.training.global_batch_size *
             case.training.seq_length / step)
     if "peak_memory" in meas:
-        add("peak_memory", meas["peak_memory"], float(est.memory["total"][0]))
+        # Sources report the allocator's peak (PyTorch max memory allocated): states, activations
+        # and buffers, but not the profile's framework allowance (CUDA context, NCCL buffers,
+        # fragmentation), so that allowance is left out of the predicted side.
+        add("peak_memory", meas["peak_memory"], float(est.memory["total"][0]) - hw.framework_overhead)
     out.primary = next((k for k in PRIMARY_ORDER if k in out.error), None)
     return out
 

@@ -47,31 +47,37 @@ def accuracy_json(comparisons: list[Comparison], skipped: list[RunCase], summary
 
 
 def accuracy_tables(comparisons: list[Comparison], skipped: list[RunCase], summary: dict) -> None:
-    """Run-by-run table, the per-source summary, then skipped runs and the assumptions used."""
-    table = Table(show_edge=False, header_style="bold", title="Measured vs predicted, run by run")
-    for col in ("run", "hardware", "layout", "figure", "measured", "predicted", "error",
-                "MFU meas/pred", "mem meas/pred", "assumes"):
-        table.add_column(col, justify="left" if col in ("run", "layout", "figure", "assumes", "hardware") else "right")
+    """Run-by-run table, the per-source summary, then the defaults assumed and the skipped runs."""
+    table = Table(show_edge=False, header_style="bold", title="Measured vs predicted, run by run (* = assumes defaults)")
+    for col in ("run", "layout", "figure", "measured", "predicted", "error", "MFU meas / pred",
+                "peak mem meas / pred"):
+        table.add_column(col, justify="left" if col in ("run", "layout", "figure") else "right", no_wrap=True)
     for c in comparisons:
         key = c.primary or ""
         lay = c.case.layout
-        layout = f"t{lay.tp} p{lay.pp} d{lay.dp} v{lay.vpp} z{lay.zero_stage} b{lay.micro_batch_size} " \
-                 f"{lay.recompute[:3]}{' sp' if lay.sequence_parallel else ''}" if lay else ""
+        layout = (f"t{lay.tp} p{lay.pp} d{lay.dp} v{lay.vpp} z{lay.zero_stage} b{lay.micro_batch_size} "
+                  f"{lay.recompute[:3]}{'+sp' if lay.sequence_parallel else ''}") if lay else ""
         mfu = f"{_fmt('mfu', c.measured['mfu'])} / {_fmt('mfu', c.predicted['mfu'])}" if "mfu" in c.error else ""
         mem = (f"{_fmt('peak_memory', c.measured['peak_memory'])} / "
                f"{_fmt('peak_memory', c.predicted['peak_memory'])} ({_pct(c.error['peak_memory'])})"
                if "peak_memory" in c.error else "")
         fit = "" if c.fits else " [red]no fit[/]"
-        table.add_row(c.case.id, c.case.hardware.name if c.case.hardware else "", layout,
-                      LABELS.get(key, key), _fmt(key, c.measured[key]) if key else "",
-                      _fmt(key, c.predicted[key]) if key else "", _pct(c.primary_error) + fit,
-                      mfu, mem, "; ".join(c.case.assumptions))
+        table.add_row(c.case.id + ("*" if c.case.assumptions else ""), layout, LABELS.get(key, key),
+                      _fmt(key, c.measured[key]) if key else "", _fmt(key, c.predicted[key]) if key else "",
+                      _pct(c.primary_error) + fit, mfu, mem)
     out.print(table)
     summary_table(summary)
+    counts: dict[str, int] = {}
+    for c in comparisons:
+        for a in c.case.assumptions:
+            counts[a] = counts.get(a, 0) + 1
+    if counts:
+        out.print("[bold]Defaults assumed[/] (rules: planner/fidelity/runs.py; per run: --json): " +
+                  ", ".join(f"{a} ({n} runs)" for a, n in counts.items()), soft_wrap=True)
     if skipped:
         out.print("[bold]Skipped[/]")
         for s in skipped:
-            out.print(f"  {s.id}: {s.skipped}")
+            out.print(f"  {s.id}: {s.skipped}", soft_wrap=True)
 
 
 def summary_table(summary: dict) -> None:

@@ -20,6 +20,9 @@ and the row then lists it in ``assumptions`` (``plan3d accuracy`` prints them):
 - overlap of the DP gradient reduce: off for Megatron-LM runs before 2023 (Korthikanti 2022:
   "no overlap of gradient all-reduce with backprop"; --overlap-grad-reduce came in 2023), on for
   ZeRO-3/FSDP (DeepSpeed overlap_comm, FSDP prefetch) and later runs.
+- Megatron-LM before 2023 also: blocking pipeline p2p in the interleaved schedule and
+  Narayanan's scatter/gather of p2p tensors (TrainingSpec overlap_p2p_comm / p2p_scatter_gather);
+  DeepSpeed ZeRO-3 gathers parameters per module, FSDP per layer (zero3_gather_unit).
 - hardware: A100-SXM4-80GB -> dgx-a100-80g, A100 40GB -> dgx-a100-40g, A100 of unstated size
   (2020) -> dgx-a100-40g, H100 -> dgx-h100; TPUs and anything else are skipped.
 """
@@ -69,6 +72,7 @@ class RunCase:
     training: TrainingSpec | None = None
     layout: Layout | None = None
     peak_key: str = "a100"
+    trust: str = "unknown"
     assumptions: list[str] = field(default_factory=list)
     skipped: str | None = None
 
@@ -100,6 +104,20 @@ def load_runs(path: Path | None = None) -> list[RunCase]:
     return cases
 
 
+TRUST_LEVELS = ("low", "medium", "high")
+
+
+def select_runs(cases: list[RunCase], exclude: list[str] | None = None,
+                min_trust: str | None = None) -> list[RunCase]:
+    """Cases whose id matches none of the ``exclude`` globs and whose trust tag is >= ``min_trust``."""
+    from fnmatch import fnmatch
+    if min_trust is not None and min_trust not in TRUST_LEVELS:
+        raise UsageError(f"--min-trust must be one of {', '.join(TRUST_LEVELS)}, got {min_trust!r}")
+    floor = TRUST_LEVELS.index(min_trust) if min_trust else -1
+    return [c for c in cases if not any(fnmatch(c.id, pat) for pat in exclude or ())
+            and (floor < 0 or (c.trust in TRUST_LEVELS and TRUST_LEVELS.index(c.trust) >= floor))]
+
+
 def _group(row: dict) -> tuple[str, str]:
     for prefix, group, convention in GROUPS:
         if row["id"].startswith(prefix):
@@ -123,7 +141,7 @@ def _hardware(gpu: str, notes: list[str]) -> tuple[str | None, str]:
         return "dgx-h100", "h100"
     if "A100" in g:
         if "NOT STATED" in g:
-            notes.append("A100 memory size not stated: dgx-a100-40g (the DGX A100 of 2020)")
+            notes.append("A100 40GB (size unstated)")
             return "dgx-a100-40g", "a100"
         return ("dgx-a100-40g" if "40" in g else "dgx-a100-80g"), "a100"
     return None, "a100"
@@ -140,6 +158,8 @@ def _case(row: dict) -> RunCase:
     source, notes_text = str(row.get("source") or ""), str(row.get("notes") or "")
     case = RunCase(id=row["id"], group=group, convention=convention, source=source,
                    gpus=int(hw_row.get("gpus") or 0), measured=_measured(row.get("measured")))
+    trust = re.search(r"\[trust=(\w+)\]", notes_text)
+    case.trust = trust.group(1) if trust else "unknown"
     profile, case.peak_key = _hardware(str(hw_row.get("gpu") or ""), case.assumptions)
     if profile is None:
         case.skipped = f"hardware not modelled by plan3d ({hw_row.get('gpu')})"
@@ -161,15 +181,15 @@ def _case(row: dict) -> RunCase:
     seq, vocab = model_row.get("seq_len"), model_row.get("vocab")
     if seq is None:
         seq = 1024
-        assume("seq_len 1024")
+        assume("seq_len=1024")
     if vocab is None:
         vocab = 51200
-        assume("vocab 51200")
+        assume("vocab=51200")
     h = int(model_row["hidden"])
     ffn = model_row.get("ffn_hidden")
     if ffn is None:
         ffn = 4 * h
-        assume("ffn 4h")
+        assume("ffn=4h")
     megatron = not case.id.startswith("mosaic-")
     case.model = validate(ModelSpec, dict(
         name=case.id, source=source or "user run", num_layers=int(model_row["layers"]), hidden_size=h,
@@ -187,7 +207,7 @@ def _case(row: dict) -> RunCase:
     if tp is None or pp is None:
         mp = case.gpus // int(dp)
         tp, pp = 8, mp // 8
-        assume(f"tp 8, pp {pp} (only tp*pp = {mp} published)")
+        assume(f"tp=8,pp={pp} (tp*pp={mp})")
     dp = int(dp) if dp is not None else case.gpus // (int(tp) * int(pp))
     defaults = {"micro_batch": 1, "vpp": 1, "recompute": "none", "sequence_parallel": False,
                 "zero_stage": 0}
@@ -196,7 +216,9 @@ def _case(row: dict) -> RunCase:
         raw = lay.get(key)
         if raw is None or (key == "zero_stage" and not isinstance(raw, int)):
             value[key] = default
-            assume(f"{key} {default}")
+            moot = (key == "vpp" and int(pp) == 1) or (key == "zero_stage" and dp == 1)
+            if not moot:  # a default that cannot change the prediction is not an assumption
+                assume(f"{key}={default}")
         else:
             value[key] = raw
     case.layout = validate(Layout, dict(
@@ -211,9 +233,11 @@ def _case(row: dict) -> RunCase:
         dtype="fp16" if "mixed 16-bit" in notes_text else "bf16",
         grad_bytes=2 if (deepspeed or pure_bf16) else 4,
         flash_attention=not pre_2023,
-        overlap_grad_reduce=not pre_2023 or case.layout.zero_stage >= 3), f"run {case.id} training")
+        overlap_grad_reduce=not pre_2023 or case.layout.zero_stage >= 3,
+        overlap_p2p_comm=not pre_2023, p2p_scatter_gather=pre_2023,
+        zero3_gather_unit="module" if deepspeed else "layer"), f"run {case.id} training")
     if pre_2023:
-        assume("no flash attention (published before 2023)")
+        assume("no flash-attn (<2023)")
     if case.layout.tp * case.layout.pp * case.layout.dp != case.gpus:
         raise UsageError(f"tp*pp*dp = {case.layout.gpus} but gpus = {case.gpus}")
     return case
