@@ -241,6 +241,9 @@ class TrainingSpec(_Strict):
     # What ZeRO-3 gathers at a time: a transformer layer (FSDP / Megatron-FSDP wrapping) or one
     # module (DeepSpeed ZeRO-3 fetches per submodule).
     zero3_gather_unit: Literal["layer", "module"] = "layer"
+    # Overlap of the backward TP collectives with the weight-gradient GEMMs (Megatron's async
+    # tensor-parallel all-reduce / SP all-gather); off for the synchronous f/g of 2019-21 Megatron.
+    tp_backward_overlap: bool = True
 
 
 class Layout(_Strict):

@@ -71,6 +71,8 @@ def _tp_comm(model: ModelSpec, training: TrainingSpec, c: Candidates, links: Lin
     stored input (formulas.md 5.4). Forward collectives are exposed; in backward Megatron overlaps
     the input-gradient all-reduce/reduce-scatter of QKV and fc1 with their weight-gradient GEMMs
     and the re-gathers with their input-gradient GEMMs, so only the excess over that window shows.
+    ``training.tp_backward_overlap = False`` models the synchronous f/g operators of the original
+    Megatron-LM (Shoeybi 2019; Narayanan 2021 Sec. 3.3): every backward collective is exposed.
     """
     x = 2.0 * training.seq_length * c.micro_batch_size * model.hidden_size
     n_local, n_nodes = placement(c.tp, np.ones_like(c.tp), links.gpus_per_node)
@@ -82,6 +84,8 @@ def _tp_comm(model: ModelSpec, training: TrainingSpec, c: Candidates, links: Lin
     fixed = np.where(sp, 2 * ag, 0.0)
     hidden = np.where(sp, 2 * rs + 2 * ag, 2 * ar)
     window = 2 * layer.column_parallel_share * layer.gemm_forward
+    if not training.tp_backward_overlap:  # synchronous f/g operators (Megatron-LM of 2019-21)
+        window = np.zeros_like(window)
     backward = fixed + np.maximum(0.0, hidden - window)
     return forward, backward, np.where(sp, rs, ar)
 

@@ -15,14 +15,19 @@ and the row then lists it in ``assumptions`` (``plan3d accuracy`` prints them):
   Narayanan's formula to 0.1 % (tests/test_fidelity.py checks this).
 - flash attention: off for runs published before 2023 (2020-22 Megatron-LM had no flash
   attention), on otherwise. fp16 for "mixed 16-bit" rows, else bf16.
-- gradient bytes: 2 for DeepSpeed ZeRO rows (fp16 grads, ZeRO paper's 2+2+12) and FSDP "PURE"
-  bf16 rows (reduce dtype bf16), else 4 (Megatron fp32 main grads; FSDP default fp32 reduce).
+- gradient bytes: 2 for DeepSpeed ZeRO rows (fp16 grads, ZeRO paper's 2+2+12), FSDP "PURE"
+  bf16 rows (reduce dtype bf16) and fp16 Megatron-LM runs before 2022 (fp16 gradient buffer:
+  --accumulate-allreduce-grads-in-fp32 was off by default), else 4 (Megatron fp32 main grads,
+  as Korthikanti 2022's Fig. 1 18 B/param implies; FSDP default fp32 reduce).
 - overlap of the DP gradient reduce: off for Megatron-LM runs before 2023 (Korthikanti 2022:
   "no overlap of gradient all-reduce with backprop"; --overlap-grad-reduce came in 2023), on for
   ZeRO-3/FSDP (DeepSpeed overlap_comm, FSDP prefetch) and later runs.
 - Megatron-LM before 2023 also: blocking pipeline p2p in the interleaved schedule and
   Narayanan's scatter/gather of p2p tensors (TrainingSpec overlap_p2p_comm / p2p_scatter_gather);
   DeepSpeed ZeRO-3 gathers parameters per module, FSDP per layer (zero3_gather_unit).
+- Megatron-LM before 2022 (Narayanan 2021, the 2020 README): synchronous TP all-reduces in
+  backward (the f/g operators of Shoeybi 2019), no overlap with weight-gradient GEMMs
+  (TrainingSpec tp_backward_overlap); Korthikanti 2022's code overlaps them.
 - hardware: A100-SXM4-80GB -> dgx-a100-80g, A100 40GB -> dgx-a100-40g, A100 of unstated size
   (2020) -> dgx-a100-40g, H100 -> dgx-h100; TPUs and anything else are skipped.
 """
@@ -227,15 +232,18 @@ def _case(row: dict) -> RunCase:
         sequence_parallel=bool(value["sequence_parallel"]), vpp=int(value["vpp"])), f"run {case.id} layout")
 
     deepspeed = "deepspeed" in notes_text.lower()
+    # fp16 Megatron-LM before 2022 reduced fp16 gradients (--accumulate-allreduce-grads-in-fp32 off).
+    fp16_grads = "mixed 16-bit" in notes_text and year is not None and year < 2022
     pure_bf16 = "(PURE)" in notes_text
     case.training = validate(TrainingSpec, dict(
         seq_length=int(seq), global_batch_size=int(lay["global_batch"]),
         dtype="fp16" if "mixed 16-bit" in notes_text else "bf16",
-        grad_bytes=2 if (deepspeed or pure_bf16) else 4,
+        grad_bytes=2 if (deepspeed or pure_bf16 or fp16_grads) else 4,
         flash_attention=not pre_2023,
         overlap_grad_reduce=not pre_2023 or case.layout.zero_stage >= 3,
         overlap_p2p_comm=not pre_2023, p2p_scatter_gather=pre_2023,
-        zero3_gather_unit="module" if deepspeed else "layer"), f"run {case.id} training")
+        zero3_gather_unit="module" if deepspeed else "layer",
+        tp_backward_overlap=year is None or year >= 2022), f"run {case.id} training")
     if pre_2023:
         assume("no flash-attn (<2023)")
     if case.layout.tp * case.layout.pp * case.layout.dp != case.gpus:
