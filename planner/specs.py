@@ -176,6 +176,9 @@ class Efficiency(_Strict):
     - ``attention``: fraction of peak reached by the attention core (flash attention).
     - ``hbm``: fraction of HBM bandwidth reached by memory-bound kernels.
     - ``nvlink``, ``network``: achieved bus bandwidth (nccl-tests busbw) / link bandwidth.
+    - ``step_overhead``: T_misc, fixed seconds per optimizer step beyond the modelled kernels
+      (data loading, grad-norm and clipping, loss all-reduces, logging, launch gaps; formulas.md
+      7.1 "calibrate as a constant"). 0 unless fitted by ``plan3d calibrate``.
     """
 
     matmul: Fraction
@@ -184,6 +187,7 @@ class Efficiency(_Strict):
     hbm: Fraction
     nvlink: Fraction
     network: Fraction
+    step_overhead: Seconds = 0.0
     source: str
 
 

@@ -1,7 +1,7 @@
 """Fit a hardware profile's efficiency factors to measured runs (``plan3d calibrate``).
 
-Unknowns: the six factors of ``Efficiency`` (matmul, matmul_half_flops, attention, hbm, nvlink,
-network), each bounded to a physically meaningful range. Residual per run: log(T_pred / T_meas),
+Unknowns: the seven factors of ``Efficiency`` (matmul, matmul_half_flops, attention, hbm, nvlink,
+network, step_overhead), each bounded to a physically meaningful range. Residual per run: log(T_pred / T_meas),
 the log ratio of predicted to measured step time implied by the run's headline figure (iteration
 time directly; TFLOP/s, MFU and tokens/s inversely, as they are proportional to 1/T). A weak
 prior pulls each factor toward the profile's own (datasheet / micro-benchmark) value, so factors
@@ -22,9 +22,12 @@ from ..specs import Efficiency, HardwareProfile
 from .compare import Comparison, compare
 from .runs import RunCase
 
-FACTORS = ("matmul", "matmul_half_flops", "attention", "hbm", "nvlink", "network")
+FACTORS = ("matmul", "matmul_half_flops", "attention", "hbm", "nvlink", "network", "step_overhead")
 BOUNDS = {"matmul": (0.3, 1.0), "matmul_half_flops": (1e7, 1e11), "attention": (0.1, 1.0),
-          "hbm": (0.2, 1.0), "nvlink": (0.2, 1.0), "network": (0.1, 1.0)}
+          "hbm": (0.2, 1.0), "nvlink": (0.2, 1.0), "network": (0.1, 1.0),
+          "step_overhead": (1e-3, 1.0)}
+# Prior of a factor the profile leaves at 0 (T_misc): 10 ms, weakly held like the others.
+PRIOR_FLOOR = {"step_overhead": 1e-2}
 PRIOR_WEIGHT = 0.1
 TIME_LIKE = {"iteration_s"}
 
@@ -56,15 +59,15 @@ class FitResult:
 
 def with_factors(hw: HardwareProfile, factors: dict[str, float], source: str | None = None) -> HardwareProfile:
     """A copy of ``hw`` with efficiency factors replaced (and ``efficiency.source`` if given)."""
-    eff = hw.efficiency.model_dump()
-    eff.update(factors)
+    eff = hw.efficiency.model_dump(mode="json")  # quantities as strings with units
+    eff.update({k: (f"{v!r} s" if k == "step_overhead" else v) for k, v in factors.items()})
     if source is not None:
         eff["source"] = source
     return hw.model_copy(update={"efficiency": Efficiency.model_validate(eff)})
 
 
 def _to_x(factors: dict[str, float]) -> np.ndarray:
-    return np.array([np.log(factors[k]) for k in FACTORS])
+    return np.array([np.log(max(factors[k], PRIOR_FLOOR.get(k, 0.0))) for k in FACTORS])
 
 
 def _from_x(x: np.ndarray) -> dict[str, float]:
@@ -108,7 +111,7 @@ def fit(cases: list[RunCase], hw: HardwareProfile, leave_one_out: bool = True) -
     runs = usable(cases, hw)
     if not runs:
         raise UsageError(f"no usable measured run on hardware {hw.name} to calibrate on")
-    prior = _to_x(hw.efficiency.model_dump())
+    prior = _to_x({k: float(getattr(hw.efficiency, k)) for k in FACTORS})
     x = _solve(runs, hw, prior, prior)
     fitted = with_factors(hw, _from_x(x))
     fit_errors = {c.id: float(compare(c, fitted).primary_error) for c in runs}

@@ -5,7 +5,8 @@ figures in SI units), plus the list of defaults it had to assume, or the reason 
 The rules below are the ONLY defaults; each is applied to every row that leaves the field unknown
 and the row then lists it in ``assumptions`` (``plan3d accuracy`` prints them):
 
-- micro_batch unknown -> 1; vpp unknown -> 1 (plain 1F1B); recompute unknown -> none;
+- micro_batch unknown -> 1; vpp unknown -> 1 (plain 1F1B); recompute unknown -> full where the
+  source counts FLOPs with Narayanan's formula (which assumes full recomputation), else none;
   sequence_parallel unknown -> off; zero_stage unknown -> 0 (Megatron DDP: the distributed
   optimizer arrived in Megatron-LM in 2022); ffn_hidden unknown -> 4*hidden.
 - tp and pp unknown, dp known (Narayanan 2021 Table 2 gives only t*p): tp = 8 (one DGX node,
@@ -214,8 +215,10 @@ def _case(row: dict) -> RunCase:
         tp, pp = 8, mp // 8
         assume(f"tp=8,pp={pp} (tp*pp={mp})")
     dp = int(dp) if dp is not None else case.gpus // (int(tp) * int(pp))
-    defaults = {"micro_batch": 1, "vpp": 1, "recompute": "none", "sequence_parallel": False,
-                "zero_stage": 0}
+    # Narayanan's FLOP formula assumes full recomputation, so a source counting with it ran it.
+    defaults = {"micro_batch": 1, "vpp": 1,
+                "recompute": "full" if convention == "narayanan" else "none",
+                "sequence_parallel": False, "zero_stage": 0}
     value = {}
     for key, default in defaults.items():
         raw = lay.get(key)
