@@ -190,8 +190,7 @@ def evaluate(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c: C
     pick = lambda term: np.choose(slowest, [stages["first"][term], stages["middle"][term],  # noqa: E731
                                             stages["last"][term]])
     params_updated = np.maximum(params_first, params_last) / np.where(c.zero_stage >= 1, c.dp, 1)
-    # The "optimizer" term also carries the profile's fixed per-step overhead T_misc (formulas.md 7.1).
-    t_opt = compute.optimizer_time(params_updated, hw) + hw.efficiency.step_overhead
+    t_opt = compute.optimizer_time(params_updated, hw)
     time = {term: m * pick(term) for term in ("compute", "recompute", "tp_comm", "pp_comm", "dp_comm")}
     time["pp_comm"] = time["pp_comm"] + p2p_fill
     time["dp_comm"] = time["dp_comm"] + dp_step + tied
