@@ -146,8 +146,10 @@ def transient_bytes(model: ModelSpec, training: TrainingSpec, c: Candidates) -> 
     sharded, replicated = flops.layer_params_per_gpu(model, c.tp)
     unit = sharded + replicated
     if training.zero3_gather_unit == "module":
-        unit = flops.mlp_weights(model) / (2.0 * c.tp)  # fc1 or fc2 (GeLU; SwiGLU's fused gate+up is 2/3)
-        if model.activation == "swiglu":
-            unit = unit * 4.0 / 3.0
+        # largest GEMM weight per GPU: fused QKV h*d_h*(a+2g)/t, or fc1 h*f/t (GeLU) /
+        # fused gate+up 2*h*f/t (SwiGLU)
+        h_, d, a, g = model.hidden_size, model.kv_channels, model.num_attention_heads, model.kv_heads
+        fc1 = (2 if model.activation == "swiglu" else 1) * h_ * model.ffn
+        unit = max(h_ * d * (a + 2 * g), fc1) / c.tp.astype(np.float64)
     fsdp = np.where(c.zero_stage >= 3, unit * (2 * 2.0 + training.grad_bytes), 0.0)
     return gather + fsdp

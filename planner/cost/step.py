@@ -135,9 +135,9 @@ def evaluate(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c: C
     # Pipeline p2p: each TP rank sends s*b*h/(t if SP) bf16 values per boundary and direction;
     # PP neighbours are tp*dp ranks apart, so they sit on other nodes once tp*dp*pp > G.
     # Narayanan 2021 Sec. 4.1 scatter/gather (Megatron-LM before Megatron-Core) also sends only
-    # s*b*h/t per rank without SP. Interleaved: Megatron overlaps p2p with compute
-    # (overlap_p2p_comm, since 2023), paying only the fill/drain; without that overlap every
-    # chunk's send/recv is blocking: 2*vpp transfers per micro-batch (formulas.md 5.5, 6).
+    # s*b*h/t per rank without SP. Interleaved: Megatron-Core overlaps p2p with compute
+    # (overlap_p2p_comm), paying only the fill/drain; without that overlap (training.
+    # overlap_p2p_comm False) every chunk's send/recv blocks: 2*vpp per micro-batch (formulas.md 5.5, 6).
     split = np.where(c.sequence_parallel | training.p2p_scatter_gather, c.tp, 1)
     p2p_bytes = 2.0 * training.seq_length * c.micro_batch_size * model.hidden_size / split
     t_p2p = np.where(c.pp > 1, p2p_time(p2p_bytes, c.tp * c.dp * c.pp > hw.gpus_per_node, links), 0.0)
