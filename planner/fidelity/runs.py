@@ -29,6 +29,12 @@ and the row then lists it in ``assumptions`` (``plan3d accuracy`` prints them):
 - Megatron-LM before 2022 (Narayanan 2021, the 2020 README): synchronous TP all-reduces in
   backward (the f/g operators of Shoeybi 2019), no overlap with weight-gradient GEMMs
   (TrainingSpec tp_backward_overlap); Korthikanti 2022's code overlaps them.
+- architecture: GeLU MLP, LayerNorm; Megatron-style rows (all but mosaic-*) with biases,
+  learned positions, dropout 0.1 and tied embeddings unless the row says "untied"; MPT rows
+  (llm-foundry defaults) without biases, ALiBi, dropout 0, tied embeddings.
+- FLOP convention of the source's TFLOP/s / MFU: by id prefix for the shipped sources (GROUPS);
+  a user row may tag its notes ``[flops=narayanan|korthikanti|mosaic]``, otherwise only its
+  iteration time and tokens/s are compared.
 - hardware: A100-SXM4-80GB -> dgx-a100-80g, A100 40GB -> dgx-a100-40g, A100 of unstated size
   (2020) -> dgx-a100-40g, H100 -> dgx-h100; TPUs and anything else are skipped.
 """
