@@ -244,3 +244,26 @@ def test_calibrate_cli_fits_writes_and_refuses_to_overwrite(tmp_path):
     assert again.exit_code == 2 and "--force" in again.output
     from planner.catalog import resolve_hardware
     assert resolve_hardware(str(out)).name == "dgx-a100-40g"  # loadable by --hardware PATH
+
+
+def test_accuracy_on_a_users_own_runs(tmp_path):
+    # A user's run in the same schema: an unknown id and source, iteration time only.
+    rows = yaml.safe_load(SHIPPED.read_text())
+    row = next(r for r in rows if r["id"] == "korthikanti22-175b-selective-sp")
+    mine = dict(row, id="my-175b-run", source="My cluster, 2024", notes="[trust=high]")
+    mine["measured"] = dict(row["measured"], mfu_percent=None, hfu_percent=None)
+    nothing = dict(mine, id="no-figures", measured={k: None for k in row["measured"]})
+    path = tmp_path / "mine.yaml"
+    path.write_text(yaml.safe_dump([mine, nothing]))
+    result = CliRunner().invoke(app, ["accuracy", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)  # valid JSON even where there is nothing to compare
+    run = data["runs"][0]
+    assert run["group"] == "My cluster" and run["primary"] == "iteration_s"
+    assert run["measured"]["iteration_s"] == 13.75
+    # 2024 run: flash attention and the Megatron-Core overlaps are assumed, so it is predicted
+    # faster than the same layout run in 2022 (the shipped row).
+    from planner.fidelity.compare import compare
+    original = next(c for c in load_runs(SHIPPED) if c.id == "korthikanti22-175b-selective-sp")
+    assert run["predicted"]["iteration_s"] < compare(original).step_s
+    assert data["runs"][1]["primary"] is None

@@ -40,10 +40,17 @@ def comparison_dict(c: Comparison) -> dict:
             "hardware": c.case.hardware.name if c.case.hardware else None}
 
 
+def _finite(value):
+    """NaN (no figure to compare) becomes null, so the output stays valid JSON."""
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    return None if isinstance(value, float) and math.isnan(value) else value
+
+
 def accuracy_json(comparisons: list[Comparison], skipped: list[RunCase], summary: dict) -> dict:
     return {"runs": [comparison_dict(c) for c in comparisons],
             "skipped": [{"id": s.id, "reason": s.skipped} for s in skipped],
-            "summary": summary}
+            "summary": _finite(summary)}
 
 
 def accuracy_tables(comparisons: list[Comparison], skipped: list[RunCase], summary: dict) -> None:
