@@ -416,7 +416,7 @@ def calibrate(
     force: bool = typer.Option(False, "--force", help="Overwrite an existing output file."),
     loo: bool = typer.Option(True, "--loo/--no-loo", help="Also report the leave-one-out error."),
     exclude: list[str] = typer.Option([], "--exclude", help="Leave out runs whose id matches this glob (repeatable)."),
-    min_trust: Optional[str] = typer.Option(None, "--min-trust", help="Fit only on runs tagged [trust=high|medium|low] or better."),
+    min_trust: Optional[str] = typer.Option(None, "--min-trust", help="Fit only on runs whose notes tag trust as at least this: high, medium or low."),
 ) -> None:
     """Fit a hardware profile's efficiency factors to measured runs; write a new profile."""
     from .fidelity.calibrate import fit, source_text, with_factors
