@@ -28,7 +28,7 @@ TIME_LABELS = {
     "pp_comm": "pipeline p2p (exposed)",
     "dp_comm": "DP/ZeRO communication (exposed)",
     "bubble": "pipeline bubble",
-    "optimizer": "optimizer step",
+    "optimizer": "optimizer step + fixed per-step overhead",
 }
 
 

@@ -176,6 +176,9 @@ class Efficiency(_Strict):
     - ``attention``: fraction of peak reached by the attention core (flash attention).
     - ``hbm``: fraction of HBM bandwidth reached by memory-bound kernels.
     - ``nvlink``, ``network``: achieved bus bandwidth (nccl-tests busbw) / link bandwidth.
+    - ``step_overhead``: T_misc, fixed seconds per optimizer step beyond the modelled kernels
+      (data loading, grad-norm and clipping, loss all-reduces, logging, launch gaps; formulas.md
+      7.1 "calibrate as a constant"). 0 unless fitted by ``plan3d calibrate``.
     """
 
     matmul: Fraction
@@ -184,6 +187,7 @@ class Efficiency(_Strict):
     hbm: Fraction
     nvlink: Fraction
     network: Fraction
+    step_overhead: Seconds = 0.0
     source: str
 
 
@@ -234,6 +238,16 @@ class TrainingSpec(_Strict):
     grad_bytes: Literal[2, 4] = 4
     flash_attention: bool = True
     overlap_grad_reduce: bool = True
+    # Megatron-LM before Megatron-Core (2021-22): blocking p2p in the interleaved schedule, and
+    # Narayanan 2021 Sec. 4.1 scatter/gather of the p2p tensor (s*b*h/t per rank without SP).
+    overlap_p2p_comm: bool = True
+    p2p_scatter_gather: bool = False
+    # What ZeRO-3 gathers at a time: a transformer layer (FSDP / Megatron-FSDP wrapping) or one
+    # module (DeepSpeed ZeRO-3 fetches per submodule).
+    zero3_gather_unit: Literal["layer", "module"] = "layer"
+    # Overlap of the backward TP collectives with the weight-gradient GEMMs (Megatron's async
+    # tensor-parallel all-reduce / SP all-gather); off for the synchronous f/g of 2019-21 Megatron.
+    tp_backward_overlap: bool = True
 
 
 class Layout(_Strict):

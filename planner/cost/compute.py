@@ -106,5 +106,8 @@ def output_layer_time(model: ModelSpec, training: TrainingSpec, hw: HardwareProf
 
 
 def optimizer_time(params_updated: np.ndarray, hw: HardwareProfile) -> np.ndarray:
-    """Adam step: ~30 B of HBM traffic per updated parameter (formulas.md 7.1). (N,) seconds"""
-    return 30.0 * params_updated / (hw.gpu.hbm_bandwidth * hw.efficiency.hbm)
+    """Adam step, ~30 B of HBM traffic per updated parameter, plus the profile's fixed per-step
+    overhead T_misc (``efficiency.step_overhead``: data loading, grad-norm, logging; formulas.md
+    7.1). (N,) seconds"""
+    return 30.0 * params_updated / (hw.gpu.hbm_bandwidth * hw.efficiency.hbm) + \
+        hw.efficiency.step_overhead

@@ -133,13 +133,23 @@ def activation_bytes(model: ModelSpec, training: TrainingSpec, c: Candidates,
 def transient_bytes(model: ModelSpec, training: TrainingSpec, c: Candidates) -> np.ndarray:
     """Buffers beside states and activations (formulas.md 3.8), bytes. (N,)
 
-    SP all-gather buffer of one full hidden state 2*s*b*h; ZeRO-3 keeps two layers' weights
-    gathered (prefetch) and one layer's full gradients before the reduce-scatter.
+    SP all-gather buffer of one full hidden state 2*s*b*h; ZeRO-3 keeps two gather units'
+    weights (bf16, current + prefetched) and one unit's full gradients before the reduce-scatter
+    (formulas.md 2.2). The unit is a transformer layer for FSDP-style wrapping
+    (``zero3_gather_unit = "layer"``) or the largest single module for DeepSpeed ZeRO-3, which
+    fetches parameters per submodule (``"module"``; DeepSpeed's own estimator,
+    ``estimate_zero3_model_states_mem_needs``, charges 4 B x the largest layer's parameters).
     """
     s, h = training.seq_length, model.hidden_size
     b = c.micro_batch_size.astype(np.float64)
     gather = np.where(c.sequence_parallel, 2.0 * s * b * h, 0.0)
     sharded, replicated = flops.layer_params_per_gpu(model, c.tp)
-    layer = sharded + replicated
-    fsdp = np.where(c.zero_stage >= 3, layer * (2 * 2.0 + training.grad_bytes), 0.0)
+    unit = sharded + replicated
+    if training.zero3_gather_unit == "module":
+        # largest GEMM weight per GPU: fused QKV h*d_h*(a+2g)/t, or fc1 h*f/t (GeLU) /
+        # fused gate+up 2*h*f/t (SwiGLU)
+        h_, d, a, g = model.hidden_size, model.kv_channels, model.num_attention_heads, model.kv_heads
+        fc1 = (2 if model.activation == "swiglu" else 1) * h_ * model.ffn
+        unit = max(h_ * d * (a + 2 * g), fc1) / c.tp.astype(np.float64)
+    fsdp = np.where(c.zero_stage >= 3, unit * (2 * 2.0 + training.grad_bytes), 0.0)
     return gather + fsdp

@@ -71,6 +71,8 @@ def _tp_comm(model: ModelSpec, training: TrainingSpec, c: Candidates, links: Lin
     stored input (formulas.md 5.4). Forward collectives are exposed; in backward Megatron overlaps
     the input-gradient all-reduce/reduce-scatter of QKV and fc1 with their weight-gradient GEMMs
     and the re-gathers with their input-gradient GEMMs, so only the excess over that window shows.
+    ``training.tp_backward_overlap = False`` models the synchronous f/g operators of the original
+    Megatron-LM (Shoeybi 2019; Narayanan 2021 Sec. 3.3): every backward collective is exposed.
     """
     x = 2.0 * training.seq_length * c.micro_batch_size * model.hidden_size
     n_local, n_nodes = placement(c.tp, np.ones_like(c.tp), links.gpus_per_node)
@@ -82,6 +84,8 @@ def _tp_comm(model: ModelSpec, training: TrainingSpec, c: Candidates, links: Lin
     fixed = np.where(sp, 2 * ag, 0.0)
     hidden = np.where(sp, 2 * rs + 2 * ag, 2 * ar)
     window = 2 * layer.column_parallel_share * layer.gemm_forward
+    if not training.tp_backward_overlap:  # synchronous f/g operators (Megatron-LM of 2019-21)
+        window = np.zeros_like(window)
     backward = fixed + np.maximum(0.0, hidden - window)
     return forward, backward, np.where(sp, rs, ar)
 
@@ -130,11 +134,16 @@ def evaluate(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c: C
 
     # Pipeline p2p: each TP rank sends s*b*h/(t if SP) bf16 values per boundary and direction;
     # PP neighbours are tp*dp ranks apart, so they sit on other nodes once tp*dp*pp > G.
-    p2p_bytes = 2.0 * training.seq_length * c.micro_batch_size * model.hidden_size / \
-        np.where(c.sequence_parallel, c.tp, 1)
+    # Narayanan 2021 Sec. 4.1 scatter/gather (Megatron-LM before Megatron-Core) also sends only
+    # s*b*h/t per rank without SP. Interleaved: Megatron-Core overlaps p2p with compute
+    # (overlap_p2p_comm), paying only the fill/drain; without that overlap (training.
+    # overlap_p2p_comm False) every chunk's send/recv blocks: 2*vpp per micro-batch (formulas.md 5.5, 6).
+    split = np.where(c.sequence_parallel | training.p2p_scatter_gather, c.tp, 1)
+    p2p_bytes = 2.0 * training.seq_length * c.micro_batch_size * model.hidden_size / split
     t_p2p = np.where(c.pp > 1, p2p_time(p2p_bytes, c.tp * c.dp * c.pp > hw.gpus_per_node, links), 0.0)
-    p2p_per_mb = np.where(c.vpp > 1, 0.0, 2 * t_p2p)  # 1F1B: blocking send/recv in steady state
-    p2p_fill = np.where(c.vpp > 1, 2 * (c.pp - 1) * t_p2p, 0.0)  # interleaved: overlapped but fill/drain
+    overlapped = (c.vpp > 1) & training.overlap_p2p_comm
+    p2p_per_mb = np.where(overlapped, 0.0, 2 * c.vpp * t_p2p)  # blocking send/recv per chunk
+    p2p_fill = np.where(overlapped, 2 * (c.pp - 1) * t_p2p, 0.0)  # overlapped: fill/drain only
 
     # Edge work: embedding (TP all-reduce / reduce-scatter of X) and output layer + loss
     # (SP: all-gather of its input forward, reduce-scatter backward).

@@ -1,0 +1,1 @@
+"""Cost-model fidelity: published measured runs, their comparison with predictions, calibration."""

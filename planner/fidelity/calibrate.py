@@ -1,0 +1,137 @@
+"""Fit a hardware profile's efficiency factors to measured runs (``plan3d calibrate``).
+
+Unknowns: the seven factors of ``Efficiency`` (matmul, matmul_half_flops, attention, hbm, nvlink,
+network, step_overhead), each bounded to a physically meaningful range. Residual per run: log(T_pred / T_meas),
+the log ratio of predicted to measured step time implied by the run's headline figure (iteration
+time directly; TFLOP/s, MFU and tokens/s inversely, as they are proportional to 1/T). A weak
+prior pulls each factor toward the profile's own (datasheet / micro-benchmark) value, so factors
+that the runs cannot identify stay where the sources put them:
+    minimize  sum_runs log(T_pred/T_meas)^2 + w^2 * sum_factors log(x/x0)^2,   w = PRIOR_WEIGHT.
+Solved with scipy.optimize.least_squares (trust-region reflective, bounds). Leave-one-out: refit
+without each run (warm-started at the full fit) and predict the run left out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import UsageError
+from ..specs import Efficiency, HardwareProfile
+from .compare import Comparison, compare
+from .runs import RunCase
+
+FACTORS = ("matmul", "matmul_half_flops", "attention", "hbm", "nvlink", "network", "step_overhead")
+BOUNDS = {"matmul": (0.3, 1.0), "matmul_half_flops": (1e7, 1e11), "attention": (0.1, 1.0),
+          "hbm": (0.2, 1.0), "nvlink": (0.2, 1.0), "network": (0.1, 1.0),
+          "step_overhead": (1e-3, 1.0)}
+# Prior of a factor the profile leaves at 0 (T_misc): 10 ms, weakly held like the others.
+PRIOR_FLOOR = {"step_overhead": 1e-2}
+PRIOR_WEIGHT = 0.1
+TIME_LIKE = {"iteration_s"}
+
+
+@dataclass
+class FitResult:
+    """Fitted factors, per-run relative errors of the headline figure at the fit and left out."""
+
+    factors: dict[str, float]
+    runs: list[str]
+    fit_errors: dict[str, float]
+    loo_errors: dict[str, float]
+
+    @staticmethod
+    def _stats(errors: dict[str, float]) -> tuple[float, float]:
+        vals = np.abs(np.array(list(errors.values()), dtype=float))
+        return (float(vals.mean()), float(vals.max())) if vals.size else (float("nan"), float("nan"))
+
+    @property
+    def fit_stats(self) -> tuple[float, float]:
+        """(mean |error|, max |error|) at the fitted factors."""
+        return self._stats(self.fit_errors)
+
+    @property
+    def loo_stats(self) -> tuple[float, float]:
+        """(mean |error|, max |error|) of each run predicted by a fit without it."""
+        return self._stats(self.loo_errors)
+
+
+def with_factors(hw: HardwareProfile, factors: dict[str, float], source: str | None = None) -> HardwareProfile:
+    """A copy of ``hw`` with efficiency factors replaced (and ``efficiency.source`` if given)."""
+    eff = hw.efficiency.model_dump(mode="json")  # quantities as strings with units
+    eff.update({k: (f"{v!r} s" if k == "step_overhead" else v) for k, v in factors.items()})
+    if source is not None:
+        eff["source"] = source
+    return hw.model_copy(update={"efficiency": Efficiency.model_validate(eff)})
+
+
+def _to_x(factors: dict[str, float]) -> np.ndarray:
+    return np.array([np.log(max(factors[k], PRIOR_FLOOR.get(k, 0.0))) for k in FACTORS])
+
+
+def _from_x(x: np.ndarray) -> dict[str, float]:
+    return {k: float(np.exp(v)) for k, v in zip(FACTORS, x)}
+
+
+def _log_time_ratio(c: Comparison) -> float:
+    """log(T_pred / T_meas) implied by the headline figure."""
+    key = c.primary
+    assert key is not None
+    ratio = c.predicted[key] / c.measured[key]
+    return float(np.log(ratio) if key in TIME_LIKE else -np.log(ratio))
+
+
+def usable(cases: list[RunCase], hw: HardwareProfile) -> list[RunCase]:
+    """The non-skipped runs on hardware ``hw.name`` that have a headline figure."""
+    keep = [c for c in cases if c.skipped is None and c.hardware is not None
+            and c.hardware.name == hw.name]
+    return [c for c in keep if compare(c, hw).primary is not None]
+
+
+def _solve(cases: list[RunCase], hw: HardwareProfile, x0: np.ndarray, prior: np.ndarray,
+           max_nfev: int | None = None) -> np.ndarray:
+    from scipy.optimize import least_squares
+
+    lo = np.log([BOUNDS[k][0] for k in FACTORS])
+    hi = np.log([BOUNDS[k][1] for k in FACTORS])
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        trial = with_factors(hw, _from_x(x))
+        runs = [_log_time_ratio(compare(c, trial)) for c in cases]
+        return np.concatenate([runs, PRIOR_WEIGHT * (x - prior)])
+
+    start = np.clip(x0, lo + 1e-9, hi - 1e-9)
+    return least_squares(residuals, start, bounds=(lo, hi), method="trf", x_scale=1.0,
+                         diff_step=1e-3, max_nfev=max_nfev).x
+
+
+def fit(cases: list[RunCase], hw: HardwareProfile, leave_one_out: bool = True) -> FitResult:
+    """Fit the factors of ``hw`` to ``cases`` (all on that hardware). UsageError if there are none."""
+    runs = usable(cases, hw)
+    if not runs:
+        raise UsageError(f"no usable measured run on hardware {hw.name} to calibrate on")
+    prior = _to_x({k: float(getattr(hw.efficiency, k)) for k in FACTORS})
+    x = _solve(runs, hw, prior, prior)
+    fitted = with_factors(hw, _from_x(x))
+    fit_errors = {c.id: float(compare(c, fitted).primary_error) for c in runs}
+    loo: dict[str, float] = {}
+    if leave_one_out and len(runs) > 1:
+        for i, c in enumerate(runs):
+            rest = runs[:i] + runs[i + 1:]
+            xi = _solve(rest, hw, x, prior, max_nfev=40)
+            loo[c.id] = float(compare(c, with_factors(hw, _from_x(xi))).primary_error)
+    return FitResult(_from_x(x), [c.id for c in runs], fit_errors, loo)
+
+
+def source_text(result: FitResult, dataset: str) -> str:
+    """The ``efficiency.source`` of a calibrated profile: what was fitted on, and how well."""
+    mean, worst = result.fit_stats
+    text = (f"plan3d calibrate: factors fitted (scipy least_squares, bounded, weak prior toward "
+            f"the datasheet values) to {len(result.runs)} measured runs of {dataset}: "
+            f"{', '.join(result.runs)}. Fit error of the headline figure: mean |err| "
+            f"{100 * mean:.1f}%, max {100 * worst:.1f}%")
+    if result.loo_errors:
+        lmean, lworst = result.loo_stats
+        text += f"; leave-one-out mean |err| {100 * lmean:.1f}%, max {100 * lworst:.1f}%"
+    return text + "."

@@ -1,0 +1,117 @@
+"""Measured vs predicted for published runs: per-run comparisons and per-source error summaries.
+
+The predicted step time is turned into the source's own figure (TFLOP/s per GPU, MFU, HFU,
+tokens/s) with the source's own FLOP formula and peak (conventions.py), so both sides of every
+comparison count FLOPs the same way. Errors are relative: (predicted - measured) / measured.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..cost.flops import total_params
+from ..cost.step import estimate_layout
+from ..specs import HardwareProfile
+from . import conventions
+from .runs import RunCase
+
+# Order in which a row's figures are used as its headline comparison (least ambiguous first).
+PRIMARY_ORDER = ("iteration_s", "flops_per_gpu", "mfu", "tokens_per_s")
+
+
+@dataclass
+class Comparison:
+    """One run: measured and predicted figures (SI units), their relative errors, the headline metric."""
+
+    case: RunCase
+    measured: dict[str, float] = field(default_factory=dict)
+    predicted: dict[str, float] = field(default_factory=dict)
+    error: dict[str, float] = field(default_factory=dict)
+    primary: str | None = None
+    fits: bool = True
+    step_s: float = 0.0
+
+    @property
+    def primary_error(self) -> float | None:
+        return self.error.get(self.primary) if self.primary else None
+
+
+def source_flops(case: RunCase) -> dict[str, float]:
+    """FLOPs of one step as the run's source counts them: keys 'flops' (TFLOP/s numerator), 'mfu', 'hfu'."""
+    m, t, lay = case.model, case.training, case.layout
+    assert m is not None and t is not None and lay is not None
+    B, s, L, h, V = t.global_batch_size, t.seq_length, m.num_layers, m.hidden_size, m.vocab_size
+    if case.convention == "narayanan":
+        f = conventions.narayanan_flops(B, s, L, h, V)
+        return {"flops": f, "hfu": f}
+    if case.convention == "korthikanti":
+        f_model = conventions.korthikanti_model_flops(B, s, L, h, V)
+        f_hw = {"selective": conventions.korthikanti_hardware_flops(B, s, L, h, V),
+                "full": conventions.narayanan_flops(B, s, L, h, V)}.get(lay.recompute, f_model)
+        return {"flops": f_model, "mfu": f_model, "hfu": f_hw}
+    if case.convention == "mosaic":
+        n = float(total_params(m))
+        f_model = conventions.mosaic_flops(B, s, L, h, n)
+        f_hw = conventions.mosaic_flops(B, s, L, h, n, recompute=lay.recompute == "full")
+        return {"flops": f_model, "mfu": f_model, "hfu": f_hw}
+    return {}
+
+
+def compare(case: RunCase, hardware: HardwareProfile | None = None) -> Comparison:
+    """Predict one (non-skipped) run and compare with what was measured; ``hardware`` overrides the profile."""
+    hw = hardware or case.hardware
+    assert hw is not None and case.model is not None and case.training is not None and case.layout
+    est = estimate_layout(case.model, hw, case.training, case.layout)
+    step = float(est.time["step"][0])
+    out = Comparison(case=case, fits=bool(est.fits[0]), step_s=step)
+    gpus = case.layout.gpus
+    peak = conventions.SOURCE_PEAK_FLOPS[case.peak_key]
+    flops = source_flops(case)
+    meas = case.measured
+
+    def add(key: str, measured: float, predicted: float) -> None:
+        out.measured[key], out.predicted[key] = measured, predicted
+        out.error[key] = (predicted - measured) / measured
+
+    if "iteration_s" in meas:
+        add("iteration_s", meas["iteration_s"], step)
+    if "flops_per_gpu" in meas and "flops" in flops:
+        add("flops_per_gpu", meas["flops_per_gpu"], flops["flops"] / (step * gpus))
+    for key in ("mfu", "hfu"):
+        if key in meas and key in flops:
+            add(key, meas[key], flops[key] / (step * gpus * peak))
+    if "tokens_per_s" in meas:
+        add("tokens_per_s", meas["tokens_per_s"], case.training.global_batch_size *
+            case.training.seq_length / step)
+    if "peak_memory" in meas:
+        # Sources report the allocator's peak (PyTorch max memory allocated): states, activations
+        # and buffers, but not the profile's framework allowance (CUDA context, NCCL buffers,
+        # fragmentation), so that allowance is left out of the predicted side.
+        add("peak_memory", meas["peak_memory"], float(est.memory["total"][0]) - hw.framework_overhead)
+    out.primary = next((k for k in PRIMARY_ORDER if k in out.error), None)
+    return out
+
+
+def compare_all(cases: list[RunCase]) -> list[Comparison]:
+    """Comparisons for every non-skipped case, in file order."""
+    return [compare(c) for c in cases if c.skipped is None]
+
+
+def summarize(comparisons: list[Comparison]) -> dict[str, dict[str, float]]:
+    """Per group: n, mean and max |error| of the headline metric, and of peak memory where measured."""
+    groups: dict[str, list[Comparison]] = {}
+    for c in comparisons:
+        groups.setdefault(c.case.group, []).append(c)
+    summary = {}
+    for name, items in groups.items():
+        errs = [abs(c.primary_error) for c in items if c.primary_error is not None]
+        mem = [abs(c.error["peak_memory"]) for c in items if "peak_memory" in c.error]
+        row = {"runs": float(len(items)), "metric": items[0].primary or "",
+               "mean_abs_error": sum(errs) / len(errs) if errs else float("nan"),
+               "max_abs_error": max(errs) if errs else float("nan"),
+               "predicted_not_to_fit": float(sum(not c.fits for c in items))}
+        if mem:
+            row["memory_mean_abs_error"] = sum(mem) / len(mem)
+            row["memory_max_abs_error"] = max(mem)
+        summary[name] = row
+    return summary

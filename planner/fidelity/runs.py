@@ -1,0 +1,260 @@
+"""Load published, measured training runs (benchmarks/published_runs.yaml schema) as planner inputs.
+
+Each row becomes a :class:`RunCase`: (ModelSpec, HardwareProfile, TrainingSpec, Layout, measured
+figures in SI units), plus the list of defaults it had to assume, or the reason it is skipped.
+The rules below are the ONLY defaults; each is applied to every row that leaves the field unknown
+and the row then lists it in ``assumptions`` (``plan3d accuracy`` prints them):
+
+- micro_batch unknown -> 1; vpp unknown -> 1 (plain 1F1B); recompute unknown -> full where the
+  source counts FLOPs with Narayanan's formula (which assumes full recomputation), else none;
+  sequence_parallel unknown -> off; zero_stage unknown -> 0 (Megatron DDP: the distributed
+  optimizer arrived in Megatron-LM in 2022); ffn_hidden unknown -> 4*hidden.
+- tp and pp unknown, dp known (Narayanan 2021 Table 2 gives only t*p): tp = 8 (one DGX node,
+  as every PTD-P layout of the paper's Table 1 from 18B up), pp = (gpus/dp)/8.
+- seq_len / vocab unknown (2020 Megatron README): 1024 / 51200, the GPT-2 context and Megatron's
+  padded GPT-2 vocabulary; with them the row's own iteration time and TFLOP/s agree under
+  Narayanan's formula to 0.1 % (tests/test_fidelity.py checks this).
+- flash attention: off for runs published before 2023 (2020-22 Megatron-LM had no flash
+  attention), on otherwise. fp16 for "mixed 16-bit" rows, else bf16.
+- gradient bytes: 2 for DeepSpeed ZeRO rows (fp16 grads, ZeRO paper's 2+2+12), FSDP "PURE"
+  bf16 rows (reduce dtype bf16) and fp16 Megatron-LM runs before 2022 (fp16 gradient buffer:
+  --accumulate-allreduce-grads-in-fp32 was off by default), else 4 (Megatron fp32 main grads,
+  as Korthikanti 2022's Fig. 1 18 B/param implies; FSDP default fp32 reduce).
+- overlap of the DP gradient reduce: off for Megatron-LM runs before 2023 (Korthikanti 2022:
+  "no overlap of gradient all-reduce with backprop"; --overlap-grad-reduce came in 2023), on for
+  ZeRO-3/FSDP (DeepSpeed overlap_comm, FSDP prefetch) and later runs.
+- Megatron-LM before 2023 also: blocking pipeline p2p in the interleaved schedule and
+  Narayanan's scatter/gather of p2p tensors (TrainingSpec overlap_p2p_comm / p2p_scatter_gather);
+  DeepSpeed ZeRO-3 gathers parameters per module, FSDP per layer (zero3_gather_unit).
+- Megatron-LM before 2022 (Narayanan 2021, the 2020 README): synchronous TP all-reduces in
+  backward (the f/g operators of Shoeybi 2019), no overlap with weight-gradient GEMMs
+  (TrainingSpec tp_backward_overlap); Korthikanti 2022's code overlaps them.
+- architecture: GeLU MLP, LayerNorm; Megatron-style rows (all but mosaic-*) with biases,
+  learned positions, dropout 0.1 and tied embeddings unless the row says "untied"; MPT rows
+  (llm-foundry defaults) without biases, ALiBi, dropout 0, tied embeddings.
+- FLOP convention of the source's TFLOP/s / MFU: by id prefix for the shipped sources (GROUPS);
+  a user row may tag its notes ``[flops=narayanan|korthikanti|mosaic]``, otherwise only its
+  iteration time and tokens/s are compared.
+- hardware: A100-SXM4-80GB -> dgx-a100-80g, A100 40GB -> dgx-a100-40g, A100 of unstated size
+  (2020) -> dgx-a100-40g, H100 -> dgx-h100; TPUs and anything else are skipped.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..catalog import read_yaml, resolve_hardware, validate
+from ..errors import UsageError
+from ..specs import HardwareProfile, Layout, ModelSpec, TrainingDefaults, TrainingSpec
+
+REPO_DATASET = Path(__file__).resolve().parents[2] / "benchmarks" / "published_runs.yaml"
+WHEEL_DATASET = Path(__file__).resolve().parents[1] / "_catalog" / "published_runs.yaml"
+
+# (id prefix, group shown in the report, FLOP convention of the source's TFLOP/s / MFU / HFU)
+GROUPS: tuple[tuple[str, str, str], ...] = (
+    ("megatron21-t1-", "Narayanan 2021 Table 1", "narayanan"),
+    ("megatron21-t2-zero3-", "Narayanan 2021 Table 2 ZeRO-3", "narayanan"),
+    ("megatron21-t2-ptd-", "Narayanan 2021 Table 2 PTD-P", "narayanan"),
+    ("korthikanti22-530b-2240gpu", "Korthikanti 2022 dp=8 (2240 GPUs)", "korthikanti"),
+    ("korthikanti22-", "Korthikanti 2022 Table 5", "korthikanti"),
+    ("megatron-readme2020-", "Megatron-LM README 2020", "narayanan"),
+    ("megatron-readme-h100-", "Megatron-LM README H100", "megatron"),
+    ("mosaic-", "MosaicML llm-foundry FSDP", "mosaic"),
+    ("vocabpar-", "Vocabulary Parallelism 1F1B baseline", "korthikanti"),
+    ("palm-", "PaLM", "palm"),
+    ("gopher-", "Gopher", "palm"),
+)
+FLOPS_TAG = re.compile(r"\[flops=(narayanan|korthikanti|mosaic)\]")
+
+
+@dataclass
+class RunCase:
+    """One published run as planner inputs. ``measured`` is in SI units (s, FLOP/s, fractions, bytes)."""
+
+    id: str
+    group: str
+    convention: str
+    source: str
+    gpus: int
+    measured: dict[str, float]
+    model: ModelSpec | None = None
+    hardware: HardwareProfile | None = None
+    training: TrainingSpec | None = None
+    layout: Layout | None = None
+    peak_key: str = "a100"
+    trust: str = "unknown"
+    assumptions: list[str] = field(default_factory=list)
+    skipped: str | None = None
+
+
+def default_dataset() -> Path:
+    """The shipped dataset: the repository's benchmarks/ copy, else the wheel's."""
+    for path in (REPO_DATASET, WHEEL_DATASET):
+        if path.is_file():
+            return path
+    raise UsageError("the shipped published_runs.yaml is missing from this installation")
+
+
+def load_runs(path: Path | None = None) -> list[RunCase]:
+    """All rows of a runs file, each a RunCase (skipped rows carry ``skipped``). UsageError if malformed."""
+    path = path or default_dataset()
+    rows = read_yaml(path)
+    if not isinstance(rows, list) or not rows:
+        raise UsageError(f"{path}: expected a non-empty list of runs")
+    cases = []
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict) or not isinstance(row.get("id"), str):
+            raise UsageError(f"{path}: entry {i + 1} has no 'id'")
+        try:
+            cases.append(_case(row))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise UsageError(f"{path}: run {row['id']}: malformed ({exc})") from None
+        except UsageError as exc:
+            raise UsageError(f"{path}: run {row['id']}: {exc}") from None
+    return cases
+
+
+TRUST_LEVELS = ("low", "medium", "high")
+
+
+def select_runs(cases: list[RunCase], exclude: list[str] | None = None,
+                min_trust: str | None = None) -> list[RunCase]:
+    """Cases whose id matches none of the ``exclude`` globs and whose trust tag is >= ``min_trust``."""
+    from fnmatch import fnmatch
+    if min_trust is not None and min_trust not in TRUST_LEVELS:
+        raise UsageError(f"--min-trust must be one of {', '.join(TRUST_LEVELS)}, got {min_trust!r}")
+    floor = TRUST_LEVELS.index(min_trust) if min_trust else -1
+    return [c for c in cases if not any(fnmatch(c.id, pat) for pat in exclude or ())
+            and (floor < 0 or (c.trust in TRUST_LEVELS and TRUST_LEVELS.index(c.trust) >= floor))]
+
+
+def _group(row: dict) -> tuple[str, str]:
+    for prefix, group, convention in GROUPS:
+        if row["id"].startswith(prefix):
+            return group, convention
+    tag = FLOPS_TAG.search(str(row.get("notes") or ""))
+    return str(row.get("source") or "user runs").split(",")[0][:60], tag.group(1) if tag else "none"
+
+
+def _measured(m: dict) -> dict[str, float]:
+    scale = {"tflops_per_gpu": 1e12, "mfu_percent": 1e-2, "hfu_percent": 1e-2, "tokens_per_s": 1.0,
+             "iteration_s": 1.0, "peak_memory_gb": 1e9}
+    names = {"tflops_per_gpu": "flops_per_gpu", "mfu_percent": "mfu", "hfu_percent": "hfu",
+             "tokens_per_s": "tokens_per_s", "iteration_s": "iteration_s", "peak_memory_gb": "peak_memory"}
+    return {names[k]: float(v) * scale[k] for k, v in (m or {}).items() if k in scale and v is not None}
+
+
+def _hardware(gpu: str, notes: list[str]) -> tuple[str | None, str]:
+    """(profile name or None, peak key) for a row's GPU string."""
+    g = gpu.upper()
+    if "H100" in g:
+        return "dgx-h100", "h100"
+    if "A100" in g:
+        if "NOT STATED" in g:
+            notes.append("A100 40GB (size unstated)")
+            return "dgx-a100-40g", "a100"
+        return ("dgx-a100-40g" if "40" in g else "dgx-a100-80g"), "a100"
+    return None, "a100"
+
+
+def _year(source: str) -> int | None:
+    match = re.search(r"\b(19|20)\d{2}\b", source)
+    return int(match.group(0)) if match else None
+
+
+def _case(row: dict) -> RunCase:
+    group, convention = _group(row)
+    hw_row, model_row, lay = row["hardware"], row["model"], row["layout"]
+    source, notes_text = str(row.get("source") or ""), str(row.get("notes") or "")
+    case = RunCase(id=row["id"], group=group, convention=convention, source=source,
+                   gpus=int(hw_row.get("gpus") or 0), measured=_measured(row.get("measured")))
+    trust = re.search(r"\[trust=(\w+)\]", notes_text)
+    case.trust = trust.group(1) if trust else "unknown"
+    profile, case.peak_key = _hardware(str(hw_row.get("gpu") or ""), case.assumptions)
+    if profile is None:
+        case.skipped = f"hardware not modelled by plan3d ({hw_row.get('gpu')})"
+        return case
+    if any(model_row.get(k) is None for k in ("layers", "hidden", "heads")):
+        case.skipped = "architecture not given (layers/hidden/heads only in the source's images)"
+        return case
+    if lay.get("dp") is None and (lay.get("tp") is None or lay.get("pp") is None):
+        case.skipped = "parallel layout not given"
+        return case
+    if (lay.get("cp") or 1) > 1 or (lay.get("ep") or 1) > 1:
+        case.skipped = "context/expert parallelism not modelled by this comparison"
+        return case
+    case.hardware = resolve_hardware(profile)
+    assume = case.assumptions.append
+    year = _year(source)
+    pre_2023 = year is not None and year < 2023
+
+    seq, vocab = model_row.get("seq_len"), model_row.get("vocab")
+    if seq is None:
+        seq = 1024
+        assume("seq_len=1024")
+    if vocab is None:
+        vocab = 51200
+        assume("vocab=51200")
+    h = int(model_row["hidden"])
+    ffn = model_row.get("ffn_hidden")
+    if ffn is None:
+        ffn = 4 * h
+        assume("ffn=4h")
+    megatron = not case.id.startswith("mosaic-")
+    case.model = validate(ModelSpec, dict(
+        name=case.id, source=source or "user run", num_layers=int(model_row["layers"]), hidden_size=h,
+        num_attention_heads=int(model_row["heads"]),
+        num_kv_heads=int(model_row.get("kv_heads") or model_row["heads"]), ffn_hidden_size=int(ffn),
+        vocab_size=int(vocab), activation="gelu",
+        # Megatron GPT ties input/output embeddings by default; the vocab-parallel paper unties them.
+        tie_embeddings="untied" not in str(model_row.get("arch_notes") or "").lower(),
+        norm="layernorm", bias=megatron, position_embedding="learned" if megatron else "alibi",
+        max_position_embeddings=int(seq), dropout=0.1 if megatron else 0.0,
+        training=TrainingDefaults(seq_length=int(seq), global_batch_size=int(lay["global_batch"]))),
+        f"run {case.id} model")
+
+    tp, pp, dp = lay.get("tp"), lay.get("pp"), lay.get("dp")
+    if tp is None or pp is None:
+        mp = case.gpus // int(dp)
+        tp, pp = 8, mp // 8
+        assume(f"tp=8,pp={pp} (tp*pp={mp})")
+    dp = int(dp) if dp is not None else case.gpus // (int(tp) * int(pp))
+    # Narayanan's FLOP formula assumes full recomputation, so a source counting with it ran it.
+    defaults = {"micro_batch": 1, "vpp": 1,
+                "recompute": "full" if convention == "narayanan" else "none",
+                "sequence_parallel": False, "zero_stage": 0}
+    value = {}
+    for key, default in defaults.items():
+        raw = lay.get(key)
+        if raw is None or (key == "zero_stage" and not isinstance(raw, int)):
+            value[key] = default
+            moot = (key == "vpp" and int(pp) == 1) or (key == "zero_stage" and dp == 1)
+            if not moot:  # a default that cannot change the prediction is not an assumption
+                assume(f"{key}={default}")
+        else:
+            value[key] = raw
+    case.layout = validate(Layout, dict(
+        tp=int(tp), pp=int(pp), dp=dp, zero_stage=int(value["zero_stage"]),
+        micro_batch_size=int(value["micro_batch"]), recompute=value["recompute"],
+        sequence_parallel=bool(value["sequence_parallel"]), vpp=int(value["vpp"])), f"run {case.id} layout")
+
+    deepspeed = "deepspeed" in notes_text.lower()
+    # fp16 Megatron-LM before 2022 reduced fp16 gradients (--accumulate-allreduce-grads-in-fp32 off).
+    fp16_grads = "mixed 16-bit" in notes_text and year is not None and year < 2022
+    pure_bf16 = "(PURE)" in notes_text
+    case.training = validate(TrainingSpec, dict(
+        seq_length=int(seq), global_batch_size=int(lay["global_batch"]),
+        dtype="fp16" if "mixed 16-bit" in notes_text else "bf16",
+        grad_bytes=2 if (deepspeed or pure_bf16 or fp16_grads) else 4,
+        flash_attention=not pre_2023,
+        overlap_grad_reduce=not pre_2023 or case.layout.zero_stage >= 3,
+        overlap_p2p_comm=not pre_2023, p2p_scatter_gather=pre_2023,
+        zero3_gather_unit="module" if deepspeed else "layer",
+        tp_backward_overlap=year is None or year >= 2022), f"run {case.id} training")
+    if pre_2023:
+        assume("no flash-attn (<2023)")
+    if case.layout.tp * case.layout.pp * case.layout.dp != case.gpus:
+        raise UsageError(f"tp*pp*dp = {case.layout.gpus} but gpus = {case.gpus}")
+    return case
