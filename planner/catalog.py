@@ -30,8 +30,8 @@ def catalog_dir(kind: str) -> Path:
     raise UsageError(f"the {kind} catalog is missing from this installation")
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that rejects a mapping with the same key twice (YAML would keep the last)."""
+class _UniqueKeys:
+    """Loader mixin that rejects a mapping with the same key twice (YAML would keep the last)."""
 
     def construct_mapping(self, node, deep=False):
         seen = set()
@@ -42,6 +42,14 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                     None, None, f"duplicate key {key!r}", key_node.start_mark)
             seen.add(key)
         return super().construct_mapping(node, deep)
+
+
+class _UniqueKeyLoader(_UniqueKeys, yaml.SafeLoader):
+    """SafeLoader that rejects a mapping with the same key twice (YAML would keep the last)."""
+
+
+_FAST_LOADER = type("_CUniqueKeyLoader", (_UniqueKeys, yaml.CSafeLoader), {}) \
+    if hasattr(yaml, "CSafeLoader") else _UniqueKeyLoader
 
 
 def read_yaml(path: Path) -> object:
@@ -58,7 +66,13 @@ def read_yaml(path: Path) -> object:
     if not text.strip():
         raise UsageError(f"{path} is empty")
     try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
+        # libyaml's parser when PyYAML has it (~10x faster on the catalog, same safe subset and
+        # duplicate-key check); a file it rejects is parsed again by the pure-Python loader,
+        # whose error message (and line, column) is the one reported
+        try:
+            return yaml.load(text, Loader=_FAST_LOADER)  # noqa: S506 (a SafeLoader subclass)
+        except yaml.YAMLError:
+            return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""

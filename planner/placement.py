@@ -79,26 +79,31 @@ def rank_grid(tp: int, cp: int, dp: int, pp: int, order: str) -> dict[str, np.nd
 
 
 def place(plan: Plan, order: str = "megatron") -> Placement:
-    """The Placement of ``plan``'s layout (cp = 1: plan3d layouts have no context parallelism)."""
+    """The Placement of ``plan``'s layout (tp, cp, dp, pp)."""
     lay = plan.layout
     gpn = plan.hardware.gpus_per_node
-    groups = rank_grid(lay.tp, 1, lay.dp, lay.pp, order)
+    groups = rank_grid(lay.tp, lay.cp, lay.dp, lay.pp, order)
     node = np.arange(plan.gpus) // gpn
-    return Placement(order, gpn, {"tp": lay.tp, "cp": 1, "dp": lay.dp, "pp": lay.pp}, groups, node)
+    return Placement(order, gpn, {"tp": lay.tp, "cp": lay.cp, "dp": lay.dp, "pp": lay.pp}, groups,
+                     node)
 
 
 def cost_model_check(plan: Plan, pl: Placement) -> dict[str, dict[str, object]]:
     """Compare the enumerated groups with what the cost model assumed.
 
     The cost model (planner.cost.collectives.placement, formulas.md 5.3) takes TP groups as
-    (n_local, n_nodes) = placement(tp, stride 1) and DP groups as placement(dp, stride tp), and
-    treats pipeline p2p as crossing nodes iff tp*dp*pp > G. Returns per dim the assumed and the
+    (n_local, n_nodes) = placement(tp, stride 1) and DP groups as placement(dp, stride tp*cp),
+    CP rings as placement(cp, stride tp) (crossing nodes iff tp*cp > G), and treats pipeline p2p
+    as crossing nodes iff tp*cp*dp*pp > G. Returns per dim the assumed and the
     enumerated values (for every group) and whether they agree.
     """
     from .cost.collectives import placement as assumed
     lay, G = plan.layout, pl.gpus_per_node
     result: dict[str, dict[str, object]] = {}
-    for dim, size, stride in (("tp", lay.tp, 1), ("dp", lay.dp, lay.tp)):
+    checks = [("tp", lay.tp, 1), ("dp", lay.dp, lay.tp * lay.cp)]
+    if lay.cp > 1:
+        checks.append(("cp", lay.cp, lay.tp))
+    for dim, size, stride in checks:
         a_local, a_nodes = assumed(np.array([size]), np.array([stride]), G)
         local, nodes = pl.span(dim)
         result[dim] = {"assumed_ranks_per_node": int(a_local[0]), "assumed_nodes": int(a_nodes[0]),
@@ -109,7 +114,7 @@ def cost_model_check(plan: Plan, pl: Placement) -> dict[str, dict[str, object]]:
     pg = pl.groups["pp"]
     boundary_cross = pl.node[pg[:, 1:]] != pl.node[pg[:, :-1]] if lay.pp > 1 else np.zeros((1, 0), bool)
     any_cross = bool(boundary_cross.any())
-    assumed_cross = lay.pp > 1 and lay.tp * lay.dp * lay.pp > G
+    assumed_cross = lay.pp > 1 and lay.tp * lay.cp * lay.dp * lay.pp > G
     result["pp"] = {"assumed_p2p_crosses_nodes": assumed_cross, "p2p_crosses_nodes": any_cross,
                     "crossing_boundaries": int(boundary_cross.sum()),
                     "boundaries": int(boundary_cross.size), "agrees": assumed_cross == any_cross}

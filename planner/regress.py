@@ -130,7 +130,7 @@ def _evaluate(case: Case) -> dict[str, Scalar]:
                     SearchOptions(**opts, allow_cross_node_tp=case.allow_cross_node_tp))
     ranked = result.ranked
     values: dict[str, Scalar] = {"search.enumerated": int(result.enumerated),
-                                 "search.fitting": len(ranked)}
+                                 "search.fitting": int(result.fitting)}
     values.update({f"search.pruned.{rule}": int(n) for rule, n in result.pruned.items()})
     width = len(str(top))
     for i in range(min(top, len(ranked))):

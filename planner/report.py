@@ -25,6 +25,7 @@ TIME_LABELS = {
     "compute": "compute (GEMMs, attention, elementwise)",
     "recompute": "activation recomputation",
     "tp_comm": "TP/SP communication (exposed)",
+    "cp_comm": "CP ring communication (exposed)",
     "pp_comm": "pipeline p2p (exposed)",
     "dp_comm": "DP/ZeRO communication (exposed)",
     "bubble": "pipeline bubble",
@@ -64,6 +65,9 @@ def search_table(result: SearchResult, top: int) -> None:
     for col in ("#", "tp", "pp", "dp", "zero", "mbs", "vpp", "recompute", "SP",
                 "mem/GPU", "step", "tokens/s", "TFLOP/s/GPU", "MFU", "bubble"):  # noqa: E501
         table.add_column(col, justify="left" if col == "recompute" else "right")
+    extra = _extra_columns(est)
+    for col in extra:
+        table.add_column(col, justify="right")
     c = est.candidates
     for i in range(n):
         lay = c.layout(i)
@@ -76,9 +80,31 @@ def search_table(result: SearchResult, top: int) -> None:
             _seconds(est.time["step"][i]), f"{est.throughput['tokens_per_s'][i]:,.0f}",
             f"{est.throughput['model_tflops_per_gpu'][i]:.0f}",
             f"{est.throughput['mfu'][i] * 100:.1f}%",
-            f"{est.time['bubble_fraction'][i] * 100:.1f}%")
+            f"{est.time['bubble_fraction'][i] * 100:.1f}%", *(f(i) for f in extra.values()))
     out.print(table)
     out.print(explain(result))
+
+
+def _extra_columns(est: Estimate) -> dict:
+    """Columns shown only when they say something: GPUs (when the search picked the count),
+    time to train and cost (when a token budget / a price was given)."""
+    c, th = est.candidates, est.throughput
+    gpus = c.tp * c.cp * c.pp * c.dp
+    cols = {}
+    if (c.cp > 1).any():
+        cols["cp"] = lambda i: str(int(c.cp[i]))
+    if c.distributed_optimizer.any():
+        cols["distopt"] = lambda i: "yes" if c.distributed_optimizer[i] else "no"
+    if (c.first_stage_layers > 0).any():
+        cols["pp split"] = lambda i: (f"{int(c.first_stage_layers[i])}+..+{int(c.last_stage_layers[i])}"
+                                      if c.first_stage_layers[i] > 0 else "even")
+    if len(set(gpus.tolist())) > 1:
+        cols["GPUs"] = lambda i: f"{int(gpus[i]):,}"
+    if "time_to_train_s" in th:
+        cols["train"] = lambda i: f"{th['time_to_train_s'][i] / 86400:.1f} d"
+    if "cost" in th:
+        cols["cost"] = lambda i: f"{th['cost'][i]:,.0f}"
+    return cols
 
 
 def explain(result: SearchResult) -> str:
@@ -106,7 +132,7 @@ def explain(result: SearchResult) -> str:
             lines.append(f"Runner-up ({differs}) is {(step[1] / step[0] - 1) * 100:.2f}% slower, "
                          f"mostly {TIME_LABELS[worst]} (+{_seconds(max(diffs[worst], 0.0))}).")
     pruned = "; ".join(f"{v:,} by '{k}'" for k, v in result.pruned.items() if v)
-    lines.append(f"Searched {result.enumerated:,} layouts, {len(est):,} fit. Pruned: {pruned or 'none'}.")
+    lines.append(f"Searched {result.enumerated:,} layouts, {result.fitting:,} fit. Pruned: {pruned or 'none'}.")
     return "\n".join(lines)
 
 

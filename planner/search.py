@@ -1,28 +1,46 @@
 """Enumerate -> prune (divisibility, topology, fit) -> evaluate -> rank -> explain.
 
-The space is built as numpy arrays (space.product), pruned by named masks (space.constraint_masks)
-and evaluated in one vectorized call of the cost model. No Python loop over candidates.
+The space is a broadcast grid of numpy arrays (planner.grid), pruned by named masks
+(space.constraint_masks) and evaluated by the vectorized cost model in blocks of about CHUNK
+layouts; each block keeps only its best. No Python loop over candidates.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from . import objective
 from .cost import Estimate, evaluate
+from .cost.pipeline import uneven_split
 from .errors import NoFitError, UsageError
-from .space import Candidates, constraint_masks, divisors, product
+from .grid import Grid, full, parallel_splits
+from .space import Candidates, constraint_masks, divisors
 from .specs import RECOMPUTE_CODES, HardwareProfile, Layout, ModelSpec, TrainingSpec
 
 MAX_GPUS = 1_000_000
 FIT_RULE = "does not fit in HBM"
 
 
+CHUNK = 65_536  # layouts per evaluated block: big enough for numpy, small enough for the cache
+KEEP = 256  # fitting layouts kept, best first, for the tables, the runner-up and exports
+
+
 @dataclass(frozen=True)
 class SearchOptions:
-    """Pins (a single allowed value) and bounds of the search dimensions; None = free."""
+    """Pins (a single allowed value) and bounds of the search dimensions; None = free.
+
+    The distributed optimizer costs what ZeRO-1 costs (planner.cost.context), so unless pinned
+    the search leaves it off and ZeRO-1 stands for both.
+
+    ``objective``: throughput | time-to-train | cost (planner.objective); ``tokens`` overrides
+    the model's training token budget; ``price_per_gpu_hour`` prices cost. ``max_gpus``: use at
+    most this many GPUs in whole nodes, the search also picks the count. ``headroom_bytes`` /
+    ``headroom_fraction``: memory per GPU that a layout must leave free.
+    """
 
     tp: int | None = None
     pp: int | None = None
@@ -32,28 +50,45 @@ class SearchOptions:
     recompute: str | None = None
     sequence_parallel: bool | None = None
     vpp: int | None = None
+    cp: int | None = None
+    distributed_optimizer: bool | None = None
     max_tp: int | None = None
     max_pp: int | None = None
     max_micro_batch_size: int = 64
     max_vpp: int = 16
+    max_cp: int = 16
     allow_cross_node_tp: bool = False
+    objective: str = "throughput"
+    tokens: float | None = None
+    price_per_gpu_hour: float | None = None
+    max_gpus: int | None = None
+    headroom_bytes: float = 0.0
+    headroom_fraction: float = 0.0
+    keep: int = KEEP
 
     def __post_init__(self) -> None:
         for pin, bound, name in ((self.tp, self.max_tp, "tp"), (self.pp, self.max_pp, "pp"),
                                  (self.micro_batch_size, self.max_micro_batch_size, "micro-batch-size"),
-                                 (self.vpp, self.max_vpp, "vpp")):
+                                 (self.vpp, self.max_vpp, "vpp"), (self.cp, self.max_cp, "cp")):
             if pin is not None and bound is not None and pin > bound:
                 raise UsageError(f"--{name} {pin} contradicts --max-{name} {bound}")
 
 
 @dataclass
 class SearchResult:
-    """Fitting layouts ranked best first, and what was pruned (rule -> count, in order applied)."""
+    """Fitting layouts ranked best first (the best ``keep``), and what was pruned.
+
+    ``pruned``: rule -> count, in the order applied; ``enumerated``: layouts in the space (all
+    evaluated by the cost model, the invalid ones masked); ``fitting``: valid layouts that fit.
+    """
 
     ranked: Estimate
     enumerated: int
     pruned: dict[str, int] = field(default_factory=dict)
     closest_miss: Estimate | None = None
+    fitting: int = 0
+    objective: str = "throughput"
+    seconds: float = 0.0
 
 
 def _axis(values: np.ndarray, pin: int | None, upper: int | None = None) -> np.ndarray:
@@ -64,20 +99,36 @@ def _axis(values: np.ndarray, pin: int | None, upper: int | None = None) -> np.n
     return values.astype(np.int64)
 
 
-def enumerate_space(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: int,
-                    opts: SearchOptions) -> Candidates:
-    """All combinations of the free dimensions with dp = gpus / (tp * pp) integral.
+def build_grid(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: int | None,
+               opts: SearchOptions) -> Grid:
+    """The space as a broadcast grid (planner.grid): parallel splits x knob axes.
 
-    tp: powers of two up to the node (up to gpus with --allow-cross-node-tp); pp: divisors of the
-    layer count; zero_stage 0-3; micro_batch_size: divisors of the global batch up to
+    tp: powers of two up to the node (up to the GPU count with --allow-cross-node-tp); cp:
+    powers of two up to ``max_cp``; pp: divisors of the layer count, and powers of two up to it
+    with an uneven split (cost.pipeline.uneven_split; a pinned pp is taken as given); dp = gpus/(tp*cp*pp), or
+    with ``max_gpus`` every divisor of the global batch (no other dp splits it) such that
+    tp*cp*pp*dp is whole nodes within the budget;
+    zero_stage 0-3; micro_batch_size: divisors of the global batch up to
     ``max_micro_batch_size``; recompute none/selective/full; SP on/off; vpp: divisors of the
-    layer count up to ``max_vpp``.
+    layer count up to ``max_vpp``; distributed optimizer off unless pinned.
     """
-    top = gpus if opts.allow_cross_node_tp else min(hw.gpus_per_node, gpus)
-    tps = 2 ** np.arange(0, int(np.log2(max(top, 1))) + 1)
-    axes = dict(
-        tp=_axis(tps, opts.tp, opts.max_tp),
-        pp=_axis(divisors(model.num_layers), opts.pp, opts.max_pp),
+    budget = opts.max_gpus if opts.max_gpus is not None else gpus
+    top = budget if opts.allow_cross_node_tp else min(hw.gpus_per_node, budget)
+    tps = _axis(2 ** np.arange(0, int(np.log2(max(top, 1))) + 1), opts.tp, opts.max_tp)
+    L = model.num_layers  # pp: divisors of L (even splits), powers of two up to L (uneven splits)
+    pps = np.union1d(divisors(L), 2 ** np.arange(0, int(np.log2(L)) + 1))
+    pps = _axis(pps[uneven_split(L, pps)[0] >= 0], opts.pp, opts.max_pp)
+    cps = _axis(2 ** np.arange(0, int(np.log2(max(opts.max_cp, 1))) + 1), opts.cp)
+    if opts.max_gpus is None:
+        split = parallel_splits(tps, pps, gpus=gpus, cps=cps, num_layers=L)
+    else:
+        dps = _axis(divisors(training.global_batch_size), opts.dp)
+        split = parallel_splits(tps, pps, dps=dps, max_gpus=opts.max_gpus,
+                                gpus_per_node=hw.gpus_per_node, cps=cps, num_layers=L)
+    if opts.dp is not None:
+        keep = split["dp"] == opts.dp
+        split = {k: v[keep] for k, v in split.items()}
+    knobs = dict(
         zero_stage=_axis(np.arange(4), opts.zero_stage),
         micro_batch_size=_axis(divisors(training.global_batch_size), opts.micro_batch_size,
                                opts.max_micro_batch_size),
@@ -85,84 +136,164 @@ def enumerate_space(model: ModelSpec, hw: HardwareProfile, training: TrainingSpe
         sequence_parallel=np.array([False, True]) if opts.sequence_parallel is None
         else np.array([opts.sequence_parallel]),
         vpp=_axis(divisors(model.num_layers), opts.vpp, opts.max_vpp),
+        distributed_optimizer=np.array([bool(opts.distributed_optimizer)]),
     )
-    grid = product(**axes)
-    keep = gpus % (grid["tp"] * grid["pp"]) == 0
-    grid = {k: v[keep] for k, v in grid.items()}
-    dp = gpus // (grid["tp"] * grid["pp"])
-    if opts.dp is not None:
-        keep = dp == opts.dp
-        grid = {k: v[keep] for k, v in grid.items()}
-        dp = dp[keep]
-    return Candidates(dp=dp, **grid)
+    return Grid(split, knobs)
 
 
-def check_inputs(gpus: int, hw: HardwareProfile) -> None:
+def enumerate_space(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: int,
+                    opts: SearchOptions) -> Candidates:
+    """The whole space of ``build_grid`` written out as flat Candidates (for tests and tools)."""
+    grid = build_grid(model, hw, training, gpus, opts)
+    return grid.flat(np.arange(grid.size))
+
+
+def check_inputs(gpus: int, hw: HardwareProfile, flag: str = "--gpus") -> None:
     """Reject GPU counts that are non-positive, absurd, or not whole nodes (UsageError)."""
     if gpus <= 0:
-        raise UsageError(f"--gpus must be positive, got {gpus}")
+        raise UsageError(f"{flag} must be positive, got {gpus}")
     if gpus > MAX_GPUS:
-        raise UsageError(f"--gpus {gpus} is beyond what plan3d models (at most {MAX_GPUS:,})")
+        raise UsageError(f"{flag} {gpus} is beyond what plan3d models (at most {MAX_GPUS:,})")
     g = hw.gpus_per_node
     if gpus > g and gpus % g:
-        raise UsageError(f"--gpus {gpus} is not a whole number of {g}-GPU nodes of {hw.name}; "
+        raise UsageError(f"{flag} {gpus} is not a whole number of {g}-GPU nodes of {hw.name}; "
                          f"use a multiple of {g}")
 
 
-def search(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: int,
-           opts: SearchOptions = SearchOptions()) -> SearchResult:
-    """Rank every valid layout that fits, by predicted tokens/s (ties: less memory first).
+@dataclass
+class Scan:
+    """What one pass over a grid keeps: counts per rule, the best ``keep`` of each block (score
+    and flat index into the grid), and the closest miss when nothing fits."""
 
-    Raises UsageError when no layout can use these GPUs/batch at all (the rule that removed the
-    last candidates is named), NoFitError when valid layouts exist but none fits in HBM (with
-    the closest miss and what would make it fit).
+    pruned: dict[str, int] = field(default_factory=dict)
+    alive_after: dict[str, int] = field(default_factory=dict)
+    pool_score: list = field(default_factory=list)
+    pool_index: list = field(default_factory=list)
+    miss_index: int = -1
+    fitting: int = 0
+
+
+def scan(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, grid: Grid,
+         opts: SearchOptions, usable: float, tokens: float | None) -> Scan:
+    """Evaluate ``grid`` in blocks of about CHUNK layouts: rules, fit within ``usable`` bytes,
+    score by the objective, keep each block's best. Cost grows linearly with grid.size."""
+    out = Scan()
+    pruned, alive_after = out.pruned, out.alive_after
+    miss_over = np.inf
+    per_row = grid.size // max(grid.shape[0], 1)
+    rows = grid.rows_per_chunk(CHUNK)
+    for lo in range(0, grid.shape[0], rows):
+        hi = min(lo + rows, grid.shape[0])
+        shape = (hi - lo, *grid.shape[1:])
+        c = grid.candidates(lo, hi)
+        alive = np.ones(shape, dtype=bool)
+        n_alive = alive.size
+        for rule, ok in constraint_masks(model, training, hw.gpus_per_node, c,
+                                         opts.allow_cross_node_tp).items():
+            alive &= ok
+            left = int(np.count_nonzero(alive))
+            pruned[rule] = pruned.get(rule, 0) + n_alive - left
+            alive_after[rule] = alive_after.get(rule, 0) + left
+            n_alive = left
+        if n_alive == 0:
+            continue
+        est = evaluate(model, hw, training, c, summary=True)
+        total = full(est.memory["total"], shape)
+        ok = alive & (total <= usable)
+        index = np.flatnonzero(ok)
+        n_ok = index.size
+        out.fitting += n_ok
+        pruned[FIT_RULE] = pruned.get(FIT_RULE, 0) + n_alive - n_ok
+        if n_ok == 0:
+            over = np.where(alive.ravel(), total.ravel() - usable, np.inf)
+            j = int(np.argmin(over))
+            if over[j] < miss_over:
+                miss_over, out.miss_index = float(over[j]), lo * per_row + j
+            continue
+        gpus_here = c.tp * c.cp * c.pp * c.dp
+        score = objective.score(opts.objective, est.throughput["tokens_per_s"], gpus_here,
+                                tokens, opts.price_per_gpu_hour)
+        score = np.broadcast_to(score, shape)[ok]  # the fitting ones, in flat (C) order
+        k = min(opts.keep, n_ok)
+        best = np.argpartition(score, n_ok - k)[n_ok - k:]
+        out.pool_score.append(score[best])
+        out.pool_index.append(index[best] + lo * per_row)
+    pruned.setdefault(FIT_RULE, 0)
+    return out
+
+
+def search(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: int | None,
+           opts: SearchOptions = SearchOptions()) -> SearchResult:
+    """Rank every valid layout that fits by the objective (ties: less memory first).
+
+    ``gpus`` fixes the count; with ``opts.max_gpus`` (and gpus None) the count is searched too.
+    The grid is evaluated in blocks of about CHUNK layouts; each block keeps its best ``keep``,
+    which are re-evaluated as flat arrays at the end. Raises UsageError when no layout can use
+    these GPUs/batch at all (the rule that removed the last candidates is named), NoFitError
+    when valid layouts exist but none fits in HBM (with the closest miss).
     """
-    check_inputs(gpus, hw)
-    space = enumerate_space(model, hw, training, gpus, opts)
-    enumerated = len(space)
-    pruned: dict[str, int] = {}
-    if enumerated == 0:
-        raise UsageError(_no_split_message(model, hw, gpus, opts))
-    alive = np.ones(enumerated, dtype=bool)
-    last_rule = ""
-    for rule, ok in constraint_masks(model, training, hw.gpus_per_node, space,
-                                     opts.allow_cross_node_tp).items():
-        removed = alive & ~ok
-        pruned[rule] = int(removed.sum())
-        if removed.any() and not (alive & ok).any():
-            last_rule = rule
-        alive &= ok
-    if not alive.any():
-        raise UsageError(_nothing_valid_message(model, training, gpus, last_rule, space))
-    est = evaluate(model, hw, training, space.take(alive))
-    fits = est.fits
-    pruned[FIT_RULE] = int((~fits).sum())
-    if not fits.any():
-        over = est.memory["total"] - est.memory["capacity"]
-        miss = est.take(np.array([int(np.argmin(over))]))
-        raise NoFitError(_no_fit_message(model, hw, gpus, miss))
-    ok = est.take(fits)
-    # Best throughput first; exact ties: the lower ZeRO stage (less traffic), then less memory.
-    order = np.lexsort((ok.memory["total"], ok.candidates.zero_stage, -ok.throughput["tokens_per_s"]))
-    return SearchResult(ranked=ok.take(order), enumerated=enumerated, pruned=pruned)
+    started = time.perf_counter()
+    tokens = opts.tokens if opts.tokens is not None else training.tokens
+    objective.check(opts.objective, tokens if opts.objective != "throughput" else 1.0,
+                    opts.price_per_gpu_hour)
+    if opts.max_gpus is not None:
+        check_inputs(opts.max_gpus, hw, "--max-gpus")
+    elif gpus is None:
+        raise UsageError("give a GPU count (--gpus) or a budget (--max-gpus)")
+    else:
+        check_inputs(gpus, hw)
+    grid = build_grid(model, hw, training, gpus, opts)
+    if grid.size == 0:
+        raise UsageError(_no_split_message(model, hw, gpus or opts.max_gpus, opts))
+    usable = objective.usable_memory(float(hw.gpu.hbm_capacity), opts.headroom_bytes,
+                                     opts.headroom_fraction)
+    passed = scan(model, hw, training, grid, opts, usable, tokens)
+    if passed.fitting == 0:
+        if passed.miss_index < 0:
+            rule = next((r for r, n in passed.alive_after.items() if n == 0), "")
+            raise UsageError(_nothing_valid_message(model, training, gpus or opts.max_gpus, rule,
+                                                    grid))
+        miss = evaluate(model, hw, training, grid.flat(np.array([passed.miss_index])))
+        raise NoFitError(_no_fit_message(model, hw, miss.candidates.layout(0).gpus, miss, usable))
+    scores, index = np.concatenate(passed.pool_score), np.concatenate(passed.pool_index)
+    top = np.argsort(-scores, kind="stable")[:opts.keep]
+    est = evaluate(model, hw, training, grid.flat(np.sort(index[top])))
+    cand = est.candidates
+    gpus_flat = (cand.tp * cand.cp * cand.pp * cand.dp).astype(np.float64)
+    if opts.objective != "throughput" or opts.tokens is not None:  # asked for: time, cost
+        objective.annotate(est.throughput, gpus_flat, tokens, opts.price_per_gpu_hour)
+    score = objective.score(opts.objective, est.throughput["tokens_per_s"], gpus_flat, tokens,
+                            opts.price_per_gpu_hour)
+    # Best first; exact ties: the lower ZeRO stage (less traffic), then less memory.
+    order = np.lexsort((est.memory["total"], cand.zero_stage, -score))
+    return SearchResult(ranked=est.take(order), enumerated=grid.size, pruned=passed.pruned,
+                        fitting=passed.fitting, objective=opts.objective,
+                        seconds=time.perf_counter() - started)
 
 
 def _no_split_message(model: ModelSpec, hw: HardwareProfile, gpus: int, opts: SearchOptions) -> str:
-    if None not in (opts.tp, opts.pp, opts.dp) and opts.tp * opts.pp * opts.dp != gpus:
-        return f"tp*pp*dp = {opts.tp * opts.pp * opts.dp} but --gpus is {gpus}"
+    if None not in (opts.tp, opts.pp, opts.dp):
+        n = opts.tp * opts.pp * opts.dp * (opts.cp or 1)
+        if opts.cp is not None and n != gpus:
+            return f"tp*cp*pp*dp = {n} but --gpus is {gpus}"
+        if opts.cp is None and n != gpus:
+            more = "" if n > gpus else f" (and no cp up to {opts.max_cp} makes up the rest)"
+            return f"tp*pp*dp = {n} but --gpus is {gpus}{more}"
     if opts.dp is not None and gpus % opts.dp:
         return f"--dp {opts.dp} does not divide {gpus} GPUs"
-    pins = ", ".join(f"{k}={getattr(opts, k)}" for k in ("tp", "pp", "dp") if getattr(opts, k) is not None)
+    pins = ", ".join(f"{k}={getattr(opts, k)}" for k in ("tp", "cp", "pp", "dp")
+                     if getattr(opts, k) is not None)
     pinned = f" with {pins}" if pins else ""
     return (f"no layout of {model.name} can use {gpus} GPUs{pinned}: tp (a power of two up to "
-            f"{hw.gpus_per_node}) times pp (a divisor of {model.num_layers} layers) must divide {gpus}")
+            f"{hw.gpus_per_node}) times cp times pp (a divisor of {model.num_layers} layers) must "
+            f"divide {gpus}")
 
 
 def _nothing_valid_message(model: ModelSpec, training: TrainingSpec, gpus: int, rule: str,
-                           space: Candidates) -> str:
+                           grid: Grid) -> str:
     if rule == "global batch divisible by dp*micro_batch_size":
-        dps = sorted(set(space.dp.tolist()))
-        mbs = sorted(set(space.micro_batch_size.tolist()))
+        dps = sorted(set(grid.split["dp"].tolist()))
+        mbs = sorted(set(grid.knobs["micro_batch_size"].tolist()))
         if len(mbs) == 1 and any(training.global_batch_size % d == 0 for d in dps):
             return (f"--micro-batch-size {mbs[0]} does not divide the per-replica batch "
                     f"{training.global_batch_size}/dp for any dp in {{{', '.join(map(str, dps))}}}")
@@ -172,49 +303,60 @@ def _nothing_valid_message(model: ModelSpec, training: TrainingSpec, gpus: int, 
     return f"no layout of {model.name} on {gpus} GPUs passes the rule '{rule}'"
 
 
-def _no_fit_message(model: ModelSpec, hw: HardwareProfile, gpus: int, miss: Estimate) -> str:
-    """The closest miss, its largest memory term, and the remedy that targets that term."""
+def _no_fit_message(model: ModelSpec, hw: HardwareProfile, gpus: int, miss: Estimate,
+                    usable: float | None = None) -> str:
+    """The closest miss, its largest memory term, and the remedy that targets that term.
+    ``usable``: the bytes a layout may use (capacity less the --min-memory-headroom)."""
     gib = 2.0**30
     mem = {k: float(v[0]) for k, v in miss.memory.items()}
     total, cap = mem["total"], mem["capacity"]
+    usable = cap if usable is None else usable
+    of = f"{cap / gib:.0f} GiB" if usable == cap else \
+        f"{usable / gib:.1f} GiB usable (of {cap / gib:.0f} GiB, after the headroom)"
     layout = miss.candidates.layout(0)
     states = mem["weights"] + mem["gradients"] + mem["optimizer"]
     if states >= mem["activations"]:
         # States shrink ~1/N with ZeRO-3 over more GPUs; round the need up to whole nodes.
         g = hw.gpus_per_node
-        need = int(np.ceil(gpus * states / max(cap - (total - states), 1.0) / g) * g)
+        need = int(np.ceil(gpus * states / max(usable - (total - states), 1.0) / g) * g)
         remedy = (f"model states ({states / gib:.1f} GiB) dominate: use more GPUs (roughly "
                   f"{need:,} or more by memory alone) or GPUs with more memory")
     else:
         remedy = (f"activations ({mem['activations'] / gib:.1f} GiB) dominate: use a shorter "
                   f"sequence, more tensor/pipeline parallelism (more GPUs) or GPUs with more memory")
     return (f"no layout of {model.name} fits on {gpus} x {hw.gpu.name}: the closest, "
-            f"{layout.short()}, needs {total / gib:.1f} GiB of {cap / gib:.0f} GiB per GPU "
-            f"({(total - cap) / gib:.1f} GiB over); {remedy}")
+            f"{layout.short()}, needs {total / gib:.1f} GiB of {of} per GPU "
+            f"({(total - usable) / gib:.1f} GiB over); {remedy}")
 
 
 def check_layout(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: int,
                  fields: dict[str, Any], allow_cross_node_tp: bool = False) -> Layout:
     """The Layout of ``fields`` if it is valid for this model, system and batch (UsageError if not).
 
-    The checks ``plan3d estimate``, ``--plan`` and ``regress`` apply: whole nodes (search.check_inputs), tp*pp*dp = gpus
-    (dp defaults to gpus/(tp*pp)), the Layout schema, and every rule of space.constraint_masks,
+    The checks ``plan3d estimate``, ``--plan`` and ``regress`` apply: whole nodes (search.check_inputs), tp*cp*pp*dp = gpus
+    (dp defaults to gpus/(tp*cp*pp)), the Layout schema, and every rule of space.constraint_masks,
     with the "tp within a node" rule waived when ``allow_cross_node_tp``.
     """
     from .catalog import validate
     check_inputs(gpus, hw)
     data = dict(fields)
-    tp, pp = data.get("tp", 1), data.get("pp", 1)
-    if isinstance(tp, int) and isinstance(pp, int) and tp > 0 and pp > 0 and "dp" not in data:
-        if gpus % (tp * pp):
-            raise UsageError(f"tp*pp = {tp * pp} does not divide {gpus} GPUs")
-        data["dp"] = gpus // (tp * pp)
+    tp, pp, cp = data.get("tp", 1), data.get("pp", 1), data.get("cp", 1)
+    if (all(isinstance(x, int) and x > 0 for x in (tp, pp, cp))) and "dp" not in data:
+        what = "tp*pp" if cp == 1 else "tp*cp*pp"
+        if gpus % (tp * cp * pp):
+            raise UsageError(f"{what} = {tp * cp * pp} does not divide {gpus} GPUs")
+        data["dp"] = gpus // (tp * cp * pp)
     layout = validate(Layout, data, "layout")
     if layout.gpus != gpus:
-        raise UsageError(f"layout tp*pp*dp = {layout.gpus} but gpus is {gpus}")
+        what = "tp*pp*dp" if layout.cp == 1 else "tp*cp*pp*dp"
+        raise UsageError(f"layout {what} = {layout.gpus} but gpus is {gpus}")
     masks = constraint_masks(model, training, hw.gpus_per_node, Candidates.from_layouts([layout]),
                              allow_cross_node_tp)
     broken = [rule for rule, ok in masks.items() if not ok[0]]
     if broken:
-        raise UsageError(f"layout {layout.short()} breaks: {'; '.join(broken)}")
+        hint = ""
+        f, la = (int(x[0]) for x in uneven_split(model.num_layers, np.array([layout.pp])))
+        if "layers divisible by pp*vpp" in broken and f > 0 and layout.vpp == 1:
+            hint = f" (an uneven split would do: first_stage_layers {f}, last_stage_layers {la})"
+        raise UsageError(f"layout {layout.short()} breaks: {'; '.join(broken)}{hint}")
     return layout

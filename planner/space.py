@@ -7,7 +7,7 @@ numpy, then filtered by boolean masks, each rule named so the search can say wha
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
@@ -18,7 +18,11 @@ RECOMPUTE_NAMES = {code: name for name, code in RECOMPUTE_CODES.items()}
 
 @dataclass(frozen=True)
 class Candidates:
-    """N layouts: arrays of shape (N,). ``recompute`` holds codes 0 none, 1 selective, 2 full."""
+    """N layouts: arrays of shape (N,). ``recompute`` holds codes 0 none, 1 selective, 2 full.
+
+    ``cp`` (context parallel, int) and ``distributed_optimizer`` (bool) default to 1 / False;
+    ``first_stage_layers`` / ``last_stage_layers`` (int) to 0, the even pipeline split.
+    """
 
     tp: np.ndarray
     pp: np.ndarray
@@ -28,6 +32,19 @@ class Candidates:
     recompute: np.ndarray
     sequence_parallel: np.ndarray
     vpp: np.ndarray
+    cp: np.ndarray = field(default=None)  # type: ignore[assignment]
+    distributed_optimizer: np.ndarray = field(default=None)  # type: ignore[assignment]
+    first_stage_layers: np.ndarray = field(default=None)  # type: ignore[assignment]
+    last_stage_layers: np.ndarray = field(default=None)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        for name in ("first_stage_layers", "last_stage_layers"):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, np.zeros_like(self.tp))
+        if self.cp is None:
+            object.__setattr__(self, "cp", np.ones_like(self.tp))
+        if self.distributed_optimizer is None:
+            object.__setattr__(self, "distributed_optimizer", np.zeros(np.shape(self.tp), dtype=bool))
 
     def __len__(self) -> int:
         return int(self.tp.shape[0])
@@ -42,7 +59,10 @@ class Candidates:
                       zero_stage=int(self.zero_stage[i]),
                       micro_batch_size=int(self.micro_batch_size[i]),
                       recompute=RECOMPUTE_NAMES[int(self.recompute[i])],  # type: ignore[arg-type]
-                      sequence_parallel=bool(self.sequence_parallel[i]), vpp=int(self.vpp[i]))
+                      sequence_parallel=bool(self.sequence_parallel[i]), vpp=int(self.vpp[i]),
+                      cp=int(self.cp[i]), distributed_optimizer=bool(self.distributed_optimizer[i]),
+                      first_stage_layers=int(self.first_stage_layers[i]),
+                      last_stage_layers=int(self.last_stage_layers[i]))
 
     @classmethod
     def from_layouts(cls, layouts: list[Layout]) -> "Candidates":
@@ -54,7 +74,10 @@ class Candidates:
                    micro_batch_size=col(lambda x: x.micro_batch_size),
                    recompute=col(lambda x: RECOMPUTE_CODES[x.recompute]),
                    sequence_parallel=col(lambda x: x.sequence_parallel, bool),
-                   vpp=col(lambda x: x.vpp))
+                   vpp=col(lambda x: x.vpp), cp=col(lambda x: x.cp),
+                   distributed_optimizer=col(lambda x: x.distributed_optimizer, bool),
+                   first_stage_layers=col(lambda x: x.first_stage_layers),
+                   last_stage_layers=col(lambda x: x.last_stage_layers))
 
     def num_microbatches(self, global_batch_size: int) -> np.ndarray:
         """m = B / (dp * micro_batch_size), float (exact when the layout is valid)."""
@@ -81,7 +104,8 @@ def constraint_masks(model: ModelSpec, training: TrainingSpec, gpus_per_node: in
     Rules follow Megatron-LM's argument checks: heads and KV heads divisible by tp (or tp a
     multiple of the KV heads), layers divisible by pp*vpp, the global batch divisible by
     dp*micro_batch_size, interleaving needs pp > 1 and at least pp micro-batches, SP needs tp > 1
-    and seq_length divisible by tp.
+    and seq_length divisible by tp; CP needs seq_length divisible by 2*cp (times tp with SP) and
+    flash attention; the distributed optimizer goes with zero_stage 0. Masks broadcast.
     """
     a, g, L = model.num_attention_heads, model.kv_heads, model.num_layers
     B, s = training.global_batch_size, training.seq_length
@@ -90,10 +114,35 @@ def constraint_masks(model: ModelSpec, training: TrainingSpec, gpus_per_node: in
     rules = {
         "tp within a node (NVLink domain)": (tp <= gpus_per_node) | allow_cross_node_tp,
         "heads divisible by tp": (a % tp == 0) & ((g % tp == 0) | (tp % g == 0)),
-        "layers divisible by pp*vpp": (L % (pp * vpp) == 0),
+        "layers divisible by pp*vpp": (L % (pp * vpp) == 0) | (c.first_stage_layers > 0),
         "global batch divisible by dp*micro_batch_size": (B % (dp * mbs) == 0),
         "interleaving needs pp > 1 and >= pp micro-batches": (vpp == 1) | ((pp > 1) & (m >= pp)),
         "sequence parallel needs tp > 1 and seq_length divisible by tp":
             ~c.sequence_parallel | ((tp > 1) & (s % tp == 0)),
+        # context parallel (formulas.md 5.7): Megatron splits the sequence into 2*cp chunks for
+        # causal load balance, each CP rank's share then split by tp under SP; TE's CP runs in
+        # its fused (flash) attention only.
+        "seq_length divisible by 2*cp (2*cp*tp with SP)":
+            (c.cp == 1) | (s % (2 * c.cp * np.where(c.sequence_parallel, tp, 1)) == 0),
+        "context parallel needs flash attention": (c.cp == 1) | training.flash_attention,
+        "distributed optimizer replaces ZeRO (zero_stage 0 only)":
+            ~c.distributed_optimizer | (c.zero_stage == 0),
+        "uneven pipeline split: vpp = 1, edge stages of 1..middle layers": _uneven_ok(L, c),
     }
     return rules
+
+
+def _uneven_ok(num_layers: int, c: Candidates) -> np.ndarray:
+    """True for an even split, or an uneven one Megatron accepts and plan3d models: vpp = 1,
+    first and last stage at least one layer, the rest L - first - last divided equally among the
+    pp - 2 middle stages, at least as many layers as either edge stage (pp = 2: first + last = L)."""
+    f, la, pp = c.first_stage_layers, c.last_stage_layers, c.pp
+    if not np.any((f > 0) | (la > 0)):
+        return np.ones(np.shape(f), dtype=bool)
+    rest = num_layers - f - la
+    mid = np.where(pp > 2, rest // np.maximum(pp - 2, 1), 0)
+    valid = (c.vpp == 1) & (f >= 1) & (la >= 1) & (pp >= 2) & \
+        np.where(pp > 2, (rest > 0) & (rest % np.maximum(pp - 2, 1) == 0) & (mid >= f) & (mid >= la),
+                 rest == 0)
+    return ((f == 0) & (la == 0)) | valid
+

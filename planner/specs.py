@@ -251,7 +251,15 @@ class TrainingSpec(_Strict):
 
 
 class Layout(_Strict):
-    """One parallel layout. tp*pp*dp = GPUs; ``vpp`` = virtual stages (model chunks) per PP rank."""
+    """One parallel layout. tp*cp*pp*dp = GPUs; ``vpp`` = virtual stages (model chunks) per PP rank.
+
+    ``cp``: context-parallel size (the sequence split over cp ranks, formulas.md 5.7).
+    ``distributed_optimizer``: Megatron's --use-distributed-optimizer, an alternative to ZeRO
+    (zero_stage 0): ZeRO-1 memory, gradient reduce-scatter + parameter all-gather per step.
+    ``first_stage_layers`` / ``last_stage_layers``: an uneven pipeline split (Megatron's
+    --decoder-first/last-pipeline-num-layers; the middle stages share the rest equally);
+    0 = the even split L/pp.
+    """
 
     tp: int = Field(gt=0)
     pp: int = Field(gt=0)
@@ -261,14 +269,22 @@ class Layout(_Strict):
     recompute: Recompute = "none"
     sequence_parallel: bool = False
     vpp: int = Field(default=1, gt=0)
+    cp: int = Field(default=1, gt=0)
+    distributed_optimizer: bool = False
+    first_stage_layers: int = Field(default=0, ge=0)
+    last_stage_layers: int = Field(default=0, ge=0)
 
     @property
     def gpus(self) -> int:
-        return self.tp * self.pp * self.dp
+        return self.tp * self.cp * self.pp * self.dp
 
     def short(self) -> str:
         sp = " sp" if self.sequence_parallel else ""
-        return (f"tp={self.tp} pp={self.pp} dp={self.dp} zero={self.zero_stage} "
+        cp = f" cp={self.cp}" if self.cp > 1 else ""
+        dist = " distopt" if self.distributed_optimizer else ""
+        split = f" ({self.first_stage_layers}+..+{self.last_stage_layers} layers)" \
+            if self.first_stage_layers or self.last_stage_layers else ""
+        return (f"tp={self.tp}{cp} pp={self.pp}{split} dp={self.dp} zero={self.zero_stage}{dist} "
                 f"mbs={self.micro_batch_size} vpp={self.vpp} recompute={self.recompute}{sp}")
 
 
@@ -296,5 +312,5 @@ class Plan(_Strict):
     @model_validator(mode="after")
     def _check(self) -> "Plan":
         if self.layout.gpus != self.gpus:
-            raise ValueError(f"layout tp*pp*dp = {self.layout.gpus} but gpus = {self.gpus}")
+            raise ValueError(f"layout tp*cp*pp*dp = {self.layout.gpus} but gpus = {self.gpus}")
         return self

@@ -37,7 +37,7 @@ def test_search_json_and_export_round_trip(tmp_path):
             "fits"} <= set(best["memory"])
     assert {"tokens_per_s", "model_tflops_per_gpu", "mfu", "hfu"} == set(best["throughput"])
     lay = best["layout"]
-    assert lay["tp"] * lay["pp"] * lay["dp"] == 512 and best["memory"]["fits"]
+    assert lay["tp"] * lay["cp"] * lay["pp"] * lay["dp"] == 512 and best["memory"]["fits"]
     saved = yaml.safe_load(plan.read_text())
     assert saved["layout"] == lay and saved["gpus"] == 512 and saved["model"]["name"] == "gpt3-175b"
     assert saved["hardware"]["gpu"]["hbm_capacity"] == "80 GiB"
@@ -77,7 +77,7 @@ def test_estimate_from_flags_matches_hand_checks():
     (["search", "--model", "175b", "--gpus", "12"], 2, "not a whole number of 8-GPU nodes"),
     (["search", "--model", "175b", "--gpus", "-8"], 2, "must be positive"),
     (["search", "--model", "175b", "--gpus", "abc"], 2, "Invalid value for '--gpus'"),
-    (["search", "--model", "175b", "--gpus", "512", "--global-batch-size", "7"], 2,
+    (["search", "--model", "175b", "--gpus", "512", "--global-batch-size", "7", "--max-cp", "1"], 2,
      "not divisible by any data-parallel degree"),
     (["search", "--model", "175b", "--gpus", "512", "--seq-length", "0"], 2, "must be positive"),
     (["search", "--model", "175b", "--gpus", "8"], 1, "no layout of gpt3-175b fits"),

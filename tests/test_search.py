@@ -36,7 +36,7 @@ def test_every_returned_layout_uses_all_gpus_and_fits(name, nodes, batch):
     except (NoFitError, UsageError):
         return
     c, mem = result.ranked.candidates, result.ranked.memory
-    assert np.all(c.tp * c.pp * c.dp == gpus)
+    assert np.all(c.tp * c.cp * c.pp * c.dp == gpus)
     assert np.all(mem["total"] <= mem["capacity"])
     assert np.all(training.global_batch_size % (c.dp * c.micro_batch_size) == 0)
     tput = result.ranked.throughput["tokens_per_s"]
@@ -72,8 +72,8 @@ def test_more_bandwidth_never_makes_a_layout_slower(name, nodes, field, factor):
 def test_time_terms_add_up_to_the_step(gpt3, h100, gpt3_training):
     result = search(gpt3, h100, gpt3_training, 512)
     t = result.ranked.time
-    total = sum(t[k] for k in ("compute", "recompute", "tp_comm", "pp_comm", "dp_comm", "bubble",
-                               "optimizer"))
+    total = sum(t[k] for k in ("compute", "recompute", "tp_comm", "cp_comm", "pp_comm", "dp_comm",
+                               "bubble", "optimizer"))
     np.testing.assert_allclose(total, t["step"], rtol=1e-12)
 
 
@@ -82,7 +82,8 @@ def test_175b_on_512_h100(gpt3, h100, gpt3_training):
     best = result.ranked.candidates.layout(0)
     # GPT-3 175B does not fit without model parallelism: its bf16 weights alone are 349 GB.
     assert best.tp * best.pp >= 8
-    assert result.enumerated == sum(result.pruned.values()) + len(result.ranked)
+    assert result.enumerated == sum(result.pruned.values()) + result.fitting
+    assert len(result.ranked) == min(result.fitting, SearchOptions().keep)
     assert 0.3 < result.ranked.throughput["mfu"][0] < 0.8
 
 
@@ -97,7 +98,9 @@ def test_bad_gpu_counts_and_batches(gpt3, h100, gpt3_training):
         search(gpt3, h100, gpt3_training, 12)
     with pytest.raises(UsageError, match="must be positive"):
         search(gpt3, h100, gpt3_training, 0)
+    # (without context parallelism: with it, tp*cp*pp can reach 512 and dp = 1 splits any batch)
     with pytest.raises(UsageError, match="not divisible by any data-parallel degree"):
-        search(gpt3, h100, TrainingSpec(seq_length=2048, global_batch_size=7), 512)
+        search(gpt3, h100, TrainingSpec(seq_length=2048, global_batch_size=7), 512,
+               SearchOptions(max_cp=1))
     with pytest.raises(NoFitError, match=r"closest, .* needs \d+\.\d GiB of 80 GiB"):
         search(gpt3, h100, gpt3_training, 8)

@@ -26,7 +26,13 @@ def stage_params(model: ModelSpec, c: Candidates, stage: str) -> np.ndarray:
     """
     h = model.hidden_size
     sharded, replicated = flops.layer_params_per_gpu(model, c.tp)
-    layers = model.num_layers / c.pp * (sharded + replicated)
+    split = pipeline.stage_layers(model.num_layers, c)  # uneven pipeline splits (None: even)
+    if split is None:
+        layers = model.num_layers / c.pp * (sharded + replicated)
+    else:
+        layers = split[{"first": 0, "middle": 1, "last": 2}[stage]] * (sharded + replicated)
+        if stage == "middle":
+            return layers
     vocab = flops.padded_vocab(model.vocab_size, c.tp).astype(np.float64)
     embedding = vocab * h / c.tp
     positions = float((model.max_position_embeddings or 0) * h) \
@@ -112,8 +118,12 @@ def activation_bytes(model: ModelSpec, training: TrainingSpec, c: Candidates,
     s, h = training.seq_length, model.hidden_size
     tokens = s * c.micro_batch_size.astype(np.float64)
     m = c.num_microbatches(training.global_batch_size)
-    rank = np.zeros_like(c.pp) if stage == "first" else c.pp - 1
+    rank = np.zeros_like(c.pp) if stage == "first" else \
+        (np.minimum(1, c.pp - 1) if stage == "middle" else c.pp - 1)
     layers = pipeline.inflight_layers(model.num_layers, c.pp, c.vpp, m, rank)
+    split = pipeline.stage_layers(model.num_layers, c)  # uneven: scale to the stage's layers
+    if split is not None:
+        layers = layers * split[{"first": 0, "middle": 1, "last": 2}[stage]] / (model.num_layers / c.pp)
     per_layer = activation_per_layer(model, training, c)
     working = np.where(c.recompute == 2,
                        activation_per_layer(model, training, c, np.zeros_like(c.recompute)), 0.0)
@@ -125,6 +135,8 @@ def activation_bytes(model: ModelSpec, training: TrainingSpec, c: Candidates,
     vocab = flops.padded_vocab(model.vocab_size, c.tp).astype(np.float64)
     last_edge = tokens * (4.0 * h / sp_div + 6.0 * vocab / c.tp)
     single = c.pp == 1
+    if stage == "middle":  # rank 1 of an uneven split: no embedding, no output layer
+        return total
     if stage == "first":
         return total + first_edge + np.where(single, last_edge, 0.0)
     return total + last_edge + np.where(single, first_edge, 0.0)

@@ -51,3 +51,42 @@ def pipeline_time(stage_first: np.ndarray, stage_middle: np.ndarray, stage_last:
 def bubble_fraction(pp: np.ndarray, vpp: np.ndarray, m: np.ndarray) -> np.ndarray:
     """Narayanan's bubble fraction for equal stages: (pp - 1) / (vpp * m). (N,)"""
     return (np.asarray(pp, dtype=np.float64) - 1) / (vpp * m)
+
+
+def uneven_split(num_layers: int, pp: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(first, last) stage layer counts when pp does not divide the layers (Megatron's
+    ``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers``, formulas.md
+    1.3). Middle stages hold k = ceil(L/pp) layers each; the rest r = L - (pp-2)*k is halved
+    between the edge stages, which also carry the embedding and the output layer: first = r//2,
+    last = r - first. Llama-3 405B, 126 layers on pp = 16: k = 8, r = 14, 7 + 14*8 + 7 (the
+    Llama 3 paper, §3.3.2, removed one layer from each of the first and last stages).
+    (0, 0) where pp divides L (the even split); (-1, -1) where no split leaves each edge stage
+    between 1 and k layers. Shape of ``pp``, int64.
+    """
+    pp = np.asarray(pp, dtype=np.int64)
+    k = -(-num_layers // pp)
+    rest = num_layers - np.maximum(pp - 2, 0) * k
+    first = rest // 2
+    last = rest - first
+    ok = (pp >= 2) & (first >= 1) & (last <= k)
+    even = num_layers % pp == 0
+    first = np.where(even, 0, np.where(ok, first, -1))
+    last = np.where(even, 0, np.where(ok, last, -1))
+    return first.astype(np.int64), last.astype(np.int64)
+
+
+def stage_layers(num_layers: int, c) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Layers on the first, a middle and the last pipeline rank, (first, middle, last) float
+    arrays, where some candidate has an uneven split (``first_stage_layers`` > 0): first/last
+    as given, the middle (L - first - last)/(pp - 2); L/pp elsewhere. None if every split is
+    even (callers then use L/pp as before)."""
+    f = c.first_stage_layers
+    if not np.any(f > 0):
+        return None
+    even = num_layers / c.pp
+    uneven = f > 0
+    middle = (num_layers - f - c.last_stage_layers) / np.maximum(c.pp - 2, 1)
+    return (np.where(uneven, f, even).astype(np.float64),
+            np.where(uneven & (c.pp > 2), middle, np.where(uneven, 0.0, even)).astype(np.float64),
+            np.where(uneven, c.last_stage_layers, even).astype(np.float64))
+

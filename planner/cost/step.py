@@ -14,11 +14,11 @@ import numpy as np
 
 from ..specs import HardwareProfile, Layout, ModelSpec, TrainingSpec
 from ..space import Candidates
-from . import compute, flops, memory, pipeline
+from . import compute, context, flops, memory, pipeline
 from .collectives import Links, collective_time, p2p_time, placement
 
 MEMORY_TERMS = ("weights", "gradients", "optimizer", "activations", "other")
-TIME_TERMS = ("compute", "recompute", "tp_comm", "pp_comm", "dp_comm", "bubble", "optimizer")
+TIME_TERMS = ("compute", "recompute", "tp_comm", "cp_comm", "pp_comm", "dp_comm", "bubble", "optimizer")
 
 
 @dataclass(frozen=True)
@@ -113,19 +113,27 @@ def _dp_times(params: np.ndarray, training: TrainingSpec, c: Candidates, links: 
 
 
 def evaluate(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c: Candidates,
-             causal_flops: bool = True) -> Estimate:
+             causal_flops: bool = True, summary: bool = False) -> Estimate:
     """Evaluate N candidate layouts; returns an Estimate of (N,) arrays.
 
     ``causal_flops`` selects the model-FLOPs convention of MFU (causal attention, as Megatron-LM
     logs it since 2025-03); the compute time always uses what the kernels execute.
-    Raises nothing for unfit layouts: ``fits`` says which do.
+    Raises nothing for unfit layouts: ``fits`` says which do. ``summary=True`` (the search's
+    bulk pass) returns only memory total/capacity, time step and tokens_per_s -- the same
+    values -- and skips the breakdowns.
     """
+    real, c = c, context.cost_view(c)  # CP and the distributed optimizer (cost/context.py)
     links = Links.of(hw)
     m = c.num_microbatches(training.global_batch_size)
     L = model.num_layers
     layers_per_stage = L / c.pp
     layer = compute.layer_times(model, training, hw, c)
     tp_f, tp_b, tp_one = _tp_comm(model, training, c, links, layer)
+    cp_layer = None
+    if real is not c and np.any(real.cp != 1):  # CP ring, exposed; repeated by full recompute
+        cp_f, cp_b = context.ring_times(model, training, real, links, layer.attention_forward,
+                                        layer.attention_backward)
+        cp_layer = cp_f + cp_b + np.where(c.recompute == 2, cp_f, 0.0)
 
     recompute = np.where(c.recompute == 2, layer.forward + tp_f,
                          np.where(c.recompute == 1, layer.attention_forward, 0.0))
@@ -154,8 +162,10 @@ def evaluate(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c: C
     params_first = memory.stage_params(model, c, "first")
     params_last = memory.stage_params(model, c, "last")
     step_grad, step_param, mb_f, mb_b = _dp_times(params_first, training, c, links)
-    window_f = layers_per_stage * layer.forward
-    window_b = layers_per_stage * layer.backward
+    split = pipeline.stage_layers(L, c)  # uneven pipeline splits; None when all are even
+    lf, lm, ll = (layers_per_stage,) * 3 if split is None else split
+    window_f = lf * layer.forward
+    window_b = lf * layer.backward
     if training.overlap_grad_reduce:
         dp_per_mb = np.maximum(0.0, mb_f - window_f) + np.maximum(0.0, mb_b - window_b)
         dp_step = np.maximum(0.0, step_grad - window_b) + np.maximum(0.0, step_param - window_f)
@@ -167,37 +177,59 @@ def evaluate(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c: C
                     collective_time("all_reduce", vocab * model.hidden_size / c.tp * training.grad_bytes,
                                     np.ones_like(c.pp), np.full_like(c.pp, 2), links), 0.0)
 
-    base = {
-        "compute": layers_per_stage * per_layer_compute,
-        "recompute": layers_per_stage * recompute,
-        "tp_comm": layers_per_stage * per_layer_tp,
-        "pp_comm": p2p_per_mb,
-        "dp_comm": dp_per_mb,
-    }
+    def held(n):  # the terms of a stage holding n layers per micro-batch
+        terms = {
+            "compute": n * per_layer_compute,
+            "recompute": n * recompute,
+            "tp_comm": n * per_layer_tp,
+            "pp_comm": p2p_per_mb,
+            "dp_comm": dp_per_mb,
+        }
+        if cp_layer is not None:
+            terms["cp_comm"] = n * cp_layer
+        return terms
+
+    base = held(lm)
+    bf, bl = (base, base) if split is None else (held(lf), held(ll))
     single = c.pp == 1
     stages = {
-        "first": {**base, "compute": base["compute"] + np.where(single, edge_last, 0.0),
-                  "tp_comm": base["tp_comm"] + edge_first_tp + np.where(single, edge_last_tp, 0.0)},
+        "first": {**bf, "compute": bf["compute"] + np.where(single, edge_last, 0.0),
+                  "tp_comm": bf["tp_comm"] + edge_first_tp + np.where(single, edge_last_tp, 0.0)},
         "middle": base,
-        "last": {**base, "compute": base["compute"] + edge_last,
-                 "tp_comm": base["tp_comm"] + edge_last_tp},
+        "last": {**bl, "compute": bl["compute"] + edge_last,
+                 "tp_comm": bl["tp_comm"] + edge_last_tp},
     }
     totals = {k: sum(v.values()) for k, v in stages.items()}
     t_pipe, bubble = pipeline.pipeline_time(totals["first"], totals["middle"], totals["last"],
                                             c.pp, c.vpp, m)
-    slowest = np.where(single | (totals["first"] >= np.maximum(totals["last"], totals["middle"])), 0,
-                       np.where(totals["last"] >= totals["middle"], 2, 1))
-    pick = lambda term: np.choose(slowest, [stages["first"][term], stages["middle"][term],  # noqa: E731
-                                            stages["last"][term]])
-    params_updated = np.maximum(params_first, params_last) / np.where(c.zero_stage >= 1, c.dp, 1)
+    params_most = np.maximum(params_first, params_last)
+    if split is not None:
+        params_most = np.maximum(params_most, memory.stage_params(model, c, "middle"))
+    params_updated = params_most / np.where(c.zero_stage >= 1, c.dp, 1)
     t_opt = compute.optimizer_time(params_updated, hw)
-    time = {term: m * pick(term) for term in ("compute", "recompute", "tp_comm", "pp_comm", "dp_comm")}
+    if summary:
+        return _summary(model, hw, training, real, c, params_first, params_last,
+                        t_pipe + p2p_fill + dp_step + tied + t_opt)
+    # The slowest stage's terms (first wins ties, then last). Terms equal on every stage are
+    # taken as they are; np.where instead of np.choose, which is slow on broadcast grids.
+    first_slowest = single | (totals["first"] >= np.maximum(totals["last"], totals["middle"]))
+    last_slowest = ~first_slowest & (totals["last"] >= totals["middle"])
+
+    def pick(term):
+        f, mid, la = stages["first"][term], stages["middle"][term], stages["last"][term]
+        if f is mid and mid is la:
+            return f
+        return np.where(first_slowest, f, np.where(last_slowest, la, mid))
+
+    picked = {term: pick(term) for term in base}
+    time = {term: m * picked.get(term, 0.0)
+            for term in ("compute", "recompute", "tp_comm", "cp_comm", "pp_comm", "dp_comm")}
     time["pp_comm"] = time["pp_comm"] + p2p_fill
     time["dp_comm"] = time["dp_comm"] + dp_step + tied
     time["bubble"] = bubble
     time["optimizer"] = t_opt
     time["step"] = t_pipe + p2p_fill + dp_step + tied + t_opt
-    time["bubble_fraction"] = bubble / (m * np.maximum(sum(pick(t) for t in base), 1e-30))
+    time["bubble_fraction"] = bubble / (m * np.maximum(sum(picked[t] for t in base), 1e-30))
 
     mem = _memory(model, hw, training, c, params_first, params_last)
     gpus = (c.tp * c.pp * c.dp).astype(np.float64)
@@ -214,25 +246,56 @@ def evaluate(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c: C
         "mfu": f_model / (step * gpus * peak),
         "hfu": f_hw / (step * gpus * peak),
     }
-    return Estimate(c, mem, time, throughput)
+    if real is not c:  # CP ring receive buffers
+        ring = context.ring_buffer_bytes(model, training, real)
+        mem["other"], mem["total"] = mem["other"] + ring, mem["total"] + ring
+    return Estimate(real, mem, time, throughput)
+
+
+def _summary(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, real: Candidates,
+             c: Candidates, params_first: np.ndarray, params_last: np.ndarray,
+             step: np.ndarray) -> Estimate:
+    """The Estimate of evaluate(summary=True): memory total/capacity, step, tokens_per_s."""
+    mem = _memory(model, hw, training, c, params_first, params_last, summary=True)
+    if real is not c:  # CP ring receive buffers
+        mem["total"] = mem["total"] + context.ring_buffer_bytes(model, training, real)
+    tokens = {"tokens_per_s": training.global_batch_size * training.seq_length / step}
+    return Estimate(real, mem, {"step": step}, tokens)
 
 
 def _memory(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c: Candidates,
-            params_first: np.ndarray, params_last: np.ndarray) -> dict[str, np.ndarray]:
-    """Per-GPU memory terms of the stage with the highest total (first or last)."""
+            params_first: np.ndarray, params_last: np.ndarray,
+            summary: bool = False) -> dict[str, np.ndarray]:
+    """Per-GPU memory terms of the stage with the highest total (first or last; with an uneven
+    pipeline split also the first middle rank, whose stages hold more layers than the edges)."""
     transient = memory.transient_bytes(model, training, c) + hw.framework_overhead
     per_stage = []
-    for stage, params in (("first", params_first), ("last", params_last)):
+    stages = [("first", params_first), ("last", params_last)]
+    uneven = pipeline.stage_layers(model.num_layers, c) is not None
+    if uneven:
+        stages.append(("middle", memory.stage_params(model, c, "middle")))
+    for stage, params in stages:
         terms = memory.model_state_bytes(params, c.zero_stage, c.dp, training)
         terms["activations"] = memory.activation_bytes(model, training, c, stage)
         terms["other"] = transient
         terms["total"] = sum(terms[k] for k in MEMORY_TERMS)
         per_stage.append(terms)
-    first, last = per_stage
+    first, last = per_stage[:2]
     use_last = last["total"] > first["total"]
+    if summary:
+        total = np.where(use_last, last["total"], first["total"])
+        if uneven:
+            total = np.maximum(total, per_stage[2]["total"])
+        return {"total": total, "capacity": np.broadcast_to(float(hw.gpu.hbm_capacity), total.shape)}
     mem = {k: np.where(use_last, last[k], first[k]) for k in (*MEMORY_TERMS, "total")}
-    mem["capacity"] = np.full(len(c), float(hw.gpu.hbm_capacity))
-    mem["peak_stage"] = np.where(use_last, c.pp - 1, 0).astype(np.float64)
+    peak = np.where(use_last, c.pp - 1, 0)
+    if uneven:
+        middle = per_stage[2]
+        use_middle = middle["total"] > mem["total"]
+        mem = {k: np.where(use_middle, middle[k], mem[k]) for k in mem}
+        peak = np.where(use_middle, 1, peak)
+    mem["capacity"] = np.full(np.shape(mem["total"]), float(hw.gpu.hbm_capacity))
+    mem["peak_stage"] = peak.astype(np.float64)
     return mem
 
 

@@ -32,6 +32,13 @@ def ds_config(plan: Plan) -> dict:
     """The ds_config dictionary for ``plan``. UsageError for pp > 1 with ZeRO-2/3."""
     lay, tr = plan.layout, plan.training
     m = microbatches(plan)
+    if lay.first_stage_layers or lay.last_stage_layers:
+        raise UsageError("the plan splits the pipeline unevenly (first/last stage "
+                         f"{lay.first_stage_layers}/{lay.last_stage_layers} layers); DeepSpeed "
+                         "partitions PipelineModule layers in code, not in ds_config")
+    if lay.cp > 1:
+        raise UsageError(f"DeepSpeed has no Megatron-style context parallelism (ring attention "
+                         f"over cp ranks); this plan has cp={lay.cp}")
     if lay.pp > 1 and lay.zero_stage >= 2:
         raise UsageError(f"DeepSpeed's pipeline engine does not support ZeRO-{lay.zero_stage} "
                          f"(it requires stage < 2 when pp > 1); this plan has pp={lay.pp}")
@@ -39,7 +46,9 @@ def ds_config(plan: Plan) -> dict:
         "train_batch_size": tr.global_batch_size,
         "train_micro_batch_size_per_gpu": lay.micro_batch_size,
         "gradient_accumulation_steps": m,
-        "zero_optimization": {"stage": lay.zero_stage, "overlap_comm": tr.overlap_grad_reduce},
+        # Megatron's distributed optimizer shards what ZeRO-1 shards
+        "zero_optimization": {"stage": 1 if lay.distributed_optimizer else lay.zero_stage,
+                              "overlap_comm": tr.overlap_grad_reduce},
     }
     cfg["bf16" if tr.dtype == "bf16" else "fp16"] = {"enabled": True}
     return cfg

@@ -7,10 +7,11 @@ that parser's full option list (tests/data/megatron_options.txt).
 Mapping (plan field -> flag):
   tp, pp                 --tensor-model-parallel-size, --pipeline-model-parallel-size
   vpp > 1                --num-layers-per-virtual-pipeline-stage L/(pp*vpp)
-  (no CP in plan3d)      --context-parallel-size 1
+  cp                     --context-parallel-size cp
+  uneven pipeline split  --decoder-first-pipeline-num-layers, --decoder-last-pipeline-num-layers
   sequence_parallel      --sequence-parallel
   ZeRO 0                 (plain DDP: no flag)
-  ZeRO 1                 --use-distributed-optimizer
+  ZeRO 1, distopt        --use-distributed-optimizer
   ZeRO 2 / 3             --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads /
                          optim_grads_params (Megatron-FSDP; plain pretrain_gpt DDP has no ZeRO-2/3)
   recompute full         --recompute-granularity full --recompute-method uniform --recompute-num-layers 1
@@ -52,10 +53,13 @@ def megatron_args(plan: Plan) -> list[tuple[str, str | None]]:
     ]
     if lay.vpp > 1:
         args.append(("--num-layers-per-virtual-pipeline-stage", str(layers_per_virtual_stage(plan))))
-    args.append(("--context-parallel-size", "1"))
+    if lay.first_stage_layers or lay.last_stage_layers:
+        args += [("--decoder-first-pipeline-num-layers", str(lay.first_stage_layers)),
+                 ("--decoder-last-pipeline-num-layers", str(lay.last_stage_layers))]
+    args.append(("--context-parallel-size", str(lay.cp)))
     if lay.sequence_parallel:
         args.append(("--sequence-parallel", None))
-    if lay.zero_stage == 1:
+    if lay.zero_stage == 1 or lay.distributed_optimizer:
         args.append(("--use-distributed-optimizer", None))
     elif lay.zero_stage in FSDP_STRATEGY:
         args += [("--use-megatron-fsdp", None),
@@ -94,7 +98,7 @@ def megatron_args(plan: Plan) -> list[tuple[str, str | None]]:
         args.append(("--grad-reduce-in-bf16", None))
     if tr.overlap_grad_reduce:
         args.append(("--overlap-grad-reduce", None))
-        if lay.zero_stage >= 1:
+        if lay.zero_stage >= 1 or lay.distributed_optimizer:
             args.append(("--overlap-param-gather", None))
     if not tr.flash_attention:
         args.append(("--attention-backend", "unfused"))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import yaml
 
+from ..errors import UsageError
 from ..specs import Plan
 from .common import RANK_ORDER_NOTE, Export, describe, microbatches
 
@@ -29,6 +30,10 @@ def nemo_fields(plan: Plan) -> dict[str, dict[str, object]]:
     """{section: {field: value}} for ``plan`` (None = unset / YAML null)."""
     lay, tr = plan.layout, plan.training
     microbatches(plan)
+    if lay.first_stage_layers or lay.last_stage_layers:
+        raise UsageError("the plan splits the pipeline unevenly (first/last stage "
+                         f"{lay.first_stage_layers}/{lay.last_stage_layers} layers), which the "
+                         "Megatron-Bridge fields plan3d writes cannot express; export --to megatron")
     recompute = {"none": (None, None, None, None),
                  "selective": ("selective", None, None, ["core_attn"]),
                  "full": ("full", "uniform", 1, None)}[lay.recompute]
@@ -38,7 +43,7 @@ def nemo_fields(plan: Plan) -> dict[str, dict[str, object]]:
             "tensor_model_parallel_size": lay.tp,
             "pipeline_model_parallel_size": lay.pp,
             "virtual_pipeline_model_parallel_size": lay.vpp if lay.vpp > 1 else None,
-            "context_parallel_size": 1,
+            "context_parallel_size": lay.cp,
             "sequence_parallel": lay.sequence_parallel,
             "seq_length": tr.seq_length,
             "recompute_granularity": recompute[0],
@@ -50,14 +55,15 @@ def nemo_fields(plan: Plan) -> dict[str, dict[str, object]]:
                   "global_batch_size": tr.global_batch_size},
         "dataset": {"seq_length": tr.seq_length},
         "ddp": {
-            "use_distributed_optimizer": lay.zero_stage == 1,
+            "use_distributed_optimizer": lay.zero_stage == 1 or lay.distributed_optimizer,
             "use_megatron_fsdp": fsdp,
             "data_parallel_sharding_strategy": SHARDING.get(lay.zero_stage, "no_shard"),
             "overlap_grad_reduce": tr.overlap_grad_reduce,
-            "overlap_param_gather": tr.overlap_grad_reduce and lay.zero_stage >= 1,
+            "overlap_param_gather": tr.overlap_grad_reduce and (lay.zero_stage >= 1 or
+                                                                lay.distributed_optimizer),
             "grad_reduce_in_fp32": tr.grad_bytes == 4,
         },
-        "optimizer": {"use_distributed_optimizer": lay.zero_stage == 1},
+        "optimizer": {"use_distributed_optimizer": lay.zero_stage == 1 or lay.distributed_optimizer},
         "mixed_precision": "bf16_mixed" if tr.dtype == "bf16" else "16-mixed",
     }
 

@@ -57,14 +57,14 @@ def torchtitan_settings(plan: Plan, fmt: str) -> tuple[dict[str, dict[str, objec
                          "traffic different from the estimate")
         else:
             par["enable_sequence_parallel"] = False
-    if lay.zero_stage == 0:
+    if lay.zero_stage == 0 and not lay.distributed_optimizer:
         par["data_parallel_replicate_degree"] = lay.dp
         par["data_parallel_shard_degree"] = 1
     else:
         par["data_parallel_replicate_degree"] = 1
         par["data_parallel_shard_degree"] = lay.dp
-        if lay.zero_stage in (1, 2):
-            notes.append(f"torchtitan has no ZeRO-{lay.zero_stage} mode: written as FSDP "
+        if lay.zero_stage in (1, 2) or lay.distributed_optimizer:
+            notes.append(f"torchtitan has no ZeRO-{max(lay.zero_stage, 1)} mode: written as FSDP "
                          f"(data_parallel_shard_degree = dp = {lay.dp}), which also shards the "
                          "weights and gathers them each micro-batch; memory is at most the "
                          "estimate's, DP traffic is higher")
@@ -73,14 +73,21 @@ def torchtitan_settings(plan: Plan, fmt: str) -> tuple[dict[str, dict[str, objec
     par["pipeline_parallel_degree"] = lay.pp
     if lay.pp > 1:
         par["pipeline_parallel_schedule"] = "Interleaved1F1B" if lay.vpp > 1 else "1F1B"
-        par["pipeline_parallel_layers_per_stage"] = layers_per_virtual_stage(plan)
-        par["pipeline_parallel_first_stage_less_layers"] = 0
-        par["pipeline_parallel_last_stage_less_layers"] = 0
+        if lay.first_stage_layers or lay.last_stage_layers:  # uneven: middle stages hold k
+            f, la, L = lay.first_stage_layers, lay.last_stage_layers, plan.model.num_layers
+            k = max(f, la, (L - f - la) // max(lay.pp - 2, 1))
+            par["pipeline_parallel_layers_per_stage"] = k
+            par["pipeline_parallel_first_stage_less_layers"] = k - f
+            par["pipeline_parallel_last_stage_less_layers"] = k - la
+        else:
+            par["pipeline_parallel_layers_per_stage"] = layers_per_virtual_stage(plan)
+            par["pipeline_parallel_first_stage_less_layers"] = 0
+            par["pipeline_parallel_last_stage_less_layers"] = 0
         par["pipeline_parallel_microbatch_size"] = lay.micro_batch_size
         local = m * lay.micro_batch_size
     else:
         local = lay.micro_batch_size
-    par["context_parallel_degree"] = 1
+    par["context_parallel_degree"] = lay.cp
     training = {"local_batch_size": local, "global_batch_size": tr.global_batch_size,
                 "seq_len": tr.seq_length, "mixed_precision_param": "bfloat16"}
     ac: dict[str, object] = {"mode": lay.recompute}

@@ -1,0 +1,143 @@
+"""Search speed: candidates evaluated per second, wall time, linear cost, peak memory.
+
+Run:  python benchmarks/search_speed.py [--repeat 5]
+
+Cases (each over the whole default space: tp, cp <= 16, pp, dp, ZeRO 0-3, micro-batch size,
+recompute, SP, vpp): GPT-3 175B on 512 H100s, Llama-3 405B on 16,384, Megatron 1T on 16,384,
+with each model's published sequence length and global batch; plus the 1T model with a GPU
+budget (--max-gpus 16384), the largest space, for the linearity check.
+
+"candidates evaluated" = every layout of the grid: the cost model computes all of them (the
+invalid ones are masked afterwards), so candidates/s = grid size / search wall time. Times are
+the minimum over --repeat runs after one warm-up (the machine is shared; the minimum is the
+least disturbed run), wall clock and CPU time (user + sys; on a loaded machine the wall time
+includes waiting for a core, the CPU time does not). Peak memory: tracemalloc (numpy reports its buffers to it) during one
+search, and the process's maximum resident set size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import resource
+import shutil
+import subprocess
+import sys
+import time
+import tracemalloc
+
+import numpy as np
+
+from planner import catalog
+from planner.grid import Grid
+from planner.objective import usable_memory
+from planner.search import SearchOptions, build_grid, scan, search
+from planner.specs import TrainingSpec
+
+CASES = [("gpt3-175b", 512, None), ("llama3-405b", 16384, None), ("megatron-1t", 16384, None),
+         ("megatron-1t", None, 16384)]
+
+
+def _best(fn, repeat: int) -> tuple[float, float]:
+    """(min wall seconds, min CPU seconds of this process and its children) over ``repeat``."""
+    fn()
+    walls, cpus = [], []
+    for _ in range(repeat):
+        r0, c0 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        t = time.perf_counter()
+        fn()
+        walls.append(time.perf_counter() - t)
+        r1, c1 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpus.append(sum(getattr(b, f) - getattr(a, f) for a, b in ((r0, r1), (c0, c1))
+                        for f in ("ru_utime", "ru_stime")))
+    return min(walls), min(cpus)
+
+
+def _setup(name: str):
+    m = catalog.resolve_model(name)
+    hw = catalog.resolve_hardware("dgx-h100")
+    tr = TrainingSpec(seq_length=m.training.seq_length,
+                      global_batch_size=m.training.global_batch_size, tokens=m.training.tokens)
+    return m, hw, tr
+
+
+def case_rows(repeat: int) -> list[dict]:
+    rows = []
+    for name, gpus, budget in CASES:
+        m, hw, tr = _setup(name)
+        opts = SearchOptions(max_gpus=budget)
+        grid = build_grid(m, hw, tr, gpus, opts)
+        wall, cpu = _best(lambda: search(m, hw, tr, gpus, opts), repeat)
+        tracemalloc.start()
+        res = search(m, hw, tr, gpus, opts)
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        rows.append(dict(case=f"{name} on {gpus:,} GPUs" if gpus else f"{name}, --max-gpus {budget:,}",
+                         shape=grid.shape, size=grid.size, fitting=res.fitting, wall=wall,
+                         cpu=cpu, rate=grid.size / wall, peak=peak,
+                         winner=res.ranked.candidates.layout(0).short()))
+    return rows
+
+
+def linearity(repeat: int) -> list[tuple[float, int, float, float]]:
+    """Scan time of the first 1/4, 1/2 and all split rows of the largest grid."""
+    m, hw, tr = _setup("megatron-1t")
+    opts = SearchOptions(max_gpus=16384)
+    grid = build_grid(m, hw, tr, None, opts)
+    usable = usable_memory(float(hw.gpu.hbm_capacity), 0.0, 0.0)
+    out = []
+    for frac in (0.25, 0.5, 1.0):
+        q = max(1, int(round(grid.shape[0] * frac)))
+        sub = Grid({k: v[:q] for k, v in grid.split.items()}, grid.knobs)
+        t, cpu = _best(lambda: scan(m, hw, tr, sub, opts, usable, None), repeat)
+        out.append((frac, sub.size, t, cpu))
+    return out
+
+
+def command_time(repeat: int) -> tuple[tuple[float, float], tuple[float, float]]:
+    """Wall time of the whole `plan3d search -m 175b -g 512` command and of importing planner.cli."""
+    exe = shutil.which("plan3d") or os.path.join(os.path.dirname(sys.executable), "plan3d")
+    cmd = [exe, "search", "-m", "175b", "-g", "512"]
+
+    def run():
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+
+    whole = _best(run, repeat)
+    imp = _best(lambda: subprocess.run([sys.executable, "-c", "import planner.cli"], check=True),
+                repeat)
+    return whole, imp
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+    print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, {platform.python_implementation()} "
+          f"{platform.python_version()}, numpy {np.__version__}, "
+          f"load average {os.getloadavg()[0]:.1f} at start")
+    print(f"{'case':<32} {'grid (splits x knobs)':<29} {'layouts':>10} {'fit':>8} "
+          f"{'wall s':>7} {'CPU s':>6} {'M/s wall':>9} {'M/s CPU':>8} {'peak MiB':>9}")
+    for r in case_rows(args.repeat):
+        shape = " x ".join(str(x) for x in r["shape"])
+        print(f"{r['case']:<32} {shape:<29} {r['size']:>10,} {r['fitting']:>8,} "
+              f"{r['wall']:>7.3f} {r['cpu']:>6.3f} {r['rate'] / 1e6:>9.2f} "
+              f"{r['size'] / max(r['cpu'], 1e-9) / 1e6:>8.2f} {r['peak'] / 2**20:>9.1f}")
+        print(f"{'':<32} winner: {r['winner']}")
+    print("linear cost (megatron-1t, --max-gpus 16384: the first 1/4, 1/2, all of the split rows):")
+    base = None
+    for frac, size, t, cpu in linearity(args.repeat):
+        base = base or (t / size, cpu / size)
+        print(f"  {frac:>4.2f}: {size:>10,} layouts  wall {t:.3f} s  CPU {cpu:.3f} s  "
+              f"{size / t / 1e6:.2f} M/s wall; per layout relative to 1/4: wall "
+              f"{t / size / base[0]:.2f}, CPU {cpu / size / base[1]:.2f}")
+    (whole, whole_cpu), (imp, imp_cpu) = command_time(max(3, args.repeat // 2))
+    print(f"`plan3d search -m 175b -g 512`, whole command: wall {whole:.2f} s, CPU {whole_cpu:.2f} s; "
+          f"`python -c 'import planner.cli'`: wall {imp:.2f} s, CPU {imp_cpu:.2f} s")
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"max resident set size of this benchmark process: {rss:.0f} MiB; "
+          f"load average {os.getloadavg()[0]:.1f} at end")
+
+
+if __name__ == "__main__":
+    main()

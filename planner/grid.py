@@ -1,0 +1,108 @@
+"""The search space as a broadcast grid: parallel splits on one axis, the other knobs on their own.
+
+A flat ``Candidates`` holds N equal-length arrays. A grid holds the same layouts without writing
+them out: the parallel split (tp, cp, pp, dp: the rows allowed by the GPU count) varies along
+axis 0 and each other dimension (zero_stage, micro_batch_size, recompute, sequence_parallel, vpp,
+distributed_optimizer) along an axis of its own, every field shaped to broadcast against the
+others. The cost model is elementwise numpy, so it evaluates a grid unchanged; a term that
+depends only on (tp, mbs, SP) is then computed once per such combination instead of once per
+layout, and only the final compositions run at the full size. Results are identical to evaluating the flattened layouts
+(tests/test_search_scale.py checks it element by element).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .space import Candidates
+
+SPLIT_FIELDS = ("tp", "cp", "pp", "dp", "first_stage_layers", "last_stage_layers")
+KNOB_FIELDS = ("zero_stage", "micro_batch_size", "recompute", "sequence_parallel", "vpp",
+               "distributed_optimizer")
+
+
+def parallel_splits(tps: np.ndarray, pps: np.ndarray, gpus: int | None = None,
+                    dps: np.ndarray | None = None, max_gpus: int | None = None,
+                    gpus_per_node: int = 8, cps: np.ndarray | None = None,
+                    num_layers: int | None = None) -> dict[str, np.ndarray]:
+    """The (tp, cp, pp, dp) rows of the space, as flat int64 arrays of equal length Q.
+
+    Fixed count: every tp x cp x pp that divides ``gpus``, dp = gpus / (tp*cp*pp).
+    Budget (``max_gpus``): every tp x cp x pp x dp (dp from ``dps``) whose product is at most
+    ``max_gpus`` and a whole number of nodes (or, below one node, a divisor of it).
+    ``cps`` defaults to [1]. Also returns ``gpus`` (tp*cp*pp*dp) per row and the pipeline split
+    (``first_stage_layers``, ``last_stage_layers``: 0 even; cost.pipeline.uneven_split when pp
+    does not divide ``num_layers``).
+    """
+    cps = np.array([1], dtype=np.int64) if cps is None else np.asarray(cps, dtype=np.int64)
+    if max_gpus is None:
+        if gpus is None:
+            raise ValueError("parallel_splits needs gpus or max_gpus")
+        tp, cp, pp = (g.ravel() for g in np.meshgrid(tps, cps, pps, indexing="ij"))
+        keep = gpus % (tp * cp * pp) == 0
+        tp, cp, pp = tp[keep], cp[keep], pp[keep]
+        dp = gpus // (tp * cp * pp)
+    else:
+        tp, cp, pp, dp = (g.ravel() for g in np.meshgrid(tps, cps, pps, dps, indexing="ij"))
+        n = tp * cp * pp * dp
+        whole = (n % gpus_per_node == 0) | ((n < gpus_per_node) & (gpus_per_node % n == 0))
+        keep = (n <= max_gpus) & whole
+        tp, cp, pp, dp = tp[keep], cp[keep], pp[keep], dp[keep]
+    out = {"tp": tp.astype(np.int64), "cp": cp.astype(np.int64), "pp": pp.astype(np.int64),
+           "dp": dp.astype(np.int64)}
+    out["gpus"] = out["tp"] * out["cp"] * out["pp"] * out["dp"]
+    if num_layers is None:
+        out["first_stage_layers"] = out["last_stage_layers"] = np.zeros_like(out["pp"])
+    else:
+        from .cost.pipeline import uneven_split
+        out["first_stage_layers"], out["last_stage_layers"] = uneven_split(num_layers, out["pp"])
+    return out
+
+
+@dataclass(frozen=True)
+class Grid:
+    """Q parallel splits x the knob axes; ``shape`` = (Q, len(knob_0), ..., len(knob_4))."""
+
+    split: dict[str, np.ndarray]
+    knobs: dict[str, np.ndarray]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (len(self.split["tp"]), *(len(self.knobs[k]) for k in KNOB_FIELDS))
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    def rows_per_chunk(self, target: int) -> int:
+        """How many split rows make a chunk of about ``target`` layouts (at least 1)."""
+        per_row = max(1, self.size // max(self.shape[0], 1))
+        return max(1, target // per_row)
+
+    def candidates(self, lo: int = 0, hi: int | None = None) -> Candidates:
+        """Split rows lo:hi as broadcast-shaped Candidates (fields of shape (q,1,..) / (1,..,k,..))."""
+        ndim = 1 + len(KNOB_FIELDS)
+        fields = {}
+        for name in SPLIT_FIELDS:
+            fields[name] = self.split[name][lo:hi].reshape((-1,) + (1,) * (ndim - 1))
+        for axis, name in enumerate(KNOB_FIELDS, start=1):
+            shape = [1] * ndim
+            shape[axis] = -1
+            fields[name] = self.knobs[name].reshape(shape)
+        return Candidates(**fields)
+
+    def flat(self, index: np.ndarray, row_offset: int = 0) -> Candidates:
+        """Flat Candidates for flat indices into the grid of rows row_offset: (C order)."""
+        sub_shape = (self.shape[0] - row_offset, *self.shape[1:])
+        idx = np.unravel_index(np.asarray(index, dtype=np.int64), sub_shape)
+        fields = {name: self.split[name][idx[0] + row_offset] for name in SPLIT_FIELDS}
+        for axis, name in enumerate(KNOB_FIELDS, start=1):
+            fields[name] = self.knobs[name][idx[axis]]
+        return Candidates(**fields)
+
+
+def full(array: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """``array`` broadcast to ``shape`` (a read-only view; no copy)."""
+    return np.broadcast_to(np.asarray(array), shape)

@@ -1,0 +1,89 @@
+"""What a search optimises: throughput, time to train, or cost; and the memory safety margin.
+
+- throughput: tokens/s of the whole job (higher is better).
+- time-to-train: T_train = tokens / (tokens/s), seconds, for the model's training token budget
+  (``training.tokens``, overridable). At a fixed GPU count it ranks like throughput; with a GPU
+  budget (``--max-gpus``) too.
+- cost: GPU-hours x price = gpus * T_train / 3600 s * price (currency per GPU-hour); lower is
+  better. It prefers the layout with the most tokens/s per GPU, which differs from throughput
+  when the search also picks the GPU count.
+All arrays broadcast; SI inside (seconds, bytes).
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from .errors import UsageError
+
+OBJECTIVES = ("throughput", "time-to-train", "cost")
+GIB = 2.0**30
+
+
+def check(objective: str, tokens: float | None, price_per_gpu_hour: float | None) -> None:
+    """UsageError (one line) if the objective lacks what it needs or an input is out of range."""
+    if objective not in OBJECTIVES:
+        raise UsageError(f"--objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
+    if tokens is not None and not tokens > 0:
+        raise UsageError(f"--tokens must be positive, got {tokens:g}")
+    if price_per_gpu_hour is not None and not price_per_gpu_hour > 0:
+        raise UsageError(f"--price-per-gpu-hour must be positive, got {price_per_gpu_hour:g}")
+    if objective in ("time-to-train", "cost") and tokens is None:
+        raise UsageError(f"--objective {objective} needs a training token budget: the model gives "
+                         "none, pass --tokens")
+    if objective == "cost" and price_per_gpu_hour is None:
+        raise UsageError("--objective cost needs --price-per-gpu-hour")
+
+
+def score(objective: str, tokens_per_s: np.ndarray, gpus: np.ndarray, tokens: float | None,
+          price_per_gpu_hour: float | None) -> np.ndarray:
+    """Higher-is-better score: tokens/s, -T_train (s), or -cost (currency). Broadcast shape."""
+    if objective == "throughput":
+        return tokens_per_s
+    t_train = (tokens or 1.0) / tokens_per_s
+    if objective == "time-to-train":
+        return -t_train
+    return -(gpus * t_train / 3600.0 * (price_per_gpu_hour or 1.0))
+
+
+def annotate(throughput: dict[str, np.ndarray], gpus: np.ndarray, tokens: float | None,
+             price_per_gpu_hour: float | None) -> None:
+    """Add ``time_to_train_s``, ``gpu_hours`` (with a token budget) and ``cost`` (with a price)."""
+    if tokens is None:
+        return
+    t_train = tokens / throughput["tokens_per_s"]
+    throughput["time_to_train_s"] = t_train
+    throughput["gpu_hours"] = gpus * t_train / 3600.0
+    if price_per_gpu_hour is not None:
+        throughput["cost"] = throughput["gpu_hours"] * price_per_gpu_hour
+
+
+_HEADROOM = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*(%|[A-Za-z]+)?\s*$")
+
+
+def parse_headroom(text: str | None) -> tuple[float, float]:
+    """``"4GiB"`` -> (4*2^30 bytes, 0); ``"10%"`` -> (0, 0.10). None -> (0, 0). UsageError else.
+
+    A plain number is GiB. Bytes units as planner.units accepts them (GiB, GB, MiB, ...).
+    """
+    if text is None:
+        return 0.0, 0.0
+    match = _HEADROOM.match(str(text))
+    if not match:
+        raise UsageError(f"--min-memory-headroom must look like '4GiB' or '10%', got {text!r}")
+    value, unit = float(match.group(1)), match.group(2)
+    if unit == "%":
+        if value >= 100:
+            raise UsageError(f"--min-memory-headroom {text} leaves no memory to use")
+        return 0.0, value / 100.0
+    if unit is None:
+        return value * GIB, 0.0
+    from .units import parse_quantity
+    return parse_quantity(f"{match.group(1)} {unit}", "bytes", "--min-memory-headroom"), 0.0
+
+
+def usable_memory(capacity: float, headroom_bytes: float, headroom_fraction: float) -> float:
+    """Bytes a layout may use per GPU: capacity - max(headroom bytes, fraction * capacity)."""
+    return capacity - max(headroom_bytes, headroom_fraction * capacity)

@@ -1,0 +1,185 @@
+"""``plan3d sweep``: the best layout at each GPU count, and how well throughput scales.
+
+Scaling efficiency of count n against the smallest count n0 that has a fitting layout:
+    eff(n) = (tokens/s(n) / n) / (tokens/s(n0) / n0)
+i.e. per-GPU throughput relative to the base (1.0 = perfectly linear strong scaling at a fixed
+global batch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Callable
+
+from .errors import PlannerError, UsageError
+from .search import MAX_GPUS, SearchOptions, check_inputs, search
+from .specs import HardwareProfile, ModelSpec, TrainingSpec
+
+
+def parse_gpu_counts(text: str, hw: HardwareProfile) -> list[int]:
+    """``"64:4096"`` -> [64, 128, ..., 4096] (doublings from the low end, the high end included
+    when it is reached exactly); ``"64,256,1024"`` -> that list, sorted. UsageError otherwise;
+    every count must be a whole number of nodes beyond one node.
+    """
+    text = text.strip()
+    try:
+        if ":" in text:
+            lo_s, hi_s = text.split(":", 1)
+            lo, hi = int(lo_s), int(hi_s)
+            if lo <= 0 or hi < lo:
+                raise UsageError(f"--gpus {text}: need 0 < low <= high, e.g. 64:4096")
+            if hi > MAX_GPUS:
+                raise UsageError(f"--gpus {text}: beyond what plan3d models (at most {MAX_GPUS:,})")
+            counts = []
+            n = lo
+            while n <= hi:
+                counts.append(n)
+                n *= 2
+        else:
+            counts = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise UsageError(f"--gpus {text!r}: write a range low:high (powers of two between) "
+                         "or a comma list, e.g. 64:4096 or 64,256,1024") from None
+    if not counts:
+        raise UsageError("--gpus: no GPU counts given")
+    for n in counts:
+        check_inputs(n, hw)
+    return counts
+
+
+def sweep(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, counts: list[int],
+          opts: SearchOptions = SearchOptions(),
+          on_step: Callable[[int], None] | None = None) -> list[dict]:
+    """Search at each count; one row per count (SI units), ``error`` set where none fits/splits.
+
+    Row keys: gpus, global_batch_size, layout (dict), layout_short, tokens_per_s, mfu, step_s,
+    memory_bytes, scaling_efficiency (None for the base and for errors), error (None or one line).
+    """
+    rows: list[dict] = []
+    base: tuple[int, float] | None = None
+    small = replace(opts, keep=min(opts.keep, 8), max_gpus=None)
+    for n in counts:
+        try:
+            best = search(model, hw, training, n, small).ranked
+        except PlannerError as exc:
+            rows.append({"gpus": n, "global_batch_size": training.global_batch_size,
+                         "error": str(exc), "scaling_efficiency": None})
+        else:
+            tps = float(best.throughput["tokens_per_s"][0])
+            eff = None if base is None else (tps / n) / (base[1] / base[0])
+            if base is None:
+                base = (n, tps)
+            lay = best.candidates.layout(0)
+            rows.append({"gpus": n, "global_batch_size": training.global_batch_size,
+                         "layout": lay.model_dump(), "layout_short": lay.short(),
+                         "tokens_per_s": tps, "mfu": float(best.throughput["mfu"][0]),
+                         "step_s": float(best.time["step"][0]),
+                         "memory_bytes": float(best.memory["total"][0]),
+                         "scaling_efficiency": eff, "error": None})
+        if on_step is not None:
+            on_step(n)
+    if base is None:
+        raise UsageError(f"no GPU count in {counts[0]}..{counts[-1]} has a layout of "
+                         f"{model.name} that fits: {rows[-1]['error']}")
+    return rows
+
+
+def parse_batch_sizes(text: str | None) -> list[int | None]:
+    """``"1536"`` -> [1536]; ``"768,1536,3072"`` -> that list; None -> [None] (the model's)."""
+    if text is None:
+        return [None]
+    try:
+        sizes = [int(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        raise UsageError(f"--global-batch-size {text!r}: write a number or a comma list, "
+                         "e.g. 1536 or 768,1536,3072") from None
+    if not sizes or any(b <= 0 for b in sizes):
+        raise UsageError(f"--global-batch-size {text!r}: sizes must be positive")
+    return list(dict.fromkeys(sizes))
+
+
+def sweep_batches(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec,
+                  counts: list[int], batches: list[int], opts: SearchOptions = SearchOptions(),
+                  on_step: Callable[[int], None] | None = None) -> list[dict]:
+    """``sweep`` at each global batch size (rows in batch, then GPU order); scaling efficiency
+    is relative to the first count with a fit at the same batch. UsageError if none fits."""
+    rows: list[dict] = []
+    errors = []
+    for b in batches:
+        try:
+            rows += sweep(model, hw, training.model_copy(update={"global_batch_size": b}), counts,
+                          opts, on_step)
+        except UsageError as exc:
+            errors.append(str(exc))
+            rows += [{"gpus": n, "global_batch_size": b, "error": "no fit at this batch",
+                      "scaling_efficiency": None} for n in counts]
+    if len(errors) == len(batches):
+        raise UsageError(errors[0])
+    return rows
+
+
+def run_command(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: str,
+                json_out: bool, plot_path, force: bool, headroom: str | None,
+                batches: str | None = None) -> None:
+    """``plan3d sweep``: check the inputs, sweep under a progress bar, then print and plot."""
+    from . import report
+    from .objective import parse_headroom
+    from .report_scale import progress, sweep_table
+    counts = parse_gpu_counts(gpus, hw)
+    sizes = [b or training.global_batch_size for b in parse_batch_sizes(batches)]
+    if plot_path is not None:
+        if plot_path.exists() and not force:
+            raise UsageError(f"{plot_path} exists; pass --force to overwrite it")
+        import importlib.util
+        if importlib.util.find_spec("matplotlib") is None:
+            raise UsageError("--plot needs matplotlib: pip install 'plan3d[plot]'")
+    headroom_bytes, headroom_fraction = parse_headroom(headroom)
+    opts = SearchOptions(headroom_bytes=headroom_bytes, headroom_fraction=headroom_fraction)
+    with progress() as bar:
+        task = bar.add_task("Sweeping GPU counts", total=len(counts) * len(sizes))
+        rows = sweep_batches(model, hw, training, counts, sizes, opts,
+                             on_step=lambda n: bar.advance(task))
+    if plot_path is not None:
+        batch = ", ".join(str(b) for b in sizes)
+        plot(rows, plot_path, f"{model.name} on {hw.name}, batch {batch} x {training.seq_length}")
+    if json_out:
+        report.print_json(rows)
+        return
+    report.header(model, hw, training.model_copy(update={"global_batch_size": sizes[0]}),
+                  f"{counts[0]}..{counts[-1]}")
+    sweep_table(rows)
+    if plot_path is not None:
+        report.out.print(f"Wrote the plot to {plot_path}")
+
+
+def plot(rows: list[dict], path, title: str) -> None:
+    """tokens/s and MFU against GPUs (log2 x axis) to ``path`` (PNG). Needs matplotlib (extra 'plot')."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise UsageError("--plot needs matplotlib: pip install 'plan3d[plot]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in rows if not r.get("error")]
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    ax2 = ax.twinx()
+    for b in dict.fromkeys(r["global_batch_size"] for r in ok):
+        series = [r for r in ok if r["global_batch_size"] == b]
+        gpus = [r["gpus"] for r in series]
+        ax.plot(gpus, [r["tokens_per_s"] for r in series], "o-", label=f"tokens/s, batch {b}")
+        ax2.plot(gpus, [r["mfu"] * 100 for r in series], "s--", label=f"MFU, batch {b}")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("GPUs")
+    ax.set_ylabel("tokens/s (solid)")
+    ax.legend(loc="upper left", fontsize="small")
+    ax2.set_ylabel("MFU, % (dashed)")
+    ax2.set_ylim(0, 100)
+    ax.set_title(title)
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=120)
+    except OSError as exc:
+        raise UsageError(f"cannot write {path}: {exc.strerror or exc}") from None
+    finally:
+        plt.close(fig)

@@ -1,0 +1,141 @@
+"""``--why-not "tp=4,pp=16"``: judge a user's (partial) layout against the search's winner.
+
+Unspecified dimensions take their best completion (a search with the given ones pinned). The
+verdict is one of: ``invalid`` (the rules it breaks, each named as the search names it),
+``no-fit`` (the closest completion and how far over HBM it is), ``winner`` (it is the best), or
+``slower`` (by how much, and which step-time terms account for the gap).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from .cost import Estimate
+from .errors import NoFitError, UsageError
+from .explain import term_deltas
+from .search import SearchOptions, build_grid, search
+from .space import constraint_masks
+from .specs import RECOMPUTE_CODES, HardwareProfile, ModelSpec, TrainingSpec
+
+_KEYS = {"tp": "tp", "cp": "cp", "pp": "pp", "dp": "dp", "distopt": "distributed_optimizer",
+         "distributed_optimizer": "distributed_optimizer", "zero": "zero_stage", "zero_stage": "zero_stage",
+         "mbs": "micro_batch_size", "micro_batch_size": "micro_batch_size", "vpp": "vpp",
+         "recompute": "recompute", "sp": "sequence_parallel", "sequence_parallel": "sequence_parallel"}
+_TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
+
+
+def parse_layout(text: str) -> dict[str, object]:
+    """``"tp=4,pp=16,sp=1,recompute=full"`` -> SearchOptions pins. UsageError on anything odd.
+
+    Keys: tp, cp, pp, dp, zero (zero_stage), distopt (distributed_optimizer: 1/0), mbs
+    (micro_batch_size), vpp, recompute (none/selective/full), sp (sequence_parallel: 1/0).
+    """
+    pins: dict[str, object] = {}
+    for part in filter(None, (p.strip() for p in text.replace(" ", ",").split(","))):
+        key, sep, value = part.partition("=")
+        key, value = key.strip().lower(), value.strip().lower()
+        if not sep or key not in _KEYS or not value:
+            raise UsageError(f"--why-not: cannot read {part!r}; write e.g. 'tp=4,pp=16' "
+                             f"(keys: {', '.join(sorted(set(_KEYS)))})")
+        name = _KEYS[key]
+        if name == "recompute":
+            if value not in RECOMPUTE_CODES:
+                raise UsageError(f"--why-not: recompute must be none, selective or full, got {value!r}")
+            pins[name] = value
+        elif name in ("sequence_parallel", "distributed_optimizer"):
+            if value not in _TRUE | _FALSE:
+                raise UsageError(f"--why-not: {key} must be 1 or 0, got {value!r}")
+            pins[name] = value in _TRUE
+        else:
+            if not value.isdigit() or int(value) <= 0 and name != "zero_stage":
+                raise UsageError(f"--why-not: {key} must be a positive integer, got {value!r}")
+            pins[name] = int(value)
+            if name == "zero_stage" and pins[name] > 3:
+                raise UsageError(f"--why-not: zero must be 0, 1, 2 or 3, got {value!r}")
+    if not pins:
+        raise UsageError("--why-not needs at least one dimension, e.g. 'tp=4,pp=16'")
+    return pins
+
+
+@dataclass
+class WhyNot:
+    """The verdict on one (partial) layout. Times in seconds, memory in bytes."""
+
+    text: str
+    status: str  # invalid | no-fit | winner | slower
+    reasons: list[str] = field(default_factory=list)
+    completion: Estimate | None = None
+    winner: Estimate | None = None
+    slower_by: float = 0.0  # fraction: score(winner)/score(completion) - 1 for throughput
+    deltas: list[tuple[str, float]] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        out: dict = {"layout": self.text, "status": self.status, "reasons": self.reasons}
+        if self.completion is not None:
+            out["completion"] = self.completion.to_dict(0)
+        if self.winner is not None:
+            out["winner"] = self.winner.to_dict(0)
+            out["slower_by"] = self.slower_by
+            out["time_deltas_s"] = dict(self.deltas)
+        return out
+
+
+def broken_rules(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: int | None,
+                 opts: SearchOptions) -> list[str]:
+    """Rules that NO completion of the pinned layout passes (each checked on its own); if each
+    can be met alone but not together, the rule after which nothing remained. [] when valid."""
+    grid = build_grid(model, hw, training, gpus, opts)
+    if grid.size == 0:
+        pins = " * ".join(f"{k}={getattr(opts, k)}" for k in ("tp", "cp", "pp") if getattr(opts, k))
+        where = f"{gpus} GPUs" if gpus is not None else f"at most {opts.max_gpus} GPUs in whole nodes"
+        return [f"{pins} does not divide {where}" if pins else f"no tp * cp * pp split uses {where}"]
+    masks = constraint_masks(model, training, hw.gpus_per_node, grid.candidates(),
+                             opts.allow_cross_node_tp)
+    broken = [rule for rule, ok in masks.items() if not np.any(ok)]
+    if broken:
+        return broken
+    alive = np.ones(grid.shape, dtype=bool)
+    for rule, ok in masks.items():
+        alive &= np.broadcast_to(ok, grid.shape)
+        if not alive.any():
+            return [f"{rule} (together with the rules before it)"]
+    return []
+
+
+def why_not(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: int | None,
+            opts: SearchOptions, text: str) -> WhyNot:
+    """Evaluate the layout ``text`` (unspecified dims: best completion) against the winner."""
+    pins = parse_layout(text)
+    pinned = replace(opts, **pins)
+    broken = broken_rules(model, hw, training, gpus, pinned)
+    if broken:
+        return WhyNot(text, "invalid", broken)
+    try:
+        mine = search(model, hw, training, gpus, pinned).ranked.take(np.array([0]))
+    except NoFitError as exc:
+        return WhyNot(text, "no-fit", [str(exc)])
+    best = search(model, hw, training, gpus, opts).ranked.take(np.array([0]))
+    t_mine, t_best = float(mine.time["step"][0]), float(best.time["step"][0])
+    tps_mine = float(mine.throughput["tokens_per_s"][0])
+    tps_best = float(best.throughput["tokens_per_s"][0])
+    same = mine.candidates.layout(0) == best.candidates.layout(0)
+    key = {"throughput": "tokens_per_s", "time-to-train": "time_to_train_s", "cost": "cost"}
+    key = key[opts.objective]
+    if opts.objective == "throughput":
+        beaten = tps_mine < tps_best
+    else:  # lower is better; a tie in cost or time is not a loss
+        beaten = float(mine.throughput[key][0]) > float(best.throughput[key][0])
+    if same or not beaten:
+        return WhyNot(text, "winner", [], mine, best)
+    reasons = [f"its best completion runs {tps_mine:,.0f} tokens/s against the winner's "
+               f"{tps_best:,.0f} ({t_mine:.3f} s vs {t_best:.3f} s per step)"]
+    if opts.objective != "throughput":
+        unit = (lambda v: f"{v / 86400:.1f} days") if key == "time_to_train_s" else \
+            (lambda v: f"{v:,.0f}")
+        reasons.append(f"by {opts.objective}: {unit(float(mine.throughput[key][0]))} against "
+                       f"{unit(float(best.throughput[key][0]))} on {mine.candidates.layout(0).gpus} "
+                       f"vs {best.candidates.layout(0).gpus} GPUs")
+    return WhyNot(text, "slower", reasons, mine, best, tps_best / tps_mine - 1.0,
+                  term_deltas(mine, 0, best, 0))

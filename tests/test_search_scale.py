@@ -1,0 +1,189 @@
+"""Cluster-scale search: the broadcast grid, objectives, GPU budget, memory headroom (issue 4)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from planner import catalog
+from planner.cost import evaluate
+from planner.errors import UsageError
+from planner.grid import full
+from planner.objective import parse_headroom, usable_memory
+from planner.search import FIT_RULE, SearchOptions, build_grid, enumerate_space, search
+from planner.space import constraint_masks
+from planner.specs import TrainingSpec
+
+GIB = 2.0**30
+
+
+@pytest.fixture(scope="module")
+def gpt3():
+    m = catalog.resolve_model("175b")
+    hw = catalog.resolve_hardware("dgx-h100")
+    tr = TrainingSpec(seq_length=2048, global_batch_size=1536, tokens=3.0e11)
+    return m, hw, tr
+
+
+@pytest.fixture(scope="module")
+def gpt3_512(gpt3):
+    m, hw, tr = gpt3
+    return search(m, hw, tr, 512)
+
+
+def _brute_force(m, hw, tr, gpus, opts=SearchOptions()):
+    """Flat evaluation of every layout, then the same rules and fit test: the reference."""
+    flat = enumerate_space(m, hw, tr, gpus, opts)
+    ok = np.ones(len(flat), dtype=bool)
+    for mask in constraint_masks(m, tr, hw.gpus_per_node, flat).values():
+        ok &= mask
+    est = evaluate(m, hw, tr, flat)
+    return est, ok & est.fits
+
+
+def test_grid_evaluation_equals_flat_evaluation_element_by_element(gpt3):
+    m, hw, tr = gpt3
+    grid = build_grid(m, hw, tr, 512, SearchOptions())
+    # tp = 2^a (a <= 3), cp = 2^b (b <= 4), pp = 2^c (c <= 5: powers of two dividing 96) with
+    # a + b + c <= 9 (512 = 2^9): 30 + 29 + 27 + 24 = 110 splits for a = 0..3;
+    # zero 0-3; mbs = divisors of 1536 up to 64 (12); recompute 3; SP 2; vpp = divisors of 96
+    # up to 16 (8); distributed optimizer off (1)
+    assert grid.shape == (110, 4, 12, 3, 2, 8, 1)
+    est_grid = evaluate(m, hw, tr, grid.candidates())
+    est_flat = evaluate(m, hw, tr, grid.flat(np.arange(grid.size)))
+    for group in ("memory", "time", "throughput"):
+        for key, flat in getattr(est_flat, group).items():
+            assert np.array_equal(full(getattr(est_grid, group)[key], grid.shape).ravel(), flat), key
+
+
+def test_search_winner_equals_brute_force(gpt3, gpt3_512):
+    m, hw, tr = gpt3
+    est, ok = _brute_force(m, hw, tr, 512)
+    assert gpt3_512.enumerated == len(est) == 253_440  # 110 x 4 x 12 x 3 x 2 x 8 x 1
+    assert gpt3_512.fitting == int(ok.sum())
+    best = float(est.throughput["tokens_per_s"][ok].max())
+    assert float(gpt3_512.ranked.throughput["tokens_per_s"][0]) == best
+    # ranked best first, and the kept list is the true top of the space
+    tps = gpt3_512.ranked.throughput["tokens_per_s"]
+    assert np.all(np.diff(tps) <= 0)
+    top = np.sort(est.throughput["tokens_per_s"][ok])[::-1][:len(tps)]
+    assert np.array_equal(np.sort(tps)[::-1], top)
+
+
+def test_without_cp_the_space_and_counts_of_the_original_search(gpt3):
+    """max_cp=1 is the skeleton's space; its CLI printed for 175B on 512 H100s: 'Searched
+    55,296 layouts, 4,844 fit', 11,728 not fitting, winner tp=4 pp=8 dp=16 zero=1 mbs=2 vpp=12
+    at 316,115 tokens/s."""
+    m, hw, tr = gpt3
+    res = search(m, hw, tr, 512, SearchOptions(max_cp=1))
+    assert (res.enumerated, res.fitting, res.pruned[FIT_RULE]) == (55_296, 4_844, 11_728)
+    assert res.pruned["layers divisible by pp*vpp"] == 14_976
+    lay = res.ranked.candidates.layout(0)
+    assert (lay.tp, lay.pp, lay.dp, lay.zero_stage, lay.micro_batch_size, lay.vpp) == (4, 8, 16, 1, 2, 12)
+    assert round(float(res.ranked.throughput["tokens_per_s"][0])) == 316_115
+
+
+def test_time_to_train_from_the_token_budget(gpt3, gpt3_512):
+    m, hw, tr = gpt3
+    assert "time_to_train_s" not in gpt3_512.ranked.throughput  # only when asked for
+    res = search(m, hw, tr, 512, SearchOptions(objective="time-to-train"))
+    assert res.ranked.candidates.layout(0) == gpt3_512.ranked.candidates.layout(0)
+    th = res.ranked.throughput
+    # T = 3e11 tokens / tokens_per_s; the 175B winner runs ~316,955 tokens/s -> ~946,500 s ~ 10.95 days
+    assert th["time_to_train_s"][0] == pytest.approx(3.0e11 / th["tokens_per_s"][0])
+    assert th["time_to_train_s"][0] / 86400 == pytest.approx(10.95, abs=0.05)
+    assert "cost" not in th  # no price given
+
+
+def test_max_gpus_picks_the_count_in_whole_nodes(gpt3, gpt3_512):
+    m, hw, tr = gpt3
+    res = search(m, hw, tr, None, SearchOptions(max_gpus=1024))
+    c = res.ranked.candidates
+    gpus = c.tp * c.cp * c.pp * c.dp
+    assert np.all(gpus <= 1024) and np.all(gpus % 8 == 0)
+    fixed = search(m, hw, tr, 1024)
+    # throughput: the budget is best spent whole (more GPUs, more tokens/s here), same winner
+    assert int(gpus[0]) == 1024
+    assert res.ranked.throughput["tokens_per_s"][0] == fixed.ranked.throughput["tokens_per_s"][0]
+    assert res.ranked.throughput["tokens_per_s"][0] > gpt3_512.ranked.throughput["tokens_per_s"][0]
+
+
+def test_cost_objective_prefers_tokens_per_gpu(gpt3):
+    m, hw, tr = gpt3
+    price = 2.5
+    res = search(m, hw, tr, None, SearchOptions(max_gpus=512, objective="cost",
+                                                price_per_gpu_hour=price))
+    th, c = res.ranked.throughput, res.ranked.candidates
+    gpus = (c.tp * c.cp * c.pp * c.dp).astype(float)
+    # cost = gpus * (tokens / tokens_per_s) / 3600 s * price, ranked cheapest first
+    assert th["cost"][0] == pytest.approx(gpus[0] * 3.0e11 / th["tokens_per_s"][0] / 3600 * price)
+    assert np.all(np.diff(th["cost"]) >= 0)
+    # the cheapest is the most tokens/s per GPU over every fixed count (here 128 GPUs, 650 tok/s/GPU)
+    per_gpu = {n: float(search(m, hw, tr, n).ranked.throughput["tokens_per_s"][0]) / n
+               for n in (64, 128, 256, 512)}
+    assert th["tokens_per_s"][0] / gpus[0] == pytest.approx(max(per_gpu.values()))
+    assert int(gpus[0]) == max(per_gpu, key=per_gpu.get) == 128
+
+
+def test_objective_inputs_are_checked(gpt3):
+    m, hw, tr = gpt3
+    with pytest.raises(UsageError, match="--price-per-gpu-hour"):
+        search(m, hw, tr, 512, SearchOptions(objective="cost"))
+    with pytest.raises(UsageError, match="--tokens"):
+        search(m, hw, tr.model_copy(update={"tokens": None}), 512,
+               SearchOptions(objective="time-to-train"))
+    with pytest.raises(UsageError, match="throughput, time-to-train, cost"):
+        search(m, hw, tr, 512, SearchOptions(objective="speed"))
+    with pytest.raises(UsageError, match="whole number of 8-GPU nodes"):
+        search(m, hw, tr, None, SearchOptions(max_gpus=100))
+
+
+def test_headroom_parsing():
+    assert parse_headroom("4GiB") == (4 * GIB, 0.0)
+    assert parse_headroom("4 GiB") == (4 * GIB, 0.0)
+    assert parse_headroom("2.5") == (2.5 * GIB, 0.0)  # a bare number is GiB
+    assert parse_headroom("10%") == (0.0, 0.10)
+    assert parse_headroom(None) == (0.0, 0.0)
+    # 80 GiB H100: 10% keeps 8 GiB free -> 72 GiB usable; 4 GiB -> 76 GiB; the larger margin wins
+    assert usable_memory(80 * GIB, 0.0, 0.10) == 72 * GIB
+    assert usable_memory(80 * GIB, 4 * GIB, 0.10) == 72 * GIB
+    assert usable_memory(80 * GIB, 12 * GIB, 0.10) == 68 * GIB
+    for bad in ("ten", "4 parsecs", "100%", "-3GiB"):
+        with pytest.raises(UsageError):
+            parse_headroom(bad)
+
+
+def test_headroom_changes_the_winner(gpt3):
+    m, hw, tr = gpt3
+    # without CP and a margin the winner uses 79.6 of 80 GiB (mbs=2); with 10% every layout
+    # stays under 72 GiB and the winner drops to mbs=1 (59.0 GiB)
+    plain = search(m, hw, tr, 512, SearchOptions(max_cp=1))
+    assert plain.ranked.memory["total"][0] / GIB == pytest.approx(79.6, abs=0.05)
+    res = search(m, hw, tr, 512, SearchOptions(max_cp=1, headroom_fraction=0.10))
+    assert np.all(res.ranked.memory["total"] <= 72 * GIB)
+    assert res.fitting < plain.fitting
+    assert res.ranked.candidates.layout(0).micro_batch_size == 1
+    assert res.ranked.memory["total"][0] / GIB == pytest.approx(59.0, abs=0.05)
+    assert res.ranked.throughput["tokens_per_s"][0] < plain.ranked.throughput["tokens_per_s"][0]
+
+
+@settings(max_examples=8, deadline=None)
+@given(name=st.sampled_from(["llama3-8b", "gpt-neox-20b", "llama2-70b", "mpt-30b", "175b"]),
+       nodes=st.sampled_from([1, 2, 4, 16]), batch=st.sampled_from([32, 96, 512]),
+       seq=st.sampled_from([2048, 8192]), flash=st.booleans())
+def test_grid_equals_flat_for_any_model(name, nodes, batch, seq, flash):
+    """The broadcast grid relies on the cost model being elementwise numpy: any term written
+    for flat (N,) arrays only (len(c), np.full(N), a Python loop) breaks this test."""
+    m, hw = catalog.resolve_model(name), catalog.resolve_hardware("dgx-h100")
+    tr = TrainingSpec(seq_length=seq, global_batch_size=batch, flash_attention=flash)
+    grid = build_grid(m, hw, tr, 8 * nodes, SearchOptions(max_micro_batch_size=8, max_vpp=4))
+    est_grid = evaluate(m, hw, tr, grid.candidates())
+    est_flat = evaluate(m, hw, tr, grid.flat(np.arange(grid.size)))
+    summary = evaluate(m, hw, tr, grid.candidates(), summary=True)
+    for group in ("memory", "time", "throughput"):
+        for key, flat in getattr(est_flat, group).items():
+            assert np.array_equal(full(getattr(est_grid, group)[key], grid.shape).ravel(), flat), key
+    assert np.array_equal(full(summary.memory["total"], grid.shape).ravel(), est_flat.memory["total"])
+    assert np.array_equal(full(summary.time["step"], grid.shape).ravel(), est_flat.time["step"])

@@ -1,0 +1,103 @@
+"""Uneven pipeline splits (Megatron's --decoder-first/last-pipeline-num-layers), issue 4."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from planner import __version__, catalog
+from planner.cost.flops import layer_params_per_gpu
+from planner.cost.memory import stage_params
+from planner.cost.pipeline import uneven_split
+from planner.cost.step import TIME_TERMS, estimate_layout
+from planner.errors import UsageError
+from planner.search import SearchOptions, check_layout, search
+from planner.space import Candidates
+from planner.specs import Layout, Plan, TrainingSpec
+
+
+def test_uneven_split_by_hand():
+    # 126 layers (Llama-3 405B): middle stages ceil(126/pp), the rest halved between the edges
+    # pp=16: 8 each, 126 - 14*8 = 14 -> 7 + 7 (Llama 3 paper §3.3.2: one layer fewer on each edge)
+    # pp=8: 16 each, 126 - 96 = 30 -> 15 + 15; pp=4: 32, 62 -> 31 + 31; pp=64: 2, 2 -> 1 + 1;
+    # pp=128 > 126 layers: impossible; pp=2 divides 126: even (0, 0)
+    first, last = uneven_split(126, np.array([16, 8, 4, 64, 128, 2]))
+    assert first.tolist() == [7, 15, 31, 1, -1, 0] and last.tolist() == [7, 15, 31, 1, -1, 0]
+    # odd layers on two stages: 81 -> 40 + 41; 96 layers on 64 stages: 62 * 2 > 96, impossible
+    assert [int(x) for x in uneven_split(81, np.array([2]))[0]] == [40]
+    assert [int(x) for x in uneven_split(81, np.array([2]))[1]] == [41]
+    assert int(uneven_split(96, np.array([64]))[0][0]) == -1
+
+
+def test_stage_parameters_by_hand():
+    m = catalog.resolve_model("llama3-405b")
+    c = Candidates.from_layouts([Layout(tp=8, pp=16, dp=1, zero_stage=1, micro_batch_size=1,
+                                        first_stage_layers=7, last_stage_layers=7)])
+    sharded, replicated = layer_params_per_gpu(m, c.tp)
+    layer = float(sharded[0] + replicated[0])
+    # (2*16384*128*128 + 2*16384*128*8 + 3*16384*53248)/8 + 2*16384 norms = 398,491,648 per layer
+    assert layer == 398_491_648
+    # word embedding: V_p = ceil(128256/1024)*1024 = 129,024; 129024 * 16384 / 8 = 264,241,152
+    assert stage_params(m, c, "first")[0] == 7 * layer + 264_241_152
+    assert stage_params(m, c, "middle")[0] == 8 * layer  # 3,187,933,184: the most per GPU
+    assert stage_params(m, c, "last")[0] == 7 * layer + 16_384 + 264_241_152  # final norm, output layer
+
+
+def test_an_uneven_split_equal_to_the_even_one_costs_the_same():
+    """96 layers on pp=8 given as 12 + 6 x 12 + 12 is the even split: every number must match."""
+    m, hw = catalog.resolve_model("175b"), catalog.resolve_hardware("dgx-h100")
+    tr = TrainingSpec(seq_length=2048, global_batch_size=1536)
+    base = dict(tp=8, pp=8, dp=8, zero_stage=1, micro_batch_size=1, sequence_parallel=True)
+    even = estimate_layout(m, hw, tr, Layout(**base))
+    given = estimate_layout(m, hw, tr, Layout(**base, first_stage_layers=12, last_stage_layers=12))
+    for group in ("memory", "time", "throughput"):
+        for key, v in getattr(even, group).items():
+            assert getattr(given, group)[key][0] == pytest.approx(v[0], rel=1e-12), key
+
+
+def test_uneven_step_and_memory():
+    m, hw = catalog.resolve_model("llama3-405b"), catalog.resolve_hardware("dgx-h100")
+    tr = TrainingSpec(seq_length=8192, global_batch_size=2048)
+    est = estimate_layout(m, hw, tr, Layout(tp=8, pp=16, dp=128, zero_stage=1, micro_batch_size=1,
+                                            sequence_parallel=True, recompute="full",
+                                            first_stage_layers=7, last_stage_layers=7))
+    assert sum(est.time[t][0] for t in TIME_TERMS) == pytest.approx(est.time["step"][0], rel=1e-12)
+    assert est.memory["peak_stage"][0] == 1  # the 8-layer middle rank, not an edge
+    # the same on 14 even stages of 9 layers holds more per GPU and runs longer per micro-batch
+    even = estimate_layout(m, hw, tr, Layout(tp=8, pp=14, dp=128, zero_stage=1, micro_batch_size=1,
+                                             sequence_parallel=True, recompute="full"))
+    assert est.memory["total"][0] < even.memory["total"][0]
+    assert est.time["compute"][0] < even.time["compute"][0]
+
+
+def test_rules_and_hints():
+    m, hw = catalog.resolve_model("llama3-405b"), catalog.resolve_hardware("dgx-h100")
+    tr = TrainingSpec(seq_length=8192, global_batch_size=2048)
+    with pytest.raises(UsageError, match="first_stage_layers 7, last_stage_layers 7"):
+        check_layout(m, hw, tr, 16384, dict(tp=8, pp=16, zero_stage=1, micro_batch_size=1))
+    for bad in (dict(first_stage_layers=5, last_stage_layers=7),  # 114 on 14 stages: not whole
+                dict(first_stage_layers=7, last_stage_layers=7, vpp=2)):  # interleaving: not modelled
+        with pytest.raises(UsageError, match="uneven pipeline split"):
+            check_layout(m, hw, tr, 16384, dict(tp=8, pp=16, zero_stage=1, micro_batch_size=1, **bad))
+    lay = search(m, hw, tr, 16384, SearchOptions(tp=8, pp=16, max_cp=1)).ranked.candidates.layout(0)
+    assert (lay.first_stage_layers, lay.last_stage_layers) == (7, 7)
+
+
+def test_exports_of_an_uneven_split():
+    from planner.frameworks import export_plan
+    from planner.frameworks.megatron import megatron_args
+    from planner.frameworks.torchtitan import torchtitan_settings
+    m = catalog.resolve_model("llama3-405b")
+    lay = Layout(tp=8, pp=16, dp=128, zero_stage=1, micro_batch_size=1, first_stage_layers=7,
+                 last_stage_layers=7)
+    plan = Plan(plan3d_version=__version__, model=m, hardware=catalog.resolve_hardware("dgx-h100"),
+                gpus=16384, training=TrainingSpec(seq_length=8192, global_batch_size=2048), layout=lay)
+    args = dict(megatron_args(plan))
+    assert args["--decoder-first-pipeline-num-layers"] == "7"
+    assert args["--decoder-last-pipeline-num-layers"] == "7"
+    par = torchtitan_settings(plan, "overrides")[0]["parallelism"]
+    assert (par["pipeline_parallel_layers_per_stage"], par["pipeline_parallel_first_stage_less_layers"],
+            par["pipeline_parallel_last_stage_less_layers"]) == (8, 1, 1)
+    for target in ("nemo", "deepspeed"):
+        with pytest.raises(UsageError, match="unevenly"):
+            export_plan(plan, target, "overrides")
