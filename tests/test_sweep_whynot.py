@@ -48,7 +48,7 @@ def test_sweep_tokens_never_fall_as_gpus_double(gpt3):
         assert r["scaling_efficiency"] == pytest.approx((r["tokens_per_s"] / r["gpus"]) / (tps[0] / 64))
     # the 512-GPU row is exactly the 512-GPU search's winner
     assert rows[3]["tokens_per_s"] == float(search(m, hw, tr, 512).ranked.throughput["tokens_per_s"][0])
-    assert all(0.5 < r["mfu"] < 1 for r in rows)
+    assert all(0.4 < r["mfu"] < 0.6 for r in rows)  # 46-51% with the calibrated H100 profile
 
 
 def test_batch_sweep(gpt3):
