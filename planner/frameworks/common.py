@@ -61,5 +61,5 @@ def describe(plan: Plan) -> str:
             f"{plan.training.seq_length} tokens")
 
 
-RANK_ORDER_NOTE = ("rank order: Megatron's default tp-cp-ep-dp-pp (TP fastest, then DP, then PP), "
+RANK_ORDER_NOTE = ("rank order: Megatron's default tp-cp-ep-dp-pp (TP fastest, then CP, DP, PP), "
                    "the order the plan3d cost model assumed; see `plan3d placement`")

@@ -37,7 +37,7 @@ from .common import Export, describe, layers_per_virtual_stage, microbatches
 SOURCE_03 = "pytorch/torchtitan @0014ac2ca45a torchtitan/config/configs.py"
 SOURCE_02 = "pytorch/torchtitan @000204a4a8bf torchtitan/config/job_config.py (+ PR #1416)"
 ORDER_NOTE = ("rank order: torchtitan's ParallelDims mesh [pp, dp_replicate, dp_shard, cp, tp] "
-              "(tp fastest, then dp, then pp): with cp=1 the same TP/DP/PP groups as Megatron's "
+              "(tp fastest, then cp, dp, pp): the same TP/CP/DP/PP groups as Megatron's "
               "tp-cp-ep-dp-pp that the cost model assumed; see `plan3d placement --order torchtitan`")
 
 
