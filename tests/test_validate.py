@@ -44,8 +44,9 @@ def test_gpt3_zero1_sp_interleaved_tied():
                      sequence_parallel=True, vpp=12)
     result, records = run_local(plan, world=8, steps=2, timeout_s=400)
     _assert_all(result)
-    assert result["run"]["layout"] == dict(tp=2, pp=2, dp=2, zero_stage=1, micro_batch_size=1,
-                                           recompute="none", sequence_parallel=True, vpp=2)
+    expected = dict(tp=2, pp=2, dp=2, zero_stage=1, micro_batch_size=1, recompute="none",
+                    sequence_parallel=True, vpp=2, cp=1)
+    assert {k: result["run"]["layout"][k] for k in expected} == expected
     checks = {c["name"]: c for c in result["checks"]}
     # Hand count, rank at pp 0 (stages 0 and 2: embedding + 2 layers), m = 4 micro-batches,
     # X = b*s*h*8 B = 1*32*64*8 = 16,384 B. TP all-gathers: 2 layers x 4 (2 fwd, 2 bwd) x 4 mb
