@@ -1,0 +1,133 @@
+"""The typer app, its error handling and the options shared by the commands."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from enum import Enum
+
+if not sys.stdout.isatty():  # help and tables piped or captured: don't cut option names at 80
+    os.environ.setdefault("TERMINAL_WIDTH", "160")
+
+import typer  # noqa: E402
+
+from .. import __version__, report  # noqa: E402
+from ..errors import PlannerError, UsageError  # noqa: E402
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Plan 3D-parallel (TP/PP/DP/ZeRO) training of large transformers.")
+
+
+def _version(value: bool) -> None:
+    if value:
+        report.out.print(f"plan3d {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="Print the version and exit.")) -> None:
+    """Plan 3D-parallel (TP/PP/DP/ZeRO) training of large transformers."""
+
+
+class RecomputeChoice(str, Enum):
+    none = "none"
+    selective = "selective"
+    full = "full"
+
+
+def handle_errors(func):
+    """Turn planner errors into one line on stderr and their exit code; never a traceback."""
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        try:
+            return func(*args, **kwargs)
+        except PlannerError as exc:
+            report.error(str(exc))
+            raise typer.Exit(exc.exit_code) from None
+        except (typer.Exit, typer.Abort):
+            raise
+        except BrokenPipeError:  # `plan3d ... | head`: the reader left, nothing to report
+            sys.stderr.close()
+            raise typer.Exit(0) from None
+        except OSError as exc:
+            report.error(f"cannot write the output: {exc.strerror or exc}")
+            raise typer.Exit(74) from None  # EX_IOERR
+        except KeyboardInterrupt:
+            report.error("interrupted")
+            raise typer.Exit(130) from None
+        except Exception as exc:  # a bug: still one line, the traceback on request
+            if os.environ.get("PLAN3D_DEBUG"):
+                raise
+            report.error(f"internal error: {type(exc).__name__}: {exc} "
+                         "(set PLAN3D_DEBUG=1 for the traceback and please report it)")
+            raise typer.Exit(3) from None
+    return wrapper
+
+
+# Shared options --------------------------------------------------------------------------------
+MODEL = typer.Option(None, "--model", "-m", help="Catalog model name or alias (e.g. 175b), or a YAML file.")
+GPUS = typer.Option(None, "--gpus", "-g", help="Number of GPUs (whole nodes beyond one node).")
+HARDWARE = typer.Option("dgx-h100", "--hardware", help="Hardware profile name or YAML file.")
+GBS = typer.Option(None, "--global-batch-size", help="Sequences per optimizer step (default: the model's).")
+SEQ = typer.Option(None, "--seq-length", help="Tokens per sequence (default: the model's).")
+JSON = typer.Option(False, "--json", help="Print JSON (SI units: bytes, seconds) instead of tables.")
+MAX_SEQ_LENGTH = 10_000_000
+MAX_BATCH = 100_000_000
+
+
+def _training(model, global_batch_size, seq_length):
+    from ..catalog import validate
+    from ..specs import TrainingSpec
+    for name, value, top in (("--global-batch-size", global_batch_size, MAX_BATCH),
+                             ("--seq-length", seq_length, MAX_SEQ_LENGTH)):
+        if value is not None and value <= 0:
+            raise UsageError(f"{name} must be positive, got {value}")
+        if value is not None and value > top:
+            raise UsageError(f"{name} {value:,} is beyond what plan3d models (at most {top:,})")
+    limit = model.max_position_embeddings
+    if seq_length and model.position_embedding == "learned" and limit and seq_length > limit:
+        raise UsageError(f"--seq-length {seq_length} exceeds the {limit} learned position "
+                         f"embeddings of {model.name}")
+    data = {"seq_length": seq_length or model.training.seq_length,
+            "global_batch_size": global_batch_size or model.training.global_batch_size,
+            "tokens": model.training.tokens}
+    return validate(TrainingSpec, data, "training")
+
+
+def _require(value, flag: str):
+    if value is None:
+        raise UsageError(f"missing option {flag}")
+    return value
+
+
+def _check_positive(**values) -> None:
+    for name, value in values.items():
+        if value is not None and value <= 0:
+            raise UsageError(f"--{name.replace('_', '-')} must be positive, got {value}")
+
+
+def main() -> None:
+    """Console entry point: usage errors (bad flag, bad value) become one line on stderr, exit 2.
+
+    Typer parses with (its vendored copy of) click in non-standalone mode so that its errors
+    reach us; they carry ``format_message()`` and ``exit_code`` in every typer/click version.
+    """
+    import sys
+    try:
+        code = app(standalone_mode=False)
+    except (typer.Abort, KeyboardInterrupt):
+        report.error("aborted")
+        sys.exit(130)
+    except Exception as exc:
+        if not (hasattr(exc, "format_message") and hasattr(exc, "exit_code")):
+            raise
+        ctx = getattr(exc, "ctx", None)
+        if ctx is not None and not exc.format_message().strip():  # bare `plan3d`: show help
+            report.out.print(ctx.get_help())
+            sys.exit(0)
+        hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+        report.error(f"{exc.format_message()}{hint}")
+        sys.exit(exc.exit_code)
+    sys.exit(code if isinstance(code, int) else 0)

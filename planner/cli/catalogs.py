@@ -1,0 +1,51 @@
+"""Commands that list the catalogs: models, hardware."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from .. import catalog, report
+from .app import JSON, app, handle_errors
+
+
+@app.command()
+@handle_errors
+def models(json_out: bool = JSON,
+           show: Optional[str] = typer.Option(None, "--show", help="Print one model (catalog name, "
+                                              "YAML or HF config.json) as YAML, valid for --model.")) -> None:
+    """List the model catalog."""
+    from ..cost.flops import total_params
+    if show is not None:
+        import sys
+        import yaml
+        data = catalog.resolve_model(show).model_dump(mode="json", exclude_none=True)
+        sys.stdout.write(yaml.safe_dump(data, sort_keys=False, width=100, allow_unicode=True))
+        return
+    entries = catalog.models().values()
+    if json_out:
+        report.print_json([m.model_dump(mode="json", exclude_none=True) for m in entries])
+        return
+    rows = [(m.name, f"{total_params(m) / 1e9:.1f}B", str(m.num_layers), str(m.hidden_size),
+             f"{m.num_attention_heads}/{m.kv_heads}", m.activation, ", ".join(m.aliases))
+            for m in sorted(entries, key=total_params)]
+    report.catalog_table("Models", rows, ("name", "params", "layers", "hidden", "heads/kv", "mlp", "aliases"))
+
+
+@app.command()
+@handle_errors
+def hardware(json_out: bool = JSON) -> None:
+    """List the hardware profiles."""
+    entries = catalog.hardware_profiles().values()
+    if json_out:
+        report.print_json([h.model_dump(mode="python") for h in entries])  # SI numbers
+        return
+    rows = []
+    for h in entries:
+        d = h.model_dump(mode="json")
+        rows.append((h.name, h.gpu.name, d["gpu"]["hbm_capacity"], f"{h.gpu.peak_tflops['bf16']:g}",
+                     str(h.gpus_per_node), d["intra_node"]["bandwidth_per_gpu"],
+                     f"{h.inter_node.nics_per_node} x {h.inter_node.bandwidth_per_nic * 8 / 1e9:g} Gb/s"))
+    report.catalog_table("Hardware profiles", rows, ("name", "GPU", "HBM", "bf16 TFLOP/s",
+                                                     "GPUs/node", "NVLink/GPU (one way)", "NICs/node"))

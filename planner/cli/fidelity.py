@@ -1,0 +1,84 @@
+"""Commands that check predictions: regress, accuracy, calibrate."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from .. import catalog, report
+from ..errors import UsageError
+from .app import JSON, app, handle_errors
+
+
+@app.command()
+@handle_errors
+def regress(
+    cases: Path = typer.Argument(..., metavar="CASES.yaml",
+                                 help="Case file: a YAML list of cases (layouts or searches)."),
+    baseline: Path = typer.Option(..., "--baseline", help="Baseline YAML of the expected predictions."),
+    rtol: float = typer.Option(1e-6, "--rtol", help="Relative change above which a number has drifted."),
+    update: bool = typer.Option(False, "--update", help="Rewrite the baseline with the current predictions."),
+    max_rows: int = typer.Option(100, "--max-rows", help="Rows of the drift table to print (0 = all)."),
+    json_out: bool = JSON,
+) -> None:
+    """Compare the cost model's predictions on a case file with a baseline (exit 1 on drift)."""
+    from ..regress_report import run
+    code = run(cases, baseline, rtol, update, json_out, max_rows)
+    if code:
+        raise typer.Exit(code)
+
+
+
+
+@app.command()
+@handle_errors
+def accuracy(
+    runs: Optional[Path] = typer.Argument(None, help="Runs YAML (published_runs.yaml schema); default: the shipped dataset."),
+    json_out: bool = JSON,
+) -> None:
+    """Measured vs predicted for published (or your own) training runs, with errors per source."""
+    from ..fidelity.compare import compare_all, summarize
+    from ..fidelity.render import accuracy_json, accuracy_tables
+    from ..fidelity.runs import load_runs
+    cases = load_runs(runs)
+    comparisons = compare_all(cases)
+    skipped = [c for c in cases if c.skipped is not None]
+    summary = summarize(comparisons)
+    if json_out:
+        report.print_json(accuracy_json(comparisons, skipped, summary))
+    else:
+        accuracy_tables(comparisons, skipped, summary)
+
+
+
+
+@app.command()
+@handle_errors
+def calibrate(
+    runs: Path = typer.Argument(..., help="Measured runs YAML (published_runs.yaml schema)."),
+    hardware: str = typer.Option(..., "--hardware", help="Hardware profile to calibrate (name or YAML)."),
+    output: Path = typer.Option(..., "--output", "-o", help="Where to write the calibrated profile YAML."),
+    force: bool = typer.Option(False, "--force", help="Overwrite an existing output file."),
+    loo: bool = typer.Option(True, "--loo/--no-loo", help="Also report the leave-one-out error."),
+    exclude: list[str] = typer.Option([], "--exclude", help="Leave out runs whose id matches this glob (repeatable)."),
+    min_trust: Optional[str] = typer.Option(None, "--min-trust", help="Fit only on runs whose notes tag trust as at least this: high, medium or low."),
+) -> None:
+    """Fit a hardware profile's efficiency factors to measured runs; write a new profile."""
+    from ..fidelity.calibrate import fit, source_text, with_factors
+    from ..fidelity.profile_io import write_profile
+    from ..fidelity.render import calibration_report
+    from ..fidelity.runs import load_runs, select_runs
+    if output.exists() and not force:
+        raise UsageError(f"{output} exists; pass --force to overwrite it")
+    hw = catalog.resolve_hardware(hardware)
+    cases = select_runs(load_runs(runs), exclude, min_trust)
+    for c in cases:  # runs on the profile's GPU are predicted with the profile being fitted
+        if c.skipped is None and c.hardware is not None and c.hardware.gpu.name == hw.gpu.name:
+            c.hardware = hw
+    with report.err.status("Fitting efficiency factors...", spinner="dots"):
+        result = fit(cases, hw, leave_one_out=loo)
+    fitted = with_factors(hw, result.factors, source_text(result, runs.name))
+    write_profile(fitted, output, force)
+    calibration_report(result, hw.name, str(output))

@@ -1,0 +1,219 @@
+"""Commands that plan: search, sweep, estimate."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from .. import catalog, report
+from ..errors import UsageError
+from .app import (JSON, GPUS, GBS, HARDWARE, MODEL, SEQ, RecomputeChoice, _check_positive, _require, _training, app, handle_errors)
+
+
+@app.command()
+@handle_errors
+def search(
+    model: Optional[str] = MODEL, gpus: Optional[int] = GPUS, hardware: str = HARDWARE,
+    global_batch_size: Optional[int] = GBS, seq_length: Optional[int] = SEQ,
+    top: int = typer.Option(10, "--top", help="How many layouts to show."),
+    json_out: bool = JSON,
+    export: Optional[Path] = typer.Option(None, "--export", help="Write the best layout as a plan YAML."),
+    force: bool = typer.Option(False, "--force", help="Overwrite an existing --export file."),
+    tp: Optional[int] = typer.Option(None, "--tp", help="Pin tensor-parallel size."),
+    pp: Optional[int] = typer.Option(None, "--pp", help="Pin pipeline-parallel size."),
+    dp: Optional[int] = typer.Option(None, "--dp", help="Pin data-parallel size."),
+    zero_stage: Optional[int] = typer.Option(None, "--zero-stage", help="Pin ZeRO stage (0-3)."),
+    micro_batch_size: Optional[int] = typer.Option(None, "--micro-batch-size", help="Pin micro-batch size."),
+    recompute: Optional[RecomputeChoice] = typer.Option(None, "--recompute", help="Pin recomputation."),
+    sequence_parallel: Optional[bool] = typer.Option(None, "--sequence-parallel/--no-sequence-parallel",
+                                                     help="Pin sequence parallelism."),
+    vpp: Optional[int] = typer.Option(None, "--vpp", help="Pin virtual pipeline stages per rank."),
+    cp: Optional[int] = typer.Option(None, "--cp", help="Pin context-parallel size."),
+    distributed_optimizer: Optional[bool] = typer.Option(
+        None, "--distributed-optimizer/--no-distributed-optimizer",
+        help="Pin Megatron's distributed optimizer (costed as ZeRO-1; off unless pinned)."),
+    max_tp: Optional[int] = typer.Option(None, "--max-tp", help="Upper bound on tp."),
+    max_pp: Optional[int] = typer.Option(None, "--max-pp", help="Upper bound on pp."),
+    max_micro_batch_size: int = typer.Option(64, "--max-micro-batch-size", help="Upper bound on micro-batch size."),
+    max_vpp: int = typer.Option(16, "--max-vpp", help="Upper bound on vpp."),
+    max_cp: int = typer.Option(16, "--max-cp", help="Upper bound on cp (powers of two)."),
+    objective: str = typer.Option("throughput", "--objective",
+                                  help="Rank by: throughput | time-to-train | cost."),
+    tokens: Optional[float] = typer.Option(None, "--tokens", help="Training tokens (default: the model's)."),
+    price_per_gpu_hour: Optional[float] = typer.Option(None, "--price-per-gpu-hour",
+                                                       help="Price of one GPU-hour (for --objective cost)."),
+    max_gpus: Optional[int] = typer.Option(None, "--max-gpus",
+                                           help="Use at most N GPUs in whole nodes; the search picks the count."),
+    min_memory_headroom: Optional[str] = typer.Option(None, "--min-memory-headroom",
+                                                      help="Memory to leave free per GPU: '4GiB' or '10%'."),
+    allow_cross_node_tp: bool = typer.Option(False, "--allow-cross-node-tp",
+                                             help="Let tp exceed one node's GPUs."),
+    why_not: Optional[str] = typer.Option(None, "--why-not",
+                                          help="Explain a (partial) layout, e.g. 'tp=4,pp=16', against the winner."),
+) -> None:
+    """Rank the TP/PP/DP/ZeRO layouts that fit, by predicted throughput (or --objective)."""
+    from ..export import check_destination, make_plan, write_plan
+    from ..search import SearchOptions
+    from ..search import search as run_search
+    m = catalog.resolve_model(_require(model, "--model"))
+    hw = catalog.resolve_hardware(hardware)
+    training = _training(m, global_batch_size, seq_length)
+    _check_positive(top=top, tp=tp, pp=pp, dp=dp, micro_batch_size=micro_batch_size, vpp=vpp,
+                    max_tp=max_tp, max_pp=max_pp, max_micro_batch_size=max_micro_batch_size,
+                    max_vpp=max_vpp, cp=cp, max_cp=max_cp, max_gpus=max_gpus,
+                    price_per_gpu_hour=price_per_gpu_hour, tokens=tokens)
+    if zero_stage is not None and zero_stage not in (0, 1, 2, 3):
+        raise UsageError(f"--zero-stage must be 0, 1, 2 or 3, got {zero_stage}")
+    if export is not None:
+        check_destination(export, force)
+    from ..objective import parse_headroom
+    if gpus is not None and max_gpus is not None:
+        raise UsageError("give --gpus (a fixed count) or --max-gpus (a budget), not both")
+    if max_gpus is None:
+        _require(gpus, "--gpus")
+    headroom_bytes, headroom_fraction = parse_headroom(min_memory_headroom)
+    opts = SearchOptions(tp=tp, pp=pp, dp=dp, zero_stage=zero_stage, micro_batch_size=micro_batch_size,
+                         recompute=recompute.value if recompute else None,
+                         sequence_parallel=sequence_parallel, vpp=vpp, max_tp=max_tp, max_pp=max_pp,
+                         max_micro_batch_size=max_micro_batch_size, max_vpp=max_vpp,
+                         cp=cp, distributed_optimizer=distributed_optimizer, max_cp=max_cp,
+                         allow_cross_node_tp=allow_cross_node_tp, objective=objective, tokens=tokens,
+                         price_per_gpu_hour=price_per_gpu_hour, max_gpus=max_gpus,
+                         headroom_bytes=headroom_bytes, headroom_fraction=headroom_fraction)
+    n = gpus if gpus is not None else f"at most {max_gpus}"
+    if why_not is not None:
+        from ..whynot import why_not as explain_why_not
+        verdict = explain_why_not(m, hw, training, gpus, opts, why_not)
+        if json_out:
+            report.print_json(verdict.to_dict())
+        else:
+            report.header(m, hw, training, n)
+            from ..report_scale import why_not_report
+            why_not_report(verdict)
+        return
+    with report.err.status("Searching layouts...", spinner="dots"):
+        result = run_search(m, hw, training, gpus, opts)
+    best = result.ranked
+    if export is not None:
+        write_plan(make_plan(m, hw, training, best.candidates.layout(0), best.to_dict(0)), export, force)
+    if json_out:
+        report.print_json([best.to_dict(i) for i in range(min(top, len(best)))])
+    else:
+        report.header(m, hw, training, n)
+        report.search_table(result, top)
+        from ..report_scale import breakdown_report
+        breakdown_report(result)
+        if export is not None:
+            report.out.print(f"Wrote the best plan to {export}")
+
+
+@app.command()
+@handle_errors
+def sweep(
+    model: Optional[str] = MODEL, hardware: str = HARDWARE,
+    gpus: Optional[str] = typer.Option(None, "--gpus", "-g",
+                                       help="GPU counts: low:high (doublings) or a comma list."),
+    global_batch_size: Optional[str] = typer.Option(
+        None, "--global-batch-size", help="Sequences per step, or a comma list to sweep too."),
+    seq_length: Optional[int] = SEQ,
+    json_out: bool = JSON,
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Draw tokens/s and MFU vs GPUs to a PNG."),
+    force: bool = typer.Option(False, "--force", help="Overwrite an existing --plot file."),
+    min_memory_headroom: Optional[str] = typer.Option(None, "--min-memory-headroom",
+                                                      help="Memory to leave free per GPU: '4GiB' or '10%'."),
+) -> None:
+    """Best layout, tokens/s, MFU and scaling efficiency at each GPU count."""
+    from ..sweep import run_command
+    m = catalog.resolve_model(_require(model, "--model"))
+    hw = catalog.resolve_hardware(hardware)
+    training = _training(m, None, seq_length)
+    run_command(m, hw, training, _require(gpus, "--gpus"), json_out, plot, force, min_memory_headroom,
+                global_batch_size)
+
+
+@app.command()
+@handle_errors
+def estimate(
+    model: Optional[str] = MODEL, gpus: Optional[int] = GPUS,
+    hardware: Optional[str] = typer.Option(None, "--hardware",
+                                           help="Hardware profile name or YAML file [default: dgx-h100]."),
+    global_batch_size: Optional[int] = GBS, seq_length: Optional[int] = SEQ,
+    tp: Optional[int] = typer.Option(None, "--tp", help="Tensor-parallel size [default: 1]."),
+    pp: Optional[int] = typer.Option(None, "--pp", help="Pipeline-parallel size [default: 1]."),
+    dp: Optional[int] = typer.Option(None, "--dp", help="Data-parallel size [default: gpus/(tp*pp)]."),
+    zero_stage: Optional[int] = typer.Option(None, "--zero-stage", help="ZeRO stage 0-3 [default: 1]."),
+    micro_batch_size: Optional[int] = typer.Option(None, "--micro-batch-size",
+                                                   help="Micro-batch size [default: 1]."),
+    recompute: Optional[RecomputeChoice] = typer.Option(None, "--recompute",
+                                                        help="Recomputation [default: none]."),
+    sequence_parallel: Optional[bool] = typer.Option(None, "--sequence-parallel/--no-sequence-parallel",
+                                                     help="Sequence parallelism [default: off]."),
+    vpp: Optional[int] = typer.Option(None, "--vpp", help="Virtual pipeline stages per rank [default: 1]."),
+    cp: Optional[int] = typer.Option(None, "--cp", help="Context-parallel size [default: 1]."),
+    distributed_optimizer: Optional[bool] = typer.Option(
+        None, "--distributed-optimizer/--no-distributed-optimizer",
+        help="Megatron's distributed optimizer, with --zero-stage 0 [default: off]."),
+    first_stage_layers: Optional[int] = typer.Option(
+        None, "--first-stage-layers", help="Uneven pipeline split: layers on the first stage [default: even]."),
+    last_stage_layers: Optional[int] = typer.Option(
+        None, "--last-stage-layers", help="Uneven pipeline split: layers on the last stage [default: even]."),
+    plan: Optional[Path] = typer.Option(None, "--plan", help="Evaluate a plan YAML written by --export "
+                                        "(alone: it cannot be combined with the other flags)."),
+    json_out: bool = JSON,
+) -> None:
+    """Memory and step-time breakdown of one layout (from flags or --plan). Exits 1 if it does not fit."""
+    from ..cost.step import estimate_layout
+    from ..search import check_layout
+    flags = {"--model": model, "--gpus": gpus, "--hardware": hardware,
+             "--global-batch-size": global_batch_size, "--seq-length": seq_length, "--tp": tp,
+             "--pp": pp, "--dp": dp, "--zero-stage": zero_stage, "--micro-batch-size": micro_batch_size,
+             "--recompute": recompute, "--sequence-parallel": sequence_parallel, "--vpp": vpp,
+             "--cp": cp, "--distributed-optimizer": distributed_optimizer,
+             "--first-stage-layers": first_stage_layers, "--last-stage-layers": last_stage_layers}
+    if plan is not None:
+        from ..export import read_plan
+        given = [flag for flag, value in flags.items() if value is not None]
+        if given:
+            raise UsageError(f"--plan cannot be combined with {', '.join(given)}: the plan fixes "
+                             "them (edit the plan, or estimate from flags without --plan)")
+        p = read_plan(plan)
+        m, hw, training, layout, n = p.model, p.hardware, p.training, p.layout, p.gpus
+        check_layout(m, hw, training, n, layout.model_dump())
+    else:
+        m = catalog.resolve_model(_require(model, "--model"))
+        hw = catalog.resolve_hardware(hardware or "dgx-h100")
+        training = _training(m, global_batch_size, seq_length)
+        n = _require(gpus, "--gpus")
+        layout = _layout(m, hw, training, n, tp or 1, pp or 1, dp,
+                         1 if zero_stage is None else zero_stage, micro_batch_size or 1,
+                         (recompute or RecomputeChoice.none).value, bool(sequence_parallel), vpp or 1,
+                         cp=cp or 1, distributed_optimizer=bool(distributed_optimizer),
+                         first_stage_layers=first_stage_layers or 0,
+                         last_stage_layers=last_stage_layers or 0)
+    est = estimate_layout(m, hw, training, layout)
+    result = est.to_dict(0)
+    if json_out:
+        report.print_json(result)
+    else:
+        report.header(m, hw, training, n)
+        report.estimate_report(est)
+    if plan is not None:
+        report.plan_drift(p, result)
+    if not result["memory"]["fits"]:
+        raise typer.Exit(1)
+
+
+def _layout(m, hw, training, gpus, tp, pp, dp, zero_stage, micro_batch_size, recompute, sp, vpp,
+            cp=1, distributed_optimizer=False, first_stage_layers=0, last_stage_layers=0):
+    """Validate one user layout against the same rules the search applies (UsageError)."""
+    from ..search import check_layout
+    _check_positive(tp=tp, pp=pp, dp=dp, micro_batch_size=micro_batch_size, vpp=vpp, cp=cp)
+    fields = dict(tp=tp, pp=pp, zero_stage=zero_stage, micro_batch_size=micro_batch_size,
+                  recompute=recompute, sequence_parallel=sp, vpp=vpp, cp=cp,
+                  distributed_optimizer=distributed_optimizer,
+                  first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers)
+    if dp is not None:
+        fields["dp"] = dp
+    return check_layout(m, hw, training, gpus, fields)

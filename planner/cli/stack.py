@@ -1,0 +1,108 @@
+"""Commands that take a plan into the training stack: export, placement, validate."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from .. import report
+from ..errors import UsageError
+from .app import JSON, app, handle_errors
+
+
+@app.command("export")
+@handle_errors
+def export_cmd(
+    plan: Path = typer.Argument(..., help="Plan YAML written by `plan3d search --export`."),
+    to: str = typer.Option(..., "--to", help="Target: megatron, nemo, deepspeed or torchtitan."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write to FILE instead of stdout."),
+    force: bool = typer.Option(False, "--force", help="Overwrite an existing --output file."),
+    torchtitan_format: str = typer.Option("overrides", "--torchtitan-format",
+                                          help="overrides (torchtitan 0.3) or toml (0.2.x)."),
+) -> None:
+    """Write a plan as a training framework's arguments or config."""
+    from ..export import read_plan
+    from ..frameworks import export_plan
+    if output is not None and output.exists() and not force:
+        raise UsageError(f"{output} exists; pass --force to overwrite it")
+    if output is not None and output.is_dir():
+        raise UsageError(f"{output} is a directory")
+    result = export_plan(read_plan(plan), to.strip().lower(), torchtitan_format.strip().lower())
+    for note in result.notes:
+        report.err.print(f"note: {note}", markup=False, soft_wrap=True)
+    if output is None:
+        import sys
+        sys.stdout.write(result.text)
+        return
+    try:
+        output.write_text(result.text, encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot write {output}: {exc.strerror or exc}") from None
+    report.err.print(f"Wrote {to} configuration to {output}", markup=False)
+
+
+
+
+@app.command()
+@handle_errors
+def placement(
+    plan: Path = typer.Argument(..., help="Plan YAML written by `plan3d search --export`."),
+    order: str = typer.Option("megatron", "--order",
+                              help="Rank order: megatron (default), torchtitan or megatron-tp-pp-dp."),
+    json_out: bool = typer.Option(False, "--json", help="Print every group and the node of every rank."),
+) -> None:
+    """Which ranks form each TP/DP/PP group, which node each is on, and whether TP crosses a node."""
+    from ..export import read_plan
+    from ..placement import full, render, summary
+    p = read_plan(plan)
+    key = order.strip().lower()
+    if json_out:
+        report.print_json(full(p, key))
+    else:
+        report.out.print(render(summary(p, key)), markup=False, soft_wrap=True)
+
+
+
+
+@app.command()
+@handle_errors
+def validate(
+    plan: Path = typer.Argument(..., help="Plan YAML written by `plan3d search --export`."),
+    local: bool = typer.Option(False, "--local", help="Run a miniature of the plan on this machine (gloo)."),
+    world: int = typer.Option(8, "--world", help="Ranks to fork with --local (the miniature needs <= 8)."),
+    device: str = typer.Option("cpu", "--device", help="Device of the --local run (cpu only)."),
+    steps: int = typer.Option(3, "--steps", help="Training steps (step 0 is warm-up)."),
+    dtype: str = typer.Option("float64", "--dtype", help="float64 (exact checks) or float32."),
+    layers_per_stage: int = typer.Option(1, "--layers-per-stage", help="Layers per pipeline chunk."),
+    out: Path = typer.Option(Path("measured.json"), "--out", help="Where to write the measurements."),
+    force: bool = typer.Option(False, "--force", help="Overwrite an existing --out file."),
+    timeout: float = typer.Option(600.0, "--timeout", help="Wall-clock limit of the run, seconds."),
+    json_out: bool = JSON,
+) -> None:
+    """Run a plan with real PyTorch parallelism and check measured against predicted."""
+    from ..validate import require_torch
+    require_torch()
+    if not local:
+        raise UsageError("on a cluster run `torchrun --nproc-per-node N ... -m planner.validate PLAN` "
+                         "(see README); on this machine pass --local")
+    if device != "cpu":
+        raise UsageError(f"--local runs on cpu (forked gloo ranks), got --device {device}; "
+                         "use torchrun for GPUs")
+    from ..export import read_plan
+    from ..validate import run_local, write_measured
+    from ..validate.compare import render
+    p = read_plan(plan)
+    if out.exists() and not force:
+        raise UsageError(f"{out} exists; pass --force to overwrite it")
+    with report.err.status("Running the miniature on forked ranks...", spinner="dots"):
+        result, records = run_local(p, world=world, dtype=dtype, steps=steps,
+                                    layers_per_stage=layers_per_stage, timeout_s=timeout)
+    write_measured(out, result, records, force=True)
+    if json_out:
+        report.print_json(result)
+    else:
+        render(result, str(out))
+    if not result["passed"]:
+        raise typer.Exit(1)
