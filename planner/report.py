@@ -127,10 +127,11 @@ def explain(result: SearchResult) -> str:
             lines.append(f"Runner-up ties on time ({differs}) and uses {extra:+.1f} GiB; ties rank "
                          f"the lower ZeRO stage, then the smaller memory, first.")
         else:
-            diffs = {t: float(est.time[t][1] - est.time[t][0]) for t in TIME_TERMS}
-            worst = max(diffs, key=diffs.get)
-            lines.append(f"Runner-up ({differs}) is {(step[1] / step[0] - 1) * 100:.2f}% slower, "
-                         f"mostly {TIME_LABELS[worst]} (+{_seconds(max(diffs[worst], 0.0))}).")
+            from .explain import term_deltas
+            worse = ", ".join(f"{TIME_LABELS[t]} +{_seconds(d)}"
+                              for t, d in term_deltas(est, 1, est, 0) if d > 0) or "no single term"
+            lines.append(f"Runner-up ({differs}) is {(step[1] / step[0] - 1) * 100:.2f}% slower: "
+                         f"{worse}.")
     pruned = "; ".join(f"{v:,} by '{k}'" for k, v in result.pruned.items() if v)
     lines.append(f"Searched {result.enumerated:,} layouts, {result.fitting:,} fit. Pruned: {pruned or 'none'}.")
     return "\n".join(lines)

@@ -38,7 +38,7 @@ def _bars(title: str, rows: list[tuple[str, float, str]], total: float) -> Table
 
 
 def breakdown_report(result) -> None:
-    """The winner's step time and memory as bars; the runner-up's extra time by term."""
+    """The winner's step time and memory as bars (the runner-up is explained by report.explain)."""
     est = result.ranked
     step = float(est.time["step"][0])
     rows = [(TIME_LABELS[t], v, _seconds(v)) for t, v in explain.time_breakdown(est, 0)]
@@ -49,8 +49,6 @@ def breakdown_report(result) -> None:
     rows.append(("free", max(cap - float(est.memory["total"][0]), 0.0),
                  f"{max(cap - float(est.memory['total'][0]), 0.0) / GIB:.1f} GiB"))
     out.print(_bars(f"Winner's memory per GPU (of {cap / GIB:.0f} GiB)", rows, cap))
-    if len(est) > 1:
-        out.print(runner_up_lines(est))
 
 
 def _delta_text(deltas: list[tuple[str, float]], limit: int = 3) -> str:
@@ -61,14 +59,6 @@ def _delta_text(deltas: list[tuple[str, float]], limit: int = 3) -> str:
         t, d = min(better, key=lambda x: x[1])
         text += f"; partly offset by {TIME_LABELS[t]} {_seconds(d).replace('-', '−')}"
     return text
-
-
-def runner_up_lines(est) -> str:
-    """Why #2 loses to #1: its gap and the terms that make it up."""
-    gap = float(est.time["step"][1] - est.time["step"][0])
-    deltas = explain.term_deltas(est, 1, est, 0)
-    return (f"Runner-up {est.candidates.layout(1).short()}: step {_seconds(gap)} longer; "
-            f"from {_delta_text(deltas)}.")
 
 
 def why_not_report(verdict) -> None:
