@@ -18,6 +18,13 @@ def gpt(name: str, layers: int, hidden: int, heads: int, batch: int = 1, **kw) -
 
 
 @pytest.fixture(scope="session")
+def gpt3_h100():
+    """(GPT-3 175B, dgx-h100, its published batch 1536 x 2048 and 300B training tokens)."""
+    return (catalog.resolve_model("175b"), catalog.resolve_hardware("dgx-h100"),
+            TrainingSpec(seq_length=2048, global_batch_size=1536, tokens=3.0e11))
+
+
+@pytest.fixture(scope="session")
 def h100():
     return catalog.resolve_hardware("dgx-h100")
 

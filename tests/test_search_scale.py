@@ -20,16 +20,8 @@ GIB = 2.0**30
 
 
 @pytest.fixture(scope="module")
-def gpt3():
-    m = catalog.resolve_model("175b")
-    hw = catalog.resolve_hardware("dgx-h100")
-    tr = TrainingSpec(seq_length=2048, global_batch_size=1536, tokens=3.0e11)
-    return m, hw, tr
-
-
-@pytest.fixture(scope="module")
-def gpt3_512(gpt3):
-    m, hw, tr = gpt3
+def gpt3_512(gpt3_h100):
+    m, hw, tr = gpt3_h100
     return search(m, hw, tr, 512)
 
 
@@ -43,8 +35,8 @@ def _brute_force(m, hw, tr, gpus, opts=SearchOptions()):
     return est, ok & est.fits
 
 
-def test_grid_evaluation_equals_flat_evaluation_element_by_element(gpt3):
-    m, hw, tr = gpt3
+def test_grid_evaluation_equals_flat_evaluation_element_by_element(gpt3_h100):
+    m, hw, tr = gpt3_h100
     grid = build_grid(m, hw, tr, 512, SearchOptions())
     # tp = 2^a (a <= 3), cp = 2^b (b <= 4), pp = 2^c (c <= 5: powers of two dividing 96) with
     # a + b + c <= 9 (512 = 2^9): 30 + 29 + 27 + 24 = 110 splits for a = 0..3;
@@ -58,8 +50,8 @@ def test_grid_evaluation_equals_flat_evaluation_element_by_element(gpt3):
             assert np.array_equal(full(getattr(est_grid, group)[key], grid.shape).ravel(), flat), key
 
 
-def test_search_winner_equals_brute_force(gpt3, gpt3_512):
-    m, hw, tr = gpt3
+def test_search_winner_equals_brute_force(gpt3_h100, gpt3_512):
+    m, hw, tr = gpt3_h100
     est, ok = _brute_force(m, hw, tr, 512)
     assert gpt3_512.enumerated == len(est) == 253_440  # 110 x 4 x 12 x 3 x 2 x 8 x 1
     assert gpt3_512.fitting == int(ok.sum())
@@ -72,11 +64,11 @@ def test_search_winner_equals_brute_force(gpt3, gpt3_512):
     assert np.array_equal(np.sort(tps)[::-1], top)
 
 
-def test_without_cp_the_space_and_counts_of_the_original_search(gpt3):
+def test_without_cp_the_space_and_counts_of_the_original_search(gpt3_h100):
     """max_cp=1 is the space before this issue; for 175B on 512 H100s (calibrated profile) the
     README's example printed 'Searched 55,296 layouts, 4,844 fit', 11,728 not fitting, winner
     tp=4 pp=8 dp=16 zero=1 mbs=2 vpp=12 at 229,446 tokens/s."""
-    m, hw, tr = gpt3
+    m, hw, tr = gpt3_h100
     res = search(m, hw, tr, 512, SearchOptions(max_cp=1))
     assert (res.enumerated, res.fitting, res.pruned[FIT_RULE]) == (55_296, 4_844, 11_728)
     assert res.pruned["layers divisible by pp*vpp"] == 14_976
@@ -85,8 +77,8 @@ def test_without_cp_the_space_and_counts_of_the_original_search(gpt3):
     assert round(float(res.ranked.throughput["tokens_per_s"][0])) == 229_446
 
 
-def test_time_to_train_from_the_token_budget(gpt3, gpt3_512):
-    m, hw, tr = gpt3
+def test_time_to_train_from_the_token_budget(gpt3_h100, gpt3_512):
+    m, hw, tr = gpt3_h100
     assert "time_to_train_s" not in gpt3_512.ranked.throughput  # only when asked for
     res = search(m, hw, tr, 512, SearchOptions(objective="time-to-train"))
     assert res.ranked.candidates.layout(0) == gpt3_512.ranked.candidates.layout(0)
@@ -98,8 +90,8 @@ def test_time_to_train_from_the_token_budget(gpt3, gpt3_512):
     assert "cost" not in th  # no price given
 
 
-def test_max_gpus_picks_the_count_in_whole_nodes(gpt3, gpt3_512):
-    m, hw, tr = gpt3
+def test_max_gpus_picks_the_count_in_whole_nodes(gpt3_h100, gpt3_512):
+    m, hw, tr = gpt3_h100
     res = search(m, hw, tr, None, SearchOptions(max_gpus=1024))
     c = res.ranked.candidates
     gpus = c.tp * c.cp * c.pp * c.dp
@@ -111,8 +103,8 @@ def test_max_gpus_picks_the_count_in_whole_nodes(gpt3, gpt3_512):
     assert res.ranked.throughput["tokens_per_s"][0] > gpt3_512.ranked.throughput["tokens_per_s"][0]
 
 
-def test_cost_objective_prefers_tokens_per_gpu(gpt3):
-    m, hw, tr = gpt3
+def test_cost_objective_prefers_tokens_per_gpu(gpt3_h100):
+    m, hw, tr = gpt3_h100
     price = 2.5
     res = search(m, hw, tr, None, SearchOptions(max_gpus=512, objective="cost",
                                                 price_per_gpu_hour=price))
@@ -128,8 +120,8 @@ def test_cost_objective_prefers_tokens_per_gpu(gpt3):
     assert int(gpus[0]) == max(per_gpu, key=per_gpu.get) == 128
 
 
-def test_objective_inputs_are_checked(gpt3):
-    m, hw, tr = gpt3
+def test_objective_inputs_are_checked(gpt3_h100):
+    m, hw, tr = gpt3_h100
     with pytest.raises(UsageError, match="--price-per-gpu-hour"):
         search(m, hw, tr, 512, SearchOptions(objective="cost"))
     with pytest.raises(UsageError, match="--tokens"):
@@ -156,8 +148,8 @@ def test_headroom_parsing():
             parse_headroom(bad)
 
 
-def test_headroom_changes_the_winner(gpt3):
-    m, hw, tr = gpt3
+def test_headroom_changes_the_winner(gpt3_h100):
+    m, hw, tr = gpt3_h100
     # without CP and a margin the winner uses 79.6 of 80 GiB (mbs=2); with 10% every layout
     # stays under 72 GiB and the winner drops to mbs=1 (59.0 GiB)
     plain = search(m, hw, tr, 512, SearchOptions(max_cp=1))

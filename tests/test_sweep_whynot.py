@@ -5,29 +5,19 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from planner import catalog
 from planner.cli import app
 from planner.errors import UsageError
 from planner.explain import memory_breakdown, term_deltas, time_breakdown
 from planner.report_scale import bar
 from planner.search import SearchOptions, search
-from planner.specs import TrainingSpec
 from planner.sweep import parse_batch_sizes, parse_gpu_counts, sweep, sweep_batches
 from planner.whynot import parse_layout, why_not
 
 runner = CliRunner()
 
 
-@pytest.fixture(scope="module")
-def gpt3():
-    m = catalog.resolve_model("175b")
-    hw = catalog.resolve_hardware("dgx-h100")
-    tr = TrainingSpec(seq_length=2048, global_batch_size=1536, tokens=3.0e11)
-    return m, hw, tr
-
-
-def test_parse_gpu_counts(gpt3):
-    hw = gpt3[1]
+def test_parse_gpu_counts(gpt3_h100):
+    hw = gpt3_h100[1]
     assert parse_gpu_counts("64:4096", hw) == [64, 128, 256, 512, 1024, 2048, 4096]
     assert parse_gpu_counts("64:1000", hw) == [64, 128, 256, 512]  # 1024 > 1000
     assert parse_gpu_counts("512,64, 128", hw) == [64, 128, 512]
@@ -36,8 +26,8 @@ def test_parse_gpu_counts(gpt3):
             parse_gpu_counts(bad, hw)
 
 
-def test_sweep_tokens_never_fall_as_gpus_double(gpt3):
-    m, hw, tr = gpt3
+def test_sweep_tokens_never_fall_as_gpus_double(gpt3_h100):
+    m, hw, tr = gpt3_h100
     # 1536 sequences split over dp up to 512 at 64..1024 GPUs: the batch allows every doubling
     rows = sweep(m, hw, tr, [64, 128, 256, 512, 1024])
     tps = [r["tokens_per_s"] for r in rows]
@@ -50,8 +40,8 @@ def test_sweep_tokens_never_fall_as_gpus_double(gpt3):
     assert all(0.4 < r["mfu"] < 0.6 for r in rows)  # 46-51% with the calibrated H100 profile
 
 
-def test_batch_sweep(gpt3):
-    m, hw, tr = gpt3
+def test_batch_sweep(gpt3_h100):
+    m, hw, tr = gpt3_h100
     assert parse_batch_sizes("768, 1536,768") == [768, 1536] and parse_batch_sizes(None) == [None]
     for bad in ("0", "x", "1536,-2"):
         with pytest.raises(UsageError):
@@ -65,8 +55,8 @@ def test_batch_sweep(gpt3):
     assert rows[1]["tokens_per_s"] == float(search(m, hw, tr, 512).ranked.throughput["tokens_per_s"][0])
 
 
-def test_sweep_reports_counts_without_a_fit(gpt3):
-    m, hw, tr = gpt3
+def test_sweep_reports_counts_without_a_fit(gpt3_h100):
+    m, hw, tr = gpt3_h100
     rows = sweep(m, hw, tr, [16, 64])
     # 175B on 16 H100s: at least 174.6e9 x 18 B / 16 GPUs = 196 GB of weights+grads+optimizer
     # per GPU without ZeRO; with ZeRO-3 over dp the activations of 96 layers still do not fit
@@ -74,8 +64,8 @@ def test_sweep_reports_counts_without_a_fit(gpt3):
     assert rows[1]["error"] is None and rows[1]["scaling_efficiency"] is None  # 64 is the base
 
 
-def test_why_not_rejects_a_layout_that_breaks_head_divisibility(gpt3):
-    m, hw, tr = gpt3
+def test_why_not_rejects_a_layout_that_breaks_head_divisibility(gpt3_h100):
+    m, hw, tr = gpt3_h100
     # GPT-3 175B has 96 heads; 96 % 5 = 1, so tp=5 can never split them (480 = 60 nodes, 5 | 480)
     verdict = why_not(m, hw, tr, 480, SearchOptions(), "tp=5")
     assert verdict.status == "invalid"
@@ -88,8 +78,8 @@ def test_why_not_rejects_a_layout_that_breaks_head_divisibility(gpt3):
     assert verdict.reasons == ["tp within a node (NVLink domain)"]
 
 
-def test_why_not_explains_a_slower_layout_term_by_term(gpt3):
-    m, hw, tr = gpt3
+def test_why_not_explains_a_slower_layout_term_by_term(gpt3_h100):
+    m, hw, tr = gpt3_h100
     verdict = why_not(m, hw, tr, 512, SearchOptions(), "tp=2,pp=16,cp=1")
     assert verdict.status == "slower"
     lay = verdict.completion.candidates.layout(0)
@@ -116,8 +106,8 @@ def test_parse_layout():
             parse_layout(bad)
 
 
-def test_breakdowns_sum_to_their_totals(gpt3):
-    m, hw, tr = gpt3
+def test_breakdowns_sum_to_their_totals(gpt3_h100):
+    m, hw, tr = gpt3_h100
     est = search(m, hw, tr, 512).ranked
     assert sum(v for _, v in time_breakdown(est)) == pytest.approx(float(est.time["step"][0]), rel=1e-12)
     assert sum(v for _, v in memory_breakdown(est)) == pytest.approx(float(est.memory["total"][0]),
@@ -169,8 +159,8 @@ def test_cli_sweep_plot(tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_why_not_by_cost(gpt3):
-    m, hw, tr = gpt3
+def test_why_not_by_cost(gpt3_h100):
+    m, hw, tr = gpt3_h100
     opts = SearchOptions(max_gpus=512, objective="cost", price_per_gpu_hour=2.0)
     v = why_not(m, hw, tr, None, opts, "tp=8,pp=16")
     assert v.status == "slower" and v.reasons[1].startswith("by cost: ")
