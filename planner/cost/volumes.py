@@ -39,6 +39,21 @@ Two implementations are described (``impl``):
     (a run of F and B that starts with F and ends with B gives m+1 for any schedule).
   - Tied embeddings with pp > 1: one all-reduce between the two copies' gradients; with
     ZeRO-2/3 on the dp-sharded gradient (V_p*h/(tp*dp)).
+  - Context parallel (cp > 1): the validator's all-gather form of formulas.md 5.7 (Llama 3
+    style), not Megatron's ring: per layer per micro-batch ONE all-gather over "cp" of the
+    stacked local K and V, payload (output) 2*b*s*(max(g, tp)/tp)*d_h*e (the whole sequence's
+    K and V of this rank's KV heads), and in the backward ONE reduce-scatter of dK, dV of the
+    same payload (input). Recompute (full, or selective: the attention core) repeats the
+    all-gather once more.
+
+Context parallel, both impls: every TP/PP/logits message carries the rank's s/cp tokens;
+micro-batches per step m = B/(dp*b) as without CP; the dense-gradient group "dp" is the dp*cp
+ranks (Megatron's intra_dp_cp group: formulas.md 5.7, context.cost_view), so its buffers are
+padded and sharded over dp*cp. ``"megatron"`` adds the p2p ring of formulas.md 5.7 on "cp":
+per layer per micro-batch cp-1 sends (and receives) of X_kv = 2*(s/cp)*b*(max(g,tp)/tp)*d_h*e
+forward, and 2(cp-1) backward (KV and dKV); full recompute repeats the forward's.
+Uneven pipeline splits: the rank holds first_stage_layers (pp rank 0), last_stage_layers (the
+last) or (L - first - last)/(pp - 2) layers (vpp 1; pipeline.stage_layers).
 """
 
 from __future__ import annotations
@@ -57,6 +72,18 @@ def _layer_params(model: ModelSpec, tp: int) -> float:
     return float(sharded + replicated)
 
 
+def _rank_layers(model: ModelSpec, layout: Layout, pp_rank: int) -> int:
+    """Layers on pipeline rank ``pp_rank``: L/pp, or the uneven split (pipeline.stage_layers)."""
+    f, la = layout.first_stage_layers, layout.last_stage_layers
+    if not f:
+        return model.num_layers // layout.pp
+    if pp_rank == 0:
+        return f
+    if pp_rank == layout.pp - 1:
+        return la
+    return (model.num_layers - f - la) // max(layout.pp - 2, 1)
+
+
 def rank_params(model: ModelSpec, layout: Layout, pp_rank: int) -> dict[str, float]:
     """Parameters on one GPU of pipeline rank ``pp_rank``, split as FSDP units would hold them.
 
@@ -68,10 +95,11 @@ def rank_params(model: ModelSpec, layout: Layout, pp_rank: int) -> dict[str, flo
     vocab = padded_vocab(model.vocab_size, tp)
     first = pp_rank == 0
     last = pp_rank == layout.pp - 1
+    layers = _rank_layers(model, layout, pp_rank)
     emb = vocab * h / tp + ((model.max_position_embeddings or 0) * h
                             if model.position_embedding == "learned" else 0)
     out = vocab * h / tp if (layout.pp > 1 or not model.tie_embeddings) else 0.0
-    return {"layer": _layer_params(model, tp), "layers": model.num_layers // layout.pp,
+    return {"layer": _layer_params(model, tp), "layers": layers,
             "first": float(emb) if first else 0.0,
             "last": float(flops.norm_params(model) + out) if last else 0.0}
 
@@ -89,13 +117,13 @@ def step_volumes(model: ModelSpec, training: TrainingSpec, layout: Layout, pp_ra
         raise ValueError(f"pp_rank {pp_rank} outside [0, {layout.pp})")
     g_b = float(training.grad_bytes if grad_bytes is None else grad_bytes)
     torch_impl = impl == "torch"
-    tp, pp, dp, v = layout.tp, layout.pp, layout.dp, layout.vpp
+    tp, pp, dp, v, cp = layout.tp, layout.pp, layout.dp, layout.vpp, layout.cp
     sp, rc = layout.sequence_parallel, layout.recompute
-    b, s, h = layout.micro_batch_size, training.seq_length, model.hidden_size
+    b, s, h = layout.micro_batch_size, training.seq_length / cp, model.hidden_size
     m = training.global_batch_size // (dp * b)
     vocab = padded_vocab(model.vocab_size, tp)
     first, last = pp_rank == 0, pp_rank == pp - 1
-    n_l = model.num_layers // pp
+    n_l = _rank_layers(model, layout, pp_rank)
     x = b * s * h * act_bytes
     out: dict[Key, list[float]] = {}
 
@@ -142,6 +170,17 @@ def step_volumes(model: ModelSpec, training: TrainingSpec, layout: Layout, pp_ra
                 biases = 2 * n_l * h if model.bias else 0
                 add("tp", "all_reduce", 1, (n_norms * norm_tensors * h + biases) * g_b)
 
+    if cp > 1:
+        kv = 2.0 * b * s * (max(model.kv_heads, tp) / tp) * model.kv_channels * act_bytes
+        if torch_impl:
+            again = 1 if rc in ("full", "selective") else 0
+            add("cp", "all_gather", m * n_l * (1 + again), cp * kv)
+            add("cp", "reduce_scatter", m * n_l, cp * kv)
+        else:
+            steps = (cp - 1) * (3 + (1 if rc == "full" else 0))
+            add("cp", "send", m * n_l * steps, kv)
+            add("cp", "recv", m * n_l * steps, kv)
+
     if pp > 1:
         p2p = b * s * h / (tp if sp else 1) * act_bytes
         sends = m * (2 * v - (1 if first else 0) - (1 if last else 0))
@@ -151,6 +190,7 @@ def step_volumes(model: ModelSpec, training: TrainingSpec, layout: Layout, pp_ra
     params = rank_params(model, layout, pp_rank)
     p_local = params["layer"] * params["layers"] + params["first"] + params["last"]
     zero = layout.zero_stage
+    dp = dp * cp  # the dense-gradient group: dp*cp ranks
     if dp > 1:
         if torch_impl and zero >= 2:
             roots = [params["first"] + params["last"]] if pp == 1 else [params["first"], params["last"]]

@@ -59,7 +59,7 @@ def _run(args) -> int:
     else:
         run = full_scale(plan, args.layers_per_stage, dtype, args.steps, device)
     if world != run.world:
-        raise UsageError(f"this run needs {run.world} ranks (tp*pp*dp); torchrun started {world}")
+        raise UsageError(f"this run needs {run.world} ranks (tp*cp*pp*dp); torchrun started {world}")
     rank = int(os.environ.get("RANK", "0"))
     if rank == 0 and args.out.exists() and not args.force:
         raise UsageError(f"{args.out} exists; pass --force to overwrite it")

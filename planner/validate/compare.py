@@ -7,7 +7,9 @@ Checks (each {"name", "measured", "predicted", "passed"}):
   pipeline rank r, which must all agree and equal planner.cost.volumes exactly.
 - ``<params|grads|optimizer>_bytes pp<r>``: bytes held per rank, within 2% of planner.cost.memory.
 Reported beside them (not checked): live-tensor peak minus the model states against
-memory.activation_bytes, and the median warm step time.
+memory.activation_bytes, and the median warm step time. ``notes`` (how the run maps the plan,
+e.g. the distributed optimizer as ZeRO-1) and ``not_exercised`` ({"feature", "reason"}: what
+of the plan the run does not exercise) are copied from the Run and printed.
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ def compare(run: Run, records: list[dict], reference: list[float] | None) -> dic
                     "training": run.training.model_dump(mode="json"),
                     "layout": lay.model_dump(), "dtype": run.dtype, "steps": run.steps,
                     "device": run.device, "world": run.world},
+            "notes": list(run.notes), "not_exercised": [dict(d) for d in run.not_exercised],
             "checks": checks, "reported": reported,
             "passed": all(c["passed"] for c in checks)}
 
@@ -91,7 +94,8 @@ def render(result: dict, path: str | None) -> None:
     from .. import report
     lay = result["run"]["layout"]
     report.out.print(f"Validated {result['run']['model']['name']} on {result['run']['world']} ranks "
-                     f"({result['run']['device']}, {result['run']['dtype']}): tp={lay['tp']} pp={lay['pp']} "
+                     f"({result['run']['device']}, {result['run']['dtype']}): tp={lay['tp']} "
+                     f"cp={lay.get('cp', 1)} pp={lay['pp']} "
                      f"dp={lay['dp']} zero={lay['zero_stage']} vpp={lay['vpp']} "
                      f"recompute={lay['recompute']}{' sp' if lay['sequence_parallel'] else ''}")
     table = Table(show_lines=False)
@@ -103,6 +107,10 @@ def render(result: dict, path: str | None) -> None:
     for r in result["reported"]:
         table.add_row(f"[dim]{r['name']}[/]", _fmt(r["measured"]), _fmt(r["predicted"]), "[dim]info[/]")
     report.out.print(table)
+    for note in result.get("notes", []):
+        report.out.print(f"note: {note}")
+    for item in result.get("not_exercised", []):
+        report.out.print(f"[yellow]not exercised[/]: {item['feature']}: {item['reason']}")
     failed = [c["name"] for c in result["checks"] if not c["passed"]]
     report.out.print(f"{len(result['checks']) - len(failed)}/{len(result['checks'])} checks passed"
                      + (f"; FAILED: {', '.join(failed)}" if failed else "")

@@ -1,8 +1,11 @@
 """The run configuration and the prediction for a validation run (no torch here).
 
 ``miniature(plan)`` keeps every kind of parallelism the plan uses on a model small enough for 8
-CPU ranks: tp, pp, dp each min(plan, 2); vpp 2 if the plan interleaves; the plan's ZeRO stage,
-recompute and SP; the model's kind (norm, bias, activation, positions, tied embeddings, GQA).
+CPU ranks: tp, cp, pp, dp each min(plan, 2); vpp 2 if the plan interleaves; an uneven pipeline
+split as an uneven 2-stage split; the plan's ZeRO stage (the distributed optimizer runs as
+ZeRO-1), recompute and SP; the model's kind (norm, bias, activation, positions, tied embeddings,
+GQA). What it maps or cannot keep is listed in ``Run.notes`` / ``Run.not_exercised``, never
+dropped silently.
 ``full_scale(plan, K)`` is the plan itself with K layers per pipeline chunk (torchrun on a cluster).
 ``predict(run, pp_rank)`` is what the cost model says for one rank of that run:
 planner.cost.volumes.step_volumes(impl="torch") and planner.cost.memory (stage_params,
@@ -37,6 +40,8 @@ class Run:
     device: str = "cpu"
     seed: int = 1234
     lr: float = 1e-2
+    notes: tuple[str, ...] = ()
+    not_exercised: tuple[dict, ...] = ()  # {"feature": ..., "reason": ...}
 
     @property
     def world(self) -> int:
@@ -45,6 +50,17 @@ class Run:
     @property
     def elem(self) -> int:
         return ELEM_BYTES[self.dtype]
+
+    def stage_layers(self) -> list[int] | None:
+        """Layers per pipeline stage (model chunk) id, or None for the even split.
+
+        Uneven (vpp 1 only): first_stage_layers, the middle stages (L - first - last)/(pp - 2)
+        each, last_stage_layers (Megatron's --decoder-first/last-pipeline-num-layers)."""
+        lay, n = self.layout, self.model.num_layers
+        if not lay.first_stage_layers or lay.vpp > 1:
+            return None
+        middle = [(n - lay.first_stage_layers - lay.last_stage_layers) // max(lay.pp - 2, 1)]
+        return [lay.first_stage_layers] + middle * (lay.pp - 2) + [lay.last_stage_layers]
 
     def worker_config(self, out_dir: str, timeout_s: int = 120) -> dict:
         """The plain dict every rank receives (planner.validate.worker.run_rank)."""
@@ -57,7 +73,8 @@ class Run:
                           positions=m.position_embedding, tie_embeddings=m.tie_embeddings,
                           mlp_groups=lay.tp, recompute=lay.recompute,
                           max_positions=m.max_position_embeddings or 0),
-            "tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "vpp": lay.vpp, "zero": lay.zero_stage,
+            "tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "cp": lay.cp, "vpp": lay.vpp,
+            "zero": lay.zero_stage, "stage_layers": self.stage_layers(),
             "sp": lay.sequence_parallel, "recompute": lay.recompute, "mbs": lay.micro_batch_size,
             "gbs": self.training.global_batch_size, "steps": self.steps, "dtype": self.dtype,
             "device": self.device, "seed": self.seed, "lr": self.lr, "out_dir": out_dir,
@@ -65,27 +82,74 @@ class Run:
         }
 
 
+def _mapped(lay: Layout) -> tuple[Layout, list[str]]:
+    """The distributed optimizer as ZeRO-1 (what it is in memory and traffic: flat gradient
+    reduce-scatter, sharded master + Adam, parameter all-gather; context.cost_view does the same)."""
+    if not lay.distributed_optimizer:
+        return lay, []
+    note = ("distributed_optimizer: run as ZeRO-1 (one flat gradient reduce-scatter, fp master "
+            "copy + Adam sharded over dp*cp, one parameter all-gather per step), which is its "
+            "memory and traffic")
+    return lay.model_copy(update=dict(distributed_optimizer=False,
+                                      zero_stage=max(1, lay.zero_stage))), [note]
+
+
+def miniature_dims(lay: Layout, world: int) -> tuple[dict[str, int], list[dict]]:
+    """Sizes {tp, cp, pp, dp} of the miniature on ``world`` ranks and what that leaves out.
+
+    Each is min(plan, 2). Rule when tp'*cp'*pp'*dp' > world: dp' drops to 1 if cp' = 2 (the
+    gradient / ZeRO group is dp*cp, so sharding and gradient reduction over 2 ranks are still
+    exercised by the cp ranks, which also hold different tokens); nothing else is ever
+    dropped: UsageError naming the ranks needed.
+    """
+    d = {k: min(getattr(lay, k), 2) for k in ("tp", "cp", "pp", "dp")}
+    need = d["tp"] * d["cp"] * d["pp"] * d["dp"]
+    dropped: list[dict] = []
+    if need > world and d["cp"] > 1 and d["dp"] > 1:
+        d["dp"] = 1
+        dropped.append({"feature": "dp", "reason": (
+            f"dp' = 1: tp*cp*pp*dp = {need} ranks > --world {world}; the gradient/ZeRO group "
+            f"dp*cp still has {d['cp']} ranks (the cp ranks); --world {need} keeps dp = 2")})
+    got = d["tp"] * d["cp"] * d["pp"] * d["dp"]
+    if got > world:
+        raise UsageError(f"the miniature of this plan (tp={d['tp']} cp={d['cp']} pp={d['pp']} "
+                         f"dp={d['dp']}) needs {got} ranks; --world is {world}")
+    return d, dropped
+
+
 def miniature(plan: Plan, world: int, dtype: str = "float64", steps: int = 3,
               layers_per_stage: int = 1, device: str = "cpu") -> Run:
     """A small run with the plan's kinds of parallelism on ``world`` ranks (UsageError if too few).
 
-    tp' = min(tp, 2), pp' = min(pp, 2), dp' = min(dp, 2), vpp' = 2 if vpp > 1; 4 heads of 16 per
-    2 TP ranks (GQA keeps g' = tp' KV heads), hidden 16*heads, ffn 4h (GeLU) or 2h (SwiGLU),
-    vocabulary 128*tp' (no padding), sequence 32, micro-batch min(b, 2), m' = 2*pp' micro-batches.
+    tp', cp', pp', dp' by miniature_dims, vpp' = 2 if vpp > 1; an uneven split (pp' = 2,
+    vpp 1) becomes K and K+1 layers (K+1 and K if the plan's first stage is the larger);
+    4 heads of 16 per 2 TP ranks (GQA keeps g' = tp' KV heads), hidden 16*heads, ffn 4h (GeLU)
+    or 2h (SwiGLU), vocabulary 128*tp' (no padding), sequence 32 (8 tokens per CP chunk at
+    cp' = 2), micro-batch min(b, 2), m' = 2*pp' micro-batches.
     """
     lay, m = plan.layout, plan.model
-    tp, pp, dp = min(lay.tp, 2), min(lay.pp, 2), min(lay.dp, 2)
+    d, dropped = miniature_dims(lay, world)
+    tp, cp, pp, dp = d["tp"], d["cp"], d["pp"], d["dp"]
     vpp = 2 if lay.vpp > 1 else 1
-    if tp * pp * dp > world:
-        raise UsageError(f"the miniature of this plan (tp={tp} pp={pp} dp={dp}) needs "
-                         f"{tp * pp * dp} ranks; --world is {world}")
+    mapped, notes = _mapped(lay)
+    k = layers_per_stage
+    first = last = 0
+    if lay.first_stage_layers or lay.last_stage_layers:
+        if vpp > 1:
+            dropped.append({"feature": "uneven pipeline split", "reason": (
+                "not exercised with interleaving (vpp > 1): the miniature splits evenly")})
+        else:
+            first, last = (k + 1, k) if lay.first_stage_layers > lay.last_stage_layers else (k, k + 1)
+            notes.append(f"uneven pipeline split {lay.first_stage_layers}+..+"
+                         f"{lay.last_stage_layers} layers: run as {first}+{last} on pp' = 2")
+    layers = first + last if first else pp * vpp * k
     heads = 2 * max(tp, 2)
     kv = heads if m.kv_heads == m.num_attention_heads else max(tp, 1)
     hidden = 16 * heads
     ffn = 4 * hidden if m.activation == "gelu" else 2 * hidden
     seq = 32
     mini = m.model_copy(update=dict(
-        name=f"{m.name}-miniature", num_layers=pp * vpp * layers_per_stage, hidden_size=hidden,
+        name=f"{m.name}-miniature", num_layers=layers, hidden_size=hidden,
         num_attention_heads=heads, num_kv_heads=kv, head_dim=16, ffn_hidden_size=ffn,
         vocab_size=128 * tp, max_position_embeddings=seq if m.position_embedding == "learned" else None,
         dropout=0.0))
@@ -93,23 +157,35 @@ def miniature(plan: Plan, world: int, dtype: str = "float64", steps: int = 3,
     micro = 2 * pp
     training = plan.training.model_copy(update=dict(seq_length=seq,
                                                     global_batch_size=dp * mbs * micro))
-    layout = Layout(tp=tp, pp=pp, dp=dp, zero_stage=lay.zero_stage, micro_batch_size=mbs,
+    layout = Layout(tp=tp, cp=cp, pp=pp, dp=dp, zero_stage=mapped.zero_stage, micro_batch_size=mbs,
                     recompute=lay.recompute, sequence_parallel=lay.sequence_parallel and tp > 1,
-                    vpp=vpp)
-    return Run(mini, training, layout, dtype=dtype, steps=steps, device=device)
+                    vpp=vpp, first_stage_layers=first, last_stage_layers=last)
+    return Run(mini, training, layout, dtype=dtype, steps=steps, device=device,
+               notes=tuple(notes), not_exercised=tuple(dropped))
 
 
 def full_scale(plan: Plan, layers_per_stage: int | None, dtype: str, steps: int, device: str) -> Run:
     """The plan's own shapes and layout (torchrun), optionally with K layers per pipeline chunk."""
     model = plan.model
+    layout, notes = _mapped(plan.layout)
+    dropped: list[dict] = []
+    uneven = bool(layout.first_stage_layers or layout.last_stage_layers)
     if layers_per_stage is not None:
         model = model.model_copy(update=dict(
             num_layers=plan.layout.pp * plan.layout.vpp * layers_per_stage))
-    if model.num_layers % (plan.layout.pp * plan.layout.vpp):
-        raise UsageError(f"{model.num_layers} layers do not split into pp*vpp = "
-                         f"{plan.layout.pp * plan.layout.vpp} chunks")
-    return Run(model.model_copy(update=dict(dropout=0.0)), plan.training, plan.layout,
-               dtype=dtype, steps=steps, device=device)
+        if uneven:
+            layout = layout.model_copy(update=dict(first_stage_layers=0, last_stage_layers=0))
+            dropped.append({"feature": "uneven pipeline split",
+                            "reason": "--layers-per-stage runs an even split"})
+    elif uneven and layout.vpp > 1:
+        raise UsageError("an uneven pipeline split with vpp > 1 cannot be run")
+    if not uneven or layers_per_stage is not None:
+        if model.num_layers % (plan.layout.pp * plan.layout.vpp):
+            raise UsageError(f"{model.num_layers} layers do not split into pp*vpp = "
+                             f"{plan.layout.pp * plan.layout.vpp} chunks")
+    return Run(model.model_copy(update=dict(dropout=0.0)), plan.training, layout,
+               dtype=dtype, steps=steps, device=device, notes=tuple(notes),
+               not_exercised=tuple(dropped))
 
 
 def predict(run: Run, pp_rank: int) -> dict:
@@ -120,26 +196,31 @@ def predict(run: Run, pp_rank: int) -> dict:
     weights x e/2, gradients x e/grad_bytes, optimizer x k/12 with k = 3e (flat fp master copy +
     Adam m, v: ZeRO-0/1) or 2e (Adam m, v on FSDP2's sharded parameters: ZeRO-2/3). FSDP2's
     ZeRO-2 keeps only the parameter shard between steps, so its weights follow stage 3's formula.
+    With context parallel the sharding group is dp*cp (formulas.md 5.7; context.cost_view).
     """
     lay, e = run.layout, run.elem
     c = Candidates.from_layouts([lay])
+    n = c.dp * c.cp
     stage = "first" if pp_rank == 0 else "last" if pp_rank == lay.pp - 1 else None
-    if stage is None:
+    if stage is None and lay.first_stage_layers:
+        params = memory.stage_params(run.model, c, "middle")
+    elif stage is None:
         from ..cost import flops
         sharded, replicated = flops.layer_params_per_gpu(run.model, c.tp)
         params = run.model.num_layers / c.pp * (sharded + replicated)
     else:
         params = memory.stage_params(run.model, c, stage)
-    fsdp = lay.zero_stage >= 2 and lay.dp > 1
-    states = memory.model_state_bytes(params, c.zero_stage, c.dp, run.training)
-    weights = memory.model_state_bytes(params, np.array([3 if fsdp else lay.zero_stage]), c.dp,
+    fsdp = lay.zero_stage >= 2 and lay.dp * lay.cp > 1
+    states = memory.model_state_bytes(params, c.zero_stage, n, run.training)
+    weights = memory.model_state_bytes(params, np.array([3 if fsdp else lay.zero_stage]), n,
                                        run.training)["weights"]
     k = 2 * e if fsdp else 3 * e
     mem = {"params_bytes": float(weights[0]) * e / 2,
            "grads_bytes": float(states["gradients"][0]) * e / run.training.grad_bytes,
            "optimizer_bytes": float(states["optimizer"][0]) * k / memory.OPTIMIZER_BYTES_PER_PARAM}
     act_stage = "last" if stage == "last" else "first"
-    act = float(memory.activation_bytes(run.model, run.training, c, act_stage)[0]) * e / 2
+    from ..cost.context import cost_view
+    act = float(memory.activation_bytes(run.model, run.training, cost_view(c), act_stage)[0]) * e / 2
     comm = step_volumes(run.model, run.training, lay, pp_rank, impl="torch", act_bytes=e,
                         weight_bytes=e, grad_bytes=e)
     return {"memory": mem, "activations": act,

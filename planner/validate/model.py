@@ -7,6 +7,11 @@ Layout choices made so that tensor parallelism cuts it the way Megatron does:
 - SwiGLU's gate and up are ONE linear whose rows are grouped in ``mlp_groups`` blocks of
   [gate, up]; the validator sets mlp_groups = tp so a column shard holds matching halves.
 - Dropout is 0 (deterministic comparison); the attention core is PyTorch's SDPA (causal).
+- Context parallel (``set_context_parallel``): each rank holds the tokens at ``positions`` (the
+  2*cp-chunk causal load balancing); RoPE and learned positions use those global positions, and
+  the attention core all-gathers K and V over the cp group (``GatherKV``: backward reduce-
+  scatters dK, dV), masking by global position. This is the all-gather form of formulas.md 5.7
+  (Llama 3 style), not Megatron's p2p ring.
 Imports torch: only ever imported from inside planner.validate.
 """
 
@@ -48,15 +53,51 @@ def make_norm(cfg: GPTConfig) -> nn.Module:
     return nn.LayerNorm(cfg.hidden, eps=1e-5)
 
 
-def rope(x: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
-    """Rotary embedding on x of shape (b, heads, s, d) (rotate-half form, Su et al. 2021)."""
+def rope(x: torch.Tensor, base: float = 10000.0, positions: torch.Tensor | None = None) -> torch.Tensor:
+    """Rotary embedding on x of shape (b, heads, s, d) (rotate-half form, Su et al. 2021).
+
+    ``positions`` (s,) int64: the tokens' global positions (context parallel); default 0..s-1.
+    """
     s, d = x.shape[-2], x.shape[-1]
     inv = 1.0 / (base ** (torch.arange(0, d, 2, dtype=x.dtype, device=x.device) / d))
-    angles = torch.arange(s, dtype=x.dtype, device=x.device)[:, None] * inv[None, :]
+    pos = torch.arange(s, device=x.device) if positions is None else positions.to(x.device)
+    angles = pos.to(x.dtype)[:, None] * inv[None, :]
     cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
     half = d // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], -1)
     return x * cos + rotated * sin
+
+
+def cp_positions(cp_rank: int, cp: int, seq: int) -> torch.Tensor:
+    """Global token positions held by context-parallel rank ``cp_rank``: (seq/cp,) int64.
+
+    Megatron's causal load balancing: the sequence is cut into 2*cp chunks of seq/(2cp) and rank
+    i holds chunks i and 2cp-1-i (docs/user-guide/features/context_parallel.md)."""
+    c = seq // (2 * cp)
+    j = 2 * cp - 1 - cp_rank
+    return torch.cat([torch.arange(cp_rank * c, (cp_rank + 1) * c), torch.arange(j * c, (j + 1) * c)])
+
+
+class GatherKV(torch.autograd.Function):
+    """All-gather of the stacked local K and V over the cp group; backward reduce-scatters the
+    gradient (sum). Input (2, b, g_l, s/cp, d) -> output (cp, 2, b, g_l, s/cp, d)."""
+
+    @staticmethod
+    def forward(ctx, kv, group):
+        import torch.distributed as dist
+        ctx.group = group
+        n = dist.get_world_size(group)
+        out = kv.new_empty((n * kv.shape[0],) + tuple(kv.shape[1:]))  # gloo: concatenated on dim 0
+        dist.all_gather_into_tensor(out, kv.contiguous(), group=group)
+        return out.view((n,) + tuple(kv.shape))
+
+    @staticmethod
+    def backward(ctx, grad):
+        import torch.distributed as dist
+        shard = grad.new_empty(grad.shape[1:])
+        flat = grad.contiguous().view((-1,) + tuple(grad.shape[2:]))
+        dist.reduce_scatter_tensor(shard, flat, group=ctx.group)
+        return shard, None
 
 
 class Attention(nn.Module):
@@ -65,6 +106,9 @@ class Attention(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.cfg = cfg
+        self.cp_group = None            # context parallel: set by set_context_parallel
+        self.q_pos: torch.Tensor | None = None
+        self.k_pos: torch.Tensor | None = None
         per_group = cfg.heads // cfg.kv_heads + 2
         self.qkv = nn.Linear(cfg.hidden, cfg.kv_heads * per_group * cfg.head_dim, bias=cfg.bias)
         self.o = nn.Linear(cfg.heads * cfg.head_dim, cfg.hidden, bias=cfg.bias)
@@ -80,10 +124,19 @@ class Attention(nn.Module):
         k = x[:, :, :, q_per].transpose(1, 2)
         v = x[:, :, :, q_per + 1].transpose(1, 2)
         if cfg.positions == "rope":
-            q, k = rope(q), rope(k)
+            q, k = rope(q, positions=self.q_pos), rope(k, positions=self.q_pos)
+        mask = None
+        if self.cp_group is not None:  # all-gather K, V of the whole sequence (by cp rank)
+            kv = GatherKV.apply(torch.stack([k, v]), self.cp_group)  # (cp, 2, b, g, s/cp, d)
+            kv = kv.permute(1, 2, 3, 0, 4, 5).reshape(2, b, groups, -1, cfg.head_dim)
+            k, v = kv[0], kv[1]
+            mask = self.q_pos.to(q.device)[:, None] >= self.k_pos.to(q.device)[None, :]
         k = k.repeat_interleave(q_per, dim=1)
         v = v.repeat_interleave(q_per, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if mask is None:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return out.transpose(1, 2).reshape(b, s, groups * q_per * cfg.head_dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -137,11 +190,13 @@ class Embedding(nn.Module):
         self.tok = nn.Embedding(cfg.vocab, cfg.hidden)
         self.pos = (nn.Embedding(cfg.max_positions or cfg.seq, cfg.hidden)
                     if cfg.positions == "learned" else None)
+        self.positions: torch.Tensor | None = None  # context parallel: this rank's positions
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         x = self.tok(ids)
         if self.pos is not None:
-            x = x + self.pos.weight[: ids.shape[1]]
+            x = x + (self.pos.weight[: ids.shape[1]] if self.positions is None
+                     else self.pos.weight[self.positions.to(ids.device)])
         return x
 
 
@@ -204,6 +259,17 @@ class Chunk(nn.Module):
         if self.head is not None:
             x = self.head(x)
         return x
+
+
+def set_context_parallel(model: "GPT", group, cp_rank: int, cp: int) -> None:
+    """Make ``model`` one context-parallel rank: its tokens are cp_positions(cp_rank) and every
+    attention layer all-gathers K, V over ``group`` (call before cutting chunks / TP)."""
+    seq = model.cfg.seq
+    mine = cp_positions(cp_rank, cp, seq)
+    every = torch.cat([cp_positions(r, cp, seq) for r in range(cp)])
+    model.embed.positions = mine
+    for layer in model.layers.values():
+        layer.attn.cp_group, layer.attn.q_pos, layer.attn.k_pos = group, mine, every
 
 
 def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,5 @@
-"""Parallelize the decoder on a DeviceMesh (pp, dp, tp) in Megatron's rank order (tp fastest).
+"""Parallelize the decoder on a DeviceMesh (pp, dp, cp, tp) in Megatron's rank order (tp fastest,
+then cp, dp, pp). CP: model.set_context_parallel; dense gradients are reduced over dp*cp.
 
 TP/SP: torch.distributed.tensor.parallel (Colwise/Rowwise/SequenceParallel/PrepareModule*).
 PP: torch.distributed.pipelining (Schedule1F1B; ScheduleInterleaved1F1B with looped stage ids
@@ -26,13 +27,17 @@ def stage_ids(pp_rank: int, pp: int, vpp: int) -> list[int]:
     return [pp_rank + k * pp for k in range(vpp)]
 
 
-def build_chunks(model: GPT, pp_rank: int, pp: int, vpp: int) -> list[tuple[int, Chunk]]:
-    """This rank's (stage id, Chunk) list, cut from ``model`` (layers split evenly)."""
+def build_chunks(model: GPT, pp_rank: int, pp: int, vpp: int,
+                 counts: list[int] | None = None) -> list[tuple[int, Chunk]]:
+    """This rank's (stage id, Chunk) list, cut from ``model``: ``counts[sid]`` layers in stage
+    sid (an uneven split), or the layers split evenly over pp*vpp stages when counts is None."""
     n_stages = pp * vpp
-    per = model.cfg.num_layers // n_stages
+    if counts is None:
+        counts = [model.cfg.num_layers // n_stages] * n_stages
+    starts = [sum(counts[:k]) for k in range(n_stages)]
     chunks = []
     for sid in stage_ids(pp_rank, pp, vpp):
-        layers = {str(i): model.layers[str(i)] for i in range(sid * per, (sid + 1) * per)}
+        layers = {str(i): model.layers[str(i)] for i in range(starts[sid], starts[sid] + counts[sid])}
         chunks.append((sid, Chunk(model.embed if sid == 0 else None, layers,
                                   model.head if sid == n_stages - 1 else None)))
     return chunks
@@ -104,19 +109,19 @@ def reduce_partial_grads(params) -> None:
             p.grad = g.redistribute(p.device_mesh, p.placements)
 
 
-def embedding_groups(mesh, pp: int, dp: int, tp: int):
-    """Process groups {first stage, last stage} for each (dp, tp) coordinate (tied embeddings).
+def embedding_groups(mesh, pp: int, inner: int):
+    """Process groups {first stage, last stage} for each (dp, cp, tp) coordinate (tied embeddings).
 
-    Every rank creates every group (dist.new_group is collective); returns this rank's group.
+    ``inner`` = dp*cp*tp ranks per pipeline stage (rank = j + inner * pp_rank). Every rank
+    creates every group (dist.new_group is collective); returns this rank's group.
     """
     mine = None
     me = dist.get_rank()
-    for d in range(dp):
-        for t in range(tp):
-            ranks = [t + tp * d, t + tp * (d + dp * (pp - 1))]
-            g = dist.new_group(ranks)
-            if me in ranks:
-                mine = g
+    for j in range(inner):
+        ranks = [j, j + inner * (pp - 1)]
+        g = dist.new_group(ranks)
+        if me in ranks:
+            mine = g
     return mine
 
 

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from .instrument import Instrument
-from .model import GPT, GPTConfig, loss_fn
+from .model import GPT, GPTConfig, cp_positions, loss_fn, set_context_parallel
 from .parallel import (FlatOptimizer, apply_fsdp, apply_full_recompute, apply_tp, build_chunks,
                        embedding_groups, local, reduce_partial_grads)
 
@@ -72,6 +72,7 @@ def run_rank(cfg: dict) -> dict:
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B
 
     pp, dp, tp, vpp = cfg["pp"], cfg["dp"], cfg["tp"], cfg["vpp"]
+    cp = cfg.get("cp", 1)
     device = torch.device(cfg["device"])
     if device.type == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
@@ -79,19 +80,28 @@ def run_rank(cfg: dict) -> dict:
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(backend, timeout=timedelta(seconds=cfg.get("timeout_s", 120)))
     rank = dist.get_rank()
-    mesh = init_device_mesh(device.type, (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
+    mesh = init_device_mesh(device.type, (pp, dp, cp, tp), mesh_dim_names=("pp", "dp", "cp", "tp"))
     pp_rank, dp_rank = mesh["pp"].get_local_rank(), mesh["dp"].get_local_rank()
-    dims = {mesh.get_group(d).group_name: d for d in ("pp", "dp", "tp")}
+    cp_rank = mesh["cp"].get_local_rank()
+    dims = {mesh.get_group(d).group_name: d for d in ("pp", "dp", "cp", "tp")}
+    # dense gradients are reduced (and ZeRO-sharded) over dp*cp (Megatron's intra_dp_cp group)
+    grad_mesh = mesh["dp"] if cp == 1 else mesh["dp", "cp"]._flatten("dp_cp")
+    grad_group = grad_mesh.get_group() if dp * cp > 1 else None
+    if grad_group is not None:
+        assert grad_group.group_name not in dims or cp == 1, "dp*cp group aliases another group"
+        dims[grad_group.group_name] = "dp"
     embd = None
     tied = cfg["model"]["tie_embeddings"] and pp > 1
     if tied:
-        embd = embedding_groups(mesh, pp, dp, tp)
+        embd = embedding_groups(mesh, pp, dp * cp * tp)
         dims[embd.group_name] = "embd"
 
     model = build_model(cfg).to(device)
+    if cp > 1:
+        set_context_parallel(model, mesh.get_group("cp"), cp_rank, cp)
     if tied:  # the last stage keeps its own copy of the word embedding (Megatron, formulas.md 1.3)
         model.head.out.weight = torch.nn.Parameter(model.embed.tok.weight.detach().clone())
-    chunks = build_chunks(model, pp_rank, pp, vpp)
+    chunks = build_chunks(model, pp_rank, pp, vpp, cfg.get("stage_layers"))
     del model
     for _, chunk in chunks:
         if tp > 1:
@@ -100,14 +110,14 @@ def run_rank(cfg: dict) -> dict:
                 chunk.head.out.weight = chunk.embed.tok.weight
         if cfg["recompute"] == "full":
             apply_full_recompute(chunk)
-        if dp > 1 and cfg["zero"] >= 2:
-            apply_fsdp(chunk, mesh["dp"], cfg["zero"])
+        if dp * cp > 1 and cfg["zero"] >= 2:
+            apply_fsdp(chunk, grad_mesh, cfg["zero"])
     params = [p for _, c in chunks for p in c.parameters()]
-    if cfg["zero"] >= 2 and dp > 1:
+    if cfg["zero"] >= 2 and dp * cp > 1:
         opt = torch.optim.Adam(params, lr=cfg["lr"], foreach=False)
         flat = None
     else:
-        flat = FlatOptimizer(params, mesh.get_group("dp") if dp > 1 else None, cfg["zero"], cfg["lr"])
+        flat = FlatOptimizer(params, grad_group, cfg["zero"], cfg["lr"])
         opt = None
 
     n_stages = pp * vpp
@@ -123,13 +133,14 @@ def run_rank(cfg: dict) -> dict:
     out_w = chunks[-1][1].head.out.weight if has_last and tied else None
 
     inst = Instrument(dims)
-    record = {"rank": rank, "coord": {"pp": pp_rank, "dp": dp_rank,
+    cols = cp_positions(cp_rank, cp, cfg["model"]["seq"]) if cp > 1 else slice(None)
+    record = {"rank": rank, "coord": {"pp": pp_rank, "dp": dp_rank, "cp": cp_rank,
                                       "tp": mesh["tp"].get_local_rank()},
               "losses": [], "step_s": [], "comm": [], "live_baseline": [], "live_peak": []}
     for step in range(cfg["steps"]):
         ids, targets = batches(cfg, step)
         rows = slice(dp_rank * m * cfg["mbs"], (dp_rank + 1) * m * cfg["mbs"])
-        ids, targets = ids[rows].to(device), targets[rows].to(device)
+        ids, targets = ids[rows][:, cols].to(device), targets[rows][:, cols].to(device)
         dist.barrier()
         if device.type == "cuda":
             torch.cuda.synchronize()
