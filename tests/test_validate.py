@@ -91,3 +91,29 @@ def test_validate_cli_world_too_small(tmp_path):
     res = CliRunner().invoke(app, ["validate", str(path), "--local", "--world", "4"])
     assert res.exit_code == 2
     assert "needs 8 ranks" in res.output
+
+
+def test_context_parallel_miniature():
+    """The plan `plan3d search --model 175b --gpus 512` exports (tp=2 cp=2 pp=16 dp=8, ZeRO-1,
+    SP, vpp 6) on 8 ranks: tp'=cp'=pp'=2, dp' = 1 (reported as not exercised), K/V all-gathered
+    over the cp group, the sequence in 2*cp load-balanced chunks. About 16 s on 2 cores."""
+    from planner.validate import run_local
+    plan = make_plan("175b", tp=2, cp=2, pp=16, dp=8, zero_stage=1, micro_batch_size=1,
+                     sequence_parallel=True, vpp=6)
+    result, _ = run_local(plan, world=8, steps=2, timeout_s=400)
+    failed = [c for c in result["checks"] if not c["passed"]]
+    assert not failed, failed
+    expected = dict(tp=2, cp=2, pp=2, dp=1, zero_stage=1, sequence_parallel=True, vpp=2)
+    assert {k: result["run"]["layout"][k] for k in expected} == expected
+    assert [d["feature"] for d in result["not_exercised"]] == ["dp"]
+    checks = {c["name"]: c for c in result["checks"]}
+    assert all(checks[f"loss step {i}"]["rel_diff"] <= 1e-12 for i in range(2))
+    # Per layer per micro-batch one all-gather of K and V of the whole sequence, 2 local heads:
+    # 2 * b1 * s32 * 2 * d16 * 8 B = 16,384 B; 2 layers (vpp 2) x 4 micro-batches = 8 calls.
+    for pp in (0, 1):
+        assert checks[f"comm pp{pp} cp:all_gather"]["measured"] == [8, 131_072]
+        assert checks[f"comm pp{pp} cp:reduce_scatter"]["measured"] == [8, 131_072]
+    # p2p with SP and CP: 12 sends of b * s/cp * h / tp * 8 = 1*16*64/2*8 = 4,096 B.
+    assert checks["comm pp0 pp:send"]["measured"] == [12, 49_152]
+    # Dense gradients reduce-scattered over dp*cp = 2 ranks: 60,608 params x 8 B.
+    assert checks["comm pp0 dp:reduce_scatter"]["measured"] == [1, 484_864]
