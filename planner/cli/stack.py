@@ -71,7 +71,7 @@ def placement(
 def validate(
     plan: Path = typer.Argument(..., help="Plan YAML written by `plan3d search --export`."),
     local: bool = typer.Option(False, "--local", help="Run a miniature of the plan on this machine (gloo)."),
-    world: int = typer.Option(8, "--world", help="Ranks to fork with --local (the miniature needs <= 8)."),
+    world: int = typer.Option(8, "--world", help="Ranks to fork with --local (8; a cp plan needs 16 to keep dp=2)."),
     device: str = typer.Option("cpu", "--device", help="Device of the --local run (cpu only)."),
     steps: int = typer.Option(3, "--steps", help="Training steps (step 0 is warm-up)."),
     dtype: str = typer.Option("float64", "--dtype", help="float64 (exact checks) or float32."),

@@ -51,7 +51,8 @@ micro-batches per step m = B/(dp*b) as without CP; the dense-gradient group "dp"
 ranks (Megatron's intra_dp_cp group: formulas.md 5.7, context.cost_view), so its buffers are
 padded and sharded over dp*cp. ``"megatron"`` adds the p2p ring of formulas.md 5.7 on "cp":
 per layer per micro-batch cp-1 sends (and receives) of X_kv = 2*(s/cp)*b*(max(g,tp)/tp)*d_h*e
-forward, and 2(cp-1) backward (KV and dKV); full recompute repeats the forward's.
+forward, and 2(cp-1) backward (KV and dKV); full recompute repeats the forward's (selective
+recompute of the attention core is not modelled on the ring).
 Uneven pipeline splits: the rank holds first_stage_layers (pp rank 0), last_stage_layers (the
 last) or (L - first - last)/(pp - 2) layers (vpp 1; pipeline.stage_layers).
 """

@@ -84,7 +84,7 @@ def _payload(pkg: str, name: str, kind: str, args, kwargs, out) -> int:
 class Instrument(TorchDispatchMode):
     """Counts collectives as {(dim, kind): [calls, bytes]} and tracks live tensor bytes.
 
-    ``dims`` maps process-group names to mesh-dimension labels ("tp", "dp", "pp", "embd");
+    ``dims`` maps process-group names to labels ("tp", "cp", "dp", "pp", "embd");
     groups not in the map are labelled by their name. Use ``reset()`` between steps.
     """
 

@@ -88,7 +88,8 @@ def run_rank(cfg: dict) -> dict:
     grad_mesh = mesh["dp"] if cp == 1 else mesh["dp", "cp"]._flatten("dp_cp")
     grad_group = grad_mesh.get_group() if dp * cp > 1 else None
     if grad_group is not None:
-        assert grad_group.group_name not in dims or cp == 1, "dp*cp group aliases another group"
+        if cp > 1 and grad_group.group_name in dims:
+            raise RuntimeError("the flattened dp*cp group aliases another mesh group")
         dims[grad_group.group_name] = "dp"
     embd = None
     tied = cfg["model"]["tie_embeddings"] and pp > 1
