@@ -199,7 +199,20 @@ def evaluate(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c: C
         "last": {**bl, "compute": bl["compute"] + edge_last,
                  "tp_comm": bl["tp_comm"] + edge_last_tp},
     }
-    totals = {k: sum(v.values()) for k, v in stages.items()}
+    # Stage totals, factored (n layers x per-layer sum + per-micro-batch terms + edges): the same
+    # sums as adding each stage's terms, with fewer passes over the (broadcast) candidate arrays.
+    per_layer_all = per_layer_compute + recompute + per_layer_tp
+    if cp_layer is not None:
+        per_layer_all = per_layer_all + cp_layer
+    shared = p2p_per_mb + dp_per_mb
+    middle_total = lm * per_layer_all + shared
+    totals = {
+        "first": (middle_total if split is None else lf * per_layer_all + shared) + edge_first_tp
+        + np.where(single, edge_last + edge_last_tp, 0.0),
+        "middle": middle_total,
+        "last": (middle_total if split is None else ll * per_layer_all + shared) + edge_last
+        + edge_last_tp,
+    }
     t_pipe, bubble = pipeline.pipeline_time(totals["first"], totals["middle"], totals["last"],
                                             c.pp, c.vpp, m)
     params_most = np.maximum(params_first, params_last)
