@@ -224,7 +224,7 @@ def scan(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, grid: Gr
 
 def search(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: int | None,
            opts: SearchOptions = SearchOptions()) -> SearchResult:
-    """Rank every valid layout that fits by the objective (ties: less memory first).
+    """Rank every valid layout that fits by the objective (exact ties: lower ZeRO stage, then less memory).
 
     ``gpus`` fixes the count; with ``opts.max_gpus`` (and gpus None) the count is searched too.
     The grid is evaluated in blocks of about CHUNK layouts; each block keeps its best ``keep``,
