@@ -28,13 +28,15 @@ def plan_to_yaml(plan: Plan) -> str:
     return header + yaml.safe_dump(data, sort_keys=False, width=100, allow_unicode=True)
 
 
-def check_destination(path: Path, force: bool) -> None:
+def check_destination(path: Path, force: bool, flag: str = "--export",
+                      example: str = "plan.yaml") -> None:
     """UsageError unless ``path`` can be written: a file name (not '', '.', '-' or a directory)
-    in an existing directory, and not an existing file unless ``force``."""
+    in an existing directory, and not an existing file unless ``force``. ``flag`` and
+    ``example`` only word the message."""
     if str(path) in ("", ".", "-"):
-        raise UsageError(f"--export needs a file name, got {str(path)!r}")
+        raise UsageError(f"{flag} needs a file name, got {str(path)!r}")
     if path.is_dir():
-        raise UsageError(f"{path} is a directory; give a file name such as {path / 'plan.yaml'}")
+        raise UsageError(f"{path} is a directory; give a file name such as {path / example}")
     if path.exists() and not force:
         raise UsageError(f"{path} exists; pass --force to overwrite it")
     if not path.parent.is_dir():
@@ -53,3 +55,17 @@ def write_plan(plan: Plan, path: Path, force: bool = False) -> None:
 def read_plan(path: Path) -> Plan:
     """Load and validate a plan file (UsageError with the field on any problem)."""
     return validate(Plan, read_yaml(path), str(path))
+
+
+def read_checked_plan(path: Path) -> Plan:
+    """read_plan, then the layout rules every consumer relies on (search.check_layout): a plan
+    edited by hand into an invalid layout is a UsageError here, before anything is exported or
+    run. TP across nodes is allowed (it is slow, not invalid)."""
+    from .search import check_layout
+    plan = read_plan(path)
+    try:
+        check_layout(plan.model, plan.hardware, plan.training, plan.gpus, plan.layout.model_dump(),
+                     allow_cross_node_tp=True)
+    except UsageError as exc:
+        raise UsageError(f"{path}: {exc}") from None
+    return plan

@@ -19,17 +19,19 @@ def export_cmd(
     to: str = typer.Option(..., "--to", help="Target: megatron, nemo, deepspeed or torchtitan."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write to FILE instead of stdout."),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing --output file."),
-    torchtitan_format: str = typer.Option("overrides", "--torchtitan-format",
-                                          help="overrides (torchtitan 0.3) or toml (0.2.x)."),
+    torchtitan_format: Optional[str] = typer.Option(None, "--torchtitan-format",
+                                                    help="overrides (torchtitan 0.3, default) or toml (0.2.x)."),
 ) -> None:
     """Write a plan as a training framework's arguments or config."""
-    from ..export import read_plan
+    from ..export import check_destination, read_checked_plan
     from ..frameworks import export_plan
-    if output is not None and output.exists() and not force:
-        raise UsageError(f"{output} exists; pass --force to overwrite it")
-    if output is not None and output.is_dir():
-        raise UsageError(f"{output} is a directory")
-    result = export_plan(read_plan(plan), to.strip().lower(), torchtitan_format.strip().lower())
+    target = to.strip().lower()
+    if torchtitan_format is not None and target != "torchtitan":
+        raise UsageError(f"--torchtitan-format applies to --to torchtitan only, not --to {target}")
+    if output is not None:
+        check_destination(output, force, "--output", "config.txt")
+    result = export_plan(read_checked_plan(plan), target,
+                         (torchtitan_format or "overrides").strip().lower())
     for note in result.notes:
         report.err.print(f"note: {note}", markup=False, soft_wrap=True)
     if output is None:
@@ -43,8 +45,6 @@ def export_cmd(
     report.err.print(f"Wrote {to} configuration to {output}", markup=False)
 
 
-
-
 @app.command()
 @handle_errors
 def placement(
@@ -54,16 +54,14 @@ def placement(
     json_out: bool = typer.Option(False, "--json", help="Print every group and the node of every rank."),
 ) -> None:
     """Which ranks form each TP/DP/PP group, which node each is on, and whether TP crosses a node."""
-    from ..export import read_plan
+    from ..export import read_checked_plan
     from ..placement import full, render, summary
-    p = read_plan(plan)
+    p = read_checked_plan(plan)
     key = order.strip().lower()
     if json_out:
         report.print_json(full(p, key))
     else:
         report.out.print(render(summary(p, key)), markup=False, soft_wrap=True)
-
-
 
 
 @app.command()
@@ -90,12 +88,15 @@ def validate(
     if device != "cpu":
         raise UsageError(f"--local runs on cpu (forked gloo ranks), got --device {device}; "
                          "use torchrun for GPUs")
-    from ..export import read_plan
+    from ..export import check_destination, read_checked_plan
     from ..validate import run_local, write_measured
     from ..validate.compare import render
-    p = read_plan(plan)
-    if out.exists() and not force:
-        raise UsageError(f"{out} exists; pass --force to overwrite it")
+    for flag, value in (("--world", world), ("--steps", steps), ("--layers-per-stage", layers_per_stage),
+                        ("--timeout", timeout)):
+        if value <= 0:
+            raise UsageError(f"{flag} must be positive, got {value:g}")
+    p = read_checked_plan(plan)
+    check_destination(out, force, "--out", "measured.json")
     with report.err.status("Running the miniature on forked ranks...", spinner="dots"):
         result, records = run_local(p, world=world, dtype=dtype, steps=steps,
                                     layers_per_stage=layers_per_stage, timeout_s=timeout)

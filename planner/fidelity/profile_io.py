@@ -12,8 +12,8 @@ from ..specs import HardwareProfile
 
 def write_profile(hw: HardwareProfile, path: Path, force: bool = False) -> None:
     """Serialize ``hw`` (quantities with units) to ``path``; UsageError if it exists and not ``force``."""
-    if path.exists() and not force:
-        raise UsageError(f"{path} exists; pass --force to overwrite it")
+    from ..export import check_destination
+    check_destination(path, force, "--output", "my-profile.yaml")
     data = hw.model_dump(mode="json")
     text = yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=100)
     try:

@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args) -> int:
     from .. import report
     from ..errors import UsageError
-    from ..export import read_plan
+    from ..export import check_destination, read_checked_plan
     from . import require_torch, write_measured
     require_torch()
     import torch
@@ -51,7 +51,7 @@ def _run(args) -> int:
     cuda = torch.cuda.is_available()
     device = "cuda" if cuda else "cpu"
     dtype = args.dtype or ("bfloat16" if cuda else "float64")
-    plan = read_plan(args.plan)
+    plan = read_checked_plan(args.plan)
     world = int(os.environ.get("WORLD_SIZE", "0"))
     if args.miniature:
         run = miniature(plan, world, dtype=dtype, steps=args.steps,
@@ -61,8 +61,8 @@ def _run(args) -> int:
     if world != run.world:
         raise UsageError(f"this run needs {run.world} ranks (tp*cp*pp*dp); torchrun started {world}")
     rank = int(os.environ.get("RANK", "0"))
-    if rank == 0 and args.out.exists() and not args.force:
-        raise UsageError(f"{args.out} exists; pass --force to overwrite it")
+    if rank == 0:
+        check_destination(args.out, args.force, "--out", "measured.json")
     cfg = run.worker_config(out_dir="", timeout_s=1800)
     cfg["gather"] = True
     record = run_rank(cfg)
