@@ -128,9 +128,19 @@ def hardware_profiles() -> dict[str, HardwareProfile]:
     return _load_all("hardware_profiles")  # type: ignore[return-value]
 
 
+def refuse_plan(data: object, name: str) -> None:
+    """UsageError when ``data`` (a parsed --model/--hardware file) is a plan3d plan (it has
+    ``plan3d_version`` and ``layout``): say which command reads it instead of listing fields."""
+    if isinstance(data, dict) and "plan3d_version" in data and "layout" in data:
+        raise UsageError(f"{name} is a plan3d plan; use `plan3d estimate --plan {name}`")
+
+
 def _resolve(kind: str, label: str, name: str, cls: type[T]) -> T:
     path = Path(name).expanduser()
     if path.is_dir():
+        if kind == "models" and (path / "config.json").is_file():  # a Hugging Face model folder
+            from .hf_config import load_hf_config
+            return load_hf_config(path / "config.json")  # type: ignore[return-value]
         raise UsageError(f"{name} is a directory, not a {label} file")
     if name.endswith((".yaml", ".yml", ".json")) or path.is_file():
         if not path.is_file():
@@ -140,7 +150,9 @@ def _resolve(kind: str, label: str, name: str, cls: type[T]) -> T:
             return load_hf_config(path)  # type: ignore[return-value]
         if path.suffix == ".json":
             raise UsageError(f"{name}: JSON {label} files are not supported yet; write the YAML schema")
-        return validate(cls, read_yaml(path), str(path))
+        data = read_yaml(path)
+        refuse_plan(data, name)
+        return validate(cls, data, str(path))
     entries = _load_all(kind)
     key = name.strip().lower()
     names: dict[str, str] = {}

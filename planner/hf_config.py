@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .catalog import validate
+from .catalog import refuse_plan, validate
 from .errors import UsageError
 from .specs import ModelSpec
 
@@ -53,6 +53,29 @@ def _first(cfg: dict, keys: tuple[str, ...]):
     return None, None
 
 
+def _int(origin: str, key: str | None, value) -> int | None:
+    """``value`` of config field ``key`` as an int (None stays None). A float with an integral
+    value (4096.0) is accepted; anything else (a string, a bool, 4096.5) is a UsageError naming
+    the field, since int() would truncate or misread it."""
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    raise UsageError(f"{origin}: {key} must be an integer, got {value!r}")
+
+
+def _float(origin: str, key: str, value) -> float | None:
+    """``value`` of config field ``key`` as a float (None stays None); UsageError naming the field
+    for a string or a bool."""
+    if value is None:
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    raise UsageError(f"{origin}: {key} must be a number, got {value!r}")
+
+
 def from_hf_dict(cfg: dict, origin: str, name: str) -> ModelSpec:
     """ModelSpec from a parsed config.json. UsageError naming the fields it cannot map."""
     mt = cfg.get("model_type")
@@ -64,24 +87,24 @@ def from_hf_dict(cfg: dict, origin: str, name: str) -> ModelSpec:
         raise UsageError(f"{origin}: cannot map {', '.join(bad)}: plan3d models dense decoders only")
     shape = {}
     for field, keys in SYNONYMS.items():
-        _, value = _first(cfg, keys)
+        key, value = _first(cfg, keys)
         if value is None:
             raise UsageError(f"{origin}: missing {' / '.join(keys)}")
-        shape[field] = int(value)
+        shape[field] = _int(origin, key, value)
     h, a = shape["hidden_size"], shape["num_attention_heads"]
     notes: list[str] = []
 
     # attention: KV heads and head dim
-    kv = cfg.get("num_key_value_heads")
+    kv = _int(origin, "num_key_value_heads", cfg.get("num_key_value_heads"))
     if mt == "falcon":
         if cfg.get("new_decoder_architecture"):
-            kv = cfg.get("num_kv_heads", a)
+            kv = _int(origin, "num_kv_heads", cfg.get("num_kv_heads", a))
         elif cfg.get("multi_query", True):
             kv = 1
         if cfg.get("parallel_attn", True) and not cfg.get("new_decoder_architecture"):
             notes.append(f"Falcon parallel attention with one LayerNorm per layer: counted as two, "
                          f"{2 * h * shape['num_layers']:,} parameters too many")
-    head_dim = cfg.get("head_dim")
+    head_dim = _int(origin, "head_dim", cfg.get("head_dim"))
 
     # MLP
     act_key, act = _first(cfg, ("hidden_act", "activation_function"))
@@ -99,14 +122,15 @@ def from_hf_dict(cfg: dict, origin: str, name: str) -> ModelSpec:
     else:
         raise UsageError(f"{origin}: cannot map {act_key}={act!r} (supported: silu with a gated "
                          "MLP, gelu variants, relu)")
-    _, ffn = _first(cfg, ("intermediate_size", "ffn_dim", "n_inner", "ffn_hidden_size"))
-    ffn = int(ffn) if ffn else 4 * h
-    if mt == "opt" and cfg.get("word_embed_proj_dim", h) != h:
+    ffn_key, ffn = _first(cfg, ("intermediate_size", "ffn_dim", "n_inner", "ffn_hidden_size"))
+    ffn = _int(origin, ffn_key, ffn) or 4 * h
+    if mt == "opt" and _int(origin, "word_embed_proj_dim", cfg.get("word_embed_proj_dim", h)) != h:
         raise UsageError(f"{origin}: cannot map word_embed_proj_dim={cfg['word_embed_proj_dim']} "
                          f"!= hidden_size {h} (OPT projection layers are not modeled)")
 
     # positions
-    _, max_pos = _first(cfg, ("max_position_embeddings", "n_positions", "max_seq_len"))
+    pos_key, max_pos = _first(cfg, ("max_position_embeddings", "n_positions", "max_seq_len"))
+    max_pos = _int(origin, pos_key, max_pos)
     if mt in ("gpt2", "opt"):
         position = "learned"
         if mt == "opt":
@@ -141,23 +165,23 @@ def from_hf_dict(cfg: dict, origin: str, name: str) -> ModelSpec:
     else:
         bias = bool(cfg.get("attention_bias", cfg.get("use_bias", True)))
     tie = bool(cfg.get("tie_word_embeddings", TIE_DEFAULT[mt]))
-    drops = {k: float(cfg[k]) for k in DROPOUT_FIELDS if isinstance(cfg.get(k), (int, float))}
+    drops = {k: _float(origin, k, cfg[k]) for k in DROPOUT_FIELDS if cfg.get(k) is not None}
     dropout = max(drops.values(), default=0.0)
     if len(set(drops.values())) > 1:
         notes.append(f"dropout rates {drops} differ; using the largest, {dropout:g}")
 
-    seq = min(int(max_pos), MAX_SEQ) if max_pos else 2048
+    seq = min(max_pos, MAX_SEQ) if max_pos else 2048
     gbs = max(1, BATCH_TOKENS // seq)
     why = f"min(max_position_embeddings, {MAX_SEQ})" if max_pos else "no position limit given"
     notes.append(f"training defaults chosen by plan3d (config.json has none): seq_length {seq} "
                  f"({why}), global_batch_size {gbs} (2^22 tokens / seq_length)")
     data = {
         "name": name, "source": f"Hugging Face config {origin} (model_type {mt})",
-        **shape, "num_kv_heads": int(kv) if kv and int(kv) != a else None,
-        "head_dim": int(head_dim) if head_dim and int(head_dim) * a != h else None,
+        **shape, "num_kv_heads": kv if kv and kv != a else None,
+        "head_dim": head_dim if head_dim and head_dim * a != h else None,
         "ffn_hidden_size": ffn, "activation": activation, "tie_embeddings": tie, "norm": norm,
         "bias": bias, "position_embedding": position,
-        "max_position_embeddings": int(max_pos) if max_pos else None, "dropout": dropout,
+        "max_position_embeddings": max_pos or None, "dropout": dropout,
         "training": {"seq_length": seq, "global_batch_size": gbs}, "notes": "; ".join(notes),
     }
     return validate(ModelSpec, {k: v for k, v in data.items() if v is not None}, origin)
@@ -173,6 +197,7 @@ def load_hf_config(path: Path) -> ModelSpec:
         raise UsageError(f"{path}: invalid JSON ({exc.msg}, line {exc.lineno})") from None
     if not isinstance(cfg, dict):
         raise UsageError(f"{path}: expected a JSON object")
+    refuse_plan(cfg, str(path))
     name = cfg.get("_name_or_path") or (path.parent.name if path.name == "config.json" and
                                         path.parent.name else path.stem)
     return from_hf_dict(cfg, str(path), str(name))
