@@ -81,3 +81,79 @@ def test_plan_file_as_model_or_hardware(tmp_path, monkeypatch):
     line = one_line_error(["estimate", "--model", "megatron-1.7b", "--hardware", "plan.yaml",
                            "--gpus", "8"])
     assert line == "error: plan.yaml is a plan3d plan; use `plan3d estimate --plan plan.yaml`"
+
+
+# --- plan3d accuracy: impossible measurements, missing fields, nothing to compare ---
+
+SHIPPED = Path(__file__).parents[1] / "benchmarks" / "published_runs.yaml"
+
+
+def user_run(**measured) -> dict:
+    """The shipped korthikanti22-175b-selective-sp row as a user's run with these measurements."""
+    import yaml
+    rows = yaml.safe_load(SHIPPED.read_text())
+    row = next(r for r in rows if r["id"] == "korthikanti22-175b-selective-sp")
+    return dict(row, id="x", source="My cluster, 2024", notes="",
+                measured={k: None for k in row["measured"]} | measured)
+
+
+def write_runs(tmp_path, monkeypatch, rows) -> None:
+    import yaml
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs.yaml").write_text(yaml.safe_dump(rows))
+
+
+@pytest.mark.parametrize("field, value, shown", [
+    ("tflops_per_gpu", -5, "-5"), ("iteration_s", 0, "0"), ("mfu_percent", -40.0, "-40.0"),
+    ("tokens_per_s", "fast", "'fast'"), ("peak_memory_gb", True, "True"),
+])
+def test_accuracy_rejects_impossible_measurements(tmp_path, monkeypatch, field, value, shown):
+    write_runs(tmp_path, monkeypatch, [user_run(**{"iteration_s": 13.75, field: value})])
+    line = one_line_error(["accuracy", "runs.yaml"])
+    assert line == f"error: runs.yaml: run x: measured.{field} must be a positive number, got {shown}"
+
+
+def test_accuracy_rejects_percent_above_100(tmp_path, monkeypatch):
+    write_runs(tmp_path, monkeypatch, [user_run(mfu_percent=120)])
+    line = one_line_error(["accuracy", "runs.yaml"])
+    assert line == "error: runs.yaml: run x: measured.mfu_percent must be at most 100, got 120"
+
+
+@pytest.mark.parametrize("drop, field", [("model", "model"), ("layout", "layout")])
+def test_accuracy_names_a_missing_field(tmp_path, monkeypatch, drop, field):
+    row = user_run(iteration_s=13.75)
+    del row[drop]
+    write_runs(tmp_path, monkeypatch, [row])
+    assert one_line_error(["accuracy", "runs.yaml"]) == \
+        f"error: runs.yaml: run x: missing field '{field}'"
+    row = user_run(iteration_s=13.75)
+    del row["layout"]["global_batch"]
+    write_runs(tmp_path, monkeypatch, [row])
+    assert one_line_error(["accuracy", "runs.yaml"]) == \
+        "error: runs.yaml: run x: missing field 'layout.global_batch'"
+
+
+def test_accuracy_skips_runs_with_nothing_to_compare(tmp_path, monkeypatch):
+    ok = user_run(iteration_s=13.75)
+    empty = dict(user_run(), id="empty")
+    flops_only = dict(user_run(tflops_per_gpu=150.0), id="flops-only")  # no [flops=...] tag
+    write_runs(tmp_path, monkeypatch, [ok, empty, flops_only])
+    res = runner.invoke(app, ["accuracy", "runs.yaml", "--json"])
+    assert res.exit_code == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert [r["id"] for r in data["runs"]] == ["x"]
+    assert data["skipped"] == [
+        {"id": "empty", "reason": "no measured figure to compare"},
+        {"id": "flops-only", "reason": "measured flops_per_gpu but no FLOP convention is known "
+                                       "for its source (tag the notes [flops=narayanan|korthikanti|mosaic])"}]
+    res = runner.invoke(app, ["accuracy", "runs.yaml"])
+    assert res.exit_code == 0 and "  empty: no measured figure to compare" in res.stdout
+
+
+def test_accuracy_with_no_comparable_run_is_an_error(tmp_path, monkeypatch):
+    tpu = user_run(iteration_s=13.75)
+    tpu["hardware"] = dict(tpu["hardware"], gpu="TPU v4")
+    write_runs(tmp_path, monkeypatch, [tpu, dict(tpu, id="y")])
+    assert one_line_error(["accuracy", "runs.yaml"]) == (
+        "error: runs.yaml: no run can be compared; run x: hardware not modelled by plan3d "
+        "(TPU v4) (and 1 more)")

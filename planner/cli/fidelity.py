@@ -45,6 +45,10 @@ def accuracy(
     cases = load_runs(runs)
     comparisons = compare_all(cases)
     skipped = [c for c in cases if c.skipped is not None]
+    if not comparisons:
+        first = skipped[0]
+        more = f" (and {len(skipped) - 1} more)" if len(skipped) > 1 else ""
+        raise UsageError(f"{runs}: no run can be compared; run {first.id}: {first.skipped}{more}")
     summary = summarize(comparisons)
     if json_out:
         report.print_json(accuracy_json(comparisons, skipped, summary))

@@ -93,8 +93,22 @@ def compare(case: RunCase, hardware: HardwareProfile | None = None) -> Compariso
 
 
 def compare_all(cases: list[RunCase]) -> list[Comparison]:
-    """Comparisons for every non-skipped case, in file order."""
-    return [compare(c) for c in cases if c.skipped is None]
+    """Comparisons for every non-skipped case, in file order. A case with no figure that can be
+    compared (none measured, or only FLOP-based ones with no known FLOP convention) gets a
+    ``skipped`` reason instead of a comparison."""
+    out = []
+    for c in cases:
+        if c.skipped is not None:
+            continue
+        comp = compare(c)
+        if comp.error:
+            out.append(comp)
+        elif not c.measured:
+            c.skipped = "no measured figure to compare"
+        else:
+            c.skipped = (f"measured {', '.join(sorted(c.measured))} but no FLOP convention is known "
+                         "for its source (tag the notes [flops=narayanan|korthikanti|mosaic])")
+    return out
 
 
 def summarize(comparisons: list[Comparison]) -> dict[str, dict[str, float]]:

@@ -109,7 +109,9 @@ def load_runs(path: Path | None = None) -> list[RunCase]:
             raise UsageError(f"{path}: entry {i + 1} has no 'id'")
         try:
             cases.append(_case(row))
-        except (KeyError, TypeError, ValueError) as exc:
+        except KeyError as exc:
+            raise UsageError(f"{path}: run {row['id']}: missing field {exc}") from None
+        except (TypeError, ValueError) as exc:
             raise UsageError(f"{path}: run {row['id']}: malformed ({exc})") from None
         except UsageError as exc:
             raise UsageError(f"{path}: run {row['id']}: {exc}") from None
@@ -138,12 +140,30 @@ def _group(row: dict) -> tuple[str, str]:
     return str(row.get("source") or "user runs").split(",")[0][:60], tag.group(1) if tag else "none"
 
 
-def _measured(m: dict) -> dict[str, float]:
-    scale = {"tflops_per_gpu": 1e12, "mfu_percent": 1e-2, "hfu_percent": 1e-2, "tokens_per_s": 1.0,
-             "iteration_s": 1.0, "peak_memory_gb": 1e9}
-    names = {"tflops_per_gpu": "flops_per_gpu", "mfu_percent": "mfu", "hfu_percent": "hfu",
-             "tokens_per_s": "tokens_per_s", "iteration_s": "iteration_s", "peak_memory_gb": "peak_memory"}
-    return {names[k]: float(v) * scale[k] for k, v in (m or {}).items() if k in scale and v is not None}
+MEASURED_SCALE = {"tflops_per_gpu": 1e12, "mfu_percent": 1e-2, "hfu_percent": 1e-2,
+                  "tokens_per_s": 1.0, "iteration_s": 1.0, "peak_memory_gb": 1e9}
+MEASURED_NAMES = {"tflops_per_gpu": "flops_per_gpu", "mfu_percent": "mfu", "hfu_percent": "hfu",
+                  "tokens_per_s": "tokens_per_s", "iteration_s": "iteration_s",
+                  "peak_memory_gb": "peak_memory"}
+
+
+def _measured(m: object) -> dict[str, float]:
+    """The row's ``measured`` mapping in SI units (keys of MEASURED_NAMES' values). UsageError
+    naming the field for a value that is not a positive number, or a percentage above 100."""
+    if m is None:
+        return {}
+    if not isinstance(m, dict):
+        raise UsageError(f"measured must be a mapping of figures, got {m!r}")
+    out = {}
+    for k, v in m.items():
+        if k not in MEASURED_SCALE or v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+            raise UsageError(f"measured.{k} must be a positive number, got {v!r}")
+        if k.endswith("_percent") and v > 100:
+            raise UsageError(f"measured.{k} must be at most 100, got {v!r}")
+        out[MEASURED_NAMES[k]] = float(v) * MEASURED_SCALE[k]
+    return out
 
 
 def _hardware(gpu: str, notes: list[str]) -> tuple[str | None, str]:
@@ -166,6 +186,10 @@ def _year(source: str) -> int | None:
 
 def _case(row: dict) -> RunCase:
     group, convention = _group(row)
+    for key in ("hardware", "model", "layout"):
+        if not isinstance(row.get(key), dict):
+            raise UsageError(f"missing field '{key}'" if row.get(key) is None else
+                             f"{key} must be a mapping of fields, got {row[key]!r}")
     hw_row, model_row, lay = row["hardware"], row["model"], row["layout"]
     source, notes_text = str(row.get("source") or ""), str(row.get("notes") or "")
     case = RunCase(id=row["id"], group=group, convention=convention, source=source,
@@ -185,6 +209,8 @@ def _case(row: dict) -> RunCase:
     if (lay.get("cp") or 1) > 1 or (lay.get("ep") or 1) > 1:
         case.skipped = "context/expert parallelism not modelled by this comparison"
         return case
+    if lay.get("global_batch") is None:
+        raise UsageError("missing field 'layout.global_batch'")
     case.hardware = resolve_hardware(profile)
     assume = case.assumptions.append
     year = _year(source)
