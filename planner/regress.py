@@ -57,7 +57,9 @@ class Case(BaseModel):
 def load_cases(path: Path) -> list[Case]:
     """Read and check a case file: a non-empty list of cases with unique names (UsageError).
 
-    Only the shape of each case is checked here; whether the planner can evaluate it (model
+    The shape of each case is checked here, its ``layout`` and ``training`` against the Layout /
+    TrainingSpec schemas and its ``search`` options by name (check_case_fields), so a malformed
+    entry is a usage error naming the case and field; whether the planner can evaluate it (model
     name, layout rules) is part of the result (status ``error``), not a file error.
     """
     from .catalog import describe_validation_error, read_yaml
@@ -77,11 +79,43 @@ def load_cases(path: Path) -> list[Case]:
             case = Case.model_validate(item)
         except ValidationError as exc:
             raise UsageError(f"{label}: {describe_validation_error(exc)}") from None
+        try:
+            check_case_fields(case)
+        except UsageError as exc:
+            raise UsageError(f"{label}: {exc}") from None
         if case.name in seen:
             raise UsageError(f"{label}: duplicate case name {case.name!r}")
         seen.add(case.name)
         cases.append(_relative_to(case, path.parent))
     return cases
+
+
+def check_case_fields(case: Case) -> None:
+    """UsageError naming the field when ``case.layout`` or ``case.training`` break their schema
+    (Layout / TrainingSpec: a missing, unknown or ill-typed field) or ``case.search`` names an
+    unknown option or a bad ``top``. Checked without the model: ``dp`` (gpus / (tp*cp*pp) when
+    absent) and the training fields the model supplies get stand-ins of 1 for the schema check."""
+    from .catalog import describe_validation_error
+    from .search import SearchOptions
+    from .specs import Layout, TrainingSpec
+    checks = [(TrainingSpec, "training", {"seq_length": 1, "global_batch_size": 1, **case.training})]
+    if case.layout is not None:
+        checks.insert(0, (Layout, "layout", {"dp": 1, **case.layout}))
+    for cls, where, data in checks:
+        try:
+            cls.model_validate(data)
+        except ValidationError as exc:
+            raise UsageError(f"{where}.{describe_validation_error(exc)}") from None
+    if case.search is not None:
+        opts = dict(case.search)
+        top = opts.pop("top", 5)
+        known = {f.name for f in dataclasses.fields(SearchOptions)} - {"allow_cross_node_tp"}
+        unknown = sorted(set(opts) - known)
+        if unknown:
+            raise UsageError(f"search: unknown option {unknown[0]!r} (known: top, "
+                             f"{', '.join(sorted(known))})")
+        if not isinstance(top, int) or isinstance(top, bool) or top <= 0:
+            raise UsageError(f"search: top must be a positive integer, got {top!r}")
 
 
 def _relative_to(case: Case, folder: Path) -> Case:

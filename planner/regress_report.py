@@ -67,6 +67,8 @@ def run(cases_path: Path, baseline_path: Path, rtol: float, update: bool, json_o
     """The whole command; returns the exit code (0 clean/updated, 1 drift). UsageError on bad input."""
     if not (rtol >= 0 and math.isfinite(rtol)):
         raise UsageError(f"--rtol must be a finite number >= 0, got {rtol}")
+    if max_rows < 0:
+        raise UsageError(f"--max-rows must be >= 0 (0 = all), got {max_rows}")
     cases = load_cases(cases_path)
     old = None
     if baseline_path.is_dir():

@@ -157,3 +157,48 @@ def test_accuracy_with_no_comparable_run_is_an_error(tmp_path, monkeypatch):
     assert one_line_error(["accuracy", "runs.yaml"]) == (
         "error: runs.yaml: no run can be compared; run x: hardware not modelled by plan3d "
         "(TPU v4) (and 1 more)")
+
+
+# --- plan3d regress: malformed cases and --max-rows ---
+
+REGRESS_GOOD = {"name": "tiny", "model": "megatron-1.7b", "hardware": "dgx-a100-80g", "gpus": 8,
+                "layout": {"tp": 1, "pp": 1, "dp": 8, "zero_stage": 1, "micro_batch_size": 4}}
+
+
+@pytest.mark.parametrize("update", [False, True])
+@pytest.mark.parametrize("change, message", [
+    ({"layout": {"tp": 3, "pp": 1, "dp": 8}}, "layout.zero_stage: missing required field "
+                                                "(and 1 more problem)"),
+    ({"layout": {**REGRESS_GOOD["layout"], "tpp": 2}}, "layout.tpp: unknown field"),
+    ({"layout": {**REGRESS_GOOD["layout"], "zero_stage": "one"}},
+     "layout.zero_stage: Input should be a valid integer"),
+    ({"training": {"seq_lenght": 2048}}, "training.seq_lenght: unknown field"),
+    ({"layout": None, "search": {"top": 0}}, "search: top must be a positive integer, got 0"),
+])
+def test_regress_malformed_case_is_a_usage_error(tmp_path, monkeypatch, update, change, message):
+    import yaml
+    monkeypatch.chdir(tmp_path)
+    bad = {k: v for k, v in {**REGRESS_GOOD, "name": "bad", **change}.items() if v is not None}
+    Path("cases.yaml").write_text(yaml.safe_dump([REGRESS_GOOD, bad]))
+    if not update:
+        Path("cases_ok.yaml").write_text(yaml.safe_dump([REGRESS_GOOD]))
+        res = runner.invoke(app, ["regress", "cases_ok.yaml", "--baseline", "b.yaml", "--update"])
+        assert res.exit_code == 0, res.stderr
+    before = Path("b.yaml").read_bytes() if Path("b.yaml").exists() else None
+    line = one_line_error(["regress", "cases.yaml", "--baseline", "b.yaml"] +
+                          (["--update"] if update else []))
+    assert line == f"error: cases.yaml: case 2 (bad): {message}"
+    after = Path("b.yaml").read_bytes() if Path("b.yaml").exists() else None
+    assert after == before  # nothing written
+
+
+def test_regress_rejects_negative_max_rows(tmp_path, monkeypatch):
+    import yaml
+    monkeypatch.chdir(tmp_path)
+    Path("cases.yaml").write_text(yaml.safe_dump([REGRESS_GOOD]))
+    assert runner.invoke(app, ["regress", "cases.yaml", "--baseline", "b.yaml",
+                               "--update"]).exit_code == 0
+    line = one_line_error(["regress", "cases.yaml", "--baseline", "b.yaml", "--max-rows", "-5"])
+    assert line == "error: --max-rows must be >= 0 (0 = all), got -5"
+    res = runner.invoke(app, ["regress", "cases.yaml", "--baseline", "b.yaml", "--max-rows", "0"])
+    assert res.exit_code == 0, res.stderr
