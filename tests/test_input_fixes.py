@@ -202,3 +202,13 @@ def test_regress_rejects_negative_max_rows(tmp_path, monkeypatch):
     assert line == "error: --max-rows must be >= 0 (0 = all), got -5"
     res = runner.invoke(app, ["regress", "cases.yaml", "--baseline", "b.yaml", "--max-rows", "0"])
     assert res.exit_code == 0, res.stderr
+
+
+# --- plan3d calibrate --no-loo ---
+
+def test_calibrate_no_loo_omits_the_column(tmp_path):
+    args = ["calibrate", str(SHIPPED), "--hardware", "dgx-a100-40g", "-o", str(tmp_path / "a.yaml"),
+            "--exclude", "megatron-readme2020-*"]
+    res = runner.invoke(app, args + ["--no-loo"])
+    assert res.exit_code == 0, res.stderr
+    assert "fit error" in res.stdout and "leave-one-out" not in res.stdout.lower()

@@ -85,4 +85,4 @@ def calibrate(
         result = fit(cases, hw, leave_one_out=loo)
     fitted = with_factors(hw, result.factors, source_text(result, runs.name))
     write_profile(fitted, output, force)
-    calibration_report(result, hw.name, str(output))
+    calibration_report(result, hw.name, str(output), loo=loo)

@@ -100,12 +100,16 @@ def summary_table(summary: dict) -> None:
     out.print(table)
 
 
-def calibration_report(result: FitResult, hw_name: str, path: str) -> None:
+def calibration_report(result: FitResult, hw_name: str, path: str, loo: bool = True) -> None:
+    """Per-run fit errors (and leave-one-out errors unless ``loo`` is False: then the column is
+    left out), the factors and the summary lines."""
     table = Table(show_edge=False, header_style="bold", title=f"Calibration of {hw_name}")
-    for col in ("run", "fit error", "leave-one-out error"):
+    cols = ("run", "fit error") + (("leave-one-out error",) if loo else ())
+    for col in cols:
         table.add_column(col, justify="left" if col == "run" else "right")
     for rid in result.runs:
-        table.add_row(rid, _pct(result.fit_errors[rid]), _pct(result.loo_errors.get(rid)))
+        cells = (rid, _pct(result.fit_errors[rid])) + ((_pct(result.loo_errors.get(rid)),) if loo else ())
+        table.add_row(*cells)
     out.print(table)
     out.print("Factors: " + ", ".join(f"{k} {v:.4g}" for k, v in result.factors.items()))
     mean, worst = result.fit_stats
