@@ -317,10 +317,17 @@ def _no_fit_message(model: ModelSpec, hw: HardwareProfile, gpus: int, miss: Esti
     states = mem["weights"] + mem["gradients"] + mem["optimizer"]
     if states >= mem["activations"]:
         # States shrink ~1/N with ZeRO-3 over more GPUs; round the need up to whole nodes.
-        g = hw.gpus_per_node
-        need = int(np.ceil(gpus * states / max(usable - (total - states), 1.0) / g) * g)
-        remedy = (f"model states ({states / gib:.1f} GiB) dominate: use more GPUs (roughly "
-                  f"{need:,} or more by memory alone) or GPUs with more memory")
+        # Only a sane count is named: none when the rest alone fills the usable memory, or
+        # when the count is beyond what plan3d models.
+        g, room = hw.gpus_per_node, usable - (total - states)
+        need = np.ceil(gpus * states / room / g) * g if room > 0 else np.inf
+        count = f" (roughly {int(need):,} or more by memory alone)" if need <= MAX_GPUS else ""
+        remedy = (f"model states ({states / gib:.1f} GiB) dominate: use more GPUs{count} or GPUs "
+                  f"with more memory")
+        if room <= 0:
+            remedy = (f"even without model states, the rest ({(total - states) / gib:.1f} GiB) "
+                      f"exceeds the usable {usable / gib:.1f} GiB: "
+                      f"{'leave less headroom or ' if usable < cap else ''}use GPUs with more memory")
     else:
         remedy = (f"activations ({mem['activations'] / gib:.1f} GiB) dominate: use a shorter "
                   f"sequence, more tensor/pipeline parallelism (more GPUs) or GPUs with more memory")

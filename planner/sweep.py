@@ -123,7 +123,7 @@ def run_command(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, g
                 batches: str | None = None) -> None:
     """``plan3d sweep``: check the inputs, sweep under a progress bar, then print and plot."""
     from . import report
-    from .objective import parse_headroom
+    from .objective import check_headroom
     from .report_scale import progress, sweep_table
     counts = parse_gpu_counts(gpus, hw)
     sizes = [b or training.global_batch_size for b in parse_batch_sizes(batches)]
@@ -133,7 +133,8 @@ def run_command(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, g
         import importlib.util
         if importlib.util.find_spec("matplotlib") is None:
             raise UsageError("--plot needs matplotlib: pip install 'plan3d[plot]'")
-    headroom_bytes, headroom_fraction = parse_headroom(headroom)
+    headroom_bytes, headroom_fraction = check_headroom(
+        headroom, float(hw.gpu.hbm_capacity), float(hw.framework_overhead), hw.gpu.name)
     opts = SearchOptions(headroom_bytes=headroom_bytes, headroom_fraction=headroom_fraction)
     with progress() as bar:
         task = bar.add_task("Sweeping GPU counts", total=len(counts) * len(sizes))

@@ -68,12 +68,13 @@ def search(
         raise UsageError(f"--zero-stage must be 0, 1, 2 or 3, got {zero_stage}")
     if export is not None:
         check_destination(export, force)
-    from ..objective import parse_headroom
+    from ..objective import check_headroom
     if gpus is not None and max_gpus is not None:
         raise UsageError("give --gpus (a fixed count) or --max-gpus (a budget), not both")
     if max_gpus is None:
         _require(gpus, "--gpus")
-    headroom_bytes, headroom_fraction = parse_headroom(min_memory_headroom)
+    headroom_bytes, headroom_fraction = check_headroom(
+        min_memory_headroom, float(hw.gpu.hbm_capacity), float(hw.framework_overhead), hw.gpu.name)
     opts = SearchOptions(tp=tp, pp=pp, dp=dp, zero_stage=zero_stage, micro_batch_size=micro_batch_size,
                          recompute=recompute.value if recompute else None,
                          sequence_parallel=sequence_parallel, vpp=vpp, max_tp=max_tp, max_pp=max_pp,
@@ -143,7 +144,7 @@ def estimate(
     tp: Optional[int] = typer.Option(None, "--tp", help="Tensor-parallel size [default: 1]."),
     pp: Optional[int] = typer.Option(None, "--pp", help="Pipeline-parallel size [default: 1]."),
     dp: Optional[int] = typer.Option(None, "--dp", help="Data-parallel size [default: gpus/(tp*pp)]."),
-    zero_stage: Optional[int] = typer.Option(None, "--zero-stage", help="ZeRO stage 0-3 [default: 1]."),
+    zero_stage: Optional[int] = typer.Option(None, "--zero-stage", help="ZeRO stage 0-3 [default: 1; 0 with --distributed-optimizer]."),
     micro_batch_size: Optional[int] = typer.Option(None, "--micro-batch-size",
                                                    help="Micro-batch size [default: 1]."),
     recompute: Optional[RecomputeChoice] = typer.Option(None, "--recompute",
@@ -154,7 +155,7 @@ def estimate(
     cp: Optional[int] = typer.Option(None, "--cp", help="Context-parallel size [default: 1]."),
     distributed_optimizer: Optional[bool] = typer.Option(
         None, "--distributed-optimizer/--no-distributed-optimizer",
-        help="Megatron's distributed optimizer, with --zero-stage 0 [default: off]."),
+        help="Megatron's distributed optimizer, the ZeRO-1 alternative: implies --zero-stage 0 [default: off]."),
     first_stage_layers: Optional[int] = typer.Option(
         None, "--first-stage-layers", help="Uneven pipeline split: layers on the first stage [default: even]."),
     last_stage_layers: Optional[int] = typer.Option(
@@ -182,12 +183,21 @@ def estimate(
         m, hw, training, layout, n = p.model, p.hardware, p.training, p.layout, p.gpus
         check_layout(m, hw, training, n, layout.model_dump())
     else:
+        # Checked as given, before the defaults: `--tp 0` is an error, not tp=1.
+        _check_positive(tp=tp, pp=pp, dp=dp, cp=cp, micro_batch_size=micro_batch_size, vpp=vpp)
+        if zero_stage is not None and zero_stage not in (0, 1, 2, 3):
+            raise UsageError(f"--zero-stage must be 0, 1, 2 or 3, got {zero_stage}")
+        if distributed_optimizer and zero_stage:
+            raise UsageError(f"--distributed-optimizer replaces ZeRO, so it needs --zero-stage 0 "
+                             f"(got {zero_stage}): drop --zero-stage, or drop "
+                             f"--distributed-optimizer to keep ZeRO-{zero_stage}")
+        if zero_stage is None:  # ZeRO-1, or its alternative the distributed optimizer
+            zero_stage = 0 if distributed_optimizer else 1
         m = catalog.resolve_model(_require(model, "--model"))
         hw = catalog.resolve_hardware(hardware or "dgx-h100")
         training = _training(m, global_batch_size, seq_length)
         n = _require(gpus, "--gpus")
-        layout = _layout(m, hw, training, n, tp or 1, pp or 1, dp,
-                         1 if zero_stage is None else zero_stage, micro_batch_size or 1,
+        layout = _layout(m, hw, training, n, tp or 1, pp or 1, dp, zero_stage, micro_batch_size or 1,
                          (recompute or RecomputeChoice.none).value, bool(sequence_parallel), vpp or 1,
                          cp=cp or 1, distributed_optimizer=bool(distributed_optimizer),
                          first_stage_layers=first_stage_layers or 0,
