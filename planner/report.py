@@ -51,10 +51,14 @@ def _seconds(s: float) -> str:
     return f"{s / 3600:.1f} h" if s < 86400 else f"{s / 86400:.1f} days"
 
 
-def header(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: int) -> None:
+def header(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: int,
+           batch: str | None = None) -> None:
+    """The one-line title. ``batch``: the global batch as shown (a sweep's list, e.g.
+    "768,1536"); default the training's."""
     from .cost.flops import total_params
+    batch = str(training.global_batch_size) if batch is None else batch
     out.print(f"[bold]{model.name}[/] ({total_params(model) / 1e9:.1f}B parameters) on "
-              f"{gpus} x {hw.gpu.name} ({hw.name}), global batch {training.global_batch_size} x "
+              f"{gpus} x {hw.gpu.name} ({hw.name}), global batch {batch} x "
               f"{training.seq_length} tokens")
 
 
