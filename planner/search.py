@@ -254,7 +254,9 @@ def search(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: 
             raise UsageError(_nothing_valid_message(model, training, gpus or opts.max_gpus, rule,
                                                     grid))
         miss = evaluate(model, hw, training, grid.flat(np.array([passed.miss_index])))
-        raise NoFitError(_no_fit_message(model, hw, miss.candidates.layout(0).gpus, miss, usable))
+        exc = NoFitError(_no_fit_message(model, hw, miss.candidates.layout(0).gpus, miss, usable))
+        exc.closest, exc.usable = miss, usable  # for callers that word it their own way (whynot)
+        raise exc
     scores, index = np.concatenate(passed.pool_score), np.concatenate(passed.pool_index)
     top = np.argsort(-scores, kind="stable")[:opts.keep]
     est = evaluate(model, hw, training, grid.flat(np.sort(index[top])))
