@@ -23,6 +23,8 @@ from .specs import RECOMPUTE_CODES, HardwareProfile, Layout, ModelSpec, Training
 
 MAX_GPUS = 1_000_000
 FIT_RULE = "does not fit in HBM"
+TP_RULE = "tp within a node (NVLink domain)"  # the name space.constraint_masks gives the rule
+CROSS_NODE_HINT = "pass --allow-cross-node-tp to let tp span nodes"
 
 
 CHUNK = 65_536  # layouts per evaluated block: big enough for numpy, small enough for the cache
@@ -302,7 +304,8 @@ def _nothing_valid_message(model: ModelSpec, training: TrainingSpec, gpus: int, 
         return (f"global batch size {training.global_batch_size} is not divisible by any "
                 f"data-parallel degree available on {gpus} GPUs (dp in {{{', '.join(map(str, dps))}}}); "
                 f"choose a batch that is a multiple of one of them")
-    return f"no layout of {model.name} on {gpus} GPUs passes the rule '{rule}'"
+    hint = f" ({CROSS_NODE_HINT})" if rule == TP_RULE else ""
+    return f"no layout of {model.name} on {gpus} GPUs passes the rule '{rule}'{hint}"
 
 
 def _no_fit_message(model: ModelSpec, hw: HardwareProfile, gpus: int, miss: Estimate,
@@ -367,5 +370,7 @@ def check_layout(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, 
         f, la = (int(x[0]) for x in uneven_split(model.num_layers, np.array([layout.pp])))
         if "layers divisible by pp*vpp" in broken and f > 0 and layout.vpp == 1:
             hint = f" (an uneven split would do: first_stage_layers {f}, last_stage_layers {la})"
+        if TP_RULE in broken:
+            hint += f" ({CROSS_NODE_HINT})"
         raise UsageError(f"layout {layout.short()} breaks: {'; '.join(broken)}{hint}")
     return layout

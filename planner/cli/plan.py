@@ -99,11 +99,15 @@ def search(
     best = result.ranked
     if export is not None:
         write_plan(make_plan(m, hw, training, best.candidates.layout(0), best.to_dict(0)), export, force)
+    if top > len(best) and result.fitting > len(best):  # capped at the search's keep
+        report.err.print(f"note: --top {top:,} shows the best {len(best):,} of the "
+                         f"{result.fitting:,} layouts that fit (the search keeps {len(best):,})",
+                         soft_wrap=True, markup=False)
     if json_out:
-        report.print_json([best.to_dict(i) for i in range(min(top, len(best)))])
+        report.print_json([_with_gpus(best.to_dict(i)) for i in range(min(top, len(best)))])
     else:
         report.header(m, hw, training, n)
-        report.search_table(result, top)
+        report.search_table(result, top, gpus_searched=max_gpus is not None)
         from ..report_scale import breakdown_report
         breakdown_report(result)
         if export is not None:
@@ -162,6 +166,8 @@ def estimate(
         None, "--last-stage-layers", help="Uneven pipeline split: layers on the last stage [default: even]."),
     plan: Optional[Path] = typer.Option(None, "--plan", help="Evaluate a plan YAML written by --export "
                                         "(alone: it cannot be combined with the other flags)."),
+    allow_cross_node_tp: bool = typer.Option(False, "--allow-cross-node-tp",
+                                             help="Let tp exceed one node's GPUs (also with --plan)."),
     json_out: bool = JSON,
 ) -> None:
     """Memory and step-time breakdown of one layout (from flags or --plan). Exits 1 if it does not fit."""
@@ -181,7 +187,7 @@ def estimate(
                              "them (edit the plan, or estimate from flags without --plan)")
         p = read_plan(plan)
         m, hw, training, layout, n = p.model, p.hardware, p.training, p.layout, p.gpus
-        check_layout(m, hw, training, n, layout.model_dump())
+        check_layout(m, hw, training, n, layout.model_dump(), allow_cross_node_tp)
     else:
         # Checked as given, before the defaults: `--tp 0` is an error, not tp=1.
         _check_positive(tp=tp, pp=pp, dp=dp, cp=cp, micro_batch_size=micro_batch_size, vpp=vpp)
@@ -201,7 +207,8 @@ def estimate(
                          (recompute or RecomputeChoice.none).value, bool(sequence_parallel), vpp or 1,
                          cp=cp or 1, distributed_optimizer=bool(distributed_optimizer),
                          first_stage_layers=first_stage_layers or 0,
-                         last_stage_layers=last_stage_layers or 0)
+                         last_stage_layers=last_stage_layers or 0,
+                         allow_cross_node_tp=allow_cross_node_tp)
     est = estimate_layout(m, hw, training, layout)
     result = est.to_dict(0)
     if json_out:
@@ -215,8 +222,16 @@ def estimate(
         raise typer.Exit(1)
 
 
+def _with_gpus(entry: dict) -> dict:
+    """A search --json entry with ``gpus`` (tp*cp*pp*dp) beside ``layout``, the rest unchanged."""
+    lay = entry["layout"]
+    return {"layout": lay, "gpus": lay["tp"] * lay["cp"] * lay["pp"] * lay["dp"],
+            **{k: v for k, v in entry.items() if k != "layout"}}
+
+
 def _layout(m, hw, training, gpus, tp, pp, dp, zero_stage, micro_batch_size, recompute, sp, vpp,
-            cp=1, distributed_optimizer=False, first_stage_layers=0, last_stage_layers=0):
+            cp=1, distributed_optimizer=False, first_stage_layers=0, last_stage_layers=0,
+            allow_cross_node_tp=False):
     """Validate one user layout against the same rules the search applies (UsageError)."""
     from ..search import check_layout
     _check_positive(tp=tp, pp=pp, dp=dp, micro_batch_size=micro_batch_size, vpp=vpp, cp=cp)
@@ -226,4 +241,4 @@ def _layout(m, hw, training, gpus, tp, pp, dp, zero_stage, micro_batch_size, rec
                   first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers)
     if dp is not None:
         fields["dp"] = dp
-    return check_layout(m, hw, training, gpus, fields)
+    return check_layout(m, hw, training, gpus, fields, allow_cross_node_tp)
