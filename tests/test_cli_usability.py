@@ -161,3 +161,17 @@ def test_cross_node_tp_is_suggested_and_available_on_estimate():
                          "--allow-cross-node-tp", "--json")
     assert code == 0, err
     assert json.loads(out)["layout"]["tp"] == 16 and catalog.resolve_hardware("dgx-h100").gpus_per_node == 8
+
+
+def test_estimate_plan_with_cross_node_tp(tmp_path):
+    # a plan exported by a search that allowed tp=16 is evaluated as is (like every plan consumer)
+    plan = tmp_path / "plan.yaml"
+    code, _, err = cli("search", "--model", "175b", "--gpus", "512", "--tp", "16", "--pp", "8",
+                       "--allow-cross-node-tp", "--export", str(plan), "--json", "--top", "1")
+    assert code == 0, err
+    code, out, err = cli("estimate", "--plan", str(plan), "--json")
+    assert code == 0, err
+    assert json.loads(out)["layout"]["tp"] == 16
+    code, out, err = cli("estimate", "--plan", str(plan), "--allow-cross-node-tp")
+    assert (code, out) == (2, "")
+    assert err.startswith("error: --plan cannot be combined with --allow-cross-node-tp: ")

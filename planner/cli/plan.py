@@ -167,7 +167,7 @@ def estimate(
     plan: Optional[Path] = typer.Option(None, "--plan", help="Evaluate a plan YAML written by --export "
                                         "(alone: it cannot be combined with the other flags)."),
     allow_cross_node_tp: bool = typer.Option(False, "--allow-cross-node-tp",
-                                             help="Let tp exceed one node's GPUs (also with --plan)."),
+                                             help="Let tp exceed one node's GPUs (a --plan may always)."),
     json_out: bool = JSON,
 ) -> None:
     """Memory and step-time breakdown of one layout (from flags or --plan). Exits 1 if it does not fit."""
@@ -178,7 +178,8 @@ def estimate(
              "--pp": pp, "--dp": dp, "--zero-stage": zero_stage, "--micro-batch-size": micro_batch_size,
              "--recompute": recompute, "--sequence-parallel": sequence_parallel, "--vpp": vpp,
              "--cp": cp, "--distributed-optimizer": distributed_optimizer,
-             "--first-stage-layers": first_stage_layers, "--last-stage-layers": last_stage_layers}
+             "--first-stage-layers": first_stage_layers, "--last-stage-layers": last_stage_layers,
+             "--allow-cross-node-tp": allow_cross_node_tp or None}
     if plan is not None:
         from ..export import read_plan
         given = [flag for flag, value in flags.items() if value is not None]
@@ -187,7 +188,8 @@ def estimate(
                              "them (edit the plan, or estimate from flags without --plan)")
         p = read_plan(plan)
         m, hw, training, layout, n = p.model, p.hardware, p.training, p.layout, p.gpus
-        check_layout(m, hw, training, n, layout.model_dump(), allow_cross_node_tp)
+        # as every plan consumer (export.read_checked_plan): TP across nodes is slow, not invalid
+        check_layout(m, hw, training, n, layout.model_dump(), allow_cross_node_tp=True)
     else:
         # Checked as given, before the defaults: `--tp 0` is an error, not tp=1.
         _check_positive(tp=tp, pp=pp, dp=dp, cp=cp, micro_batch_size=micro_batch_size, vpp=vpp)
