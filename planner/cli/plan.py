@@ -148,7 +148,8 @@ def estimate(
     tp: Optional[int] = typer.Option(None, "--tp", help="Tensor-parallel size [default: 1]."),
     pp: Optional[int] = typer.Option(None, "--pp", help="Pipeline-parallel size [default: 1]."),
     dp: Optional[int] = typer.Option(None, "--dp", help="Data-parallel size [default: gpus/(tp*pp)]."),
-    zero_stage: Optional[int] = typer.Option(None, "--zero-stage", help="ZeRO stage 0-3 [default: 1; 0 with --distributed-optimizer]."),
+    zero_stage: Optional[int] = typer.Option(
+        None, "--zero-stage", help="ZeRO stage 0-3 [default: 1; 0 with --distributed-optimizer]."),
     micro_batch_size: Optional[int] = typer.Option(None, "--micro-batch-size",
                                                    help="Micro-batch size [default: 1]."),
     recompute: Optional[RecomputeChoice] = typer.Option(None, "--recompute",
@@ -159,7 +160,8 @@ def estimate(
     cp: Optional[int] = typer.Option(None, "--cp", help="Context-parallel size [default: 1]."),
     distributed_optimizer: Optional[bool] = typer.Option(
         None, "--distributed-optimizer/--no-distributed-optimizer",
-        help="Megatron's distributed optimizer, the ZeRO-1 alternative: implies --zero-stage 0 [default: off]."),
+        help="Megatron's distributed optimizer, the ZeRO-1 alternative: implies --zero-stage 0 "
+             "[default: off]."),
     first_stage_layers: Optional[int] = typer.Option(
         None, "--first-stage-layers", help="Uneven pipeline split: layers on the first stage [default: even]."),
     last_stage_layers: Optional[int] = typer.Option(
