@@ -175,3 +175,11 @@ def test_estimate_plan_with_cross_node_tp(tmp_path):
     code, out, err = cli("estimate", "--plan", str(plan), "--allow-cross-node-tp")
     assert (code, out) == (2, "")
     assert err.startswith("error: --plan cannot be combined with --allow-cross-node-tp: ")
+
+
+def test_estimate_help_shows_its_defaults():
+    # "[default: 1]" unescaped is rich markup: the help used to print "Tensor-parallel size ."
+    code, out, _ = cli("estimate", "--help")
+    assert code == 0
+    assert "Tensor-parallel size [default: 1]." in out
+    assert "ZeRO stage 0-3 [default: 1; 0 with --distributed-optimizer]." in out
