@@ -66,7 +66,8 @@ _HEADROOM = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*(%|[A-Za-z]
 def parse_headroom(text: str | None) -> tuple[float, float]:
     """``"4GiB"`` -> (4*2^30 bytes, 0); ``"10%"`` -> (0, 0.10). None -> (0, 0). UsageError else.
 
-    A plain number is GiB. Bytes units as planner.units accepts them (GiB, GB, MiB, ...).
+    Bytes units as planner.units accepts them (GiB, GB, MiB, ...); a bare number has no unit
+    and is refused (is ``4`` GiB, bytes or percent?).
     """
     if text is None:
         return 0.0, 0.0
@@ -79,9 +80,24 @@ def parse_headroom(text: str | None) -> tuple[float, float]:
             raise UsageError(f"--min-memory-headroom {text} leaves no memory to use")
         return 0.0, value / 100.0
     if unit is None:
-        return value * GIB, 0.0
+        raise UsageError(f"--min-memory-headroom: {text.strip()} needs a unit, e.g. "
+                         f"'{text.strip()}GiB' or '{text.strip()}%'")
     from .units import parse_quantity
     return parse_quantity(f"{match.group(1)} {unit}", "bytes", "--min-memory-headroom"), 0.0
+
+
+def check_headroom(text: str | None, capacity: float, framework_overhead: float,
+                   gpu_name: str) -> tuple[float, float]:
+    """``parse_headroom``, then refuse a headroom that leaves no more than the framework
+    allowance (CUDA context, NCCL buffers; ``HardwareProfile.framework_overhead``, bytes) of
+    ``capacity`` (bytes of HBM): no layout could fit, so say so before searching. UsageError."""
+    headroom_bytes, headroom_fraction = parse_headroom(text)
+    usable = usable_memory(capacity, headroom_bytes, headroom_fraction)
+    if usable <= framework_overhead:
+        raise UsageError(f"--min-memory-headroom {text.strip()} leaves {max(usable, 0.0) / GIB:.1f} "
+                         f"GiB of the {capacity / GIB:.0f} GiB per {gpu_name}, no more than its "
+                         f"{framework_overhead / GIB:.1f} GiB framework allowance: no layout can fit")
+    return headroom_bytes, headroom_fraction
 
 
 def usable_memory(capacity: float, headroom_bytes: float, headroom_fraction: float) -> float:

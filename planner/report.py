@@ -51,29 +51,37 @@ def _seconds(s: float) -> str:
     return f"{s / 3600:.1f} h" if s < 86400 else f"{s / 86400:.1f} days"
 
 
-def header(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: int) -> None:
+def header(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: int,
+           batch: str | None = None) -> None:
+    """The one-line title. ``batch``: the global batch as shown (a sweep's list, e.g.
+    "768,1536"); default the training's."""
     from .cost.flops import total_params
+    batch = str(training.global_batch_size) if batch is None else batch
     out.print(f"[bold]{model.name}[/] ({total_params(model) / 1e9:.1f}B parameters) on "
-              f"{gpus} x {hw.gpu.name} ({hw.name}), global batch {training.global_batch_size} x "
+              f"{gpus} x {hw.gpu.name} ({hw.name}), global batch {batch} x "
               f"{training.seq_length} tokens")
 
 
-def search_table(result: SearchResult, top: int) -> None:
+def search_table(result: SearchResult, top: int, gpus_searched: bool = False) -> None:
+    """The ranked table (``top`` rows) and its explanation; ``gpus_searched`` (--max-gpus): a
+    GPUs column even when every shown layout uses the same count."""
     est = result.ranked
     n = min(top, len(est))
     table = Table(show_edge=False, header_style="bold")
-    for col in ("#", "tp", "pp", "dp", "zero", "mbs", "vpp", "recompute", "SP",
+    c = est.candidates
+    show_cp = bool((c.cp > 1).any())  # cp beside tp, as in the layout's short form
+    for col in ("#", "tp", *("cp",) * show_cp, "pp", "dp", "zero", "mbs", "vpp", "recompute", "SP",
                 "mem/GPU", "step", "tokens/s", "TFLOP/s/GPU", "MFU", "bubble"):  # noqa: E501
         table.add_column(col, justify="left" if col == "recompute" else "right")
-    extra = _extra_columns(est)
+    extra = _extra_columns(est, gpus_searched)
     for col in extra:
         table.add_column(col, justify="right")
-    c = est.candidates
     for i in range(n):
         lay = c.layout(i)
         mem = est.memory
         table.add_row(
-            str(i + 1), str(lay.tp), str(lay.pp), str(lay.dp), str(lay.zero_stage),
+            str(i + 1), str(lay.tp), *(str(lay.cp),) * show_cp, str(lay.pp), str(lay.dp),
+            str(lay.zero_stage),
             str(lay.micro_batch_size), str(lay.vpp), lay.recompute,
             "yes" if lay.sequence_parallel else "no",
             f"{mem['total'][i] / GIB:.1f}/{mem['capacity'][i] / GIB:.0f} GiB",
@@ -85,20 +93,18 @@ def search_table(result: SearchResult, top: int) -> None:
     out.print(explain(result))
 
 
-def _extra_columns(est: Estimate) -> dict:
+def _extra_columns(est: Estimate, gpus_searched: bool = False) -> dict:
     """Columns shown only when they say something: GPUs (when the search picked the count),
     time to train and cost (when a token budget / a price was given)."""
     c, th = est.candidates, est.throughput
     gpus = c.tp * c.cp * c.pp * c.dp
     cols = {}
-    if (c.cp > 1).any():
-        cols["cp"] = lambda i: str(int(c.cp[i]))
     if c.distributed_optimizer.any():
         cols["distopt"] = lambda i: "yes" if c.distributed_optimizer[i] else "no"
     if (c.first_stage_layers > 0).any():
         cols["pp split"] = lambda i: (f"{int(c.first_stage_layers[i])}+..+{int(c.last_stage_layers[i])}"
                                       if c.first_stage_layers[i] > 0 else "even")
-    if len(set(gpus.tolist())) > 1:
+    if gpus_searched or len(set(gpus.tolist())) > 1:
         cols["GPUs"] = lambda i: f"{int(gpus[i]):,}"
     if "time_to_train_s" in th:
         cols["train"] = lambda i: f"{th['time_to_train_s'][i] / 86400:.1f} d"

@@ -89,10 +89,11 @@ def why_not_report(verdict) -> None:
 
 
 def progress():
-    """A rich progress bar on stderr (the table goes to stdout)."""
+    """A rich progress bar on stderr (the table goes to stdout); off when stderr is not a
+    terminal, where rich would leave a blank line behind."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TimeElapsedColumn(), console=err, transient=True)
+                    TimeElapsedColumn(), console=err, transient=True, disable=not err.is_terminal)
 
 
 def sweep_table(rows: list[dict]) -> None:

@@ -23,6 +23,8 @@ from .specs import RECOMPUTE_CODES, HardwareProfile, Layout, ModelSpec, Training
 
 MAX_GPUS = 1_000_000
 FIT_RULE = "does not fit in HBM"
+TP_RULE = "tp within a node (NVLink domain)"  # the name space.constraint_masks gives the rule
+CROSS_NODE_HINT = "pass --allow-cross-node-tp to let tp span nodes"
 
 
 CHUNK = 65_536  # layouts per evaluated block: big enough for numpy, small enough for the cache
@@ -254,7 +256,9 @@ def search(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: 
             raise UsageError(_nothing_valid_message(model, training, gpus or opts.max_gpus, rule,
                                                     grid))
         miss = evaluate(model, hw, training, grid.flat(np.array([passed.miss_index])))
-        raise NoFitError(_no_fit_message(model, hw, miss.candidates.layout(0).gpus, miss, usable))
+        exc = NoFitError(_no_fit_message(model, hw, miss.candidates.layout(0).gpus, miss, usable))
+        exc.closest, exc.usable = miss, usable  # for callers that word it their own way (whynot)
+        raise exc
     scores, index = np.concatenate(passed.pool_score), np.concatenate(passed.pool_index)
     top = np.argsort(-scores, kind="stable")[:opts.keep]
     est = evaluate(model, hw, training, grid.flat(np.sort(index[top])))
@@ -300,7 +304,8 @@ def _nothing_valid_message(model: ModelSpec, training: TrainingSpec, gpus: int, 
         return (f"global batch size {training.global_batch_size} is not divisible by any "
                 f"data-parallel degree available on {gpus} GPUs (dp in {{{', '.join(map(str, dps))}}}); "
                 f"choose a batch that is a multiple of one of them")
-    return f"no layout of {model.name} on {gpus} GPUs passes the rule '{rule}'"
+    hint = f" ({CROSS_NODE_HINT})" if rule == TP_RULE else ""
+    return f"no layout of {model.name} on {gpus} GPUs passes the rule '{rule}'{hint}"
 
 
 def _no_fit_message(model: ModelSpec, hw: HardwareProfile, gpus: int, miss: Estimate,
@@ -317,10 +322,17 @@ def _no_fit_message(model: ModelSpec, hw: HardwareProfile, gpus: int, miss: Esti
     states = mem["weights"] + mem["gradients"] + mem["optimizer"]
     if states >= mem["activations"]:
         # States shrink ~1/N with ZeRO-3 over more GPUs; round the need up to whole nodes.
-        g = hw.gpus_per_node
-        need = int(np.ceil(gpus * states / max(usable - (total - states), 1.0) / g) * g)
-        remedy = (f"model states ({states / gib:.1f} GiB) dominate: use more GPUs (roughly "
-                  f"{need:,} or more by memory alone) or GPUs with more memory")
+        # Only a sane count is named: none when the rest alone fills the usable memory, or
+        # when the count is beyond what plan3d models.
+        g, room = hw.gpus_per_node, usable - (total - states)
+        need = np.ceil(gpus * states / room / g) * g if room > 0 else np.inf
+        count = f" (roughly {int(need):,} or more by memory alone)" if need <= MAX_GPUS else ""
+        remedy = (f"model states ({states / gib:.1f} GiB) dominate: use more GPUs{count} or GPUs "
+                  f"with more memory")
+        if room <= 0:
+            remedy = (f"even without model states, the rest ({(total - states) / gib:.1f} GiB) "
+                      f"exceeds the usable {usable / gib:.1f} GiB: "
+                      f"{'leave less headroom or ' if usable < cap else ''}use GPUs with more memory")
     else:
         remedy = (f"activations ({mem['activations'] / gib:.1f} GiB) dominate: use a shorter "
                   f"sequence, more tensor/pipeline parallelism (more GPUs) or GPUs with more memory")
@@ -358,5 +370,7 @@ def check_layout(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, 
         f, la = (int(x[0]) for x in uneven_split(model.num_layers, np.array([layout.pp])))
         if "layers divisible by pp*vpp" in broken and f > 0 and layout.vpp == 1:
             hint = f" (an uneven split would do: first_stage_layers {f}, last_stage_layers {la})"
+        if TP_RULE in broken:
+            hint += f" ({CROSS_NODE_HINT})"
         raise UsageError(f"layout {layout.short()} breaks: {'; '.join(broken)}{hint}")
     return layout

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable
 
-from .errors import PlannerError, UsageError
+from .errors import NoFitError, PlannerError, UsageError
 from .search import MAX_GPUS, SearchOptions, check_inputs, search
 from .specs import HardwareProfile, ModelSpec, TrainingSpec
 
@@ -57,11 +57,13 @@ def sweep(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, counts:
     """
     rows: list[dict] = []
     base: tuple[int, float] | None = None
+    no_fit = False  # some count had valid layouts, none fitting: the failure is a NoFitError
     small = replace(opts, keep=min(opts.keep, 8), max_gpus=None)
     for n in counts:
         try:
             best = search(model, hw, training, n, small).ranked
         except PlannerError as exc:
+            no_fit |= isinstance(exc, NoFitError)
             rows.append({"gpus": n, "global_batch_size": training.global_batch_size,
                          "error": str(exc), "scaling_efficiency": None})
         else:
@@ -78,9 +80,10 @@ def sweep(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, counts:
                          "scaling_efficiency": eff, "error": None})
         if on_step is not None:
             on_step(n)
-    if base is None:
-        raise UsageError(f"no GPU count in {counts[0]}..{counts[-1]} has a layout of "
-                         f"{model.name} that fits: {rows[-1]['error']}")
+    if base is None:  # exit 1 (like search) when layouts exist but none fits, else 2
+        raise (NoFitError if no_fit else UsageError)(
+            f"no GPU count in {counts[0]}..{counts[-1]} has a layout of {model.name} that fits: "
+            f"{rows[-1]['error']}")
     return rows
 
 
@@ -102,19 +105,22 @@ def sweep_batches(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec,
                   counts: list[int], batches: list[int], opts: SearchOptions = SearchOptions(),
                   on_step: Callable[[int], None] | None = None) -> list[dict]:
     """``sweep`` at each global batch size (rows in batch, then GPU order); scaling efficiency
-    is relative to the first count with a fit at the same batch. UsageError if none fits."""
+    is relative to the first count with a fit at the same batch. When no batch has a fit: the
+    first batch's error (NoFitError if any batch had valid layouts that did not fit, else
+    UsageError)."""
     rows: list[dict] = []
-    errors = []
+    errors: list[PlannerError] = []
     for b in batches:
         try:
             rows += sweep(model, hw, training.model_copy(update={"global_batch_size": b}), counts,
                           opts, on_step)
-        except UsageError as exc:
-            errors.append(str(exc))
+        except PlannerError as exc:
+            errors.append(exc)
             rows += [{"gpus": n, "global_batch_size": b, "error": "no fit at this batch",
                       "scaling_efficiency": None} for n in counts]
     if len(errors) == len(batches):
-        raise UsageError(errors[0])
+        kind = NoFitError if any(isinstance(e, NoFitError) for e in errors) else UsageError
+        raise kind(str(errors[0]))
     return rows
 
 
@@ -123,7 +129,7 @@ def run_command(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, g
                 batches: str | None = None) -> None:
     """``plan3d sweep``: check the inputs, sweep under a progress bar, then print and plot."""
     from . import report
-    from .objective import parse_headroom
+    from .objective import check_headroom
     from .report_scale import progress, sweep_table
     counts = parse_gpu_counts(gpus, hw)
     sizes = [b or training.global_batch_size for b in parse_batch_sizes(batches)]
@@ -133,7 +139,8 @@ def run_command(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, g
         import importlib.util
         if importlib.util.find_spec("matplotlib") is None:
             raise UsageError("--plot needs matplotlib: pip install 'plan3d[plot]'")
-    headroom_bytes, headroom_fraction = parse_headroom(headroom)
+    headroom_bytes, headroom_fraction = check_headroom(
+        headroom, float(hw.gpu.hbm_capacity), float(hw.framework_overhead), hw.gpu.name)
     opts = SearchOptions(headroom_bytes=headroom_bytes, headroom_fraction=headroom_fraction)
     with progress() as bar:
         task = bar.add_task("Sweeping GPU counts", total=len(counts) * len(sizes))
@@ -145,8 +152,8 @@ def run_command(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, g
     if json_out:
         report.print_json(rows)
         return
-    report.header(model, hw, training.model_copy(update={"global_batch_size": sizes[0]}),
-                  f"{counts[0]}..{counts[-1]}")
+    report.header(model, hw, training, f"{counts[0]}..{counts[-1]}",
+                  batch=",".join(str(b) for b in sizes))
     sweep_table(rows)
     if plot_path is not None:
         report.out.print(f"Wrote the plot to {plot_path}")

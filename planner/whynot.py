@@ -23,6 +23,8 @@ _KEYS = {"tp": "tp", "cp": "cp", "pp": "pp", "dp": "dp", "distopt": "distributed
          "distributed_optimizer": "distributed_optimizer", "zero": "zero_stage", "zero_stage": "zero_stage",
          "mbs": "micro_batch_size", "micro_batch_size": "micro_batch_size", "vpp": "vpp",
          "recompute": "recompute", "sp": "sequence_parallel", "sequence_parallel": "sequence_parallel"}
+_SHORT = {"distributed_optimizer": "distopt", "zero_stage": "zero", "micro_batch_size": "mbs",
+          "sequence_parallel": "sp"}  # field -> the key as written in --why-not
 _TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
 
 
@@ -40,13 +42,17 @@ def parse_layout(text: str) -> dict[str, object]:
             raise UsageError(f"--why-not: cannot read {part!r}; write e.g. 'tp=4,pp=16' "
                              f"(keys: {', '.join(sorted(set(_KEYS)))})")
         name = _KEYS[key]
+        if name in pins:
+            raise UsageError(f"--why-not: {_SHORT.get(name, name)} is given twice in {text!r}; "
+                             "give each dimension once")
         if name == "recompute":
             if value not in RECOMPUTE_CODES:
                 raise UsageError(f"--why-not: recompute must be none, selective or full, got {value!r}")
             pins[name] = value
         elif name in ("sequence_parallel", "distributed_optimizer"):
             if value not in _TRUE | _FALSE:
-                raise UsageError(f"--why-not: {key} must be 1 or 0, got {value!r}")
+                raise UsageError(f"--why-not: {key} must be 1, true, yes or on (or 0, false, no, "
+                                 f"off), got {value!r}")
             pins[name] = value in _TRUE
         else:
             if not value.isdigit() or int(value) <= 0 and name != "zero_stage":
@@ -104,10 +110,41 @@ def broken_rules(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, 
     return []
 
 
+_FLAGS = {"sequence_parallel": ("--sequence-parallel", "--no-sequence-parallel"),
+          "distributed_optimizer": ("--distributed-optimizer", "--no-distributed-optimizer")}
+
+
+def _flag(name: str, value: object) -> str:
+    """The search flag that pins ``name`` to ``value``, as the user would have typed it."""
+    if name in _FLAGS:
+        return _FLAGS[name][0 if value else 1]
+    return f"--{name.replace('_', '-')} {value}"
+
+
+def check_pins(pins: dict[str, object], opts: SearchOptions) -> None:
+    """UsageError naming both when a --why-not value contradicts a search pin or lies above a
+    search bound (--max-tp ...): the search never considers that layout, so there is nothing
+    to compare it with."""
+    for name, value in pins.items():
+        pinned = getattr(opts, name)
+        if pinned is not None and pinned != value:
+            shown = int(value) if isinstance(value, bool) else value
+            raise UsageError(f"--why-not {_SHORT.get(name, name)}={shown} contradicts the search pin "
+                             f"{_flag(name, pinned)}; drop one of them")
+        bound = getattr(opts, f"max_{name}", None)
+        if bound is not None and value > bound:
+            raise UsageError(f"--why-not {_SHORT.get(name, name)}={value} is above the search bound "
+                             f"{_flag('max_' + name, bound)}; raise the bound or pick a smaller value")
+
+
 def why_not(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: int | None,
             opts: SearchOptions, text: str) -> WhyNot:
-    """Evaluate the layout ``text`` (unspecified dims: best completion) against the winner."""
+    """Evaluate the layout ``text`` (unspecified dims: best completion) against the winner.
+
+    UsageError when it contradicts a pin of ``opts`` (planner.whynot.check_pins) or is malformed.
+    """
     pins = parse_layout(text)
+    check_pins(pins, opts)
     pinned = replace(opts, **pins)
     broken = broken_rules(model, hw, training, gpus, pinned)
     if broken:
@@ -115,7 +152,11 @@ def why_not(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus:
     try:
         mine = search(model, hw, training, gpus, pinned).ranked.take(np.array([0]))
     except NoFitError as exc:
-        return WhyNot(text, "no-fit", [str(exc)])
+        try:  # only if other layouts fit is the verdict about this one alone
+            search(model, hw, training, gpus, opts)
+        except NoFitError:
+            return WhyNot(text, "no-fit", [str(exc)])
+        return WhyNot(text, "no-fit", [_closest_miss(exc)], exc.closest)
     best = search(model, hw, training, gpus, opts).ranked.take(np.array([0]))
     t_mine, t_best = float(mine.time["step"][0]), float(best.time["step"][0])
     tps_mine = float(mine.throughput["tokens_per_s"][0])
@@ -139,3 +180,16 @@ def why_not(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus:
                        f"vs {best.candidates.layout(0).gpus} GPUs")
     return WhyNot(text, "slower", reasons, mine, best, tps_best / tps_mine - 1.0,
                   term_deltas(mine, 0, best, 0))
+
+
+def _closest_miss(exc: NoFitError) -> str:
+    """'its closest completion, <layout>, needs X GiB of Y GiB per GPU (Z GiB over)', from the
+    closest miss (Estimate) and usable bytes that search attaches to its NoFitError."""
+    gib = 2.0**30
+    total = float(exc.closest.memory["total"][0])
+    cap = float(exc.closest.memory["capacity"][0])
+    of = f"{cap / gib:.0f} GiB" if exc.usable == cap else \
+        f"{exc.usable / gib:.1f} GiB usable (of {cap / gib:.0f} GiB, after the headroom)"
+    return (f"its closest completion, {exc.closest.candidates.layout(0).short()}, needs "
+            f"{total / gib:.1f} GiB of {of} per GPU ({(total - exc.usable) / gib:.1f} GiB over), "
+            "while other layouts fit")

@@ -32,12 +32,13 @@ def test_search_json_and_export_round_trip(tmp_path):
     ranked = json.loads(out)
     assert len(ranked) == 2
     best = ranked[0]
+    gpus = best.pop("gpus")  # search --json only: tp*cp*pp*dp beside the layout
     assert set(best) == {"layout", "memory", "time", "throughput"}
     assert {"weights", "gradients", "optimizer", "activations", "other", "total", "capacity",
             "fits"} <= set(best["memory"])
     assert {"tokens_per_s", "model_tflops_per_gpu", "mfu", "hfu"} == set(best["throughput"])
     lay = best["layout"]
-    assert lay["tp"] * lay["cp"] * lay["pp"] * lay["dp"] == 512 and best["memory"]["fits"]
+    assert lay["tp"] * lay["cp"] * lay["pp"] * lay["dp"] == 512 == gpus and best["memory"]["fits"]
     saved = yaml.safe_load(plan.read_text())
     assert saved["layout"] == lay and saved["gpus"] == 512 and saved["model"]["name"] == "gpt3-175b"
     assert saved["hardware"]["gpu"]["hbm_capacity"] == "80 GiB"

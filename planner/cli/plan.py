@@ -68,12 +68,13 @@ def search(
         raise UsageError(f"--zero-stage must be 0, 1, 2 or 3, got {zero_stage}")
     if export is not None:
         check_destination(export, force)
-    from ..objective import parse_headroom
+    from ..objective import check_headroom
     if gpus is not None and max_gpus is not None:
         raise UsageError("give --gpus (a fixed count) or --max-gpus (a budget), not both")
     if max_gpus is None:
         _require(gpus, "--gpus")
-    headroom_bytes, headroom_fraction = parse_headroom(min_memory_headroom)
+    headroom_bytes, headroom_fraction = check_headroom(
+        min_memory_headroom, float(hw.gpu.hbm_capacity), float(hw.framework_overhead), hw.gpu.name)
     opts = SearchOptions(tp=tp, pp=pp, dp=dp, zero_stage=zero_stage, micro_batch_size=micro_batch_size,
                          recompute=recompute.value if recompute else None,
                          sequence_parallel=sequence_parallel, vpp=vpp, max_tp=max_tp, max_pp=max_pp,
@@ -98,11 +99,15 @@ def search(
     best = result.ranked
     if export is not None:
         write_plan(make_plan(m, hw, training, best.candidates.layout(0), best.to_dict(0)), export, force)
+    if top > len(best) and result.fitting > len(best):  # capped at the search's keep
+        report.err.print(f"note: --top {top:,} shows the best {len(best):,} of the "
+                         f"{result.fitting:,} layouts that fit (the search keeps {len(best):,})",
+                         soft_wrap=True, markup=False)
     if json_out:
-        report.print_json([best.to_dict(i) for i in range(min(top, len(best)))])
+        report.print_json([_with_gpus(best.to_dict(i)) for i in range(min(top, len(best)))])
     else:
         report.header(m, hw, training, n)
-        report.search_table(result, top)
+        report.search_table(result, top, gpus_searched=max_gpus is not None)
         from ..report_scale import breakdown_report
         breakdown_report(result)
         if export is not None:
@@ -138,29 +143,33 @@ def sweep(
 def estimate(
     model: Optional[str] = MODEL, gpus: Optional[int] = GPUS,
     hardware: Optional[str] = typer.Option(None, "--hardware",
-                                           help="Hardware profile name or YAML file [default: dgx-h100]."),
+                                           help="Hardware profile name or YAML file \\[default: dgx-h100]."),
     global_batch_size: Optional[int] = GBS, seq_length: Optional[int] = SEQ,
-    tp: Optional[int] = typer.Option(None, "--tp", help="Tensor-parallel size [default: 1]."),
-    pp: Optional[int] = typer.Option(None, "--pp", help="Pipeline-parallel size [default: 1]."),
-    dp: Optional[int] = typer.Option(None, "--dp", help="Data-parallel size [default: gpus/(tp*pp)]."),
-    zero_stage: Optional[int] = typer.Option(None, "--zero-stage", help="ZeRO stage 0-3 [default: 1]."),
+    tp: Optional[int] = typer.Option(None, "--tp", help="Tensor-parallel size \\[default: 1]."),
+    pp: Optional[int] = typer.Option(None, "--pp", help="Pipeline-parallel size \\[default: 1]."),
+    dp: Optional[int] = typer.Option(None, "--dp", help="Data-parallel size \\[default: gpus/(tp*cp*pp)]."),
+    zero_stage: Optional[int] = typer.Option(
+        None, "--zero-stage", help="ZeRO stage 0-3 \\[default: 1; 0 with --distributed-optimizer]."),
     micro_batch_size: Optional[int] = typer.Option(None, "--micro-batch-size",
-                                                   help="Micro-batch size [default: 1]."),
+                                                   help="Micro-batch size \\[default: 1]."),
     recompute: Optional[RecomputeChoice] = typer.Option(None, "--recompute",
-                                                        help="Recomputation [default: none]."),
+                                                        help="Recomputation \\[default: none]."),
     sequence_parallel: Optional[bool] = typer.Option(None, "--sequence-parallel/--no-sequence-parallel",
-                                                     help="Sequence parallelism [default: off]."),
-    vpp: Optional[int] = typer.Option(None, "--vpp", help="Virtual pipeline stages per rank [default: 1]."),
-    cp: Optional[int] = typer.Option(None, "--cp", help="Context-parallel size [default: 1]."),
+                                                     help="Sequence parallelism \\[default: off]."),
+    vpp: Optional[int] = typer.Option(None, "--vpp", help="Virtual pipeline stages per rank \\[default: 1]."),
+    cp: Optional[int] = typer.Option(None, "--cp", help="Context-parallel size \\[default: 1]."),
     distributed_optimizer: Optional[bool] = typer.Option(
         None, "--distributed-optimizer/--no-distributed-optimizer",
-        help="Megatron's distributed optimizer, with --zero-stage 0 [default: off]."),
+        help="Megatron's distributed optimizer, the ZeRO-1 alternative: implies --zero-stage 0 "
+             "\\[default: off]."),
     first_stage_layers: Optional[int] = typer.Option(
-        None, "--first-stage-layers", help="Uneven pipeline split: layers on the first stage [default: even]."),
+        None, "--first-stage-layers", help="Uneven pipeline split: layers on the first stage \\[default: even]."),
     last_stage_layers: Optional[int] = typer.Option(
-        None, "--last-stage-layers", help="Uneven pipeline split: layers on the last stage [default: even]."),
+        None, "--last-stage-layers", help="Uneven pipeline split: layers on the last stage \\[default: even]."),
     plan: Optional[Path] = typer.Option(None, "--plan", help="Evaluate a plan YAML written by --export "
                                         "(alone: it cannot be combined with the other flags)."),
+    allow_cross_node_tp: bool = typer.Option(False, "--allow-cross-node-tp",
+                                             help="Let tp exceed one node's GPUs (a --plan may always)."),
     json_out: bool = JSON,
 ) -> None:
     """Memory and step-time breakdown of one layout (from flags or --plan). Exits 1 if it does not fit."""
@@ -171,7 +180,8 @@ def estimate(
              "--pp": pp, "--dp": dp, "--zero-stage": zero_stage, "--micro-batch-size": micro_batch_size,
              "--recompute": recompute, "--sequence-parallel": sequence_parallel, "--vpp": vpp,
              "--cp": cp, "--distributed-optimizer": distributed_optimizer,
-             "--first-stage-layers": first_stage_layers, "--last-stage-layers": last_stage_layers}
+             "--first-stage-layers": first_stage_layers, "--last-stage-layers": last_stage_layers,
+             "--allow-cross-node-tp": allow_cross_node_tp or None}
     if plan is not None:
         from ..export import read_plan
         given = [flag for flag, value in flags.items() if value is not None]
@@ -180,18 +190,29 @@ def estimate(
                              "them (edit the plan, or estimate from flags without --plan)")
         p = read_plan(plan)
         m, hw, training, layout, n = p.model, p.hardware, p.training, p.layout, p.gpus
-        check_layout(m, hw, training, n, layout.model_dump())
+        # as every plan consumer (export.read_checked_plan): TP across nodes is slow, not invalid
+        check_layout(m, hw, training, n, layout.model_dump(), allow_cross_node_tp=True)
     else:
+        # Checked as given, before the defaults: `--tp 0` is an error, not tp=1.
+        _check_positive(tp=tp, pp=pp, dp=dp, cp=cp, micro_batch_size=micro_batch_size, vpp=vpp)
+        if zero_stage is not None and zero_stage not in (0, 1, 2, 3):
+            raise UsageError(f"--zero-stage must be 0, 1, 2 or 3, got {zero_stage}")
+        if distributed_optimizer and zero_stage:
+            raise UsageError(f"--distributed-optimizer replaces ZeRO, so it needs --zero-stage 0 "
+                             f"(got {zero_stage}): drop --zero-stage, or drop "
+                             f"--distributed-optimizer to keep ZeRO-{zero_stage}")
+        if zero_stage is None:  # ZeRO-1, or its alternative the distributed optimizer
+            zero_stage = 0 if distributed_optimizer else 1
         m = catalog.resolve_model(_require(model, "--model"))
         hw = catalog.resolve_hardware(hardware or "dgx-h100")
         training = _training(m, global_batch_size, seq_length)
         n = _require(gpus, "--gpus")
-        layout = _layout(m, hw, training, n, tp or 1, pp or 1, dp,
-                         1 if zero_stage is None else zero_stage, micro_batch_size or 1,
+        layout = _layout(m, hw, training, n, tp or 1, pp or 1, dp, zero_stage, micro_batch_size or 1,
                          (recompute or RecomputeChoice.none).value, bool(sequence_parallel), vpp or 1,
                          cp=cp or 1, distributed_optimizer=bool(distributed_optimizer),
                          first_stage_layers=first_stage_layers or 0,
-                         last_stage_layers=last_stage_layers or 0)
+                         last_stage_layers=last_stage_layers or 0,
+                         allow_cross_node_tp=allow_cross_node_tp)
     est = estimate_layout(m, hw, training, layout)
     result = est.to_dict(0)
     if json_out:
@@ -205,8 +226,16 @@ def estimate(
         raise typer.Exit(1)
 
 
+def _with_gpus(entry: dict) -> dict:
+    """A search --json entry with ``gpus`` (tp*cp*pp*dp) beside ``layout``, the rest unchanged."""
+    lay = entry["layout"]
+    return {"layout": lay, "gpus": lay["tp"] * lay["cp"] * lay["pp"] * lay["dp"],
+            **{k: v for k, v in entry.items() if k != "layout"}}
+
+
 def _layout(m, hw, training, gpus, tp, pp, dp, zero_stage, micro_batch_size, recompute, sp, vpp,
-            cp=1, distributed_optimizer=False, first_stage_layers=0, last_stage_layers=0):
+            cp=1, distributed_optimizer=False, first_stage_layers=0, last_stage_layers=0,
+            allow_cross_node_tp=False):
     """Validate one user layout against the same rules the search applies (UsageError)."""
     from ..search import check_layout
     _check_positive(tp=tp, pp=pp, dp=dp, micro_batch_size=micro_batch_size, vpp=vpp, cp=cp)
@@ -216,4 +245,4 @@ def _layout(m, hw, training, gpus, tp, pp, dp, zero_stage, micro_batch_size, rec
                   first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers)
     if dp is not None:
         fields["dp"] = dp
-    return check_layout(m, hw, training, gpus, fields)
+    return check_layout(m, hw, training, gpus, fields, allow_cross_node_tp)

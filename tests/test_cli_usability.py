@@ -1,0 +1,185 @@
+"""Defects a new-user test found in search / sweep / estimate: each error is one exact line on
+stderr with its exit code (2 = bad input, 1 = valid input that does not fit)."""
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from planner import catalog
+from planner.cli import app
+from planner.search import MAX_GPUS, SearchOptions
+from planner.whynot import why_not
+
+runner = CliRunner()
+GIB = 2.0**30
+
+
+def cli(*args):
+    """(exit code, stdout, stderr) of ``plan3d args`` run in-process."""
+    res = runner.invoke(app, list(args))
+    return res.exit_code, res.stdout, res.stderr
+
+
+@pytest.mark.parametrize("flag", ["--tp", "--pp", "--cp", "--micro-batch-size", "--vpp", "--dp"])
+def test_estimate_size_flags_must_be_positive_not_defaulted(flag):
+    # the defaults (tp or 1 ...) used to turn an explicit 0 into 1 and estimate that layout
+    code, out, err = cli("estimate", "--model", "175b", "--gpus", "512", flag, "0")
+    assert (code, out, err) == (2, "", f"error: {flag} must be positive, got 0\n")
+
+
+def test_distributed_optimizer_implies_zero_stage_0():
+    code, out, err = cli("estimate", "--model", "175b", "--gpus", "512", "--tp", "8", "--pp", "8",
+                         "--distributed-optimizer", "--json")
+    assert code == 0, err
+    lay = json.loads(out)["layout"]
+    assert (lay["zero_stage"], lay["distributed_optimizer"], lay["dp"]) == (0, True, 8)  # 512/64
+    code, out, err = cli("estimate", "--model", "175b", "--gpus", "512", "--tp", "8", "--pp", "8",
+                         "--distributed-optimizer", "--zero-stage", "1")
+    assert code == 2 and out == ""
+    assert err == ("error: --distributed-optimizer replaces ZeRO, so it needs --zero-stage 0 (got 1): "
+                   "drop --zero-stage, or drop --distributed-optimizer to keep ZeRO-1\n")
+
+
+def test_headroom_needs_a_unit():
+    code, out, err = cli("search", "--model", "175b", "--gpus", "512", "--min-memory-headroom", "4")
+    assert (code, out, err) == (2, "", "error: --min-memory-headroom: 4 needs a unit, e.g. '4GiB' "
+                                       "or '4%'\n")
+
+
+@pytest.mark.parametrize("command,gpus", [("search", "512"), ("sweep", "256:512")])
+@pytest.mark.parametrize("headroom,left", [("1TiB", "0.0"), ("79.9GiB", "0.1"), ("77GiB", "3.0")])
+def test_headroom_leaving_no_room_is_refused_up_front(command, gpus, headroom, left):
+    # dgx-h100: 80 GiB of HBM, 3 GiB framework allowance; 80 - 79.9 = 0.1 GiB, 80 - 77 = 3 GiB
+    code, out, err = cli(command, "--model", "175b", "--gpus", gpus, "--min-memory-headroom", headroom)
+    assert (code, out) == (2, "")
+    assert err == (f"error: --min-memory-headroom {headroom} leaves {left} GiB of the 80 GiB per "
+                   "H100-SXM5-80GB, no more than its 3.0 GiB framework allowance: no layout can fit\n")
+
+
+def test_no_fit_with_a_large_headroom_names_no_absurd_gpu_count():
+    # 76 GiB headroom leaves 80 - 76 = 4 GiB; the closest miss needs more than that for
+    # activations and buffers alone, so no count of GPUs helps and none is named
+    code, out, err = cli("search", "--model", "175b", "--gpus", "512", "--min-memory-headroom", "76GiB")
+    assert code == 1 and out == "" and err.count("\n") == 1
+    assert "of 4.0 GiB usable (of 80 GiB, after the headroom)" in err
+    assert "roughly" not in err
+    assert re.search(r"even without model states, the rest \([0-9.]+ GiB\) exceeds the usable "
+                     r"4\.0 GiB: leave less headroom or use GPUs with more memory\n$", err), err
+    # 75 GiB leaves 5 GiB: a count is named again, and it is one plan3d can model
+    code, _, err = cli("search", "--model", "175b", "--gpus", "512", "--min-memory-headroom", "75GiB")
+    assert code == 1
+    need = int(re.search(r"roughly ([0-9,]+) or more", err).group(1).replace(",", ""))
+    assert 512 < need <= MAX_GPUS and need % 8 == 0
+
+
+def test_sweep_without_any_fit_exits_1_like_search():
+    # 175B on 8 or 16 H100s: model states alone are ~184 GiB per GPU (see the message)
+    code, out, err = cli("sweep", "--model", "175b", "--gpus", "8:16")
+    assert code == 1 and out == "" and err.count("\n") == 1
+    assert err.startswith("error: no GPU count in 8..16 has a layout of gpt3-175b that fits: no "
+                          "layout of gpt3-175b fits on 16 x H100-SXM5-80GB: the closest, ")
+
+
+def test_sweep_json_leaves_stderr_empty_and_header_lists_every_batch():
+    proc = subprocess.run([sys.executable, "-c", "from planner.cli import main; main()", "sweep",
+                           "--model", "175b", "--gpus", "256:512", "--json"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stderr == ""
+    assert [r["gpus"] for r in json.loads(proc.stdout)] == [256, 512]
+    code, out, err = cli("sweep", "--model", "175b", "--gpus", "512", "--global-batch-size", "768,1536")
+    assert code == 0 and err == ""
+    assert "on 512..512 x H100-SXM5-80GB (dgx-h100), global batch 768,1536 x 2048 tokens" in out
+
+
+@pytest.mark.parametrize("pins,why,message", [
+    (["--tp", "8"], "tp=4", "--why-not tp=4 contradicts the search pin --tp 8; drop one of them"),
+    (["--no-sequence-parallel"], "sp=1",
+     "--why-not sp=1 contradicts the search pin --no-sequence-parallel; drop one of them"),
+    (["--max-tp", "4"], "tp=8",
+     "--why-not tp=8 is above the search bound --max-tp 4; raise the bound or pick a smaller value"),
+    ([], "tp=2,tp=4", "--why-not: tp is given twice in 'tp=2,tp=4'; give each dimension once"),
+    ([], "zero=1,zero_stage=2",
+     "--why-not: zero is given twice in 'zero=1,zero_stage=2'; give each dimension once"),
+    ([], "sp=maybe", "--why-not: sp must be 1, true, yes or on (or 0, false, no, off), got 'maybe'"),
+])
+def test_why_not_input_errors(pins, why, message):
+    code, out, err = cli("search", "--model", "175b", "--gpus", "512", *pins, "--why-not", why)
+    assert (code, out, err) == (2, "", f"error: {message}\n")
+
+
+def test_why_not_no_fit_speaks_of_this_layout(gpt3_h100):
+    m, hw, tr = gpt3_h100
+    verdict = why_not(m, hw, tr, 512, SearchOptions(), "tp=1,pp=1,zero=0")
+    assert verdict.status == "no-fit"
+    (reason,) = verdict.reasons
+    # 174.6e9 parameters unsharded (tp=pp=1, no ZeRO) cannot fit 80 GiB, yet the search has fits
+    assert reason.startswith("its closest completion, tp=1 ") and reason.endswith(", while other layouts fit")
+    assert "no layout of" not in reason
+    total = float(verdict.completion.memory["total"][0])
+    assert f"needs {total / GIB:.1f} GiB of 80 GiB per GPU ({total / GIB - 80:.1f} GiB over)" in reason
+
+
+def test_search_json_has_gpus_and_max_gpus_table_shows_them():
+    code, out, err = cli("search", "--model", "175b", "--max-gpus", "1024", "--top", "3", "--json")
+    assert code == 0, err
+    for entry in json.loads(out):
+        assert set(entry) == {"layout", "gpus", "memory", "time", "throughput"}
+        lay = entry["layout"]
+        assert entry["gpus"] == lay["tp"] * lay["cp"] * lay["pp"] * lay["dp"] <= 1024
+    code, out, err = cli("search", "--model", "175b", "--max-gpus", "1024", "--top", "3")
+    assert code == 0, err
+    head = next(line for line in out.splitlines() if line.lstrip().startswith("#"))
+    cols = [c.strip() for c in head.split("┃")]
+    assert cols[-1] == "GPUs"  # every shown layout uses 1,024: the column still says so
+    assert cols[1:4] == ["tp", "cp", "pp"]  # cp beside tp, as in "tp=2 cp=2 pp=16"
+
+
+def test_top_beyond_the_kept_layouts_says_so():
+    code, out, err = cli("search", "--model", "175b", "--gpus", "512", "--top", "100000", "--json")
+    assert code == 0 and len(json.loads(out)) == 256  # search.KEEP
+    assert re.fullmatch(r"note: --top 100,000 shows the best 256 of the [0-9,]+ layouts that fit "
+                        r"\(the search keeps 256\)\n", err), err
+    code, out, err = cli("search", "--model", "175b", "--gpus", "512", "--top", "3", "--json")
+    assert code == 0 and err == ""
+
+
+def test_cross_node_tp_is_suggested_and_available_on_estimate():
+    hint = "(pass --allow-cross-node-tp to let tp span nodes)"
+    code, out, err = cli("search", "--model", "175b", "--gpus", "512", "--tp", "16")
+    assert (code, out) == (2, "")
+    assert err == ("error: no layout of gpt3-175b on 512 GPUs passes the rule 'tp within a node "
+                   f"(NVLink domain)' {hint}\n")
+    code, out, err = cli("estimate", "--model", "175b", "--gpus", "512", "--tp", "16")
+    assert (code, out) == (2, "")
+    assert err == ("error: layout tp=16 pp=1 dp=32 zero=1 mbs=1 vpp=1 recompute=none breaks: tp "
+                   f"within a node (NVLink domain) {hint}\n")
+    code, out, err = cli("estimate", "--model", "175b", "--gpus", "512", "--tp", "16", "--pp", "8",
+                         "--allow-cross-node-tp", "--json")
+    assert code == 0, err
+    assert json.loads(out)["layout"]["tp"] == 16 and catalog.resolve_hardware("dgx-h100").gpus_per_node == 8
+
+
+def test_estimate_plan_with_cross_node_tp(tmp_path):
+    # a plan exported by a search that allowed tp=16 is evaluated as is (like every plan consumer)
+    plan = tmp_path / "plan.yaml"
+    code, _, err = cli("search", "--model", "175b", "--gpus", "512", "--tp", "16", "--pp", "8",
+                       "--allow-cross-node-tp", "--export", str(plan), "--json", "--top", "1")
+    assert code == 0, err
+    code, out, err = cli("estimate", "--plan", str(plan), "--json")
+    assert code == 0, err
+    assert json.loads(out)["layout"]["tp"] == 16
+    code, out, err = cli("estimate", "--plan", str(plan), "--allow-cross-node-tp")
+    assert (code, out) == (2, "")
+    assert err.startswith("error: --plan cannot be combined with --allow-cross-node-tp: ")
+
+
+def test_estimate_help_shows_its_defaults():
+    # "[default: 1]" unescaped is rich markup: the help used to print "Tensor-parallel size ."
+    code, out, _ = cli("estimate", "--help")
+    assert code == 0
+    assert "Tensor-parallel size [default: 1]." in out
+    assert "ZeRO stage 0-3 [default: 1; 0 with --distributed-optimizer]." in out
