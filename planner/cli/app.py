@@ -73,6 +73,8 @@ HARDWARE = typer.Option("dgx-h100", "--hardware", help="Hardware profile name or
 GBS = typer.Option(None, "--global-batch-size", help="Sequences per optimizer step (default: the model's).")
 SEQ = typer.Option(None, "--seq-length", help="Tokens per sequence (default: the model's).")
 JSON = typer.Option(False, "--json", help="Print JSON (SI units: bytes, seconds) instead of tables.")
+HEADROOM = typer.Option(None, "--min-memory-headroom",
+                        help="Memory to leave free per GPU: '4GiB' or '10%'.")
 MAX_SEQ_LENGTH = 10_000_000
 MAX_BATCH = 100_000_000
 

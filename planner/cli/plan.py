@@ -9,7 +9,8 @@ import typer
 
 from .. import catalog, report
 from ..errors import UsageError
-from .app import (JSON, GPUS, GBS, HARDWARE, MODEL, SEQ, RecomputeChoice, _check_positive, _require, _training, app, handle_errors)
+from .app import (GBS, GPUS, HARDWARE, HEADROOM, JSON, MODEL, SEQ, RecomputeChoice, _check_positive,
+                  _require, _training, app, handle_errors)
 
 
 @app.command()
@@ -46,8 +47,7 @@ def search(
                                                        help="Price of one GPU-hour (for --objective cost)."),
     max_gpus: Optional[int] = typer.Option(None, "--max-gpus",
                                            help="Use at most N GPUs in whole nodes; the search picks the count."),
-    min_memory_headroom: Optional[str] = typer.Option(None, "--min-memory-headroom",
-                                                      help="Memory to leave free per GPU: '4GiB' or '10%'."),
+    min_memory_headroom: Optional[str] = HEADROOM,
     allow_cross_node_tp: bool = typer.Option(False, "--allow-cross-node-tp",
                                              help="Let tp exceed one node's GPUs."),
     why_not: Optional[str] = typer.Option(None, "--why-not",
@@ -126,8 +126,7 @@ def sweep(
     json_out: bool = JSON,
     plot: Optional[Path] = typer.Option(None, "--plot", help="Draw tokens/s and MFU vs GPUs to a PNG."),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing --plot file."),
-    min_memory_headroom: Optional[str] = typer.Option(None, "--min-memory-headroom",
-                                                      help="Memory to leave free per GPU: '4GiB' or '10%'."),
+    min_memory_headroom: Optional[str] = HEADROOM,
 ) -> None:
     """Best layout, tokens/s, MFU and scaling efficiency at each GPU count."""
     from ..sweep import run_command

@@ -105,41 +105,54 @@ def activation_per_layer(model: ModelSpec, training: TrainingSpec, c: Candidates
     return np.where(rc == 2, full, stored)
 
 
-def activation_bytes(model: ModelSpec, training: TrainingSpec, c: Candidates,
-                     stage: str) -> np.ndarray:
-    """Peak activation bytes on the first or last pipeline rank. (N,)
+def activation_bytes_by_stage(model: ModelSpec, training: TrainingSpec, c: Candidates,
+                              stages: tuple[str, ...] = ("first", "last")) -> dict[str, np.ndarray]:
+    """Peak activation bytes on the ``first``, ``last`` (and ``middle``) pipeline ranks. {stage: (N,)}
 
     in-flight layers (pipeline.inflight_layers) x per-layer bytes; with full recompute add the
     working set of one layer recomputed in backward (formulas.md 3.3). Edge buffers (3.6):
     first stage per in-flight micro-batch 8 B/token ids (+ 1 B/token*h embedding dropout mask);
     last stage, for the micro-batch in backward: final-norm and output-layer inputs 2*2*h per
-    token (/t with SP), bf16 logits 2*V_p/t and fp32 softmax 4*V_p/t per token.
+    token (/t with SP), bf16 logits 2*V_p/t and fp32 softmax 4*V_p/t per token. ``middle`` is
+    rank 1 of an uneven split: no embedding, no output layer. The per-layer terms shared by the
+    stages are computed once.
     """
     s, h = training.seq_length, model.hidden_size
     tokens = s * c.micro_batch_size.astype(np.float64)
     m = c.num_microbatches(training.global_batch_size)
-    rank = np.zeros_like(c.pp) if stage == "first" else \
-        (np.minimum(1, c.pp - 1) if stage == "middle" else c.pp - 1)
-    layers = pipeline.inflight_layers(model.num_layers, c.pp, c.vpp, m, rank)
     split = pipeline.stage_layers(model.num_layers, c)  # uneven: scale to the stage's layers
-    if split is not None:
-        layers = layers * split[{"first": 0, "middle": 1, "last": 2}[stage]] / (model.num_layers / c.pp)
     per_layer = activation_per_layer(model, training, c)
     working = np.where(c.recompute == 2,
                        activation_per_layer(model, training, c, np.zeros_like(c.recompute)), 0.0)
-    total = layers * per_layer + working
     sp_div = np.where(c.sequence_parallel, c.tp, 1).astype(np.float64)
-    microbatches_first = np.where(c.vpp > 1, np.ceil(layers / (model.num_layers / c.pp)),
-                                  np.minimum(c.pp, m))
-    first_edge = microbatches_first * tokens * (8.0 + (h / sp_div if model.dropout > 0 else 0.0))
     vocab = flops.padded_vocab(model.vocab_size, c.tp).astype(np.float64)
     last_edge = tokens * (4.0 * h / sp_div + 6.0 * vocab / c.tp)
     single = c.pp == 1
-    if stage == "middle":  # rank 1 of an uneven split: no embedding, no output layer
-        return total
-    if stage == "first":
-        return total + first_edge + np.where(single, last_edge, 0.0)
-    return total + last_edge + np.where(single, first_edge, 0.0)
+    ranks = {"first": np.zeros_like(c.pp), "middle": np.minimum(1, c.pp - 1), "last": c.pp - 1}
+    out = {}
+    for stage in stages:
+        layers = pipeline.inflight_layers(model.num_layers, c.pp, c.vpp, m, ranks[stage])
+        if split is not None:
+            layers = layers * split[("first", "middle", "last").index(stage)] / (model.num_layers / c.pp)
+        total = layers * per_layer + working
+        if stage == "middle":
+            out[stage] = total
+            continue
+        microbatches_first = np.where(c.vpp > 1, np.ceil(layers / (model.num_layers / c.pp)),
+                                      np.minimum(c.pp, m))
+        first_edge = microbatches_first * tokens * (8.0 + (h / sp_div if model.dropout > 0 else 0.0))
+        if stage == "first":
+            out[stage] = total + first_edge + np.where(single, last_edge, 0.0)
+        else:
+            out[stage] = total + last_edge + np.where(single, first_edge, 0.0)
+    return out
+
+
+def activation_bytes(model: ModelSpec, training: TrainingSpec, c: Candidates,
+                     stage: str) -> np.ndarray:
+    """Peak activation bytes on one pipeline rank (``first``, ``middle`` or ``last``). (N,)
+    See activation_bytes_by_stage."""
+    return activation_bytes_by_stage(model, training, c, (stage,))[stage]
 
 
 def transient_bytes(model: ModelSpec, training: TrainingSpec, c: Candidates) -> np.ndarray:

@@ -215,13 +215,14 @@ def evaluate(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c: C
     }
     t_pipe, bubble = pipeline.pipeline_time(totals["first"], totals["middle"], totals["last"],
                                             c.pp, c.vpp, m)
-    params_most = np.maximum(params_first, params_last)
-    if split is not None:
-        params_most = np.maximum(params_most, memory.stage_params(model, c, "middle"))
+    params = {"first": params_first, "last": params_last}
+    if split is not None:  # uneven split: the first middle rank can hold the most
+        params["middle"] = memory.stage_params(model, c, "middle")
+    params_most = np.maximum.reduce(list(params.values()))
     params_updated = params_most / np.where(c.zero_stage >= 1, c.dp, 1)
     t_opt = compute.optimizer_time(params_updated, hw)
     if summary:
-        return _summary(model, hw, training, real, c, params_first, params_last,
+        return _summary(model, hw, training, real, c, params,
                         t_pipe + p2p_fill + dp_step + tied + t_opt)
     # The slowest stage's terms (first wins ties, then last). Terms equal on every stage are
     # taken as they are; np.where instead of np.choose, which is slow on broadcast grids.
@@ -244,7 +245,7 @@ def evaluate(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c: C
     time["step"] = t_pipe + p2p_fill + dp_step + tied + t_opt
     time["bubble_fraction"] = bubble / (m * np.maximum(sum(picked[t] for t in base), 1e-30))
 
-    mem = _memory(model, hw, training, c, params_first, params_last)
+    mem = _memory(model, hw, training, c, params)
     gpus = (c.tp * c.pp * c.dp).astype(np.float64)
     f_model = flops.model_flops_per_step(model, training.seq_length, training.global_batch_size,
                                          c.tp, causal=causal_flops)
@@ -266,10 +267,9 @@ def evaluate(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c: C
 
 
 def _summary(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, real: Candidates,
-             c: Candidates, params_first: np.ndarray, params_last: np.ndarray,
-             step: np.ndarray) -> Estimate:
+             c: Candidates, params: dict[str, np.ndarray], step: np.ndarray) -> Estimate:
     """The Estimate of evaluate(summary=True): memory total/capacity, step, tokens_per_s."""
-    mem = _memory(model, hw, training, c, params_first, params_last, summary=True)
+    mem = _memory(model, hw, training, c, params, summary=True)
     if real is not c:  # CP ring receive buffers
         mem["total"] = mem["total"] + context.ring_buffer_bytes(model, training, real)
     tokens = {"tokens_per_s": training.global_batch_size * training.seq_length / step}
@@ -277,19 +277,17 @@ def _summary(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, real
 
 
 def _memory(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c: Candidates,
-            params_first: np.ndarray, params_last: np.ndarray,
-            summary: bool = False) -> dict[str, np.ndarray]:
+            params: dict[str, np.ndarray], summary: bool = False) -> dict[str, np.ndarray]:
     """Per-GPU memory terms of the stage with the highest total (first or last; with an uneven
-    pipeline split also the first middle rank, whose stages hold more layers than the edges)."""
+    pipeline split, ``params`` has "middle" too: the first middle rank, whose stages hold more
+    layers than the edges)."""
     transient = memory.transient_bytes(model, training, c) + hw.framework_overhead
     per_stage = []
-    stages = [("first", params_first), ("last", params_last)]
-    uneven = pipeline.stage_layers(model.num_layers, c) is not None
-    if uneven:
-        stages.append(("middle", memory.stage_params(model, c, "middle")))
-    for stage, params in stages:
-        terms = memory.model_state_bytes(params, c.zero_stage, c.dp, training)
-        terms["activations"] = memory.activation_bytes(model, training, c, stage)
+    uneven = "middle" in params
+    activations = memory.activation_bytes_by_stage(model, training, c, tuple(params))
+    for stage, stage_params in params.items():
+        terms = memory.model_state_bytes(stage_params, c.zero_stage, c.dp, training)
+        terms["activations"] = activations[stage]
         terms["other"] = transient
         terms["total"] = sum(terms[k] for k in MEMORY_TERMS)
         per_stage.append(terms)
