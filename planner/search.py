@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from . import objective
-from .cost import Estimate, evaluate
+from .cost import Estimate, evaluate, memory_total
 from .cost.pipeline import uneven_split
 from .errors import NoFitError, UsageError
 from .grid import Grid, full, parallel_splits
@@ -28,6 +28,7 @@ CROSS_NODE_HINT = "pass --allow-cross-node-tp to let tp span nodes"
 
 
 CHUNK = 65_536  # layouts per evaluated block: big enough for numpy, small enough for the cache
+FLAT_COST = 8  # one layout evaluated as flat arrays costs about this many grid layouts (measured)
 KEEP = 256  # fitting layouts kept, best first, for the tables, the runner-up and exports
 
 
@@ -199,23 +200,39 @@ def scan(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, grid: Gr
             n_alive = left
         if n_alive == 0:
             continue
-        est = evaluate(model, hw, training, c, summary=True)
-        total = full(est.memory["total"], shape)
-        ok = alive & (total <= usable)
-        index = np.flatnonzero(ok)
+        # Memory of the layouts the rules left: as flat arrays when few are left, else on the
+        # whole broadcast block (a flat layout costs ~FLAT_COST grid layouts; same values).
+        if n_alive * FLAT_COST < alive.size:
+            candidates = np.flatnonzero(alive)
+            over = memory_total(model, hw, training, grid.flat(candidates + lo * per_row)) - usable
+        else:
+            total = full(memory_total(model, hw, training, c), shape).ravel()
+            over = np.where(alive.ravel(), total - usable, np.inf)
+            candidates = None
+        fits = over <= 0
+        index = np.flatnonzero(fits) if candidates is None else candidates[fits]
         n_ok = index.size
         out.fitting += n_ok
         pruned[FIT_RULE] = pruned.get(FIT_RULE, 0) + n_alive - n_ok
         if n_ok == 0:
-            over = np.where(alive.ravel(), total.ravel() - usable, np.inf)
             j = int(np.argmin(over))
             if over[j] < miss_over:
-                miss_over, out.miss_index = float(over[j]), lo * per_row + j
+                at = j if candidates is None else int(candidates[j])
+                miss_over, out.miss_index = float(over[j]), lo * per_row + at
             continue
-        gpus_here = c.tp * c.cp * c.pp * c.dp
-        score = objective.score(opts.objective, est.throughput["tokens_per_s"], gpus_here,
-                                tokens, opts.price_per_gpu_hour)
-        score = np.broadcast_to(score, shape)[ok]  # the fitting ones, in flat (C) order
+        # Step times of the layouts that fit: as flat arrays (C order, like ``index``) when few
+        # fit, else on the whole broadcast block (a flat layout costs ~FLAT_COST grid layouts).
+        # Both give the same values (tests/test_search_scale.py).
+        if n_ok * FLAT_COST < alive.size:
+            fit = grid.flat(index + lo * per_row)
+            est = evaluate(model, hw, training, fit, summary=True)
+            score = objective.score(opts.objective, est.throughput["tokens_per_s"],
+                                    fit.tp * fit.cp * fit.pp * fit.dp, tokens, opts.price_per_gpu_hour)
+        else:
+            est = evaluate(model, hw, training, c, summary=True)
+            score = objective.score(opts.objective, est.throughput["tokens_per_s"],
+                                    c.tp * c.cp * c.pp * c.dp, tokens, opts.price_per_gpu_hour)
+            score = np.broadcast_to(score, shape).ravel()[index]  # the fitting ones, C order
         k = min(opts.keep, n_ok)
         best = np.argpartition(score, n_ok - k)[n_ok - k:]
         out.pool_score.append(score[best])

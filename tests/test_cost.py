@@ -2,6 +2,8 @@
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from planner.cost import flops, memory, pipeline
 from planner.cost.collectives import Links, collective_time, placement
@@ -114,6 +116,30 @@ def test_unequal_stages_makespan():
     makespan, bubble = pipeline.pipeline_time(np.array([2.0]), np.array([1.0]), np.array([3.0]),
                                               np.array([4]), np.array([1]), np.array([10.0]))
     assert makespan[0] == 34 and bubble[0] == 4
+
+
+def test_even_pipeline_time_hand_computed():
+    # middle 1 s, first = 1 + 0.5, last = 1 + 2 s, p = 4, v = 2, m = 10:
+    # t_max = 3; sum_r t_r - t_max = 1.5 + 3 + 2*1 - 3 = 3.5 = (p-1)*1 + min(0.5, 2);
+    # bubble 3.5 / 2 = 1.75; makespan 10*3 + 1.75 = 31.75 s. With p = 1: 10 * 1.5 s, no bubble.
+    makespan, bubble = pipeline.even_pipeline_time(
+        np.array([1.0, 1.0]), np.array([0.5, 0.5]), np.array([2.0, 2.0]), np.array([4, 1]),
+        np.array([2, 1]), np.array([10.0, 10.0]))
+    np.testing.assert_allclose(makespan, [31.75, 15.0])
+    np.testing.assert_allclose(bubble, [1.75, 0.0])
+
+
+@settings(max_examples=60, deadline=None)
+@given(mid=st.floats(1e-4, 10), ef=st.floats(0, 5), el=st.floats(0, 5),
+       pp=st.integers(1, 64), vpp=st.integers(1, 8), m=st.integers(1, 512))
+def test_even_pipeline_time_equals_the_general_schedule(mid, ef, el, pp, vpp, m):
+    # The even-split shortcut must agree with pipeline_time on stages (mid+ef, mid, mid+el).
+    args = [np.array([x], dtype=np.float64) for x in (pp, vpp, m)]
+    fast = pipeline.even_pipeline_time(np.array([mid]), np.array([ef]), np.array([el]), *args)
+    general = pipeline.pipeline_time(np.array([mid + ef]), np.array([mid]), np.array([mid + el]),
+                                     *args)
+    for a, b in zip(fast, general):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
 
 
 def test_flops_test_vectors():

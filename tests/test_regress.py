@@ -93,13 +93,13 @@ def _uses_pp(case, base: dict) -> bool:
 
 
 def test_perturbed_bubble_drifts_exactly_the_pipelined_cases(cases, shipped, monkeypatch):
-    original = pipeline.pipeline_time
+    # Both schedule functions: pipeline_time (uneven splits) and even_pipeline_time.
+    for name in ("pipeline_time", "even_pipeline_time"):
+        def bubble_plus_1pct(*args, _original=getattr(pipeline, name)):
+            t, bubble = _original(*args)
+            return t + 0.01 * bubble, 1.01 * bubble
 
-    def bubble_plus_1pct(first, middle, last, pp, vpp, m):
-        t, bubble = original(first, middle, last, pp, vpp, m)
-        return t + 0.01 * bubble, 1.01 * bubble
-
-    monkeypatch.setattr(pipeline, "pipeline_time", bubble_plus_1pct)
+        monkeypatch.setattr(pipeline, name, bubble_plus_1pct)
     changes = compare(shipped, evaluate_cases(cases), rtol=1e-6)
     expected = {c.name for c in cases if _uses_pp(c, shipped[c.name])}
     assert 0 < len(expected) < len(cases)

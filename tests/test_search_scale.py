@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planner import catalog
-from planner.cost import evaluate
+from planner.cost import evaluate, memory_total
 from planner.errors import UsageError
 from planner.grid import full
 from planner.objective import parse_headroom, usable_memory
@@ -62,6 +62,36 @@ def test_search_winner_equals_brute_force(gpt3_h100, gpt3_512):
     assert np.all(np.diff(tps) <= 0)
     top = np.sort(est.throughput["tokens_per_s"][ok])[::-1][:len(tps)]
     assert np.array_equal(np.sort(tps)[::-1], top)
+
+
+@pytest.mark.parametrize("flat_cost", [0, 10**9])
+def test_scan_paths_give_the_same_ranking(gpt3_h100, gpt3_512, monkeypatch, flat_cost):
+    # The scan evaluates memory and step time on the broadcast block or, when few layouts are
+    # left, on flat arrays of just those (search.FLAT_COST picks). Forcing every block down one
+    # path (0: always the grid, 10**9: always flat) must not change what is found.
+    import planner.search as search_module
+    monkeypatch.setattr(search_module, "FLAT_COST", flat_cost)
+    m, hw, tr = gpt3_h100
+    forced = search(m, hw, tr, 512)
+    assert forced.fitting == gpt3_512.fitting == 42_355
+    assert forced.pruned == gpt3_512.pruned
+    for key in ("tokens_per_s",):
+        assert np.array_equal(forced.ranked.throughput[key], gpt3_512.ranked.throughput[key])
+    assert forced.ranked.candidates.layout(0) == gpt3_512.ranked.candidates.layout(0)
+
+
+def test_scan_paths_name_the_same_closest_miss(gpt3_h100, monkeypatch):
+    # GPT-3 175B on one node fits nowhere; the closest miss must not depend on the scan path.
+    import planner.search as search_module
+    from planner.errors import NoFitError
+    m, hw, tr = gpt3_h100
+    messages = set()
+    for flat_cost in (0, 10**9):
+        monkeypatch.setattr(search_module, "FLAT_COST", flat_cost)
+        with pytest.raises(NoFitError) as err:
+            search(m, hw, tr, 8)
+        messages.add(str(err.value))
+    assert len(messages) == 1 and "closest" in messages.pop()
 
 
 def test_without_cp_the_space_and_counts_of_the_original_search(gpt3_h100):
@@ -177,5 +207,6 @@ def test_grid_equals_flat_for_any_model(name, nodes, batch, seq, flash):
     for group in ("memory", "time", "throughput"):
         for key, flat in getattr(est_flat, group).items():
             assert np.array_equal(full(getattr(est_grid, group)[key], grid.shape).ravel(), flat), key
-    assert np.array_equal(full(summary.memory["total"], grid.shape).ravel(), est_flat.memory["total"])
+    assert np.array_equal(full(memory_total(m, hw, tr, grid.candidates()), grid.shape).ravel(),
+                          est_flat.memory["total"])
     assert np.array_equal(full(summary.time["step"], grid.shape).ravel(), est_flat.time["step"])

@@ -2,6 +2,6 @@
 candidates (shape (N,)) and returns arrays of shape (N,), in SI units (bytes, seconds, FLOPs).
 """
 
-from .step import Estimate, evaluate
+from .step import Estimate, evaluate, memory_total
 
-__all__ = ["Estimate", "evaluate"]
+__all__ = ["Estimate", "evaluate", "memory_total"]

@@ -48,6 +48,24 @@ def pipeline_time(stage_first: np.ndarray, stage_middle: np.ndarray, stage_last:
     return m * t_max + bubble, bubble
 
 
+def even_pipeline_time(stage_middle: np.ndarray, extra_first: np.ndarray, extra_last: np.ndarray,
+                       pp: np.ndarray, vpp: np.ndarray, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """pipeline_time for an even split, where the first and last ranks hold a middle rank's
+    work plus their edges: stage_first = stage_middle + extra_first, stage_last = stage_middle +
+    extra_last (extras >= 0; with pp = 1 the single stage is stage_middle + extra_first). Then
+    t_max = stage_middle + max(extras) and sum_r t_r - t_max = (pp-1)*stage_middle +
+    min(extras), so the makespan needs few passes over the full-size ``stage_middle`` while the
+    extras keep their smaller broadcast shapes. Same (makespan, bubble) as pipeline_time up to
+    rounding. Seconds, broadcast shape."""
+    pp = np.asarray(pp, dtype=np.float64)
+    single = pp == 1
+    high = np.where(single, extra_first, np.maximum(extra_first, extra_last))
+    slope = np.where(single, 0.0, (pp - 1) / vpp)
+    offset = np.where(single, 0.0, np.minimum(extra_first, extra_last) / vpp)
+    bubble = stage_middle * slope + offset
+    return m * (stage_middle + high) + bubble, bubble
+
+
 def bubble_fraction(pp: np.ndarray, vpp: np.ndarray, m: np.ndarray) -> np.ndarray:
     """Narayanan's bubble fraction for equal stages: (pp - 1) / (vpp * m). (N,)"""
     return (np.asarray(pp, dtype=np.float64) - 1) / (vpp * m)

@@ -119,8 +119,8 @@ def evaluate(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c: C
     ``causal_flops`` selects the model-FLOPs convention of MFU (causal attention, as Megatron-LM
     logs it since 2025-03); the compute time always uses what the kernels execute.
     Raises nothing for unfit layouts: ``fits`` says which do. ``summary=True`` (the search's
-    bulk pass) returns only memory total/capacity, time step and tokens_per_s -- the same
-    values -- and skips the breakdowns.
+    bulk pass) returns only time step and tokens_per_s -- the same values -- and skips
+    memory (see memory_total) and the breakdowns.
     """
     real, c = c, context.cost_view(c)  # CP and the distributed optimizer (cost/context.py)
     links = Links.of(hw)
@@ -189,16 +189,7 @@ def evaluate(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c: C
             terms["cp_comm"] = n * cp_layer
         return terms
 
-    base = held(lm)
-    bf, bl = (base, base) if split is None else (held(lf), held(ll))
     single = c.pp == 1
-    stages = {
-        "first": {**bf, "compute": bf["compute"] + np.where(single, edge_last, 0.0),
-                  "tp_comm": bf["tp_comm"] + edge_first_tp + np.where(single, edge_last_tp, 0.0)},
-        "middle": base,
-        "last": {**bl, "compute": bl["compute"] + edge_last,
-                 "tp_comm": bl["tp_comm"] + edge_last_tp},
-    }
     # Stage totals, factored (n layers x per-layer sum + per-micro-batch terms + edges): the same
     # sums as adding each stage's terms, with fewer passes over the (broadcast) candidate arrays.
     per_layer_all = per_layer_compute + recompute + per_layer_tp
@@ -206,24 +197,38 @@ def evaluate(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c: C
         per_layer_all = per_layer_all + cp_layer
     shared = p2p_per_mb + dp_per_mb
     middle_total = lm * per_layer_all + shared
-    totals = {
-        "first": (middle_total if split is None else lf * per_layer_all + shared) + edge_first_tp
-        + np.where(single, edge_last + edge_last_tp, 0.0),
-        "middle": middle_total,
-        "last": (middle_total if split is None else ll * per_layer_all + shared) + edge_last
-        + edge_last_tp,
-    }
-    t_pipe, bubble = pipeline.pipeline_time(totals["first"], totals["middle"], totals["last"],
-                                            c.pp, c.vpp, m)
+    extra_first = edge_first_tp + np.where(single, edge_last + edge_last_tp, 0.0)
+    extra_last = edge_last + edge_last_tp
+    if split is None:
+        t_pipe, bubble = pipeline.even_pipeline_time(middle_total, extra_first, extra_last,
+                                                     c.pp, c.vpp, m)
+    else:
+        totals = {"first": lf * per_layer_all + shared + extra_first, "middle": middle_total,
+                  "last": ll * per_layer_all + shared + extra_last}
+        t_pipe, bubble = pipeline.pipeline_time(totals["first"], totals["middle"], totals["last"],
+                                                c.pp, c.vpp, m)
     params = {"first": params_first, "last": params_last}
     if split is not None:  # uneven split: the first middle rank can hold the most
         params["middle"] = memory.stage_params(model, c, "middle")
     params_most = np.maximum.reduce(list(params.values()))
     params_updated = params_most / np.where(c.zero_stage >= 1, c.dp, 1)
     t_opt = compute.optimizer_time(params_updated, hw)
+    step = t_pipe + (p2p_fill + dp_step + tied + t_opt)  # the once-per-step terms, small shapes
     if summary:
-        return _summary(model, hw, training, real, c, params,
-                        t_pipe + p2p_fill + dp_step + tied + t_opt)
+        return Estimate(real, {}, {"step": step},
+                        {"tokens_per_s": training.global_batch_size * training.seq_length / step})
+    if split is None:
+        totals = {"first": middle_total + extra_first, "middle": middle_total,
+                  "last": middle_total + extra_last}
+    base = held(lm)
+    bf, bl = (base, base) if split is None else (held(lf), held(ll))
+    stages = {
+        "first": {**bf, "compute": bf["compute"] + np.where(single, edge_last, 0.0),
+                  "tp_comm": bf["tp_comm"] + edge_first_tp + np.where(single, edge_last_tp, 0.0)},
+        "middle": base,
+        "last": {**bl, "compute": bl["compute"] + edge_last,
+                 "tp_comm": bl["tp_comm"] + edge_last_tp},
+    }
     # The slowest stage's terms (first wins ties, then last). Terms equal on every stage are
     # taken as they are; np.where instead of np.choose, which is slow on broadcast grids.
     first_slowest = single | (totals["first"] >= np.maximum(totals["last"], totals["middle"]))
@@ -242,7 +247,7 @@ def evaluate(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c: C
     time["dp_comm"] = time["dp_comm"] + dp_step + tied
     time["bubble"] = bubble
     time["optimizer"] = t_opt
-    time["step"] = t_pipe + p2p_fill + dp_step + tied + t_opt
+    time["step"] = step
     time["bubble_fraction"] = bubble / (m * np.maximum(sum(picked[t] for t in base), 1e-30))
 
     mem = _memory(model, hw, training, c, params)
@@ -266,14 +271,22 @@ def evaluate(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c: C
     return Estimate(real, mem, time, throughput)
 
 
-def _summary(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, real: Candidates,
-             c: Candidates, params: dict[str, np.ndarray], step: np.ndarray) -> Estimate:
-    """The Estimate of evaluate(summary=True): memory total/capacity, step, tokens_per_s."""
-    mem = _memory(model, hw, training, c, params, summary=True)
+def memory_total(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec,
+                 c: Candidates) -> np.ndarray:
+    """Per-GPU peak memory in bytes of the most loaded stage, for N (or broadcast-shaped)
+    candidates: the ``memory["total"]`` of evaluate(), without the step time. The search checks
+    fit with it first and computes step times only for the layouts that fit."""
+    real, c = c, context.cost_view(c)
+    params = {"first": memory.stage_params(model, c, "first"),
+              "last": memory.stage_params(model, c, "last")}
+    if pipeline.stage_layers(model.num_layers, c) is not None:
+        params["middle"] = memory.stage_params(model, c, "middle")
+    total = _memory(model, hw, training, c, params, summary=True)["total"]
     if real is not c:  # CP ring receive buffers
-        mem["total"] = mem["total"] + context.ring_buffer_bytes(model, training, real)
-    tokens = {"tokens_per_s": training.global_batch_size * training.seq_length / step}
-    return Estimate(real, mem, {"step": step}, tokens)
+        total = total + context.ring_buffer_bytes(model, training, real)
+    return total
+
+
 
 
 def _memory(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c: Candidates,
@@ -289,15 +302,18 @@ def _memory(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c: Ca
         terms = memory.model_state_bytes(stage_params, c.zero_stage, c.dp, training)
         terms["activations"] = activations[stage]
         terms["other"] = transient
-        terms["total"] = sum(terms[k] for k in MEMORY_TERMS)
+        # States and buffers do not vary with recompute/vpp: add them on their smaller
+        # broadcast shape, then add the activations once.
+        terms["total"] = (terms["weights"] + terms["gradients"] + terms["optimizer"]
+                          + transient) + terms["activations"]
         per_stage.append(terms)
     first, last = per_stage[:2]
-    use_last = last["total"] > first["total"]
     if summary:
-        total = np.where(use_last, last["total"], first["total"])
+        total = np.maximum(first["total"], last["total"])
         if uneven:
             total = np.maximum(total, per_stage[2]["total"])
         return {"total": total, "capacity": np.broadcast_to(float(hw.gpu.hbm_capacity), total.shape)}
+    use_last = last["total"] > first["total"]
     mem = {k: np.where(use_last, last[k], first[k]) for k in (*MEMORY_TERMS, "total")}
     peak = np.where(use_last, c.pp - 1, 0)
     if uneven:
