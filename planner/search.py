@@ -173,18 +173,61 @@ class Scan:
     pool_score: list = field(default_factory=list)
     pool_index: list = field(default_factory=list)
     miss_index: int = -1
+    miss_over: float = np.inf
     fitting: int = 0
+
+    def fit(self, over: np.ndarray, index: np.ndarray, n_alive: int) -> np.ndarray:
+        """Record the fit test of ``n_alive`` valid layouts: ``over`` = memory - usable bytes at
+        the flat grid ``index`` of each (np.inf where a rule already failed). Returns the
+        indices that fit and keeps the closest miss."""
+        fits = over <= 0
+        ok = index[fits]
+        self.fitting += ok.size
+        self.pruned[FIT_RULE] = self.pruned.get(FIT_RULE, 0) + n_alive - ok.size
+        if ok.size == 0:
+            j = int(np.argmin(over))
+            if over[j] < self.miss_over:
+                self.miss_over, self.miss_index = float(over[j]), int(index[j])
+        return ok
+
+    def keep(self, score: np.ndarray, index: np.ndarray, keep: int) -> None:
+        """Keep the best ``keep`` of these scored layouts (flat grid indices)."""
+        k = min(keep, score.size)
+        if k:
+            best = np.argpartition(score, score.size - k)[score.size - k:]
+            self.pool_score.append(score[best])
+            self.pool_index.append(index[best])
+
+
+def _batches(parts: list[np.ndarray], size: int):
+    """The concatenated flat indices of ``parts`` in slices of at most ``size``."""
+    if parts:
+        flat = np.concatenate(parts)
+        for lo in range(0, flat.size, size):
+            yield flat[lo:lo + size]
 
 
 def scan(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, grid: Grid,
          opts: SearchOptions, usable: float, tokens: float | None) -> Scan:
     """Evaluate ``grid`` in blocks of about CHUNK layouts: rules, fit within ``usable`` bytes,
-    score by the objective, keep each block's best. Cost grows linearly with grid.size."""
+    score by the objective, keep the best. Cost grows linearly with grid.size.
+
+    Every layout goes through the rules (boolean masks on the broadcast block). Memory and then
+    step time are computed on the whole broadcast block where many layouts are still in, or
+    else gathered as flat arrays of just those layouts, batched across blocks (a flat layout
+    costs about FLAT_COST grid layouts, plus a fixed cost per call). Both give the same values
+    (tests/test_search_scale.py)."""
     out = Scan()
     pruned, alive_after = out.pruned, out.alive_after
-    miss_over = np.inf
     per_row = grid.size // max(grid.shape[0], 1)
     rows = grid.rows_per_chunk(CHUNK)
+    sparse_alive: list[np.ndarray] = []  # valid layouts of sparse blocks: memory as flat arrays
+    sparse_fit: list[np.ndarray] = []  # fitting layouts of sparse blocks: step time as flat arrays
+
+    def score(est: Estimate, c: Candidates) -> np.ndarray:
+        return objective.score(opts.objective, est.throughput["tokens_per_s"],
+                               c.tp * c.cp * c.pp * c.dp, tokens, opts.price_per_gpu_hour)
+
     for lo in range(0, grid.shape[0], rows):
         hi = min(lo + rows, grid.shape[0])
         shape = (hi - lo, *grid.shape[1:])
@@ -200,43 +243,24 @@ def scan(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, grid: Gr
             n_alive = left
         if n_alive == 0:
             continue
-        # Memory of the layouts the rules left: as flat arrays when few are left, else on the
-        # whole broadcast block (a flat layout costs ~FLAT_COST grid layouts; same values).
+        base = lo * per_row
         if n_alive * FLAT_COST < alive.size:
-            candidates = np.flatnonzero(alive)
-            over = memory_total(model, hw, training, grid.flat(candidates + lo * per_row)) - usable
-        else:
-            total = full(memory_total(model, hw, training, c), shape).ravel()
-            over = np.where(alive.ravel(), total - usable, np.inf)
-            candidates = None
-        fits = over <= 0
-        index = np.flatnonzero(fits) if candidates is None else candidates[fits]
-        n_ok = index.size
-        out.fitting += n_ok
-        pruned[FIT_RULE] = pruned.get(FIT_RULE, 0) + n_alive - n_ok
-        if n_ok == 0:
-            j = int(np.argmin(over))
-            if over[j] < miss_over:
-                at = j if candidates is None else int(candidates[j])
-                miss_over, out.miss_index = float(over[j]), lo * per_row + at
+            sparse_alive.append(np.flatnonzero(alive) + base)
             continue
-        # Step times of the layouts that fit: as flat arrays (C order, like ``index``) when few
-        # fit, else on the whole broadcast block (a flat layout costs ~FLAT_COST grid layouts).
-        # Both give the same values (tests/test_search_scale.py).
-        if n_ok * FLAT_COST < alive.size:
-            fit = grid.flat(index + lo * per_row)
-            est = evaluate(model, hw, training, fit, summary=True)
-            score = objective.score(opts.objective, est.throughput["tokens_per_s"],
-                                    fit.tp * fit.cp * fit.pp * fit.dp, tokens, opts.price_per_gpu_hour)
-        else:
+        total = full(memory_total(model, hw, training, c), shape).ravel()
+        over = np.where(alive.ravel(), total - usable, np.inf)
+        index = out.fit(over, np.arange(base, base + over.size), n_alive)
+        if index.size * FLAT_COST < alive.size:
+            sparse_fit.append(index)
+        elif index.size:
             est = evaluate(model, hw, training, c, summary=True)
-            score = objective.score(opts.objective, est.throughput["tokens_per_s"],
-                                    c.tp * c.cp * c.pp * c.dp, tokens, opts.price_per_gpu_hour)
-            score = np.broadcast_to(score, shape).ravel()[index]  # the fitting ones, C order
-        k = min(opts.keep, n_ok)
-        best = np.argpartition(score, n_ok - k)[n_ok - k:]
-        out.pool_score.append(score[best])
-        out.pool_index.append(index[best] + lo * per_row)
+            out.keep(np.broadcast_to(score(est, c), shape).ravel()[index - base], index, opts.keep)
+    for index in _batches(sparse_alive, CHUNK):
+        over = memory_total(model, hw, training, grid.flat(index)) - usable
+        sparse_fit.append(out.fit(over, index, index.size))
+    for index in _batches(sparse_fit, CHUNK):
+        fit = grid.flat(index)
+        out.keep(score(evaluate(model, hw, training, fit, summary=True), fit), index, opts.keep)
     pruned.setdefault(FIT_RULE, 0)
     return out
 

@@ -68,7 +68,7 @@ def test_search_winner_equals_brute_force(gpt3_h100, gpt3_512):
 def test_scan_paths_give_the_same_ranking(gpt3_h100, gpt3_512, monkeypatch, flat_cost):
     # The scan evaluates memory and step time on the broadcast block or, when few layouts are
     # left, on flat arrays of just those (search.FLAT_COST picks). Forcing every block down one
-    # path (0: always the grid, 10**9: always flat) must not change what is found.
+    # path (0: always flat arrays, 10**9: always the grid) must not change what is found.
     import planner.search as search_module
     monkeypatch.setattr(search_module, "FLAT_COST", flat_cost)
     m, hw, tr = gpt3_h100
