@@ -180,3 +180,20 @@ def test_collective_costs_by_hand(h100):
     assert (n_local[0], n_nodes[0]) == (4, 4)
     t = collective_time("all_gather", np.array([1e9]), n_local, n_nodes, links)[0]
     assert t == pytest.approx(0.75 * 1e9 / nvl + 0.75 * 0.25e9 / ib + 30e-6)
+
+
+def test_optimizer_bytes_per_param_pass_by_pass():
+    from planner.cost.compute import optimizer_bytes_per_param
+    # Adam 28 + fp32->16-bit param copy 6 + grad-norm read 4 + zeroing the grad buffer:
+    # bf16 with fp32 grads: 28 + 6 + 4 + 4 = 42 B (also the default with no training spec).
+    assert optimizer_bytes_per_param(TrainingSpec(seq_length=2048, global_batch_size=8)) == 42
+    assert optimizer_bytes_per_param(None) == 42
+    # fp16 adds unscale + inf check (read 4, write 4): 42 + 8 = 50 B.
+    assert optimizer_bytes_per_param(TrainingSpec(seq_length=2048, global_batch_size=8,
+                                                  dtype="fp16")) == 50
+    # fp16 with an fp16 grad buffer: zeroing 2 B, copy to fp32 main grads 2 + 4:
+    # 28 + 6 + 4 + 2 + 6 + 8 = 54 B; bf16 with 2-byte grads: 28 + 6 + 4 + 2 + 6 = 46 B.
+    assert optimizer_bytes_per_param(TrainingSpec(seq_length=2048, global_batch_size=8,
+                                                  dtype="fp16", grad_bytes=2)) == 54
+    assert optimizer_bytes_per_param(TrainingSpec(seq_length=2048, global_batch_size=8,
+                                                  grad_bytes=2)) == 46

@@ -97,14 +97,15 @@ def test_scan_paths_name_the_same_closest_miss(gpt3_h100, monkeypatch):
 def test_without_cp_the_space_and_counts_of_the_original_search(gpt3_h100):
     """max_cp=1 is the space before this issue; for 175B on 512 H100s (calibrated profile) the
     README's example printed 'Searched 55,296 layouts, 4,844 fit', 11,728 not fitting, winner
-    tp=4 pp=8 dp=16 zero=1 mbs=2 vpp=12 at 229,446 tokens/s."""
+    tp=4 pp=8 dp=16 zero=1 mbs=2 vpp=12 (229,446 tokens/s then; 230,157 with the profile as
+    recalibrated by benchmarks/recalibrate.py after the optimizer-traffic change)."""
     m, hw, tr = gpt3_h100
     res = search(m, hw, tr, 512, SearchOptions(max_cp=1))
     assert (res.enumerated, res.fitting, res.pruned[FIT_RULE]) == (55_296, 4_844, 11_728)
     assert res.pruned["layers divisible by pp*vpp"] == 14_976
     lay = res.ranked.candidates.layout(0)
     assert (lay.tp, lay.pp, lay.dp, lay.zero_stage, lay.micro_batch_size, lay.vpp) == (4, 8, 16, 1, 2, 12)
-    assert round(float(res.ranked.throughput["tokens_per_s"][0])) == 229_446
+    assert round(float(res.ranked.throughput["tokens_per_s"][0])) == 230_157
 
 
 def test_time_to_train_from_the_token_budget(gpt3_h100, gpt3_512):

@@ -105,9 +105,34 @@ def output_layer_time(model: ModelSpec, training: TrainingSpec, hw: HardwareProf
     return t_gemm + t_loss
 
 
-def optimizer_time(params_updated: np.ndarray, hw: HardwareProfile) -> np.ndarray:
-    """Adam step, ~30 B of HBM traffic per updated parameter, plus the profile's fixed per-step
-    overhead T_misc (``efficiency.step_overhead``: data loading, grad-norm, logging; formulas.md
-    7.1). (N,) seconds"""
-    return 30.0 * params_updated / (hw.gpu.hbm_bandwidth * hw.efficiency.hbm) + \
-        hw.efficiency.step_overhead
+def optimizer_bytes_per_param(training: TrainingSpec | None) -> float:
+    """HBM bytes moved per updated parameter by one step of Megatron-LM's mixed-precision
+    optimizer (megatron/core/optimizer: Float16OptimizerWithFloat16Params.step, also the
+    DistributedOptimizer's shard), pass by pass:
+
+    - fused Adam (apex / TE multi-tensor): read fp32 param, grad, m, v; write param, m, v: 28 B
+    - copy the fp32 main params to the 16-bit model params: read 4, write 2: 6 B
+    - gradient norm for clipping (multi_tensor_l2norm): read the fp32 grad: 4 B
+    - zero the gradient buffer for the next step: write it: ``grad_bytes`` (4 fp32, 2 16-bit)
+    - 16-bit gradient buffer (grad_bytes 2): copy to fp32 main grads, read 2 + write 4: 6 B
+    - fp16 with dynamic loss scaling: unscale in place + inf/nan check, read 4 + write 4: 8 B
+
+    bf16 with fp32 grads (Megatron's default): 42 B; fp16 with fp32 grads: 50 B; fp16 with an
+    fp16 buffer (pre-2022 Megatron default): 54 B. ``training`` None: bf16 with fp32 grads."""
+    grad_bytes = 4.0 if training is None else float(training.grad_bytes)
+    total = 28.0 + 6.0 + 4.0 + grad_bytes
+    if grad_bytes < 4:
+        total += 2.0 + 4.0
+    if training is not None and training.dtype == "fp16":
+        total += 8.0
+    return total
+
+
+def optimizer_time(params_updated: np.ndarray, hw: HardwareProfile,
+                   training: TrainingSpec | None = None) -> np.ndarray:
+    """Optimizer step: optimizer_bytes_per_param(training) of HBM traffic per updated
+    parameter at the achieved HBM bandwidth, plus the profile's fixed per-step overhead T_misc
+    (``efficiency.step_overhead``: data loading, logging, launch gaps; formulas.md 7.1).
+    (N,) seconds"""
+    return optimizer_bytes_per_param(training) * params_updated / \
+        (hw.gpu.hbm_bandwidth * hw.efficiency.hbm) + hw.efficiency.step_overhead

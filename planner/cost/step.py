@@ -212,7 +212,7 @@ def evaluate(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c: C
         params["middle"] = memory.stage_params(model, c, "middle")
     params_most = np.maximum.reduce(list(params.values()))
     params_updated = params_most / np.where(c.zero_stage >= 1, c.dp, 1)
-    t_opt = compute.optimizer_time(params_updated, hw)
+    t_opt = compute.optimizer_time(params_updated, hw, training)
     step = t_pipe + (p2p_fill + dp_step + tied + t_opt)  # the once-per-step terms, small shapes
     if summary:
         return Estimate(real, {}, {"step": step},

@@ -23,7 +23,7 @@ def _fmt(key: str, value: float) -> str:
     if key in ("mfu", "hfu"):
         return f"{100 * value:.1f}%"
     if key == "peak_memory":
-        return f"{value / 1e9:.1f} GB"
+        return f"{value / 2**30:.1f} GiB"
     return f"{value:,.0f}"
 
 

@@ -35,6 +35,10 @@ and the row then lists it in ``assumptions`` (``plan3d accuracy`` prints them):
 - FLOP convention of the source's TFLOP/s / MFU: by id prefix for the shipped sources (GROUPS);
   a user row may tag its notes ``[flops=narayanan|korthikanti|mosaic]``, otherwise only its
   iteration time and tokens/s are compared.
+- peak memory: the "GB" of a source whose code builds on Megatron-LM (the vocabulary-parallelism
+  rows) is read as GiB: Megatron-LM's ``report_memory`` logs torch.cuda.max_memory_allocated()
+  divided by 1024*1024 under the label "MB" (megatron/training/utils.py). A user row may tag its
+  notes ``[memory=GiB]`` or ``[memory=GB]``; otherwise GB is 10^9 bytes.
 - hardware: A100-SXM4-80GB -> dgx-a100-80g, A100 40GB -> dgx-a100-40g, A100 of unstated size
   (2020) -> dgx-a100-40g, H100 -> dgx-h100; TPUs and anything else are skipped.
 """
@@ -67,6 +71,9 @@ GROUPS: tuple[tuple[str, str, str], ...] = (
     ("gopher-", "Gopher", "palm"),
 )
 FLOPS_TAG = re.compile(r"\[flops=(narayanan|korthikanti|mosaic)\]")
+MEMORY_TAG = re.compile(r"\[memory=(GiB|GB)\]")
+# Sources whose peak-memory "GB" is Megatron-LM's binary unit (see the module docstring).
+MEMORY_GIB_PREFIXES = ("vocabpar-",)
 
 
 @dataclass
@@ -194,6 +201,13 @@ def _case(row: dict) -> RunCase:
     source, notes_text = str(row.get("source") or ""), str(row.get("notes") or "")
     case = RunCase(id=row["id"], group=group, convention=convention, source=source,
                    gpus=int(hw_row.get("gpus") or 0), measured=_measured(row.get("measured")))
+    if "peak_memory" in case.measured:
+        tag = MEMORY_TAG.search(notes_text)
+        binary = tag.group(1) == "GiB" if tag else row["id"].startswith(MEMORY_GIB_PREFIXES)
+        if binary:
+            case.measured["peak_memory"] *= 2**30 / 1e9
+            if not tag:
+                case.assumptions.append("memory GB = GiB (Megatron report_memory)")
     trust = re.search(r"\[trust=(\w+)\]", notes_text)
     case.trust = trust.group(1) if trust else "unknown"
     profile, case.peak_key = _hardware(str(hw_row.get("gpu") or ""), case.assumptions)
