@@ -176,18 +176,25 @@ class Scan:
     miss_over: float = np.inf
     fitting: int = 0
 
-    def fit(self, over: np.ndarray, index: np.ndarray, n_alive: int) -> np.ndarray:
-        """Record the fit test of ``n_alive`` valid layouts: ``over`` = memory - usable bytes at
-        the flat grid ``index`` of each (np.inf where a rule already failed). Returns the
-        indices that fit and keeps the closest miss."""
-        fits = over <= 0
-        ok = index[fits]
+    def fit(self, total: np.ndarray, usable: float, base: int, n_alive: int,
+            alive: np.ndarray | None = None, index: np.ndarray | None = None) -> np.ndarray:
+        """Record the fit test of ``n_alive`` valid layouts: ``total`` = their memory in bytes,
+        either a whole block in flat (C) order starting at grid index ``base`` with the ``alive``
+        mask of the rules, or the layouts at flat grid ``index``. Returns the grid indices that
+        fit (ascending) and keeps the closest miss."""
+        fits = total <= usable
+        if alive is not None:
+            fits &= alive
+        ok = np.flatnonzero(fits)
+        ok = ok + base if index is None else index[ok]
         self.fitting += ok.size
         self.pruned[FIT_RULE] = self.pruned.get(FIT_RULE, 0) + n_alive - ok.size
         if ok.size == 0:
+            over = total - usable if alive is None else np.where(alive, total - usable, np.inf)
             j = int(np.argmin(over))
             if over[j] < self.miss_over:
-                self.miss_over, self.miss_index = float(over[j]), int(index[j])
+                at = base + j if index is None else int(index[j])
+                self.miss_over, self.miss_index = float(over[j]), at
         return ok
 
     def keep(self, score: np.ndarray, index: np.ndarray, keep: int) -> None:
@@ -248,16 +255,15 @@ def scan(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, grid: Gr
             sparse_alive.append(np.flatnonzero(alive) + base)
             continue
         total = full(memory_total(model, hw, training, c), shape).ravel()
-        over = np.where(alive.ravel(), total - usable, np.inf)
-        index = out.fit(over, np.arange(base, base + over.size), n_alive)
+        index = out.fit(total, usable, base, n_alive, alive=alive.ravel())
         if index.size * FLAT_COST < alive.size:
             sparse_fit.append(index)
         elif index.size:
             est = evaluate(model, hw, training, c, summary=True)
             out.keep(np.broadcast_to(score(est, c), shape).ravel()[index - base], index, opts.keep)
     for index in _batches(sparse_alive, CHUNK):
-        over = memory_total(model, hw, training, grid.flat(index)) - usable
-        sparse_fit.append(out.fit(over, index, index.size))
+        total = memory_total(model, hw, training, grid.flat(index))
+        sparse_fit.append(out.fit(total, usable, 0, index.size, index=index))
     for index in _batches(sparse_fit, CHUNK):
         fit = grid.flat(index)
         out.keep(score(evaluate(model, hw, training, fit, summary=True), fit), index, opts.keep)
