@@ -102,8 +102,9 @@ def _calibrated_source(name: str, result: FitResult, prior: dict[str, float], pr
             f"datasheet values) to {len(result.runs)} measured runs of published_runs.yaml: "
             f"{', '.join(result.runs)}. Fit error of the headline figure: mean |err| "
             f"{100 * mean:.1f}%, max {100 * worst:.1f}%{loo}. The DeepSpeed ZeRO-3 rows of "
-            f"Narayanan 2021 Table 2 are left out of the fit: their parameter gathers run far below "
-            f"the modelled bus bandwidth (see README, How accurate is it). Priors the fit was "
+            f"Narayanan 2021 Table 2 are left out of the fit: their parameter traffic is bound by "
+            f"DeepSpeed 0.3's own implementation (21 GB/s per GPU, TrainingSpec.zero3_throughput; "
+            f"README, How accurate is it), not by the hardware these factors describe. Priors the fit was "
             f"pulled toward (weight 0.1 in log space), from the sources: {priors}. Prior sources: "
             f"{prior_sources} To be refined by `plan3d calibrate`.")
 

@@ -245,6 +245,12 @@ class TrainingSpec(_Strict):
     # What ZeRO-3 gathers at a time: a transformer layer (FSDP / Megatron-FSDP wrapping) or one
     # module (DeepSpeed ZeRO-3 fetches per submodule).
     zero3_gather_unit: Literal["layer", "module"] = "layer"
+    # Per-GPU rate (bytes received per second) at which the ZeRO-3 implementation itself moves
+    # parameters and gradients, where that is slower than the links: None = link-bound (FSDP,
+    # Megatron-FSDP, DeepSpeed since mid-2021). DeepSpeed <= 0.4.0 gathered each submodule's
+    # parameters synchronously, with a device sync and a copy per gather (DeepSpeed PR #1188):
+    # measured 21 GB/s per GPU even on one NVLink node (DeepSpeed issue #1174).
+    zero3_throughput: float | None = Field(default=None, gt=0)
     # Overlap of the backward TP collectives with the weight-gradient GEMMs (Megatron's async
     # tensor-parallel all-reduce / SP all-gather); off for the synchronous f/g of 2019-21 Megatron.
     tp_backward_overlap: bool = True

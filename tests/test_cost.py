@@ -197,3 +197,23 @@ def test_optimizer_bytes_per_param_pass_by_pass():
                                                   dtype="fp16", grad_bytes=2)) == 54
     assert optimizer_bytes_per_param(TrainingSpec(seq_length=2048, global_batch_size=8,
                                                   grad_bytes=2)) == 46
+
+
+def test_implementation_bound_zero3_collectives():
+    # DeepSpeed <= 0.4 ZeRO-3 (TrainingSpec.zero3_throughput): each collective takes at least the
+    # bytes a GPU receives over that rate. One layout of 8 GPUs (dp = 8, one node) of a model whose
+    # per-GPU parameters are P = 1e9: the all-gather of 2P bytes receives 7/8 * 2e9 = 1.75e9 B,
+    # at 21e9 B/s = 83.33 ms (NVLink alone: 1.75e9 / (300e9 x 0.627) = 9.3 ms); the
+    # gradient reduce-scatter of 2P (grad_bytes 2) the same. Without the rate: link-bound.
+    from planner import catalog
+    from planner.cost.collectives import Links
+    from planner.cost.step import _dp_times
+    hw = catalog.resolve_hardware("dgx-a100-80g")
+    c = Candidates.from_layouts([Layout(tp=1, pp=1, dp=8, zero_stage=3, micro_batch_size=1)])
+    slow = TrainingSpec(seq_length=2048, global_batch_size=8, grad_bytes=2, zero3_throughput=21e9)
+    _, _, fwd, bwd = _dp_times(np.array([1e9]), slow, c, Links.of(hw))
+    assert fwd[0] == pytest.approx(1.75e9 / 21e9)            # one gather
+    assert bwd[0] == pytest.approx(2 * 1.75e9 / 21e9)        # gather + reduce-scatter
+    fast = slow.model_copy(update={"zero3_throughput": None})
+    _, _, fwd_link, _ = _dp_times(np.array([1e9]), fast, c, Links.of(hw))
+    assert fwd_link[0] == pytest.approx(1.75e9 / (300e9 * hw.efficiency.nvlink), rel=0.01)

@@ -164,25 +164,24 @@ def test_narayanan_table2_ptdp_within_10_percent(bench):
 def test_narayanan_table2_zero3_regression_guard(bench):
     _, _, comps, _ = bench
     errs = _errors(comps, "megatron21-t2-zero3-", "flops_per_gpu")
-    # NOT_YET: issue target 10 %. DeepSpeed ZeRO-3 (2021) measured ~44-48 TFLOP/s at one
-    # micro-batch per GPU; plan3d predicts ~200 (its gathers assume the hierarchical, 8-NIC
-    # bus bandwidth). Guard at today's error so it does not get worse.
-    assert max(errs) <= 3.7
+    # NOT_YET: issue target 10 %. DeepSpeed ZeRO-3 of 2021 moved parameters at ~21 GB/s per GPU,
+    # bound by its synchronous per-submodule gathers (DeepSpeed issue #1174, PR #1188), with
+    # nothing overlapped (fidelity/runs.py): mean 14.5 %, max 23.3 % (the compute-heavy rows are
+    # predicted too slow, so some overlap did happen). Guard at today's error.
+    assert sum(errs) / len(errs) <= 0.15 and max(errs) <= 0.24
 
 
-@pytest.mark.xfail(strict=True, reason="NOT_YET: issue target; plan3d ranks DeepSpeed ZeRO-3 above "
-                   "PTD-P on these runs (see the ZeRO-3 guard). strict: passing means update this test.")
 def test_ptdp_ranked_above_zero3(bench):
+    # Issue target, met: on every GPU count where the paper measured PTD-P faster than ZeRO-3
+    # (all of Table 2), plan3d predicts it faster too.
     _, _, comps, _ = bench
     pairs = [("175b-384gpu", "175b-384gpu"), ("175b-768gpu", "175b-768gpu"),
              ("175b-1536gpu", "175b-1536gpu"), ("530b-1120gpu", "530b-1120gpu"),
              ("530b-2240gpu", "530b-2240gpu")]
-    right = 0
     for ptd, zero in pairs:
         p, z = comps[f"megatron21-t2-ptd-{ptd}"], comps[f"megatron21-t2-zero3-{zero}"]
         assert p.measured["flops_per_gpu"] > z.measured["flops_per_gpu"]  # what the paper measured
-        right += p.predicted["flops_per_gpu"] > z.predicted["flops_per_gpu"]
-    assert right == len(pairs)
+        assert p.predicted["flops_per_gpu"] > z.predicted["flops_per_gpu"], ptd
 
 
 def test_mosaic_fsdp_mfu_within_10_percent(bench):

@@ -96,7 +96,10 @@ def _dp_times(params: np.ndarray, training: TrainingSpec, c: Candidates, links: 
     ZeRO 0: grad all-reduce; 1 (distributed optimizer): grad reduce-scatter + param all-gather;
     2: grad reduce-scatter every micro-batch + param all-gather; 3: per micro-batch param
     all-gather twice (forward, backward) + grad reduce-scatter (formulas.md 5.6). DP ranks are tp
-    apart (Megatron order tp-dp-pp). Returns dicts of arrays keyed grad/param.
+    apart (Megatron order tp-dp-pp). With ``training.zero3_throughput`` (an implementation-bound
+    ZeRO-3, TrainingSpec) a ZeRO-3 collective takes at least the bytes each GPU receives,
+    (n-1)/n of the gathered or reduced tensor, divided by that rate. Returns (N,) seconds:
+    (step grad, step param, per-micro-batch forward, per-micro-batch backward).
     """
     n_local, n_nodes = placement(c.dp, c.tp, links.gpus_per_node)
     grad = params * training.grad_bytes
@@ -105,6 +108,10 @@ def _dp_times(params: np.ndarray, training: TrainingSpec, c: Candidates, links: 
     rs = collective_time("reduce_scatter", grad, n_local, n_nodes, links)
     ag = collective_time("all_gather", weight, n_local, n_nodes, links)
     z = c.zero_stage
+    if training.zero3_throughput is not None:
+        received = (c.dp - 1) / np.asarray(c.dp, dtype=np.float64) / training.zero3_throughput
+        ag = np.where(z == 3, np.maximum(ag, weight * received), ag)
+        rs = np.where(z == 3, np.maximum(rs, grad * received), rs)
     step_grad = np.where(z == 0, ar, np.where(z == 1, rs, 0.0))
     step_param = np.where((z == 1) | (z == 2), ag, 0.0)
     mb_forward = np.where(z == 3, ag, 0.0)

@@ -22,7 +22,14 @@ and the row then lists it in ``assumptions`` (``plan3d accuracy`` prints them):
   as Korthikanti 2022's Fig. 1 18 B/param implies; FSDP default fp32 reduce).
 - overlap of the DP gradient reduce: off for Megatron-LM runs before 2023 (Korthikanti 2022:
   "no overlap of gradient all-reduce with backprop"; --overlap-grad-reduce came in 2023), on for
-  ZeRO-3/FSDP (DeepSpeed overlap_comm, FSDP prefetch) and later runs.
+  ZeRO-3/FSDP (DeepSpeed overlap_comm, FSDP prefetch) and later runs -- except DeepSpeed ZeRO-3
+  before mid-2021 (rows up to 2021): its parameter gathers were synchronous (each all-gather
+  synchronized the device; DeepSpeed PR #1188, June 2021) and gradient-reduce overlap
+  (overlap_comm) was off by default, so nothing is overlapped, and its gathers and reduces run
+  at the implementation-bound 21 GB/s per GPU measured on DeepSpeed 0.3.16 (TrainingSpec
+  zero3_throughput; DeepSpeed issue #1174: a 5.1B model's forward took 480 ms with ZeRO-3
+  against 60 ms with ZeRO-2 on one 8x A100 NVLink node, i.e. 5.1e9 x 2 B x 7/8 received in
+  0.42 s).
 - Megatron-LM before 2023 also: blocking pipeline p2p in the interleaved schedule and
   Narayanan's scatter/gather of p2p tensors (TrainingSpec overlap_p2p_comm / p2p_scatter_gather);
   DeepSpeed ZeRO-3 gathers parameters per module, FSDP per layer (zero3_gather_unit).
@@ -71,6 +78,8 @@ GROUPS: tuple[tuple[str, str, str], ...] = (
     ("gopher-", "Gopher", "palm"),
 )
 FLOPS_TAG = re.compile(r"\[flops=(narayanan|korthikanti|mosaic)\]")
+# DeepSpeed <= 0.4.0 ZeRO-3 parameter traffic per GPU, bytes/s (module docstring: issue #1174).
+DEEPSPEED_2021_ZERO3_THROUGHPUT = 5.1e9 * 2 * 7 / 8 / 0.42
 MEMORY_TAG = re.compile(r"\[memory=(GiB|GB)\]")
 # Sources whose peak-memory "GB" is Megatron-LM's binary unit (see the module docstring).
 MEMORY_GIB_PREFIXES = ("vocabpar-",)
@@ -281,6 +290,7 @@ def _case(row: dict) -> RunCase:
         sequence_parallel=bool(value["sequence_parallel"]), vpp=int(value["vpp"])), f"run {case.id} layout")
 
     deepspeed = "deepspeed" in notes_text.lower()
+    deepspeed_2021 = deepspeed and year is not None and year <= 2021 and case.layout.zero_stage == 3
     # fp16 Megatron-LM before 2022 reduced fp16 gradients (--accumulate-allreduce-grads-in-fp32 off).
     fp16_grads = "mixed 16-bit" in notes_text and year is not None and year < 2022
     pure_bf16 = "(PURE)" in notes_text
@@ -289,9 +299,10 @@ def _case(row: dict) -> RunCase:
         dtype="fp16" if "mixed 16-bit" in notes_text else "bf16",
         grad_bytes=2 if (deepspeed or pure_bf16 or fp16_grads) else 4,
         flash_attention=not pre_2023,
-        overlap_grad_reduce=not pre_2023 or case.layout.zero_stage >= 3,
+        overlap_grad_reduce=(not pre_2023 or case.layout.zero_stage >= 3) and not deepspeed_2021,
         overlap_p2p_comm=not pre_2023, p2p_scatter_gather=pre_2023,
         zero3_gather_unit="module" if deepspeed else "layer",
+        zero3_throughput=DEEPSPEED_2021_ZERO3_THROUGHPUT if deepspeed_2021 else None,
         tp_backward_overlap=year is None or year >= 2022), f"run {case.id} training")
     if pre_2023:
         assume("no flash-attn (<2023)")
