@@ -135,8 +135,23 @@ def refuse_plan(data: object, name: str) -> None:
         raise UsageError(f"{name} is a plan3d plan; use `plan3d estimate --plan {name}`")
 
 
+def _catalog_names(kind: str) -> dict[str, str]:
+    """Lower-case names and aliases of the ``kind`` catalog -> entry name."""
+    names: dict[str, str] = {}
+    for spec in _load_all(kind).values():
+        names[spec.name.lower()] = spec.name
+        for alias in spec.aliases:  # type: ignore[attr-defined]
+            names[alias.lower()] = spec.name
+    return names
+
+
 def _resolve(kind: str, label: str, name: str, cls: type[T]) -> T:
     path = Path(name).expanduser()
+    bare = "/" not in name and "\\" not in name and not name.endswith((".yaml", ".yml", ".json"))
+    if bare and path.exists() and name.strip().lower() in _catalog_names(kind):
+        raise UsageError(f"{name!r} is both a catalog {label} and a {'folder' if path.is_dir() else 'file'} "
+                         f"here: write ./{name} for the {'folder' if path.is_dir() else 'file'}, "
+                         f"or run from another directory for the catalog {label}")
     if path.is_dir():
         if kind == "models" and (path / "config.json").is_file():  # a Hugging Face model folder
             from .hf_config import load_hf_config
@@ -155,11 +170,7 @@ def _resolve(kind: str, label: str, name: str, cls: type[T]) -> T:
         return validate(cls, data, str(path))
     entries = _load_all(kind)
     key = name.strip().lower()
-    names: dict[str, str] = {}
-    for spec in entries.values():
-        names[spec.name.lower()] = spec.name
-        for alias in spec.aliases:  # type: ignore[attr-defined]
-            names[alias.lower()] = spec.name
+    names = _catalog_names(kind)
     if key in names:
         return entries[names[key]]  # type: ignore[return-value]
     close = difflib.get_close_matches(key, list(names), n=5, cutoff=0.5)

@@ -26,10 +26,11 @@ def check(objective: str, tokens: float | None, price_per_gpu_hour: float | None
     """UsageError (one line) if the objective lacks what it needs or an input is out of range."""
     if objective not in OBJECTIVES:
         raise UsageError(f"--objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
-    if tokens is not None and not tokens > 0:
-        raise UsageError(f"--tokens must be positive, got {tokens:g}")
-    if price_per_gpu_hour is not None and not price_per_gpu_hour > 0:
-        raise UsageError(f"--price-per-gpu-hour must be positive, got {price_per_gpu_hour:g}")
+    if tokens is not None and not 0 < tokens < float("inf"):
+        raise UsageError(f"--tokens must be a positive, finite number, got {tokens:g}")
+    if price_per_gpu_hour is not None and not 0 < price_per_gpu_hour < float("inf"):
+        raise UsageError(f"--price-per-gpu-hour must be a positive, finite number, got "
+                         f"{price_per_gpu_hour:g}")
     if objective in ("time-to-train", "cost") and tokens is None:
         raise UsageError(f"--objective {objective} needs a training token budget: the model gives "
                          "none, pass --tokens")

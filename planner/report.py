@@ -62,6 +62,13 @@ def header(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: 
               f"{training.seq_length} tokens")
 
 
+def gib(capacity_bytes: float) -> str:
+    """An HBM capacity in GiB as printed: whole (80) when it is, else one decimal (131.3 for
+    the H200's 141 GB), so a total of 131.2 is never shown against a rounded-down 131."""
+    value = float(capacity_bytes) / GIB
+    return f"{value:.0f}" if abs(value - round(value)) < 0.05 else f"{value:.1f}"
+
+
 def search_table(result: SearchResult, top: int, gpus_searched: bool = False) -> None:
     """The ranked table (``top`` rows) and its explanation; ``gpus_searched`` (--max-gpus): a
     GPUs column even when every shown layout uses the same count."""
@@ -84,7 +91,7 @@ def search_table(result: SearchResult, top: int, gpus_searched: bool = False) ->
             str(lay.zero_stage),
             str(lay.micro_batch_size), str(lay.vpp), lay.recompute,
             "yes" if lay.sequence_parallel else "no",
-            f"{mem['total'][i] / GIB:.1f}/{mem['capacity'][i] / GIB:.0f} GiB",
+            f"{mem['total'][i] / GIB:.1f}/{gib(mem['capacity'][i])} GiB",
             _seconds(est.time["step"][i]), f"{est.throughput['tokens_per_s'][i]:,.0f}",
             f"{est.throughput['model_tflops_per_gpu'][i]:.0f}",
             f"{est.throughput['mfu'][i] * 100:.1f}%",
@@ -139,6 +146,10 @@ def explain(result: SearchResult) -> str:
             lines.append(f"Runner-up ({differs}) is {(step[1] / step[0] - 1) * 100:.2f}% slower: "
                          f"{worse}.")
     pruned = "; ".join(f"{v:,} by '{k}'" for k, v in result.pruned.items() if v)
+    capacity = float(est.memory["capacity"][0])
+    if 0 < result.usable < capacity:  # --min-memory-headroom in effect
+        pruned += (f" (fit = within {result.usable / GIB:.1f} of the {gib(capacity)} GiB, "
+                   f"leaving the --min-memory-headroom free)")
     lines.append(f"Searched {result.enumerated:,} layouts, {result.fitting:,} fit. Pruned: {pruned or 'none'}.")
     return "\n".join(lines)
 
@@ -157,7 +168,7 @@ def estimate_report(est: Estimate) -> None:
         t.add_row(k, f"{mem[k] / GIB:.2f}", f"{mem[k] / mem['total'] * 100:.1f}%")
     verdict = "fits" if mem["fits"] else "[bold red]DOES NOT FIT[/]"
     t.add_row("[bold]total[/]", f"[bold]{mem['total'] / GIB:.2f}[/]",
-              f"of {mem['capacity'] / GIB:.0f} GiB: {verdict}")
+              f"of {gib(mem['capacity'])} GiB: {verdict}")
     out.print(t)
     tm = d["time"]
     t = Table(title="Step time", show_edge=False, header_style="bold")

@@ -7,7 +7,7 @@ from __future__ import annotations
 from rich.table import Table
 
 from . import explain
-from .report import GIB, TIME_LABELS, _seconds, err, out
+from .report import GIB, TIME_LABELS, _seconds, err, gib, out
 
 BAR_WIDTH = 40
 MEMORY_LABELS = {"weights": "weights", "gradients": "gradients", "optimizer": "optimizer states",
@@ -48,7 +48,7 @@ def breakdown_report(result) -> None:
     rows = [(MEMORY_LABELS[t], v, f"{v / GIB:.1f} GiB") for t, v in mem]
     rows.append(("free", max(cap - float(est.memory["total"][0]), 0.0),
                  f"{max(cap - float(est.memory['total'][0]), 0.0) / GIB:.1f} GiB"))
-    out.print(_bars(f"Winner's memory per GPU (of {cap / GIB:.0f} GiB)", rows, cap))
+    out.print(_bars(f"Winner's memory per GPU (of {gib(cap)} GiB)", rows, cap))
 
 
 def _delta_text(deltas: list[tuple[str, float]], limit: int = 3) -> str:

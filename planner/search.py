@@ -81,8 +81,9 @@ class SearchOptions:
 class SearchResult:
     """Fitting layouts ranked best first (the best ``keep``), and what was pruned.
 
-    ``pruned``: rule -> count, in the order applied; ``enumerated``: layouts in the space (all
-    evaluated by the cost model, the invalid ones masked); ``fitting``: valid layouts that fit.
+    ``pruned``: rule -> count, in the order applied; ``enumerated``: layouts in the space (each
+    checked by the rules, the valid ones for memory, the fitting ones scored); ``fitting``: valid
+    layouts that fit within ``usable`` bytes per GPU (the HBM less any --min-memory-headroom).
     """
 
     ranked: Estimate
@@ -92,6 +93,7 @@ class SearchResult:
     fitting: int = 0
     objective: str = "throughput"
     seconds: float = 0.0
+    usable: float = 0.0
 
 
 def _axis(values: np.ndarray, pin: int | None, upper: int | None = None) -> np.ndarray:
@@ -319,7 +321,7 @@ def search(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: 
     order = np.lexsort((est.memory["total"], cand.zero_stage, -score))
     return SearchResult(ranked=est.take(order), enumerated=grid.size, pruned=passed.pruned,
                         fitting=passed.fitting, objective=opts.objective,
-                        seconds=time.perf_counter() - started)
+                        seconds=time.perf_counter() - started, usable=usable)
 
 
 def _no_split_message(model: ModelSpec, hw: HardwareProfile, gpus: int, opts: SearchOptions) -> str:

@@ -8,6 +8,7 @@ verdict is one of: ``invalid`` (the rules it breaks, each named as the search na
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -15,7 +16,7 @@ import numpy as np
 from .cost import Estimate
 from .errors import NoFitError, UsageError
 from .explain import term_deltas
-from .search import SearchOptions, build_grid, search
+from .search import MAX_GPUS, SearchOptions, build_grid, search
 from .space import constraint_masks
 from .specs import RECOMPUTE_CODES, HardwareProfile, ModelSpec, TrainingSpec
 
@@ -35,7 +36,8 @@ def parse_layout(text: str) -> dict[str, object]:
     (micro_batch_size), vpp, recompute (none/selective/full), sp (sequence_parallel: 1/0).
     """
     pins: dict[str, object] = {}
-    for part in filter(None, (p.strip() for p in text.replace(" ", ",").split(","))):
+    spaced = re.sub(r"\s*=\s*", "=", text.strip())  # "tp = 8" reads as "tp=8"
+    for part in filter(None, (p.strip() for p in spaced.replace(" ", ",").split(","))):
         key, sep, value = part.partition("=")
         key, value = key.strip().lower(), value.strip().lower()
         if not sep or key not in _KEYS or not value:
@@ -57,6 +59,9 @@ def parse_layout(text: str) -> dict[str, object]:
         else:
             if not value.isdigit() or int(value) <= 0 and name != "zero_stage":
                 raise UsageError(f"--why-not: {key} must be a positive integer, got {value!r}")
+            if int(value) > MAX_GPUS:
+                raise UsageError(f"--why-not: {key} {int(value):,} is beyond what plan3d models "
+                                 f"(at most {MAX_GPUS:,})")
             pins[name] = int(value)
             if name == "zero_stage" and pins[name] > 3:
                 raise UsageError(f"--why-not: zero must be 0, 1, 2 or 3, got {value!r}")

@@ -104,10 +104,34 @@ def _require(value, flag: str):
     return value
 
 
+MAX_INT_OPTION = 1_000_000  # no size, degree or count plan3d models is larger (search.MAX_GPUS)
+
+
 def _check_positive(**values) -> None:
+    """UsageError unless each given value is a positive, finite number; integers at most
+    MAX_INT_OPTION (a larger one would overflow the cost model's int64 arrays)."""
+    import math
     for name, value in values.items():
-        if value is not None and value <= 0:
-            raise UsageError(f"--{name.replace('_', '-')} must be positive, got {value}")
+        if value is None:
+            continue
+        flag = f"--{name.replace('_', '-')}"
+        if isinstance(value, float) and not math.isfinite(value):
+            raise UsageError(f"{flag} must be a finite number, got {value}")
+        if value <= 0:
+            raise UsageError(f"{flag} must be positive, got {value}")
+        if isinstance(value, int) and value > MAX_INT_OPTION:
+            raise UsageError(f"{flag} {value:,} is beyond what plan3d models (at most {MAX_INT_OPTION:,})")
+
+
+def _check_count(**values) -> None:
+    """UsageError unless each given integer is in 0..MAX_INT_OPTION (0 allowed: e.g. the
+    even-split default of --first-stage-layers)."""
+    for name, value in values.items():
+        flag = f"--{name.replace('_', '-')}"
+        if value is not None and value < 0:
+            raise UsageError(f"{flag} must be 0 or more, got {value}")
+        if value is not None and value > MAX_INT_OPTION:
+            raise UsageError(f"{flag} {value:,} is beyond what plan3d models (at most {MAX_INT_OPTION:,})")
 
 
 def main() -> None:

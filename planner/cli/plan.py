@@ -9,8 +9,8 @@ import typer
 
 from .. import catalog, report
 from ..errors import UsageError
-from .app import (GBS, GPUS, HARDWARE, HEADROOM, JSON, MODEL, SEQ, RecomputeChoice, _check_positive,
-                  _require, _training, app, handle_errors)
+from .app import (GBS, GPUS, HARDWARE, HEADROOM, JSON, MODEL, SEQ, RecomputeChoice, _check_count,
+                  _check_positive, _require, _training, app, handle_errors)
 
 
 @app.command()
@@ -66,6 +66,10 @@ def search(
                     price_per_gpu_hour=price_per_gpu_hour, tokens=tokens)
     if zero_stage is not None and zero_stage not in (0, 1, 2, 3):
         raise UsageError(f"--zero-stage must be 0, 1, 2 or 3, got {zero_stage}")
+    if export is not None and why_not is not None:
+        raise UsageError("--export writes the search's best plan and --why-not judges your "
+                         "layout instead: use one at a time (to export your layout, pin it, e.g. "
+                         "--tp 8 --pp 8 --export plan.yaml)")
     if export is not None:
         check_destination(export, force)
     from ..objective import check_headroom
@@ -194,6 +198,7 @@ def estimate(
     else:
         # Checked as given, before the defaults: `--tp 0` is an error, not tp=1.
         _check_positive(tp=tp, pp=pp, dp=dp, cp=cp, micro_batch_size=micro_batch_size, vpp=vpp)
+        _check_count(first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers)
         if zero_stage is not None and zero_stage not in (0, 1, 2, 3):
             raise UsageError(f"--zero-stage must be 0, 1, 2 or 3, got {zero_stage}")
         if distributed_optimizer and zero_stage:
