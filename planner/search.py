@@ -14,21 +14,19 @@ from typing import Any
 import numpy as np
 
 from . import objective
-from .cost import Estimate, evaluate, memory_total
+from .cost import Estimate, evaluate
 from .cost.pipeline import uneven_split
 from .errors import NoFitError, UsageError
-from .grid import Grid, full, parallel_splits
+from .grid import Grid, parallel_splits
+from .scan import CHUNK, FIT_RULE, FLAT_COST, Scan, scan  # noqa: F401 (re-exported)
 from .space import Candidates, constraint_masks, divisors
 from .specs import RECOMPUTE_CODES, HardwareProfile, Layout, ModelSpec, TrainingSpec
 
 MAX_GPUS = 1_000_000
-FIT_RULE = "does not fit in HBM"
 TP_RULE = "tp within a node (NVLink domain)"  # the name space.constraint_masks gives the rule
 CROSS_NODE_HINT = "pass --allow-cross-node-tp to let tp span nodes"
 
 
-CHUNK = 65_536  # layouts per evaluated block: big enough for numpy, small enough for the cache
-FLAT_COST = 8  # one layout evaluated as flat arrays costs about this many grid layouts (measured)
 KEEP = 256  # fitting layouts kept, best first, for the tables, the runner-up and exports
 
 
@@ -163,114 +161,6 @@ def check_inputs(gpus: int, hw: HardwareProfile, flag: str = "--gpus") -> None:
     if gpus > g and gpus % g:
         raise UsageError(f"{flag} {gpus} is not a whole number of {g}-GPU nodes of {hw.name}; "
                          f"use a multiple of {g}")
-
-
-@dataclass
-class Scan:
-    """What one pass over a grid keeps: counts per rule, the best ``keep`` of each block (score
-    and flat index into the grid), and the closest miss when nothing fits."""
-
-    pruned: dict[str, int] = field(default_factory=dict)
-    alive_after: dict[str, int] = field(default_factory=dict)
-    pool_score: list = field(default_factory=list)
-    pool_index: list = field(default_factory=list)
-    miss_index: int = -1
-    miss_over: float = np.inf
-    fitting: int = 0
-
-    def fit(self, total: np.ndarray, usable: float, base: int, n_alive: int,
-            alive: np.ndarray | None = None, index: np.ndarray | None = None) -> np.ndarray:
-        """Record the fit test of ``n_alive`` valid layouts: ``total`` = their memory in bytes,
-        either a whole block in flat (C) order starting at grid index ``base`` with the ``alive``
-        mask of the rules, or the layouts at flat grid ``index``. Returns the grid indices that
-        fit (ascending) and keeps the closest miss."""
-        fits = total <= usable
-        if alive is not None:
-            fits &= alive
-        ok = np.flatnonzero(fits)
-        ok = ok + base if index is None else index[ok]
-        self.fitting += ok.size
-        self.pruned[FIT_RULE] = self.pruned.get(FIT_RULE, 0) + n_alive - ok.size
-        if ok.size == 0:
-            over = total - usable if alive is None else np.where(alive, total - usable, np.inf)
-            j = int(np.argmin(over))
-            if over[j] < self.miss_over:
-                at = base + j if index is None else int(index[j])
-                self.miss_over, self.miss_index = float(over[j]), at
-        return ok
-
-    def keep(self, score: np.ndarray, index: np.ndarray, keep: int) -> None:
-        """Keep the best ``keep`` of these scored layouts (flat grid indices)."""
-        k = min(keep, score.size)
-        if k:
-            best = np.argpartition(score, score.size - k)[score.size - k:]
-            self.pool_score.append(score[best])
-            self.pool_index.append(index[best])
-
-
-def _batches(parts: list[np.ndarray], size: int):
-    """The concatenated flat indices of ``parts`` in slices of at most ``size``."""
-    if parts:
-        flat = np.concatenate(parts)
-        for lo in range(0, flat.size, size):
-            yield flat[lo:lo + size]
-
-
-def scan(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, grid: Grid,
-         opts: SearchOptions, usable: float, tokens: float | None) -> Scan:
-    """Evaluate ``grid`` in blocks of about CHUNK layouts: rules, fit within ``usable`` bytes,
-    score by the objective, keep the best. Cost grows linearly with grid.size.
-
-    Every layout goes through the rules (boolean masks on the broadcast block). Memory and then
-    step time are computed on the whole broadcast block where many layouts are still in, or
-    else gathered as flat arrays of just those layouts, batched across blocks (a flat layout
-    costs about FLAT_COST grid layouts, plus a fixed cost per call). Both give the same values
-    (tests/test_search_scale.py)."""
-    out = Scan()
-    pruned, alive_after = out.pruned, out.alive_after
-    per_row = grid.size // max(grid.shape[0], 1)
-    rows = grid.rows_per_chunk(CHUNK)
-    sparse_alive: list[np.ndarray] = []  # valid layouts of sparse blocks: memory as flat arrays
-    sparse_fit: list[np.ndarray] = []  # fitting layouts of sparse blocks: step time as flat arrays
-
-    def score(est: Estimate, c: Candidates) -> np.ndarray:
-        return objective.score(opts.objective, est.throughput["tokens_per_s"],
-                               c.tp * c.cp * c.pp * c.dp, tokens, opts.price_per_gpu_hour)
-
-    for lo in range(0, grid.shape[0], rows):
-        hi = min(lo + rows, grid.shape[0])
-        shape = (hi - lo, *grid.shape[1:])
-        c = grid.candidates(lo, hi)
-        alive = np.ones(shape, dtype=bool)
-        n_alive = alive.size
-        for rule, ok in constraint_masks(model, training, hw.gpus_per_node, c,
-                                         opts.allow_cross_node_tp).items():
-            alive &= ok
-            left = int(np.count_nonzero(alive))
-            pruned[rule] = pruned.get(rule, 0) + n_alive - left
-            alive_after[rule] = alive_after.get(rule, 0) + left
-            n_alive = left
-        if n_alive == 0:
-            continue
-        base = lo * per_row
-        if n_alive * FLAT_COST < alive.size:
-            sparse_alive.append(np.flatnonzero(alive) + base)
-            continue
-        total = full(memory_total(model, hw, training, c), shape).ravel()
-        index = out.fit(total, usable, base, n_alive, alive=alive.ravel())
-        if index.size * FLAT_COST < alive.size:
-            sparse_fit.append(index)
-        elif index.size:
-            est = evaluate(model, hw, training, c, summary=True)
-            out.keep(np.broadcast_to(score(est, c), shape).ravel()[index - base], index, opts.keep)
-    for index in _batches(sparse_alive, CHUNK):
-        total = memory_total(model, hw, training, grid.flat(index))
-        sparse_fit.append(out.fit(total, usable, 0, index.size, index=index))
-    for index in _batches(sparse_fit, CHUNK):
-        fit = grid.flat(index)
-        out.keep(score(evaluate(model, hw, training, fit, summary=True), fit), index, opts.keep)
-    pruned.setdefault(FIT_RULE, 0)
-    return out
 
 
 def search(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: int | None,

@@ -67,10 +67,10 @@ def test_search_winner_equals_brute_force(gpt3_h100, gpt3_512):
 @pytest.mark.parametrize("flat_cost", [0, 10**9])
 def test_scan_paths_give_the_same_ranking(gpt3_h100, gpt3_512, monkeypatch, flat_cost):
     # The scan evaluates memory and step time on the broadcast block or, when few layouts are
-    # left, on flat arrays of just those (search.FLAT_COST picks). Forcing every block down one
+    # left, on flat arrays of just those (scan.FLAT_COST picks). Forcing every block down one
     # path (0: always flat arrays, 10**9: always the grid) must not change what is found.
-    import planner.search as search_module
-    monkeypatch.setattr(search_module, "FLAT_COST", flat_cost)
+    import planner.scan as scan_module
+    monkeypatch.setattr(scan_module, "FLAT_COST", flat_cost)
     m, hw, tr = gpt3_h100
     forced = search(m, hw, tr, 512)
     assert forced.fitting == gpt3_512.fitting == 42_355
@@ -82,12 +82,12 @@ def test_scan_paths_give_the_same_ranking(gpt3_h100, gpt3_512, monkeypatch, flat
 
 def test_scan_paths_name_the_same_closest_miss(gpt3_h100, monkeypatch):
     # GPT-3 175B on one node fits nowhere; the closest miss must not depend on the scan path.
-    import planner.search as search_module
+    import planner.scan as scan_module
     from planner.errors import NoFitError
     m, hw, tr = gpt3_h100
     messages = set()
     for flat_cost in (0, 10**9):
-        monkeypatch.setattr(search_module, "FLAT_COST", flat_cost)
+        monkeypatch.setattr(scan_module, "FLAT_COST", flat_cost)
         with pytest.raises(NoFitError) as err:
             search(m, hw, tr, 8)
         messages.add(str(err.value))
