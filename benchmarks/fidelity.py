@@ -1,9 +1,9 @@
 """Fidelity benchmark: plan3d's predictions vs published, measured training runs.
 
-Usage:  python benchmarks/fidelity.py [RUNS.yaml] [--out TABLE.md]
+Usage:  python benchmarks/fidelity.py [RUNS.yaml] [--out TABLE.md [--force]]
 
 Writes a Markdown table (run by run: measured, predicted, error; then mean and max |error| per
-source) to --out (default: stdout). tests/test_fidelity.py runs it on the shipped dataset
+source) to --out (default: stdout; an existing file only with --force). tests/test_fidelity.py runs it on the shipped dataset
 (benchmarks/published_runs.yaml) with the issue's accuracy targets as thresholds, so CI fails on
 an accuracy regression. Same numbers as `plan3d accuracy`; this script only formats them.
 """
@@ -15,6 +15,8 @@ import math
 import sys
 from pathlib import Path
 
+from planner.errors import UsageError
+from planner.export import check_destination
 from planner.fidelity.compare import Comparison, compare_all, summarize
 from planner.fidelity.runs import RunCase, load_runs
 
@@ -65,15 +67,27 @@ def markdown(cases: list[RunCase], comparisons: list[Comparison], summary: dict)
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Exit 0 with the table written; bad input (unreadable runs file, --out in a missing
+    directory or an existing file without --force) is one line on stderr and exit 2."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="?", type=Path, help="runs YAML (default: the shipped dataset)")
     parser.add_argument("--out", type=Path, help="write the Markdown table here (default: stdout)")
+    parser.add_argument("--force", action="store_true", help="overwrite an existing --out file")
     args = parser.parse_args(argv)
-    text = markdown(*run(args.runs))
-    if args.out:
-        args.out.write_text(text, encoding="utf-8")
-    else:
-        sys.stdout.write(text)
+    try:
+        if args.out:  # before the (slow) comparison, so a bad destination fails at once
+            check_destination(args.out, args.force, "--out", "fidelity.md")
+        text = markdown(*run(args.runs))
+        if args.out:
+            try:
+                args.out.write_text(text, encoding="utf-8")
+            except OSError as exc:
+                raise UsageError(f"cannot write {args.out}: {exc.strerror or exc}") from None
+        else:
+            sys.stdout.write(text)
+    except UsageError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return exc.exit_code
     return 0
 
 

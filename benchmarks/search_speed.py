@@ -116,10 +116,13 @@ def command_time(repeat: int) -> tuple[tuple[float, float], tuple[float, float]]
     return whole, imp
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeat", type=int, default=5)
-    args = parser.parse_args()
+    parser.add_argument("--repeat", type=int, default=5,
+                        help="timed runs per case after one warm-up (>= 1); the minimum is reported")
+    args = parser.parse_args(argv)
+    if args.repeat < 1:  # the minimum over zero runs does not exist
+        parser.error(f"--repeat must be >= 1, got {args.repeat}")
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, {platform.python_implementation()} "
           f"{platform.python_version()}, numpy {np.__version__}, "
           f"load average {os.getloadavg()[0]:.1f} at start")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from fnmatch import fnmatch
 from pathlib import Path
 from typing import Optional
 
@@ -70,17 +71,28 @@ def calibrate(
     min_trust: Optional[str] = typer.Option(None, "--min-trust", help="Fit only on runs whose notes tag trust as at least this: high, medium or low."),
 ) -> None:
     """Fit a hardware profile's efficiency factors to measured runs; write a new profile."""
-    from ..fidelity.calibrate import fit, source_text, with_factors
+    from ..export import check_destination
+    from ..fidelity.calibrate import FACTORS, fit, partition, source_text, with_factors
     from ..fidelity.profile_io import write_profile
-    from ..fidelity.render import calibration_report
+    from ..fidelity.render import calibration_notes, calibration_report
     from ..fidelity.runs import load_runs, select_runs
-    if output.exists() and not force:
-        raise UsageError(f"{output} exists; pass --force to overwrite it")
+    check_destination(output, force, "--output", "my-profile.yaml")
     hw = catalog.resolve_hardware(hardware)
-    cases = select_runs(load_runs(runs), exclude, min_trust)
+    loaded = load_runs(runs)
+    cases = select_runs(loaded, exclude, min_trust)
     for c in cases:  # runs on the profile's GPU are predicted with the profile being fitted
         if c.skipped is None and c.hardware is not None and c.hardware.gpu.name == hw.gpu.name:
             c.hardware = hw
+    used, unused = partition(cases, hw)
+    kept = {c.id for c in cases}
+    for c in loaded:
+        if c.id not in kept:
+            unused[c.id] = "excluded by --exclude" if any(fnmatch(c.id, p) for p in exclude) else \
+                f"excluded by --min-trust {min_trust} (trust: {c.trust})"
+    calibration_notes(unused, len(used), len(FACTORS), hw.name)
+    if not used:
+        why = "after --exclude/--min-trust" if len(kept) < len(loaded) else "to calibrate on"
+        raise UsageError(f"no usable measured run on hardware {hw.name} {why}")
     with report.err.status("Fitting efficiency factors...", spinner="dots"):
         result = fit(cases, hw, leave_one_out=loo)
     fitted = with_factors(hw, result.factors, source_text(result, runs.name))

@@ -84,9 +84,27 @@ def _log_time_ratio(c: Comparison) -> float:
 
 def usable(cases: list[RunCase], hw: HardwareProfile) -> list[RunCase]:
     """The non-skipped runs on hardware ``hw.name`` that have a headline figure."""
-    keep = [c for c in cases if c.skipped is None and c.hardware is not None
-            and c.hardware.name == hw.name]
-    return [c for c in keep if compare(c, hw).primary is not None]
+    return partition(cases, hw)[0]
+
+
+def partition(cases: list[RunCase], hw: HardwareProfile) -> tuple[list[RunCase], dict[str, str]]:
+    """(runs a fit of ``hw`` uses, {id: why not} for the others): skipped by the loader, on
+    another hardware profile, or with no headline figure (PRIMARY_ORDER of compare.py: iteration
+    time, TFLOP/s or MFU under a known FLOP convention, tokens/s)."""
+    keep, unused = [], {}
+    for c in cases:
+        if c.skipped is not None:
+            unused[c.id] = f"not comparable ({c.skipped})"
+        elif c.hardware is None or c.hardware.name != hw.name:
+            unused[c.id] = f"other hardware ({c.hardware.name if c.hardware else 'none'})"
+        elif compare(c, hw).primary is not None:
+            keep.append(c)
+        elif c.convention == "none" and {"flops_per_gpu", "mfu", "hfu"} & set(c.measured):
+            unused[c.id] = ("no headline figure: TFLOP/s/MFU/HFU without a FLOP convention "
+                            "(tag the notes [flops=narayanan|korthikanti|mosaic])")
+        else:
+            unused[c.id] = "no headline figure (iteration time, tokens/s, TFLOP/s or MFU)"
+    return keep, unused
 
 
 def _solve(cases: list[RunCase], hw: HardwareProfile, x0: np.ndarray, prior: np.ndarray,

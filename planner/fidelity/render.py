@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import math
 
+from rich.markup import escape
 from rich.table import Table
 
-from ..report import out
+from ..report import err, out
 from .calibrate import FitResult
 from .compare import Comparison
 from .runs import RunCase
@@ -69,7 +70,7 @@ def accuracy_tables(comparisons: list[Comparison], skipped: list[RunCase], summa
                f"{_fmt('peak_memory', c.predicted['peak_memory'])} ({_pct(c.error['peak_memory'])})"
                if "peak_memory" in c.error else "")
         fit = "" if c.fits else " [red]no fit[/]"
-        table.add_row(c.case.id + ("*" if c.case.assumptions else ""), layout, LABELS.get(key, key),
+        table.add_row(escape(c.case.id) + ("*" if c.case.assumptions else ""), layout, LABELS.get(key, key),
                       _fmt(key, c.measured[key]) if key else "", _fmt(key, c.predicted[key]) if key else "",
                       _pct(c.primary_error) + fit, mfu, mem)
     out.print(table)
@@ -80,11 +81,11 @@ def accuracy_tables(comparisons: list[Comparison], skipped: list[RunCase], summa
             counts[a] = counts.get(a, 0) + 1
     if counts:
         out.print("[bold]Defaults assumed[/] (rules: planner/fidelity/runs.py; per run: --json): " +
-                  ", ".join(f"{a} ({n} runs)" for a, n in counts.items()), soft_wrap=True)
+                  escape(", ".join(f"{a} ({n} runs)" for a, n in counts.items())), soft_wrap=True)
     if skipped:
         out.print("[bold]Skipped[/]")
         for s in skipped:
-            out.print(f"  {s.id}: {s.skipped}", soft_wrap=True)
+            out.print(f"  {s.id}: {s.skipped}", soft_wrap=True, markup=False)
 
 
 def summary_table(summary: dict) -> None:
@@ -94,7 +95,7 @@ def summary_table(summary: dict) -> None:
     for name, row in summary.items():
         mem = (f"{_pct(row['memory_mean_abs_error'])[1:]} / {_pct(row['memory_max_abs_error'])[1:]}"
                if "memory_mean_abs_error" in row else "")
-        table.add_row(name, str(int(row["runs"])), LABELS.get(row["metric"], row["metric"]),
+        table.add_row(escape(name), str(int(row["runs"])), LABELS.get(row["metric"], row["metric"]),
                       _pct(row["mean_abs_error"])[1:], _pct(row["max_abs_error"])[1:], mem,
                       str(int(row["predicted_not_to_fit"])))
     out.print(table)
@@ -103,12 +104,12 @@ def summary_table(summary: dict) -> None:
 def calibration_report(result: FitResult, hw_name: str, path: str, loo: bool = True) -> None:
     """Per-run fit errors (and leave-one-out errors unless ``loo`` is False: then the column is
     left out), the factors and the summary lines."""
-    table = Table(show_edge=False, header_style="bold", title=f"Calibration of {hw_name}")
+    table = Table(show_edge=False, header_style="bold", title=f"Calibration of {escape(hw_name)}")
     cols = ("run", "fit error") + (("leave-one-out error",) if loo else ())
     for col in cols:
         table.add_column(col, justify="left" if col == "run" else "right")
     for rid in result.runs:
-        cells = (rid, _pct(result.fit_errors[rid])) + ((_pct(result.loo_errors.get(rid)),) if loo else ())
+        cells = (escape(rid), _pct(result.fit_errors[rid])) + ((_pct(result.loo_errors.get(rid)),) if loo else ())
         table.add_row(*cells)
     out.print(table)
     out.print("Factors: " + ", ".join(f"{k} {v:.4g}" for k, v in result.factors.items()))
@@ -117,4 +118,20 @@ def calibration_report(result: FitResult, hw_name: str, path: str, loo: bool = T
     if result.loo_errors:
         lmean, lworst = result.loo_stats
         out.print(f"Leave-one-out: mean |err| {100 * lmean:.1f}%, max {100 * lworst:.1f}%")
-    out.print(f"Wrote {path}")
+    out.print(f"Wrote {path}", markup=False)
+
+
+def calibration_notes(unused: dict[str, str], used: int, factors: int, hw_name: str) -> None:
+    """On stderr: the runs a calibration leaves out, one line per reason, and a warning when
+    fewer runs than factors are fitted (the priors then decide most factors)."""
+    by_reason: dict[str, list[str]] = {}
+    for rid, reason in unused.items():
+        by_reason.setdefault(reason, []).append(rid)
+    if by_reason:
+        err.print(f"note: {used} of {used + len(unused)} runs usable to calibrate {hw_name}; not used:",
+                  markup=False, soft_wrap=True)
+        for reason, ids in by_reason.items():
+            err.print(f"  {reason}: {', '.join(ids)}", markup=False, soft_wrap=True)
+    if 0 < used < factors:
+        err.print(f"warning: {used} run{'s' if used != 1 else ''} for {factors} factors: the priors "
+                  "hold most of them; treat the fit as weak", markup=False, soft_wrap=True)

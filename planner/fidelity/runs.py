@@ -59,6 +59,7 @@ from pathlib import Path
 from ..catalog import read_yaml, resolve_hardware, validate
 from ..errors import UsageError
 from ..specs import HardwareProfile, Layout, ModelSpec, TrainingDefaults, TrainingSpec
+from .schema import check_fields, notes_tags
 
 REPO_DATASET = Path(__file__).resolve().parents[2] / "benchmarks" / "published_runs.yaml"
 WHEEL_DATASET = Path(__file__).resolve().parents[1] / "_catalog" / "published_runs.yaml"
@@ -77,10 +78,8 @@ GROUPS: tuple[tuple[str, str, str], ...] = (
     ("palm-", "PaLM", "palm"),
     ("gopher-", "Gopher", "palm"),
 )
-FLOPS_TAG = re.compile(r"\[flops=(narayanan|korthikanti|mosaic)\]")
 # DeepSpeed <= 0.4.0 ZeRO-3 parameter traffic per GPU, bytes/s (module docstring: issue #1174).
 DEEPSPEED_2021_ZERO3_THROUGHPUT = 5.1e9 * 2 * 7 / 8 / 0.42
-MEMORY_TAG = re.compile(r"\[memory=(GiB|GB)\]")
 # Sources whose peak-memory "GB" is Megatron-LM's binary unit (see the module docstring).
 MEMORY_GIB_PREFIXES = ("vocabpar-",)
 
@@ -120,9 +119,14 @@ def load_runs(path: Path | None = None) -> list[RunCase]:
     if not isinstance(rows, list) or not rows:
         raise UsageError(f"{path}: expected a non-empty list of runs")
     cases = []
+    seen: dict[str, int] = {}
     for i, row in enumerate(rows):
         if not isinstance(row, dict) or not isinstance(row.get("id"), str):
             raise UsageError(f"{path}: entry {i + 1} has no 'id'")
+        if row["id"] in seen:
+            raise UsageError(f"{path}: duplicate run id {row['id']!r} (entries {seen[row['id']]} "
+                             f"and {i + 1}); ids must be unique")
+        seen[row["id"]] = i + 1
         try:
             cases.append(_case(row))
         except KeyError as exc:
@@ -148,12 +152,11 @@ def select_runs(cases: list[RunCase], exclude: list[str] | None = None,
             and (floor < 0 or (c.trust in TRUST_LEVELS and TRUST_LEVELS.index(c.trust) >= floor))]
 
 
-def _group(row: dict) -> tuple[str, str]:
+def _group(row: dict, tags: dict[str, str]) -> tuple[str, str]:
     for prefix, group, convention in GROUPS:
         if row["id"].startswith(prefix):
             return group, convention
-    tag = FLOPS_TAG.search(str(row.get("notes") or ""))
-    return str(row.get("source") or "user runs").split(",")[0][:60], tag.group(1) if tag else "none"
+    return str(row.get("source") or "user runs").split(",")[0][:60], tags.get("flops", "none")
 
 
 MEASURED_SCALE = {"tflops_per_gpu": 1e12, "mfu_percent": 1e-2, "hfu_percent": 1e-2,
@@ -201,7 +204,9 @@ def _year(source: str) -> int | None:
 
 
 def _case(row: dict) -> RunCase:
-    group, convention = _group(row)
+    check_fields(row)
+    tags = notes_tags(str(row.get("notes") or ""))
+    group, convention = _group(row, tags)
     for key in ("hardware", "model", "layout"):
         if not isinstance(row.get(key), dict):
             raise UsageError(f"missing field '{key}'" if row.get(key) is None else
@@ -211,8 +216,8 @@ def _case(row: dict) -> RunCase:
     case = RunCase(id=row["id"], group=group, convention=convention, source=source,
                    gpus=int(hw_row.get("gpus") or 0), measured=_measured(row.get("measured")))
     if "peak_memory" in case.measured:
-        tag = MEMORY_TAG.search(notes_text)
-        binary = tag.group(1) == "GiB" if tag else row["id"].startswith(MEMORY_GIB_PREFIXES)
+        tag = tags.get("memory")
+        binary = tag == "GiB" if tag else row["id"].startswith(MEMORY_GIB_PREFIXES)
         if binary:
             case.measured["peak_memory"] *= 2**30 / 1e9
             if not tag:
