@@ -57,12 +57,12 @@ def test_accuracy_prints_hints_ids_and_sources_literally(tmp_path):
     mfu_only = _row("mfu-only", mfu_percent=51.4)
     timed = _row("run-x", iteration_s=13.75)
     timed["source"] = "[italic]Lab[/italic], 2024"
-    tpu = _row("tpu[bold]run", iteration_s=13.75)  # skipped (TPU): its id printed with the reason
+    tpu = _row("tpu-run", iteration_s=13.75)  # skipped (TPU): printed with its reason
     tpu["hardware"]["gpu"] = "TPU v4 [pod]"
     result = CliRunner().invoke(app, ["accuracy", str(_write(tmp_path, [mfu_only, timed, tpu]))])
     assert result.exit_code == 0, result.output
     assert "(tag the notes [flops=narayanan|korthikanti|mosaic])" in result.stdout
-    assert "tpu[bold]run: hardware not modelled by plan3d (TPU v4 [pod])" in result.stdout
+    assert "tpu-run: hardware not modelled by plan3d (TPU v4 [pod])" in result.stdout
     assert "[italic]Lab[/italic]" in result.stdout  # the source group, in the summary
 
 
@@ -206,3 +206,28 @@ def test_fidelity_script_out_needs_a_directory_and_force(tmp_path, capsys):
     assert mine.read_text() == "my notes\n"  # untouched
     assert module.main([runs, "--out", str(mine), "--force"]) == 0
     assert "| my-run | s/iter | 13.75 |" in mine.read_text()
+
+
+def test_trust_tag_values_are_checked_and_flops_tag_beats_the_prefix(tmp_path):
+    # [trust=hgih] used to read as "unknown", so --min-trust silently dropped the run; a
+    # [flops=...] tag on an id with a shipped prefix used to be overridden by the prefix.
+    rows = yaml.safe_load(SHIPPED.read_text())
+    row = next(r for r in rows if r["id"] == "korthikanti22-175b-selective-sp")
+    bad = dict(row, id="mine", source="Mine, 2024", notes="[trust=hgih]")
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump([bad]))
+    with pytest.raises(UsageError, match=r"unknown notes tag \[trust=hgih\]"):
+        load_runs(path)
+    tagged = dict(row, id="mosaic-mine", notes="[trust=high] [flops=korthikanti]")
+    path.write_text(yaml.safe_dump([tagged]))
+    case = load_runs(path)[0]
+    assert case.convention == "korthikanti" and case.trust == "high"
+
+
+def test_run_id_must_be_usable_as_a_name(tmp_path):
+    rows = yaml.safe_load(SHIPPED.read_text())
+    row = dict(rows[0], id="my run[bold]")
+    path = tmp_path / "ids.yaml"
+    path.write_text(yaml.safe_dump([row]))
+    with pytest.raises(UsageError, match=r"run id 'my run\[bold\]': use letters, digits and"):
+        load_runs(path)

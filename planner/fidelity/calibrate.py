@@ -4,8 +4,9 @@ Unknowns: the seven factors of ``Efficiency`` (matmul, matmul_half_flops, attent
 network, step_overhead), each bounded to a physically meaningful range. Residual per run: log(T_pred / T_meas),
 the log ratio of predicted to measured step time implied by the run's headline figure (iteration
 time directly; TFLOP/s, MFU and tokens/s inversely, as they are proportional to 1/T). A weak
-prior pulls each factor toward the profile's own (datasheet / micro-benchmark) value, so factors
-that the runs cannot identify stay where the sources put them:
+prior pulls each factor toward the given profile's own value (datasheet / micro-benchmark for a
+profile that was never calibrated), so factors that the runs cannot identify stay where the
+sources put them:
     minimize  sum_runs log(T_pred/T_meas)^2 + w^2 * sum_factors log(x/x0)^2,   w = PRIOR_WEIGHT.
 Solved with scipy.optimize.least_squares (trust-region reflective, bounds). Leave-one-out: refit
 without each run (warm-started at the full fit) and predict the run left out.
@@ -146,7 +147,8 @@ def source_text(result: FitResult, dataset: str) -> str:
     """The ``efficiency.source`` of a calibrated profile: what was fitted on, and how well."""
     mean, worst = result.fit_stats
     text = (f"plan3d calibrate: factors fitted (scipy least_squares, bounded, weak prior toward "
-            f"the datasheet values) to {len(result.runs)} measured runs of {dataset}: "
+            f"the factors of the --hardware profile it started from) to {len(result.runs)} "
+            f"measured runs of {dataset}: "
             f"{', '.join(result.runs)}. Fit error of the headline figure: mean |err| "
             f"{100 * mean:.1f}%, max {100 * worst:.1f}%")
     if result.loo_errors:

@@ -58,7 +58,7 @@ from pathlib import Path
 
 from ..catalog import read_yaml, resolve_hardware, validate
 from ..errors import UsageError
-from ..specs import HardwareProfile, Layout, ModelSpec, TrainingDefaults, TrainingSpec
+from ..specs import NAME_PATTERN, HardwareProfile, Layout, ModelSpec, TrainingDefaults, TrainingSpec
 from .schema import check_fields, notes_tags
 
 REPO_DATASET = Path(__file__).resolve().parents[2] / "benchmarks" / "published_runs.yaml"
@@ -123,6 +123,9 @@ def load_runs(path: Path | None = None) -> list[RunCase]:
     for i, row in enumerate(rows):
         if not isinstance(row, dict) or not isinstance(row.get("id"), str):
             raise UsageError(f"{path}: entry {i + 1} has no 'id'")
+        if not RUN_ID.fullmatch(row["id"]):
+            raise UsageError(f"{path}: run id {row['id']!r}: use letters, digits and . _ + - "
+                             "(starting with a letter or digit): the id also names the run's model")
         if row["id"] in seen:
             raise UsageError(f"{path}: duplicate run id {row['id']!r} (entries {seen[row['id']]} "
                              f"and {i + 1}); ids must be unique")
@@ -139,6 +142,7 @@ def load_runs(path: Path | None = None) -> list[RunCase]:
 
 
 TRUST_LEVELS = ("low", "medium", "high")
+RUN_ID = re.compile(NAME_PATTERN)  # ModelSpec.name's pattern: the id names the run's model
 
 
 def select_runs(cases: list[RunCase], exclude: list[str] | None = None,
@@ -153,9 +157,11 @@ def select_runs(cases: list[RunCase], exclude: list[str] | None = None,
 
 
 def _group(row: dict, tags: dict[str, str]) -> tuple[str, str]:
+    """(group shown in the report, FLOP convention): a shipped source's by id prefix, else the
+    source's first comma-separated part; a ``[flops=...]`` tag overrides the convention."""
     for prefix, group, convention in GROUPS:
         if row["id"].startswith(prefix):
-            return group, convention
+            return group, tags.get("flops", convention)
     return str(row.get("source") or "user runs").split(",")[0][:60], tags.get("flops", "none")
 
 
@@ -222,8 +228,7 @@ def _case(row: dict) -> RunCase:
             case.measured["peak_memory"] *= 2**30 / 1e9
             if not tag:
                 case.assumptions.append("memory GB = GiB (Megatron report_memory)")
-    trust = re.search(r"\[trust=(\w+)\]", notes_text)
-    case.trust = trust.group(1) if trust else "unknown"
+    case.trust = tags.get("trust", "unknown")
     profile, case.peak_key = _hardware(str(hw_row.get("gpu") or ""), case.assumptions)
     if profile is None:
         case.skipped = f"hardware not modelled by plan3d ({hw_row.get('gpu')})"

@@ -29,9 +29,11 @@ SECTION_FIELDS: dict[str, tuple[str, ...]] = {
 TAG_VALUES: dict[str, tuple[str, ...]] = {
     "flops": ("narayanan", "korthikanti", "mosaic"),
     "memory": ("GiB", "GB"),
+    "trust": ("high", "medium", "low"),
 }
-# Any "[flops=...]" / "[memory=...]" (key in any case, spaces around '=' allowed), valid or not.
-_TAG = re.compile(r"\[\s*(flops|memory)\s*=\s*([^\]]*?)\s*\]", re.IGNORECASE)
+# Any "[flops=...]" / "[memory=...]" / "[trust=...]" (key in any case, spaces around '='
+# allowed), valid or not.
+_TAG = re.compile(r"\[\s*(flops|memory|trust)\s*=\s*([^\]]*?)\s*\]", re.IGNORECASE)
 
 
 def check_fields(row: dict) -> None:
@@ -50,7 +52,8 @@ def _check(mapping: dict, accepted: tuple[str, ...], prefix: str) -> None:
 
 
 def notes_tags(notes: str) -> dict[str, str]:
-    """The ``[flops=...]`` and ``[memory=...]`` tags of a run's notes, as {"flops": "mosaic", ...}.
+    """The ``[flops=...]``, ``[memory=...]`` and ``[trust=...]`` tags of a run's notes, as
+    {"flops": "mosaic", ...}.
 
     UsageError (naming the tag) for a value not in TAG_VALUES (``[memory=MiB]``) or for two tags
     of one key with different values (``[memory=GiB]`` and ``[memory=GB]``); the same tag twice
