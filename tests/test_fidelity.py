@@ -108,7 +108,7 @@ def test_mosaic_convention_reproduces_published_mfu():
 def test_korthikanti_table4_layer_times():
     # Korthikanti 2022 Table 4 (as quoted in published_runs_SOURCES.md): one 22B layer (h 6144, a 64,
     # s 2048, b 4, t 8), forward + backward: 19.6 ms without recomputation, 27.2 ms with full
-    # recomputation, 20.3 ms with selective recomputation + SP. Predicted within 4 %.
+    # recomputation, 20.3 ms with selective recomputation + SP. Predicted within 3 % (max 2.4 %).
     import numpy as np
 
     from planner.catalog import resolve_hardware
@@ -131,7 +131,7 @@ def test_korthikanti_table4_layer_times():
         tp_f, tp_b, _ = _tp_comm(model, training, c, Links.of(hw), layer)
         extra = {"none": 0.0, "full": layer.forward + tp_f, "selective": layer.attention_forward}[recompute]
         total = float(np.asarray(layer.forward + tp_f + layer.backward + tp_b + extra)[0])
-        assert total == pytest.approx(published, rel=0.04), recompute
+        assert total == pytest.approx(published, rel=0.03), recompute
 
 
 def _errors(comparisons, prefix, key=None):
