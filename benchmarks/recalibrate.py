@@ -77,7 +77,9 @@ def _fmt(key: str, value: float) -> str:
 def _block(factors: dict[str, float], source: str) -> str:
     lines = ["efficiency:"] + [f"  {k}: {_fmt(k, factors[k])}" for k in FACTORS]
     lines.append("  source: >-")
-    lines += ["    " + line for line in textwrap.wrap(source, width=96)]
+    # no breaks inside run ids (YAML's >- folds a line break into a space)
+    lines += ["    " + line for line in textwrap.wrap(source, width=96, break_on_hyphens=False,
+                                                     break_long_words=False)]
     return "\n".join(lines) + "\n"
 
 
@@ -110,9 +112,13 @@ def _calibrated_source(name: str, result: FitResult, prior: dict[str, float], pr
 
 
 def _replace_block(path: Path, block: str) -> bool:
-    """Rewrite the efficiency block of ``path``; True if the text changed."""
+    """Rewrite the efficiency block of ``path`` (the ``efficiency:`` line and the indented lines
+    under it, up to a blank line, the next top-level key or the end of the file; the rest of the
+    file is kept byte for byte); True if the text changed. SystemExit if there is no block."""
     text = path.read_text(encoding="utf-8")
-    new = re.sub(r"^efficiency:\n(?:(?:  .*)?\n)*?(?=^\S)", block, text, count=1, flags=re.M)
+    new, found = re.subn(r"^efficiency:\n(?:  .*(?:\n|\Z))*", block, text, count=1, flags=re.M)
+    if not found:
+        raise SystemExit(f"{path}: no 'efficiency:' block to rewrite")
     if new == text:
         return False
     path.write_text(new, encoding="utf-8")

@@ -57,16 +57,19 @@ class Scan:
         if ok.size == 0:
             over = total - usable if alive is None else np.where(alive, total - usable, np.inf)
             j = int(np.argmin(over))
-            if over[j] < self.miss_over:
-                at = base + j if index is None else int(index[j])
+            at = base + j if index is None else int(index[j])
+            # the closest miss; an exact tie goes to the lower grid index, whatever the path
+            if over[j] < self.miss_over or (over[j] == self.miss_over and at < self.miss_index):
                 self.miss_over, self.miss_index = float(over[j]), at
         return ok
 
     def keep(self, score: np.ndarray, index: np.ndarray, keep: int) -> None:
-        """Keep the best ``keep`` of these scored layouts (flat grid indices)."""
+        """Keep the best ``keep`` of these scored layouts (flat grid indices) and every exact
+        tie of the ``keep``-th best, so no path through the scan drops one that another keeps."""
         k = min(keep, score.size)
         if k:
-            best = np.argpartition(score, score.size - k)[score.size - k:]
+            kth = np.partition(score, score.size - k)[score.size - k]
+            best = np.flatnonzero(score >= kth)
             self.pool_score.append(score[best])
             self.pool_index.append(index[best])
 

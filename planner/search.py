@@ -28,6 +28,7 @@ CROSS_NODE_HINT = "pass --allow-cross-node-tp to let tp span nodes"
 
 
 KEEP = 256  # fitting layouts kept, best first, for the tables, the runner-up and exports
+TIE_LIMIT = 16  # exact ties at the keep cut re-evaluated for the tie rule: at most this x keep
 
 
 @dataclass(frozen=True)
@@ -168,8 +169,8 @@ def search(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: 
     """Rank every valid layout that fits by the objective (exact ties: lower ZeRO stage, then less memory).
 
     ``gpus`` fixes the count; with ``opts.max_gpus`` (and gpus None) the count is searched too.
-    The grid is evaluated in blocks of about CHUNK layouts; each block keeps its best ``keep``,
-    which are re-evaluated as flat arrays at the end. Raises UsageError when no layout can use
+    The grid is evaluated in blocks of about CHUNK layouts; each block keeps its best ``keep``
+    (with its ties), and the best overall are re-evaluated as flat arrays at the end. Raises UsageError when no layout can use
     these GPUs/batch at all (the rule that removed the last candidates is named), NoFitError
     when valid layouts exist but none fits in HBM (with the closest miss).
     """
@@ -199,8 +200,12 @@ def search(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: 
         exc.closest, exc.usable = miss, usable  # for callers that word it their own way (whynot)
         raise exc
     scores, index = np.concatenate(passed.pool_score), np.concatenate(passed.pool_index)
-    top = np.argsort(-scores, kind="stable")[:opts.keep]
-    est = evaluate(model, hw, training, grid.flat(np.sort(index[top])))
+    # The best ``keep`` and every exact tie at the cut (the pool's order depends on the scan's
+    # path, the grid index does not), at most TIE_LIMIT x keep; the tie rule below picks.
+    order = np.lexsort((index, -scores))
+    cut = scores[order[min(opts.keep, scores.size) - 1]]
+    chosen = order[scores[order] >= cut][:TIE_LIMIT * opts.keep]
+    est = evaluate(model, hw, training, grid.flat(np.sort(index[chosen])))
     cand = est.candidates
     gpus_flat = (cand.tp * cand.cp * cand.pp * cand.dp).astype(np.float64)
     if opts.objective != "throughput" or opts.tokens is not None:  # asked for: time, cost
@@ -208,7 +213,7 @@ def search(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: 
     score = objective.score(opts.objective, est.throughput["tokens_per_s"], gpus_flat, tokens,
                             opts.price_per_gpu_hour)
     # Best first; exact ties: the lower ZeRO stage (less traffic), then less memory.
-    order = np.lexsort((est.memory["total"], cand.zero_stage, -score))
+    order = np.lexsort((est.memory["total"], cand.zero_stage, -score))[:opts.keep]
     return SearchResult(ranked=est.take(order), enumerated=grid.size, pruned=passed.pruned,
                         fitting=passed.fitting, objective=opts.objective,
                         seconds=time.perf_counter() - started, usable=usable)

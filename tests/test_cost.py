@@ -217,3 +217,16 @@ def test_implementation_bound_zero3_collectives():
     fast = slow.model_copy(update={"zero3_throughput": None})
     _, _, fwd_link, _ = _dp_times(np.array([1e9]), fast, c, Links.of(hw))
     assert fwd_link[0] == pytest.approx(1.75e9 / (300e9 * hw.efficiency.nvlink), rel=0.01)
+
+
+def test_zero1_zeroes_its_whole_gradient_buffer():
+    # ZeRO-1 / distributed optimizer: 1/dp of the parameters updated (42 B each in bf16, zeroing
+    # their 4 B grads included) but the full fp32 gradient buffer zeroed on every rank: with
+    # P = 8e9 per GPU and dp = 8, 42 * 1e9 + 4 * (8e9 - 1e9) = 70e9 B moved.
+    from planner import catalog
+    from planner.cost.compute import optimizer_time
+    hw = catalog.resolve_hardware("dgx-a100-80g")
+    bw = hw.gpu.hbm_bandwidth * hw.efficiency.hbm
+    t = optimizer_time(np.array([1e9]), hw, None, np.array([8e9]))
+    assert t[0] == pytest.approx(70e9 / bw + hw.efficiency.step_overhead)
+    assert optimizer_time(np.array([1e9]), hw)[0] == pytest.approx(42e9 / bw + hw.efficiency.step_overhead)

@@ -113,7 +113,8 @@ def test_perturbed_bubble_drifts_exactly_the_pipelined_cases(cases, shipped, mon
 def test_perturbed_optimizer_time_drifts_every_case_by_one_percent(cases, shipped, monkeypatch):
     original = compute.optimizer_time
     monkeypatch.setattr(compute, "optimizer_time",
-                        lambda p, hw, training=None: 1.01 * original(p, hw, training))
+                        lambda p, hw, training=None, buffer=None: 1.01 * original(p, hw, training,
+                                                                                  buffer))
     changes = compare(shipped, evaluate_cases(cases), rtol=1e-6)
     assert _drifted(changes) == {c.name for c in cases}
     opt = [c for c in changes if c.term == "time.optimizer"]
@@ -136,7 +137,8 @@ def test_perturbed_transient_memory_drifts_only_sp_or_zero3_layouts(cases, shipp
 def test_cli_reports_drift_as_table_and_exits_1(monkeypatch):
     original = compute.optimizer_time
     monkeypatch.setattr(compute, "optimizer_time",
-                        lambda p, hw, training=None: 1.01 * original(p, hw, training))
+                        lambda p, hw, training=None, buffer=None: 1.01 * original(p, hw, training,
+                                                                                  buffer))
     result = CliRunner().invoke(app, ["regress", str(CASES), "--baseline", str(BASELINE)])
     assert result.exit_code == 1
     assert "Predictions that moved" in result.output

@@ -129,10 +129,16 @@ def optimizer_bytes_per_param(training: TrainingSpec | None) -> float:
 
 
 def optimizer_time(params_updated: np.ndarray, hw: HardwareProfile,
-                   training: TrainingSpec | None = None) -> np.ndarray:
+                   training: TrainingSpec | None = None,
+                   grad_buffer_params: np.ndarray | None = None) -> np.ndarray:
     """Optimizer step: optimizer_bytes_per_param(training) of HBM traffic per updated
-    parameter at the achieved HBM bandwidth, plus the profile's fixed per-step overhead T_misc
-    (``efficiency.step_overhead``: data loading, logging, launch gaps; formulas.md 7.1).
-    (N,) seconds"""
-    return optimizer_bytes_per_param(training) * params_updated / \
-        (hw.gpu.hbm_bandwidth * hw.efficiency.hbm) + hw.efficiency.step_overhead
+    parameter at the achieved HBM bandwidth, plus zeroing the rest of the gradient buffer where
+    it is larger than the updated shard (``grad_buffer_params``: ZeRO-1 / the distributed
+    optimizer keep full gradients on each rank but update 1/dp of them), plus the profile's
+    fixed per-step overhead T_misc (``efficiency.step_overhead``: data loading, logging, launch
+    gaps; formulas.md 7.1). (N,) seconds"""
+    moved = optimizer_bytes_per_param(training) * params_updated
+    if grad_buffer_params is not None:
+        grad_bytes = 4.0 if training is None else float(training.grad_bytes)
+        moved = moved + grad_bytes * np.maximum(grad_buffer_params - params_updated, 0.0)
+    return moved / (hw.gpu.hbm_bandwidth * hw.efficiency.hbm) + hw.efficiency.step_overhead

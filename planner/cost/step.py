@@ -41,6 +41,10 @@ class Estimate:
 
     @property
     def fits(self) -> np.ndarray:
+        """Which layouts fit in HBM, (N,) bool. ValueError for a summary estimate (evaluate's
+        ``summary=True`` computes no memory: use memory_total)."""
+        if "total" not in self.memory:
+            raise ValueError("a summary estimate has no memory; use cost.memory_total")
         return self.memory["total"] <= self.memory["capacity"]
 
     def take(self, index: np.ndarray) -> "Estimate":
@@ -206,20 +210,24 @@ def evaluate(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c: C
     middle_total = lm * per_layer_all + shared
     extra_first = edge_first_tp + np.where(single, edge_last + edge_last_tp, 0.0)
     extra_last = edge_last + edge_last_tp
-    if split is None:
-        t_pipe, bubble = pipeline.even_pipeline_time(middle_total, extra_first, extra_last,
-                                                     c.pp, c.vpp, m)
-    else:
+    t_pipe, bubble = pipeline.even_pipeline_time(middle_total, extra_first, extra_last,
+                                                 c.pp, c.vpp, m)
+    if split is not None:  # the uneven splits by the general schedule; the even ones as above,
+        # so that a layout's numbers do not depend on what else is evaluated with it
         totals = {"first": lf * per_layer_all + shared + extra_first, "middle": middle_total,
                   "last": ll * per_layer_all + shared + extra_last}
-        t_pipe, bubble = pipeline.pipeline_time(totals["first"], totals["middle"], totals["last"],
-                                                c.pp, c.vpp, m)
+        t_general, bubble_general = pipeline.pipeline_time(totals["first"], totals["middle"],
+                                                           totals["last"], c.pp, c.vpp, m)
+        uneven = c.first_stage_layers > 0
+        t_pipe = np.where(uneven, t_general, t_pipe)
+        bubble = np.where(uneven, bubble_general, bubble)
     params = {"first": params_first, "last": params_last}
     if split is not None:  # uneven split: the first middle rank can hold the most
         params["middle"] = memory.stage_params(model, c, "middle")
     params_most = np.maximum.reduce(list(params.values()))
     params_updated = params_most / np.where(c.zero_stage >= 1, c.dp, 1)
-    t_opt = compute.optimizer_time(params_updated, hw, training)
+    grad_buffer = params_most / np.where(c.zero_stage >= 2, c.dp, 1)
+    t_opt = compute.optimizer_time(params_updated, hw, training, grad_buffer)
     step = t_pipe + (p2p_fill + dp_step + tied + t_opt)  # the once-per-step terms, small shapes
     if summary:
         return Estimate(real, {}, {"step": step},
