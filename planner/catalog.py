@@ -148,10 +148,13 @@ def _catalog_names(kind: str) -> dict[str, str]:
 def _resolve(kind: str, label: str, name: str, cls: type[T]) -> T:
     path = Path(name).expanduser()
     bare = "/" not in name and "\\" not in name and not name.endswith((".yaml", ".yml", ".json"))
-    if bare and path.exists() and name.strip().lower() in _catalog_names(kind):
-        raise UsageError(f"{name!r} is both a catalog {label} and a {'folder' if path.is_dir() else 'file'} "
-                         f"here: write ./{name} for the {'folder' if path.is_dir() else 'file'}, "
-                         f"or run from another directory for the catalog {label}")
+    if bare and path.exists() and name.strip().lower() in (names := _catalog_names(kind)):
+        what = "folder" if path.is_dir() else "file"
+        canonical = names[name.strip().lower()]
+        other = (f"{canonical} for the catalog {label}" if canonical != name.strip() else
+                 f"run from another directory for the catalog {label}")
+        raise UsageError(f"{name!r} is both a catalog {label} and a {what} here: write ./{name} "
+                         f"for the {what}, or {other}")
     if path.is_dir():
         if kind == "models" and (path / "config.json").is_file():  # a Hugging Face model folder
             from .hf_config import load_hf_config
