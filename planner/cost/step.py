@@ -302,8 +302,6 @@ def memory_total(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec,
     return total
 
 
-
-
 def _memory(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c: Candidates,
             params: dict[str, np.ndarray], summary: bool = False) -> dict[str, np.ndarray]:
     """Per-GPU memory terms of the stage with the highest total (first or last; with an uneven
