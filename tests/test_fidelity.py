@@ -243,7 +243,8 @@ def test_calibrate_cli_fits_writes_and_refuses_to_overwrite(tmp_path):
     again = CliRunner().invoke(app, args)
     assert again.exit_code == 2 and "--force" in again.output
     from planner.catalog import resolve_hardware
-    assert resolve_hardware(str(out)).name == "dgx-a100-40g"  # loadable by --hardware PATH
+    # loadable by --hardware PATH, named apart from the shipped profile it started from
+    assert resolve_hardware(str(out)).name == "dgx-a100-40g-calibrated"
 
 
 def test_accuracy_on_a_users_own_runs(tmp_path):

@@ -96,5 +96,8 @@ def calibrate(
     with report.err.status("Fitting efficiency factors...", spinner="dots"):
         result = fit(cases, hw, leave_one_out=loo)
     fitted = with_factors(hw, result.factors, source_text(result, runs.name))
+    # its own name, so tables and plans tell it from the shipped profile it started from
+    name = hw.name if hw.name.endswith("-calibrated") else f"{hw.name}-calibrated"
+    fitted = fitted.model_copy(update={"name": name, "aliases": []})
     write_profile(fitted, output, force)
     calibration_report(result, hw.name, str(output), loo=loo)
