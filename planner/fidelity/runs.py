@@ -316,6 +316,8 @@ def _case(row: dict) -> RunCase:
         tp_backward_overlap=year is None or year >= 2022), f"run {case.id} training")
     if pre_2023:
         assume("no flash-attn (<2023)")
+    if deepspeed_2021:
+        assume("DeepSpeed<=0.4 ZeRO-3: 21 GB/s, no overlap")
     if case.layout.tp * case.layout.pp * case.layout.dp != case.gpus:
         raise UsageError(f"tp*pp*dp = {case.layout.gpus} but gpus = {case.gpus}")
     return case
