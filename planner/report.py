@@ -145,6 +145,15 @@ def explain(result: SearchResult) -> str:
                               for t, d in term_deltas(est, 1, est, 0) if d > 0) or "no single term"
             lines.append(f"Runner-up ({differs}) is {(step[1] / step[0] - 1) * 100:.2f}% slower: "
                          f"{worse}.")
+    cand = est.candidates
+    if int(cand.cp[0]) > 1:  # the least checked term decides the winner: say so, with the fallback
+        no_cp = [i for i in range(len(est)) if int(cand.cp[i]) == 1]
+        tps = est.throughput["tokens_per_s"]
+        alt = (f"the best kept layout without it, #{no_cp[0] + 1} ({cand.layout(no_cp[0]).short()}), "
+               f"runs {(1 - tps[no_cp[0]] / tps[0]) * 100:.1f}% fewer tokens/s (--max-cp 1 pins it off)"
+               if no_cp else "no layout without it is among those kept (--max-cp 1 pins it off)")
+        lines.append(f"The winner uses context parallelism (cp={int(cand.cp[0])}), whose cost "
+                     f"(formulas.md 5.7, ring exposure) no measured run has checked yet; {alt}.")
     pruned = "; ".join(f"{v:,} by '{k}'" for k, v in result.pruned.items() if v)
     capacity = float(est.memory["capacity"][0])
     if 0 < result.usable < capacity:  # --min-memory-headroom in effect

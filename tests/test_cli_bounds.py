@@ -84,3 +84,16 @@ def test_headroom_is_named_in_the_pruning_line():
     assert code == 0, err
     flat = " ".join(out.split())
     assert "(fit = within 60.0 of the 80 GiB, leaving the --min-memory-headroom free)" in flat
+
+
+def test_a_cp_winner_is_flagged_with_its_fallback():
+    # 175B on 512 H100 at seq 2048: the winner uses cp=2, the least checked term of the model;
+    # the explanation names the best layout without CP and the gap (231,787 vs 229,876 tokens/s
+    # = 0.8% fewer, see the README's example table).
+    code, out, err = cli("search", "--model", "175b", "--gpus", "512", "--top", "3")
+    assert code == 0, err
+    flat = " ".join(out.split())
+    assert ("The winner uses context parallelism (cp=2), whose cost (formulas.md 5.7, ring "
+            "exposure) no measured run has checked yet; the best kept layout without it, #3 "
+            "(tp=4 pp=8 dp=16 zero=1 mbs=2 vpp=12 recompute=none sp), runs 0.8% fewer tokens/s "
+            "(--max-cp 1 pins it off).") in flat
