@@ -175,6 +175,8 @@ def search(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: 
     when valid layouts exist but none fits in HBM (with the closest miss).
     """
     started = time.perf_counter()
+    if opts.keep < 1:
+        raise UsageError(f"the search must keep at least one layout, got keep={opts.keep}")
     tokens = opts.tokens if opts.tokens is not None else training.tokens
     objective.check(opts.objective, tokens if opts.objective != "throughput" else 1.0,
                     opts.price_per_gpu_hour)

@@ -233,3 +233,9 @@ def test_kept_list_and_tie_rule_do_not_depend_on_the_scan_path(monkeypatch):
         assert np.array_equal(tps, lists[0][1])
     one = search(m, hw, tr, 256, SearchOptions(keep=1))
     assert one.ranked.candidates.layout(0) == lists[0][0][0]
+
+
+def test_keep_must_be_positive(gpt3_h100):
+    m, hw, tr = gpt3_h100
+    with pytest.raises(UsageError, match="keep at least one layout, got keep=0"):
+        search(m, hw, tr, 512, SearchOptions(keep=0))
