@@ -125,9 +125,11 @@ def _replace_block(path: Path, block: str) -> bool:
     return True
 
 
-def _shipped(name: str) -> dict[str, float]:
+def _differs(name: str, factors: dict[str, float]) -> bool:
+    """Whether the shipped profile's factors are not ``factors`` (to 1e-9 relative)."""
     eff = catalog.resolve_hardware(name).efficiency
-    return {k: float(getattr(eff, k)) for k in FACTORS}
+    return any(abs(float(getattr(eff, k)) - factors[k]) > 1e-9 * max(1.0, abs(factors[k]))
+               for k in FACTORS)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -149,8 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name}: {len(result.runs)} runs, fit mean {100 * mean:.1f}% max {100 * worst:.1f}%; "
               + ", ".join(f"{k} {_fmt(k, v)}" for k, v in factors.items()))
         if args.check:
-            shipped = _shipped(name)
-            if any(abs(shipped[k] - factors[k]) > 1e-9 * max(1.0, abs(factors[k])) for k in FACTORS):
+            if _differs(name, factors):
                 differs.append(name)
             continue
         _replace_block(PROFILES / f"{name}.yaml",
@@ -176,8 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     for name, (factors, source) in followers.items():
         if args.check:
-            shipped = _shipped(name)
-            if any(abs(shipped[k] - factors[k]) > 1e-9 * max(1.0, abs(factors[k])) for k in FACTORS):
+            if _differs(name, factors):
                 differs.append(name)
             continue
         _replace_block(PROFILES / f"{name}.yaml", _block(factors, source))

@@ -83,6 +83,7 @@ def test_headroom_is_named_in_the_pruning_line():
                          "--min-memory-headroom", "25%")
     assert code == 0, err
     flat = " ".join(out.split())
+    # 25% of the H100's 80 GiB left free: 80 x 0.75 = 60.0 GiB usable
     assert "(fit = within 60.0 of the 80 GiB, leaving the --min-memory-headroom free)" in flat
 
 

@@ -104,34 +104,32 @@ def _require(value, flag: str):
     return value
 
 
-MAX_INT_OPTION = 1_000_000  # no size, degree or count plan3d models is larger (search.MAX_GPUS)
-
-
-def _check_positive(**values) -> None:
-    """UsageError unless each given value is a positive, finite number; integers at most
-    MAX_INT_OPTION (a larger one would overflow the cost model's int64 arrays)."""
+def _check_bounds(allow_zero: bool, values: dict) -> None:
+    """UsageError unless each given value is a finite number > 0 (>= 0 with ``allow_zero``);
+    integers at most search.MAX_GPUS (no size, degree or count plan3d models is larger; a
+    larger one would overflow the cost model's int64 arrays)."""
     import math
+    from ..search import MAX_GPUS
     for name, value in values.items():
         if value is None:
             continue
         flag = f"--{name.replace('_', '-')}"
         if isinstance(value, float) and not math.isfinite(value):
             raise UsageError(f"{flag} must be a finite number, got {value}")
-        if value <= 0:
-            raise UsageError(f"{flag} must be positive, got {value}")
-        if isinstance(value, int) and value > MAX_INT_OPTION:
-            raise UsageError(f"{flag} {value:,} is beyond what plan3d models (at most {MAX_INT_OPTION:,})")
+        if value < 0 or (value == 0 and not allow_zero):
+            raise UsageError(f"{flag} must be {'0 or more' if allow_zero else 'positive'}, got {value}")
+        if isinstance(value, int) and value > MAX_GPUS:
+            raise UsageError(f"{flag} {value:,} is beyond what plan3d models (at most {MAX_GPUS:,})")
+
+
+def _check_positive(**values) -> None:
+    """Sizes, degrees, counts, prices and token budgets: > 0 (see _check_bounds)."""
+    _check_bounds(False, values)
 
 
 def _check_count(**values) -> None:
-    """UsageError unless each given integer is in 0..MAX_INT_OPTION (0 allowed: e.g. the
-    even-split default of --first-stage-layers)."""
-    for name, value in values.items():
-        flag = f"--{name.replace('_', '-')}"
-        if value is not None and value < 0:
-            raise UsageError(f"{flag} must be 0 or more, got {value}")
-        if value is not None and value > MAX_INT_OPTION:
-            raise UsageError(f"{flag} {value:,} is beyond what plan3d models (at most {MAX_INT_OPTION:,})")
+    """Counts where 0 is allowed (e.g. the even-split default of --first-stage-layers)."""
+    _check_bounds(True, values)
 
 
 def main() -> None:
