@@ -231,3 +231,13 @@ def test_run_id_must_be_usable_as_a_name(tmp_path):
     path.write_text(yaml.safe_dump([row]))
     with pytest.raises(UsageError, match=r"run id 'my run\[bold\]': use letters, digits and"):
         load_runs(path)
+
+
+def test_zero3_script_bad_input_is_one_line(tmp_path, capsys):
+    module = _script("zero3_2021")
+    runs = str(_write(tmp_path, [_row(iteration_s=13.75)]))  # a valid file without ZeRO-3 rows
+    for path, says in ((runs, "no run whose id starts with 'megatron21-t2-zero3-'"),
+                       (str(tmp_path / "missing.yaml"), "cannot read")):
+        assert module.main([path]) == 2
+        err = capsys.readouterr().err
+        assert says in err and len(err.strip().splitlines()) == 1
