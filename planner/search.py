@@ -314,9 +314,16 @@ def check_layout(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, 
     if broken:
         hint = ""
         f, la = (int(x[0]) for x in uneven_split(model.num_layers, np.array([layout.pp])))
-        if "layers divisible by pp*vpp" in broken and f > 0 and layout.vpp == 1:
+        if "layers divisible by pp*vpp" in broken and f > 0 and _uneven_fits(
+                model, training, hw, layout.model_copy(update=dict(first_stage_layers=f, last_stage_layers=la))):
             hint = f" (an uneven split would do: first_stage_layers {f}, last_stage_layers {la})"
         if TP_RULE in broken:
             hint += f" ({CROSS_NODE_HINT})"
         raise UsageError(f"layout {layout.short()} breaks: {'; '.join(broken)}{hint}")
     return layout
+
+
+def _uneven_fits(model: ModelSpec, training: TrainingSpec, hw: HardwareProfile, layout: Layout) -> bool:
+    """Whether ``layout`` (with its uneven split filled in) passes every rule but the fit."""
+    masks = constraint_masks(model, training, hw.gpus_per_node, Candidates.from_layouts([layout]), True)
+    return all(bool(ok[0]) for ok in masks.values())

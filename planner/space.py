@@ -8,6 +8,7 @@ numpy, then filtered by boolean masks, each rule named so the search can say wha
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -97,6 +98,9 @@ def product(**axes: np.ndarray) -> dict[str, np.ndarray]:
     return {name: grid.ravel() for name, grid in zip(axes, grids)}
 
 
+UNEVEN_RULE = "uneven pipeline split: edge stages of 1..middle layers, interleaved as Megatron-Core allows"
+
+
 def constraint_masks(model: ModelSpec, training: TrainingSpec, gpus_per_node: int,
                      c: Candidates, allow_cross_node_tp: bool = False) -> dict[str, np.ndarray]:
     """Named validity rules -> boolean arrays (True = the candidate passes that rule).
@@ -127,22 +131,52 @@ def constraint_masks(model: ModelSpec, training: TrainingSpec, gpus_per_node: in
         "context parallel needs flash attention": (c.cp == 1) | training.flash_attention,
         "distributed optimizer replaces ZeRO (zero_stage 0 only)":
             ~c.distributed_optimizer | (c.zero_stage == 0),
-        "uneven pipeline split: vpp = 1, edge stages of 1..middle layers": _uneven_ok(L, c),
+        UNEVEN_RULE: _uneven_ok(L, c),
     }
     return rules
 
 
 def _uneven_ok(num_layers: int, c: Candidates) -> np.ndarray:
-    """True for an even split, or an uneven one Megatron accepts and plan3d models: vpp = 1,
-    first and last stage at least one layer, the rest L - first - last divided equally among the
-    pp - 2 middle stages, at least as many layers as either edge stage (pp = 2: first + last = L)."""
-    f, la, pp = c.first_stage_layers, c.last_stage_layers, c.pp
+    """True for an even split, or an uneven one Megatron-Core accepts and plan3d models: first
+    and last stage at least one layer, the rest L - first - last divided equally among the
+    pp - 2 middle stages, at least as many layers as either edge stage (pp = 2: first + last = L).
+    With interleaving (vpp > 1) one of Megatron-Core's two ways must hold:
+    (a) ``--decoder-first/last-pipeline-num-layers``: each stage's layers divisible by vpp;
+    (b) ``--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split``: the
+        embedding and the loss count as one layer each, so first = last = middle - 1 and
+        (L + 2) = pp * middle splits into pp*vpp chunks of middle/vpp (Megatron-Core's layer
+        offsets add one layer for each; Llama-3 405B, 126 layers on pp = 16: 7 + 14*8 + 7).
+    Broadcast bool array."""
+    f, la, pp, v = c.first_stage_layers, c.last_stage_layers, c.pp, c.vpp
     if not np.any((f > 0) | (la > 0)):
         return np.ones(np.shape(f), dtype=bool)
     rest = num_layers - f - la
     mid = np.where(pp > 2, rest // np.maximum(pp - 2, 1), 0)
-    valid = (c.vpp == 1) & (f >= 1) & (la >= 1) & (pp >= 2) & \
+    shape_ok = (f >= 1) & (la >= 1) & (pp >= 2) & \
         np.where(pp > 2, (rest > 0) & (rest % np.maximum(pp - 2, 1) == 0) & (mid >= f) & (mid >= la),
                  rest == 0)
+    per_stage = (f % v == 0) & (la % v == 0) & ((pp == 2) | (mid % v == 0))
+    valid = shape_ok & ((v == 1) | per_stage | embedding_loss_split(num_layers, c))
     return ((f == 0) & (la == 0)) | valid
 
+
+def embedding_loss_split(num_layers: int, c) -> np.ndarray:
+    """True where an uneven split is Megatron-Core's embedding-and-loss-as-layers split (way (b)
+    of _uneven_ok): first = last = (L + 2)/pp - 1 with (L + 2) divisible by pp*vpp, and at least
+    two layers' worth per chunk, so that the chunks holding the embedding or the loss keep a
+    transformer layer. ``c``: any object with pp, vpp, first_stage_layers, last_stage_layers
+    (arrays or ints). Bool array."""
+    f, la = np.asarray(c.first_stage_layers), np.asarray(c.last_stage_layers)
+    pp, vpp = np.asarray(c.pp), np.asarray(c.vpp)
+    return (f > 0) & (f == la) & ((num_layers + 2) == pp * (f + 1)) & \
+        ((f + 1) % vpp == 0) & (f + 1 >= 2 * vpp)
+
+
+
+def uneven_vpp_options(num_layers: int, pp: int, first: int, last: int, upto: int = 16) -> list[int]:
+    """The vpp values in 1..``upto`` with which the uneven split first+..+last of ``num_layers``
+    layers on ``pp`` stages passes _uneven_ok (for messages). [] if none does."""
+    vpp = np.arange(1, upto + 1)
+    c = SimpleNamespace(first_stage_layers=np.full_like(vpp, first), last_stage_layers=np.full_like(vpp, last),
+                        pp=np.full_like(vpp, pp), vpp=vpp)
+    return [int(v) for v in vpp[_uneven_ok(num_layers, c)]]

@@ -263,8 +263,8 @@ class Layout(_Strict):
     ``distributed_optimizer``: Megatron's --use-distributed-optimizer, an alternative to ZeRO
     (zero_stage 0): ZeRO-1 memory, gradient reduce-scatter + parameter all-gather per step.
     ``first_stage_layers`` / ``last_stage_layers``: an uneven pipeline split (Megatron's
-    --decoder-first/last-pipeline-num-layers; the middle stages share the rest equally);
-    0 = the even split L/pp.
+    --decoder-first/last-pipeline-num-layers; the middle stages share the rest equally;
+    interleaved, space.constraint_masks admits Megatron-Core's two forms); 0 = the even split L/pp.
     """
 
     tp: int = Field(gt=0)

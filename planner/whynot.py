@@ -17,7 +17,8 @@ from .cost import Estimate
 from .errors import NoFitError, UsageError
 from .explain import term_deltas
 from .search import MAX_GPUS, SearchOptions, build_grid, search
-from .space import constraint_masks
+from .cost.pipeline import uneven_split
+from .space import UNEVEN_RULE, constraint_masks, uneven_vpp_options
 from .specs import RECOMPUTE_CODES, HardwareProfile, ModelSpec, TrainingSpec
 
 _KEYS = {"tp": "tp", "cp": "cp", "pp": "pp", "dp": "dp", "distopt": "distributed_optimizer",
@@ -153,7 +154,7 @@ def why_not(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus:
     pinned = replace(opts, **pins)
     broken = broken_rules(model, hw, training, gpus, pinned)
     if broken:
-        return WhyNot(text, "invalid", broken)
+        return WhyNot(text, "invalid", [_uneven_detail(model, pinned, rule) for rule in broken])
     try:
         mine = search(model, hw, training, gpus, pinned).ranked.take(np.array([0]))
     except NoFitError as exc:
@@ -185,6 +186,19 @@ def why_not(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus:
                        f"vs {best.candidates.layout(0).gpus} GPUs")
     return WhyNot(text, "slower", reasons, mine, best, tps_best / tps_mine - 1.0,
                   term_deltas(mine, 0, best, 0))
+
+
+def _uneven_detail(model: ModelSpec, opts: SearchOptions, rule: str) -> str:
+    """``rule``, with the split and the vpp values that work when it is the uneven-split rule
+    and pp is pinned."""
+    if rule != UNEVEN_RULE or not opts.pp:
+        return rule
+    first, last = (int(x[0]) for x in uneven_split(model.num_layers, np.array([opts.pp])))
+    if first <= 0:
+        return rule
+    works = uneven_vpp_options(model.num_layers, opts.pp, first, last, opts.max_vpp)
+    return (f"{rule} ({model.num_layers} layers on pp={opts.pp} split {first}+..+{last}; "
+            f"vpp {', '.join(map(str, works))} would do)")
 
 
 def _closest_miss(exc: NoFitError) -> str:

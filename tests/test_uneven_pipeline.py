@@ -76,9 +76,24 @@ def test_rules_and_hints():
     with pytest.raises(UsageError, match="first_stage_layers 7, last_stage_layers 7"):
         check_layout(m, hw, tr, 16384, dict(tp=8, pp=16, zero_stage=1, micro_batch_size=1))
     for bad in (dict(first_stage_layers=5, last_stage_layers=7),  # 114 on 14 stages: not whole
-                dict(first_stage_layers=7, last_stage_layers=7, vpp=2)):  # interleaving: not modelled
+                # interleaved: 7 is not divisible by 3, nor is (126 + 2) by 16*3
+                dict(first_stage_layers=7, last_stage_layers=7, vpp=3)):
         with pytest.raises(UsageError, match="uneven pipeline split"):
             check_layout(m, hw, tr, 16384, dict(tp=8, pp=16, zero_stage=1, micro_batch_size=1, **bad))
+    # pp=64: 1 + 62*2 + 1; vpp=2 would leave the embedding's chunk without a transformer layer
+    with pytest.raises(UsageError, match="uneven pipeline split"):
+        check_layout(m, hw, tr, 16384, dict(tp=8, pp=64, zero_stage=1, micro_batch_size=1, vpp=2,
+                                            first_stage_layers=1, last_stage_layers=1))
+    # embedding and loss counted as layers: (126 + 2)/16 = 8 per rank, 8/vpp per chunk; vpp 8
+    # would leave the embedding alone in the first chunk
+    for vpp in (2, 4):
+        check_layout(m, hw, tr, 16384, dict(tp=8, pp=16, zero_stage=1, micro_batch_size=1, vpp=vpp,
+                                            first_stage_layers=7, last_stage_layers=7))
+    with pytest.raises(UsageError, match="first_stage_layers 7, last_stage_layers 7"):
+        check_layout(m, hw, tr, 16384, dict(tp=8, pp=16, zero_stage=1, micro_batch_size=1, vpp=4))
+    for vpp in (3, 8):  # no split helps
+        with pytest.raises(UsageError, match=r"layers divisible by pp\*vpp$"):
+            check_layout(m, hw, tr, 16384, dict(tp=8, pp=16, zero_stage=1, micro_batch_size=1, vpp=vpp))
     lay = search(m, hw, tr, 16384, SearchOptions(tp=8, pp=16, max_cp=1)).ranked.candidates.layout(0)
     assert (lay.first_stage_layers, lay.last_stage_layers) == (7, 7)
 
@@ -101,3 +116,76 @@ def test_exports_of_an_uneven_split():
     for target in ("nemo", "deepspeed"):
         with pytest.raises(UsageError, match="unevenly"):
             export_plan(plan, target, "overrides")
+
+
+def _model(layers):
+    return catalog.resolve_model("llama3-8b").model_copy(update={"num_layers": layers})
+
+
+def test_interleaved_uneven_split_each_stage_divisible_by_vpp():
+    # Megatron-Core's --decoder-first/last-pipeline-num-layers with vpp: every stage's layer count
+    # divisible by vpp. 28 layers on pp=4 as 4 + 10 + 10 + 4: with vpp=2 each stage splits in
+    # two chunks (2, 5, 5, 2 layers); 5 + 9 + 9 + 5 does not (5 and 9 are odd, and 5 + 1 != 9)
+    m, hw = _model(28), catalog.resolve_hardware("dgx-h100")
+    tr = TrainingSpec(seq_length=4096, global_batch_size=64)
+    base = dict(tp=1, pp=4, zero_stage=1, micro_batch_size=1, vpp=2)
+    check_layout(m, hw, tr, 8, dict(base, first_stage_layers=4, last_stage_layers=4))
+    with pytest.raises(UsageError, match="uneven pipeline split"):
+        check_layout(m, hw, tr, 8, dict(base, first_stage_layers=5, last_stage_layers=5))
+
+
+def test_interleaved_uneven_bubble_follows_the_general_schedule():
+    # pipeline.pipeline_time: T = m*t_max + (sum_r t_r - t_max)/vpp over the ranks' per-micro-
+    # batch totals (7, 8 x 14, 7 layers here). Those totals are the same with vpp = 4 as with
+    # vpp = 1 except the blocking p2p of 1F1B, 2*t_p2p per micro-batch on every rank, which
+    # interleaving overlaps (overlap_p2p_comm); so 4 * bubble(vpp 4) = bubble(vpp 1) - 15 * 2 t_p2p,
+    # with 2 t_p2p = pp_comm(vpp 1) / m and m = 2048 / 64 = 32.
+    m, hw = catalog.resolve_model("llama3-405b"), catalog.resolve_hardware("dgx-h100")
+    tr = TrainingSpec(seq_length=8192, global_batch_size=2048)
+    base = dict(tp=8, pp=16, dp=64, distributed_optimizer=True, zero_stage=0, micro_batch_size=1,
+                sequence_parallel=True, first_stage_layers=7, last_stage_layers=7)
+    one = estimate_layout(m, hw, tr, Layout(**base))
+    four = estimate_layout(m, hw, tr, Layout(**base, vpp=4))
+    expected = one.time["bubble"][0] - 15 * one.time["pp_comm"][0] / 32
+    assert 4 * four.time["bubble"][0] == pytest.approx(expected, rel=1e-9)
+    assert sum(four.time[t][0] for t in TIME_TERMS) == pytest.approx(four.time["step"][0], rel=1e-12)
+
+
+def test_exports_of_an_interleaved_uneven_split():
+    from planner.frameworks.megatron import megatron_args
+    from planner.frameworks.torchtitan import torchtitan_settings
+
+    def plan(model, gpus, **layout):
+        return Plan(plan3d_version=__version__, model=model, hardware=catalog.resolve_hardware("dgx-h100"),
+                    gpus=gpus, training=TrainingSpec(seq_length=8192, global_batch_size=2048),
+                    layout=Layout(zero_stage=1, micro_batch_size=1, **layout))
+
+    # embedding and loss as layers: 126 + 2 = 128 = 16 ranks x 4 chunks x 2
+    llama = plan(catalog.resolve_model("llama3-405b"), 16384, tp=8, pp=16, dp=128, vpp=4,
+                 first_stage_layers=7, last_stage_layers=7)
+    args = dict(megatron_args(llama))
+    assert args["--num-virtual-stages-per-pipeline-rank"] == "4"
+    assert "--account-for-embedding-in-pipeline-split" in args
+    assert "--account-for-loss-in-pipeline-split" in args
+    assert not {"--decoder-first-pipeline-num-layers", "--num-layers-per-virtual-pipeline-stage"} & set(args)
+    par = torchtitan_settings(llama, "overrides")[0]["parallelism"]
+    assert (par["pipeline_parallel_layers_per_stage"], par["pipeline_parallel_first_stage_less_layers"],
+            par["pipeline_parallel_last_stage_less_layers"]) == (2, 1, 1)  # 16*4*2 - 2 = 126
+    # each stage divisible by vpp: 4 + 10 + 10 + 4 on pp=4, vpp=2
+    small = plan(_model(28), 8, tp=1, pp=4, dp=2, vpp=2, first_stage_layers=4, last_stage_layers=4)
+    args = dict(megatron_args(small))
+    assert (args["--decoder-first-pipeline-num-layers"], args["--decoder-last-pipeline-num-layers"],
+            args["--num-virtual-stages-per-pipeline-rank"]) == ("4", "4", "2")
+    assert "--account-for-embedding-in-pipeline-split" not in args
+    with pytest.raises(UsageError, match="torchtitan cannot interleave"):
+        torchtitan_settings(small, "overrides")
+
+
+def test_why_not_names_the_interleaving_that_works():
+    from planner.whynot import why_not
+    m, hw = catalog.resolve_model("llama3-405b"), catalog.resolve_hardware("dgx-h100")
+    tr = TrainingSpec(seq_length=8192, global_batch_size=2048)
+    verdict = why_not(m, hw, tr, 16384, SearchOptions(), "tp=8 pp=16 vpp=8 cp=1")
+    # 8 layers' worth per rank (126 + 2 = 128 on 16 ranks): chunks of 8/vpp, at least 2 each
+    assert verdict.status == "invalid"
+    assert verdict.reasons[0].endswith("(126 layers on pp=16 split 7+..+7; vpp 1, 2, 4 would do)")

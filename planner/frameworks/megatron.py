@@ -9,6 +9,9 @@ Mapping (plan field -> flag):
   vpp > 1                --num-layers-per-virtual-pipeline-stage L/(pp*vpp)
   cp                     --context-parallel-size cp
   uneven pipeline split  --decoder-first-pipeline-num-layers, --decoder-last-pipeline-num-layers
+                         (with vpp > 1: --num-virtual-stages-per-pipeline-rank vpp; a split with
+                         first = last = middle - 1 as --account-for-embedding-in-pipeline-split
+                         --account-for-loss-in-pipeline-split, space.embedding_loss_split)
   sequence_parallel      --sequence-parallel
   ZeRO 0                 (plain DDP: no flag)
   ZeRO 1, distopt        --use-distributed-optimizer
@@ -31,6 +34,7 @@ ALiBi has no Megatron-LM GPT position embedding: UsageError.
 from __future__ import annotations
 
 from ..errors import UsageError
+from ..space import embedding_loss_split
 from ..specs import Plan, padded_vocab
 from .common import RANK_ORDER_NOTE, Export, describe, layers_per_virtual_stage, microbatches
 
@@ -51,9 +55,15 @@ def megatron_args(plan: Plan) -> list[tuple[str, str | None]]:
         ("--tensor-model-parallel-size", str(lay.tp)),
         ("--pipeline-model-parallel-size", str(lay.pp)),
     ]
-    if lay.vpp > 1:
+    uneven = bool(lay.first_stage_layers or lay.last_stage_layers)
+    if lay.vpp > 1 and uneven:  # chunks per rank; the layers per chunk follow from the split
+        args.append(("--num-virtual-stages-per-pipeline-rank", str(lay.vpp)))
+    elif lay.vpp > 1:
         args.append(("--num-layers-per-virtual-pipeline-stage", str(layers_per_virtual_stage(plan))))
-    if lay.first_stage_layers or lay.last_stage_layers:
+    if uneven and lay.vpp > 1 and bool(embedding_loss_split(model.num_layers, lay)):
+        args += [("--account-for-embedding-in-pipeline-split", None),
+                 ("--account-for-loss-in-pipeline-split", None)]
+    elif uneven:
         args += [("--decoder-first-pipeline-num-layers", str(lay.first_stage_layers)),
                  ("--decoder-last-pipeline-num-layers", str(lay.last_stage_layers))]
     args.append(("--context-parallel-size", str(lay.cp)))

@@ -15,7 +15,9 @@ of local/global batch size; num_pp_microbatches): the overrides fit 0.3, not tho
 
 Mapping: tp -> tensor_parallel_degree; pp -> pipeline_parallel_degree with schedule 1F1B
 (vpp = 1) or Interleaved1F1B (vpp > 1) and L/(pp*vpp) layers per stage (first/last stage "less
-layers" set to 0, so stages = pp*vpp as in Megatron); ZeRO-3 -> FSDP, data_parallel_shard_degree
+layers" set to 0, so stages = pp*vpp as in Megatron; an uneven split: the middle stages' count
+with the edge stages "less layers", interleaved only for the embedding-and-loss split, one layer
+less on the first and the last virtual stage); ZeRO-3 -> FSDP, data_parallel_shard_degree
 = dp; ZeRO-0 -> DDP, data_parallel_replicate_degree = dp; ZeRO-1/2 have no torchtitan mode: FSDP
 is written (the nearest mode, it holds no more memory per GPU) with a comment saying so, ZeRO-2
 with fsdp_reshard_after_forward "never" (parameters stay gathered from forward to backward).
@@ -31,6 +33,7 @@ recomputation: a comment says so. torchtitan's TP always uses sequence paralleli
 from __future__ import annotations
 
 from ..errors import UsageError
+from ..space import embedding_loss_split
 from ..specs import Plan
 from .common import Export, describe, layers_per_virtual_stage, microbatches
 
@@ -73,7 +76,19 @@ def torchtitan_settings(plan: Plan, fmt: str) -> tuple[dict[str, dict[str, objec
     par["pipeline_parallel_degree"] = lay.pp
     if lay.pp > 1:
         par["pipeline_parallel_schedule"] = "Interleaved1F1B" if lay.vpp > 1 else "1F1B"
-        if lay.first_stage_layers or lay.last_stage_layers:  # uneven: middle stages hold k
+        if (lay.first_stage_layers or lay.last_stage_layers) and lay.vpp > 1:
+            # torchtitan shortens only the first and the last virtual stage: the embedding-and-
+            # loss split (first = last = middle - 1) is that, one layer each
+            if not embedding_loss_split(plan.model.num_layers, lay):
+                raise UsageError(
+                    f"torchtitan cannot interleave this uneven pipeline split ({lay.first_stage_layers}"
+                    f"+..+{lay.last_stage_layers} layers, vpp {lay.vpp}): it can only shorten the "
+                    "first and last virtual stage; use vpp 1 or an even split")
+            k = (plan.model.num_layers + 2) // (lay.pp * lay.vpp)
+            par["pipeline_parallel_layers_per_stage"] = k
+            par["pipeline_parallel_first_stage_less_layers"] = 1
+            par["pipeline_parallel_last_stage_less_layers"] = 1
+        elif lay.first_stage_layers or lay.last_stage_layers:  # uneven: middle stages hold k
             f, la, L = lay.first_stage_layers, lay.last_stage_layers, plan.model.num_layers
             k = max(f, la, (L - f - la) // max(lay.pp - 2, 1))
             par["pipeline_parallel_layers_per_stage"] = k
