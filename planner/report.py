@@ -51,13 +51,21 @@ def _seconds(s: float) -> str:
     return f"{s / 3600:.1f} h" if s < 86400 else f"{s / 86400:.1f} days"
 
 
+def param_count(n: float) -> str:
+    """A parameter count as people write it: 174.6B, 1.01T, 125.2M, 5,120."""
+    for scale, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M")):
+        if n >= scale:
+            return f"{n / scale:.{2 if unit == 'T' and n < 1e13 else 1}f}{unit}"
+    return f"{n:,.0f}"
+
+
 def header(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: int,
            batch: str | None = None) -> None:
     """The one-line title. ``batch``: the global batch as shown (a sweep's list, e.g.
     "768,1536"); default the training's."""
     from .cost.flops import total_params
     batch = str(training.global_batch_size) if batch is None else batch
-    out.print(f"[bold]{model.name}[/] ({total_params(model) / 1e9:.1f}B parameters) on "
+    out.print(f"[bold]{model.name}[/] ({param_count(total_params(model))} parameters) on "
               f"{gpus} x {hw.gpu.name} ({hw.name}), global batch {batch} x "
               f"{training.seq_length} tokens")
 
@@ -114,7 +122,7 @@ def _extra_columns(est: Estimate, gpus_searched: bool = False) -> dict:
     if gpus_searched or len(set(gpus.tolist())) > 1:
         cols["GPUs"] = lambda i: f"{int(gpus[i]):,}"
     if "time_to_train_s" in th:
-        cols["train"] = lambda i: f"{th['time_to_train_s'][i] / 86400:.1f} d"
+        cols["train"] = lambda i: _seconds(float(th['time_to_train_s'][i]))
     if "cost" in th:
         cols["cost"] = lambda i: f"{th['cost'][i]:,.0f}"
     return cols
@@ -191,7 +199,7 @@ def estimate_report(est: Estimate) -> None:
     th = d["throughput"]
     out.print(f"tokens/s {th['tokens_per_s']:,.0f}  |  model TFLOP/s per GPU "
               f"{th['model_tflops_per_gpu']:.1f}  |  MFU {th['mfu'] * 100:.1f}%  |  HFU "
-              f"{th['hfu'] * 100:.1f}%  |  bubble {tm['bubble_fraction'] * 100:.1f}% of compute")
+              f"{th['hfu'] * 100:.1f}%  |  bubble {tm['bubble_fraction'] * 100:.1f}% of the busiest stage's work")
 
 
 def plan_drift(plan, fresh: dict, rtol: float = 1e-9) -> None:

@@ -72,7 +72,11 @@ def why_not_report(verdict) -> None:
     mine = verdict.completion
     out.print(f"{verdict.text}: best completion {mine.candidates.layout(0).short()}")
     if verdict.status == "winner":
-        out.print("[bold green]It is the winner[/] (no fitting layout beats it).")
+        best = verdict.winner.candidates.layout(0) if verdict.winner is not None else None
+        if best is not None and best != mine.candidates.layout(0):  # e.g. distopt vs ZeRO-1
+            out.print(f"[bold green]It ties the winner[/] {best.short()} (no fitting layout beats it).")
+        else:
+            out.print("[bold green]It is the winner[/] (no fitting layout beats it).")
         return
     out.print(f"[bold]{verdict.slower_by * 100:.1f}% slower than the winner[/] "
               f"{verdict.winner.candidates.layout(0).short()}: {'; '.join(verdict.reasons)}.")

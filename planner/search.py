@@ -19,7 +19,7 @@ from .cost.pipeline import uneven_split
 from .errors import NoFitError, UsageError
 from .grid import Grid, parallel_splits
 from .scan import CHUNK, FIT_RULE, FLAT_COST, Scan, scan  # noqa: F401 (re-exported)
-from .space import Candidates, constraint_masks, divisors
+from .space import UNEVEN_RULE, Candidates, constraint_masks, divisors, uneven_problem
 from .specs import RECOMPUTE_CODES, HardwareProfile, Layout, ModelSpec, TrainingSpec
 
 MAX_GPUS = 1_000_000
@@ -305,6 +305,10 @@ def check_layout(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, 
             raise UsageError(f"{what} = {tp * cp * pp} does not divide {gpus} GPUs")
         data["dp"] = gpus // (tp * cp * pp)
     layout = validate(Layout, data, "layout")
+    per_stage = model.num_layers // layout.pp
+    if layout.first_stage_layers and model.num_layers % layout.pp == 0 and \
+            layout.first_stage_layers == layout.last_stage_layers == per_stage:
+        layout = layout.model_copy(update=dict(first_stage_layers=0, last_stage_layers=0))  # even
     if layout.gpus != gpus:
         what = "tp*pp*dp" if layout.cp == 1 else "tp*cp*pp*dp"
         raise UsageError(f"layout {what} = {layout.gpus} but gpus is {gpus}")
@@ -319,6 +323,8 @@ def check_layout(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, 
             hint = f" (an uneven split would do: first_stage_layers {f}, last_stage_layers {la})"
         if TP_RULE in broken:
             hint += f" ({CROSS_NODE_HINT})"
+        if UNEVEN_RULE in broken:
+            hint += f" ({uneven_problem(model.num_layers, layout.pp, layout.first_stage_layers, layout.last_stage_layers, layout.vpp)})"
         raise UsageError(f"layout {layout.short()} breaks: {'; '.join(broken)}{hint}")
     return layout
 

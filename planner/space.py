@@ -98,6 +98,9 @@ def product(**axes: np.ndarray) -> dict[str, np.ndarray]:
     return {name: grid.ravel() for name, grid in zip(axes, grids)}
 
 
+# Megatron-Core's attention splits the heads and the KV heads (query groups) over TP with
+# divide(), which asserts divisibility: no KV-head replication when tp exceeds them.
+HEADS_RULE = "heads and KV heads divisible by tp"
 UNEVEN_RULE = "uneven pipeline split: edge stages of 1..middle layers, interleaved as Megatron-Core allows"
 
 
@@ -105,8 +108,10 @@ def constraint_masks(model: ModelSpec, training: TrainingSpec, gpus_per_node: in
                      c: Candidates, allow_cross_node_tp: bool = False) -> dict[str, np.ndarray]:
     """Named validity rules -> boolean arrays (True = the candidate passes that rule).
 
-    Rules follow Megatron-LM's argument checks: heads and KV heads divisible by tp (or tp a
-    multiple of the KV heads), layers divisible by pp*vpp, the global batch divisible by
+    Rules follow Megatron-LM's argument checks: heads and KV heads divisible by tp
+    (Megatron-Core's attention divides both by the TP size; formulas.md 1.3 also allows tp a
+    multiple of the KV heads with replication, which Megatron-Core and torchtitan do not run),
+    layers divisible by pp*vpp, the global batch divisible by
     dp*micro_batch_size, interleaving needs pp > 1 and at least pp micro-batches, SP needs tp > 1
     and seq_length divisible by tp; CP needs seq_length divisible by 2*cp (times tp with SP) and
     flash attention; the distributed optimizer goes with zero_stage 0. Masks broadcast.
@@ -117,7 +122,7 @@ def constraint_masks(model: ModelSpec, training: TrainingSpec, gpus_per_node: in
     m = B // np.maximum(dp * mbs, 1)
     rules = {
         "tp within a node (NVLink domain)": (tp <= gpus_per_node) | allow_cross_node_tp,
-        "heads divisible by tp": (a % tp == 0) & ((g % tp == 0) | (tp % g == 0)),
+        HEADS_RULE: (a % tp == 0) & (g % tp == 0),
         "layers divisible by pp*vpp": (L % (pp * vpp) == 0) | (c.first_stage_layers > 0),
         "global batch divisible by dp*micro_batch_size": (B % (dp * mbs) == 0),
         "interleaving needs pp > 1 and >= pp micro-batches": (vpp == 1) | ((pp > 1) & (m >= pp)),
@@ -180,3 +185,25 @@ def uneven_vpp_options(num_layers: int, pp: int, first: int, last: int, upto: in
     c = SimpleNamespace(first_stage_layers=np.full_like(vpp, first), last_stage_layers=np.full_like(vpp, last),
                         pp=np.full_like(vpp, pp), vpp=vpp)
     return [int(v) for v in vpp[_uneven_ok(num_layers, c)]]
+
+
+def uneven_problem(num_layers: int, pp: int, first: int, last: int, vpp: int) -> str:
+    """Why the uneven split first+..+last of ``num_layers`` on ``pp`` stages fails _uneven_ok, in
+    words (for error messages); "" if it passes."""
+    rest, middle = num_layers - first - last, max(pp - 2, 0)
+    if pp < 2:
+        return "an uneven split needs pp >= 2"
+    if middle == 0:
+        if rest != 0:
+            return f"on pp=2 first + last must be the {num_layers} layers"
+    elif rest <= 0 or rest % middle:
+        return f"the {rest} layers left do not divide over the {middle} middle stages"
+    elif rest // middle < max(first, last):
+        return f"an edge stage holds more than a middle stage's {rest // middle} layers"
+    works = uneven_vpp_options(num_layers, pp, first, last, max(vpp, 16))
+    if vpp not in works:
+        other = [v for v in works if v > 1]
+        return (f"with vpp {vpp} neither is every stage's layer count divisible by vpp nor is it the "
+                "embedding-and-loss split (first = last = middle - 1, at least 2 layers per chunk)"
+                + (f"; vpp {', '.join(map(str, other))} would do" if other else "; only vpp 1 works"))
+    return ""

@@ -280,6 +280,14 @@ class Layout(_Strict):
     first_stage_layers: int = Field(default=0, ge=0)
     last_stage_layers: int = Field(default=0, ge=0)
 
+    @model_validator(mode="after")
+    def _split_pairs(self) -> "Layout":
+        if (self.first_stage_layers == 0) != (self.last_stage_layers == 0):
+            raise ValueError(
+                "an uneven pipeline split needs both first_stage_layers and last_stage_layers "
+                f"(got {self.first_stage_layers} and {self.last_stage_layers}; 0 and 0 = even)")
+        return self
+
     @property
     def gpus(self) -> int:
         return self.tp * self.cp * self.pp * self.dp

@@ -152,7 +152,7 @@ def run_command(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, g
     if json_out:
         report.print_json(rows)
         return
-    report.header(model, hw, training, f"{counts[0]}..{counts[-1]}",
+    report.header(model, hw, training, f"{counts[0]}" if counts[0] == counts[-1] else f"{counts[0]}..{counts[-1]}",
                   batch=",".join(str(b) for b in sizes))
     sweep_table(rows)
     if plot_path is not None:

@@ -177,9 +177,9 @@ def why_not(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus:
     if same or not beaten:
         return WhyNot(text, "winner", [], mine, best)
     reasons = [f"its best completion runs {tps_mine:,.0f} tokens/s against the winner's "
-               f"{tps_best:,.0f} ({t_mine:.3f} s vs {t_best:.3f} s per step)"]
+               f"{tps_best:,.0f} ({t_mine:.4g} s vs {t_best:.4g} s per step)"]
     if opts.objective != "throughput":
-        unit = (lambda v: f"{v / 86400:.1f} days") if key == "time_to_train_s" else \
+        unit = (lambda v: f"{v / 86400:.3g} days") if key == "time_to_train_s" else \
             (lambda v: f"{v:,.0f}")
         reasons.append(f"by {opts.objective}: {unit(float(mine.throughput[key][0]))} against "
                        f"{unit(float(best.throughput[key][0]))} on {mine.candidates.layout(0).gpus} "

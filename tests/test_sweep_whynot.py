@@ -69,7 +69,14 @@ def test_why_not_rejects_a_layout_that_breaks_head_divisibility(gpt3_h100):
     # GPT-3 175B has 96 heads; 96 % 5 = 1, so tp=5 can never split them (480 = 60 nodes, 5 | 480)
     verdict = why_not(m, hw, tr, 480, SearchOptions(), "tp=5")
     assert verdict.status == "invalid"
-    assert verdict.reasons == ["heads divisible by tp"]
+    assert verdict.reasons == ["heads and KV heads divisible by tp"]
+    # Llama-3 70B: 64 heads, 8 KV heads; tp=16 (across nodes) divides the heads but not the KV
+    # heads, which Megatron-Core's attention cannot split (divide(num_query_groups, tp))
+    from planner import catalog
+    llama = catalog.resolve_model("llama3-70b")
+    verdict = why_not(llama, hw, tr, 64, SearchOptions(allow_cross_node_tp=True), "tp=16")
+    assert verdict.status == "invalid" and verdict.reasons == ["heads and KV heads divisible by tp"]
+    assert why_not(llama, hw, tr, 64, SearchOptions(), "tp=8").status != "invalid"
     # tp=5 does not divide 512 GPUs at all: that is the reason there
     verdict = why_not(m, hw, tr, 512, SearchOptions(), "tp=5")
     assert verdict.status == "invalid" and verdict.reasons == ["tp=5 does not divide 512 GPUs"]
@@ -126,7 +133,7 @@ def test_bar():
 def test_cli_why_not_and_bars():
     res = runner.invoke(app, ["search", "-m", "175b", "-g", "480", "--why-not", "tp=5"])
     assert res.exit_code == 0, res.output
-    assert "breaks: heads divisible by tp" in res.output
+    assert "breaks: heads and KV heads divisible by tp" in res.output
     res = runner.invoke(app, ["search", "-m", "175b", "-g", "512", "--top", "2"])
     assert res.exit_code == 0, res.output
     assert "Winner's step time" in res.output and "Winner's memory per GPU" in res.output

@@ -189,3 +189,25 @@ def test_why_not_names_the_interleaving_that_works():
     # 8 layers' worth per rank (126 + 2 = 128 on 16 ranks): chunks of 8/vpp, at least 2 each
     assert verdict.status == "invalid"
     assert verdict.reasons[0].endswith("(126 layers on pp=16 split 7+..+7; vpp 1, 2, 4 would do)")
+
+
+def test_uneven_split_messages_and_the_even_one():
+    m, hw = catalog.resolve_model("175b"), catalog.resolve_hardware("dgx-h100")
+    tr = TrainingSpec(seq_length=2048, global_batch_size=1536)
+    base = dict(tp=8, pp=32, zero_stage=1, micro_batch_size=1)
+    with pytest.raises(UsageError, match="needs both first_stage_layers and last_stage_layers"):
+        check_layout(m, hw, tr, 512, dict(base, first_stage_layers=1))
+    # 96 - 1 - 3 = 92 layers on 30 middle stages: 92 / 30 is not whole
+    with pytest.raises(UsageError, match="the 92 layers left do not divide over the 30 middle stages"):
+        check_layout(m, hw, tr, 512, dict(base, first_stage_layers=1, last_stage_layers=3))
+    # 96 - 6 = 90 on 30: 3 each, less than the first stage's 4
+    with pytest.raises(UsageError, match="an edge stage holds more than a middle stage's 3 layers"):
+        check_layout(m, hw, tr, 512, dict(base, first_stage_layers=4, last_stage_layers=2))
+    # 3 + 30 x 3 + 3 is the even split of 96 layers on 32 stages: taken as even
+    lay = check_layout(m, hw, tr, 512, dict(base, first_stage_layers=3, last_stage_layers=3))
+    assert (lay.first_stage_layers, lay.last_stage_layers) == (0, 0) and "+..+" not in lay.short()
+    llama = catalog.resolve_model("llama3-405b")
+    with pytest.raises(UsageError, match="with vpp 8 neither .* vpp 2, 4 would do"):
+        check_layout(llama, hw, TrainingSpec(seq_length=8192, global_batch_size=2048), 8192,
+                     dict(tp=8, pp=16, zero_stage=1, micro_batch_size=1, vpp=8,
+                          first_stage_layers=7, last_stage_layers=7))

@@ -27,7 +27,9 @@ class Estimate:
 
     memory (bytes, on the GPU with the highest peak): weights, gradients, optimizer,
     activations, other (buffers + framework allowance), total, capacity; ``fits`` (bool).
-    time (seconds): step and its terms (sum of TIME_TERMS == step), plus bubble_fraction.
+    time (seconds): step and its terms (sum of TIME_TERMS == step), plus bubble_fraction: the
+    bubble over the busiest stage's work in the step (m x its per-micro-batch compute,
+    recomputation and exposed communication), Narayanan's (pp-1)/(vpp*m) for equal stages.
     throughput: tokens_per_s, model_tflops_per_gpu, mfu, hfu (fractions of the dense peak).
     """
 

@@ -67,13 +67,15 @@ def export_deepspeed(plan: Plan) -> Export:
     lay = plan.layout
     notes = [
         f"DeepSpeed config for {describe(plan)}; keys: {SOURCE}",
-        f"pipeline: pp={lay.pp} is not a ds_config key; pass it as deepspeed.pipe.PipelineModule("
-        f"num_stages={lay.pp}) or Megatron-DeepSpeed --pipeline-model-parallel-size {lay.pp}",
         f"tensor parallel: tp={lay.tp} is set by the model code, e.g. Megatron-DeepSpeed "
         f"--tensor-model-parallel-size {lay.tp}" + (" --sequence-parallel" if lay.sequence_parallel else ""),
         RANK_ORDER_NOTE + "; DeepSpeed's PipeModelDataParallelTopology uses axes [pipe, data, model] "
         "(model fastest), the same placement",
     ]
+    if lay.pp > 1:
+        notes.insert(1, f"pipeline: pp={lay.pp} is not a ds_config key; pass it as deepspeed.pipe."
+                     f"PipelineModule(num_stages={lay.pp}) or Megatron-DeepSpeed "
+                     f"--pipeline-model-parallel-size {lay.pp}")
     if lay.vpp > 1:
         notes.append(f"vpp={lay.vpp}: DeepSpeed's pipeline engine runs plain 1F1B; it has no "
                      "interleaved schedule, so the bubble will be larger than estimated")
