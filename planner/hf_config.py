@@ -12,7 +12,8 @@ What plan3d's schema cannot represent exactly is either an error naming the fiel
 OPT's word_embed_proj_dim != hidden_size, an unknown activation) or, when the difference is only
 a few parameters or a runtime detail, a sentence in ``notes`` (Qwen2's QKV biases, OPT's two
 extra position rows, BLOOM's embedding LayerNorm, Falcon-7B's single LayerNorm per layer,
-sliding-window attention, RoPE scaling).
+sliding-window attention, RoPE scaling). The RoPE base is read from ``rope_theta`` (GPT-NeoX:
+``rotary_emb_base``) into ``ModelSpec.rope_theta``.
 
 Training defaults (a config.json has none): seq_length = min(max_position_embeddings, 8192)
 (2048 when the model has no position limit, e.g. ALiBi); global_batch_size = 2^22 tokens /
@@ -74,6 +75,26 @@ def _float(origin: str, key: str, value) -> float | None:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
     raise UsageError(f"{origin}: {key} must be a number, got {value!r}")
+
+
+def _rope_theta(cfg: dict, origin: str, notes: list[str]) -> float:
+    """The RoPE base of a RoPE model's config: ``rope_theta`` (llama, mistral, qwen2, falcon),
+    ``rotary_emb_base`` (gpt_neox), or ``rope_parameters.rope_theta`` (transformers v5 layout).
+    Absent: 10000.0, the default of every supported transformers config class (LlamaConfig,
+    MistralConfig, Qwen2Config, FalconConfig rope_theta; GPTNeoXConfig rotary_emb_base), with a
+    note. UsageError naming the field if it is not a positive number."""
+    params = cfg.get("rope_parameters")
+    for key, value in (("rope_theta", cfg.get("rope_theta")),
+                       ("rotary_emb_base", cfg.get("rotary_emb_base")),
+                       ("rope_parameters.rope_theta",
+                        params.get("rope_theta") if isinstance(params, dict) else None)):
+        theta = _float(origin, key, value)
+        if theta is not None:
+            if not theta > 0 or theta == float("inf"):
+                raise UsageError(f"{origin}: {key} must be a positive number, got {value!r}")
+            return theta
+    notes.append("rope_theta not given: 10000 assumed (the transformers default)")
+    return 10000.0
 
 
 def from_hf_dict(cfg: dict, origin: str, name: str) -> ModelSpec:
@@ -142,8 +163,10 @@ def from_hf_dict(cfg: dict, origin: str, name: str) -> ModelSpec:
             notes.append(f"BLOOM's embedding LayerNorm ({2 * h:,} parameters) is not counted")
     else:
         position = "rope"
+    rope_theta = _rope_theta(cfg, origin, notes) if position == "rope" else None
     if cfg.get("rope_scaling"):
-        notes.append(f"rope_scaling {cfg['rope_scaling']} ignored (does not change the cost)")
+        notes.append(f"rope_scaling {cfg['rope_scaling']} is not modeled by plan3d (no cost effect) "
+                     "and not exported: set it in the training framework")
     if cfg.get("sliding_window") and cfg.get("use_sliding_window", mt == "mistral"):
         notes.append(f"sliding-window attention ({cfg['sliding_window']} tokens) costed as full "
                      "causal attention")
@@ -181,7 +204,7 @@ def from_hf_dict(cfg: dict, origin: str, name: str) -> ModelSpec:
         "head_dim": head_dim if head_dim and head_dim * a != h else None,
         "ffn_hidden_size": ffn, "activation": activation, "tie_embeddings": tie, "norm": norm,
         "bias": bias, "position_embedding": position,
-        "max_position_embeddings": max_pos or None, "dropout": dropout,
+        "max_position_embeddings": max_pos or None, "rope_theta": rope_theta, "dropout": dropout,
         "training": {"seq_length": seq, "global_batch_size": gbs}, "notes": "; ".join(notes),
     }
     return validate(ModelSpec, {k: v for k, v in data.items() if v is not None}, origin)

@@ -61,6 +61,12 @@ class ModelSpec(_Strict):
     Field names are the public schema of ``models/*.yaml``. ``ffn_hidden_size`` is the width of
     the MLP's intermediate layer (for SwiGLU: of each of gate and up, as Hugging Face's
     ``intermediate_size``); it defaults to 4*hidden_size for gelu and is required for swiglu.
+
+    ``rope_theta`` is the RoPE base (theta, dimensionless; Su et al. 2021, "RoFormer",
+    arXiv:2104.09864, eq. 15: theta_i = base^(-2(i-1)/d)): Hugging Face ``rope_theta``
+    (``rotary_emb_base`` for GPT-NeoX), Megatron-LM ``--rotary-base``. It does not change any
+    cost, only the trained architecture, so exports must carry it; None = not known (exports then
+    say the framework's default applies). Only valid with ``position_embedding: rope``.
     """
 
     name: str = Field(pattern=NAME_PATTERN)
@@ -79,6 +85,7 @@ class ModelSpec(_Strict):
     bias: bool = False
     position_embedding: Literal["learned", "rope", "alibi"] = "rope"
     max_position_embeddings: int | None = Field(default=None, gt=0)
+    rope_theta: float | None = Field(default=None, gt=0)
     dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
     training: TrainingDefaults
     notes: str | None = None
@@ -95,6 +102,9 @@ class ModelSpec(_Strict):
             raise ValueError("ffn_hidden_size is required for activation: swiglu")
         if self.position_embedding == "learned" and self.max_position_embeddings is None:
             raise ValueError("max_position_embeddings is required for learned position embeddings")
+        if self.rope_theta is not None and self.position_embedding != "rope":
+            raise ValueError(f"rope_theta is set ({self.rope_theta:g}) but position_embedding is "
+                             f"{self.position_embedding}, not rope; remove rope_theta")
         return self
 
     @property

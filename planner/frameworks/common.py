@@ -63,3 +63,22 @@ def describe(plan: Plan) -> str:
 
 RANK_ORDER_NOTE = ("rank order: Megatron's default tp-cp-ep-dp-pp (TP fastest, then CP, DP, PP), "
                    "the order the plan3d cost model assumed; see `plan3d placement`")
+
+
+def theta_text(theta: float) -> str:
+    """A RoPE base as written in exports: an integer when integral (500000.0 -> '500000'), else repr (10000.5 -> '10000.5')."""
+    return str(int(theta)) if float(theta).is_integer() else repr(float(theta))
+
+
+def rope_note(plan: Plan, where: str, default: str) -> str | None:
+    """The comment an export writes about the RoPE base (ModelSpec.rope_theta) when the target
+    does not take it as a setting: ``where`` says where the user sets it, ``default`` what applies
+    when nothing sets it. None for models without RoPE."""
+    model = plan.model
+    if model.position_embedding != "rope":
+        return None
+    if model.rope_theta is None:
+        return (f"RoPE base: not set for {model.name} (rope_theta unknown), so {default} applies; "
+                "check it against the model you mean to train")
+    return (f"RoPE base: this plan's model uses rope_theta {theta_text(model.rope_theta)}; set it in "
+            f"{where}, or {default} applies")

@@ -23,7 +23,7 @@ import json
 
 from ..errors import UsageError
 from ..specs import Plan
-from .common import RANK_ORDER_NOTE, Export, describe, microbatches
+from .common import RANK_ORDER_NOTE, Export, describe, microbatches, rope_note
 
 SOURCE = "deepspeedai/DeepSpeed @088be892c749 deepspeed/runtime/constants.py, runtime/zero/config.py"
 
@@ -83,6 +83,10 @@ def export_deepspeed(plan: Plan) -> Export:
         notes.append(f"recompute={lay.recompute}: ds_config has no switch for it; enable it in the "
                      "model (deepspeed.checkpointing.checkpoint, or Megatron-DeepSpeed "
                      "--recompute-granularity)")
+    rope = rope_note(plan, "the model code (ds_config has no model architecture; e.g. "
+                     "Megatron-DeepSpeed --rotary-base)", "the model code's default")
+    if rope:
+        notes.append(rope)
     if plan.training.grad_bytes == 2:
         notes.append("grad_bytes 2 (bf16 gradient reduction) is not set here")
     text = json.dumps(cfg, indent=2) + "\n"

@@ -23,7 +23,8 @@ Mapping (plan field -> flag):
   model shape            --num-layers, --hidden-size, --ffn-hidden-size, --num-attention-heads,
                          --group-query-attention --num-query-groups g (GQA/MQA), --kv-channels
                          (head_dim != h/a), --swiglu, --normalization, --disable-bias-linear,
-                         --position-embedding-type, --max-position-embeddings,
+                         --position-embedding-type, --rotary-base (rope_theta; integers only,
+                         argparse type=int), --max-position-embeddings,
                          --untie-embeddings-and-output-weights, --attention-dropout, --hidden-dropout
   training               --bf16 / --fp16, --grad-reduce-in-bf16 (grad_bytes 2),
                          --overlap-grad-reduce (+ --overlap-param-gather with a sharded optimizer),
@@ -36,7 +37,8 @@ from __future__ import annotations
 from ..errors import UsageError
 from ..space import embedding_loss_split
 from ..specs import Plan, padded_vocab
-from .common import RANK_ORDER_NOTE, Export, describe, layers_per_virtual_stage, microbatches
+from .common import (RANK_ORDER_NOTE, Export, describe, layers_per_virtual_stage, microbatches,
+                     theta_text)
 
 SOURCE = "NVIDIA/Megatron-LM commit d98e8a64ddf3 (2026-08-22), megatron/training/arguments.py"
 FSDP_STRATEGY = {2: "optim_grads", 3: "optim_grads_params"}
@@ -100,6 +102,12 @@ def megatron_args(plan: Plan) -> list[tuple[str, str | None]]:
     if not model.bias:
         args.append(("--disable-bias-linear", None))
     args.append(("--position-embedding-type", POSITION[model.position_embedding]))
+    if model.position_embedding == "rope" and model.rope_theta is not None:
+        if not float(model.rope_theta).is_integer():
+            raise UsageError(f"Megatron-LM's --rotary-base takes an integer (type=int), but "
+                             f"{model.name} has rope_theta {model.rope_theta!r}; it cannot be "
+                             "exported to Megatron-LM as is")
+        args.append(("--rotary-base", theta_text(model.rope_theta)))
     if not model.tie_embeddings:
         args.append(("--untie-embeddings-and-output-weights", None))
     args += [("--attention-dropout", f"{model.dropout:g}"), ("--hidden-dropout", f"{model.dropout:g}")]
@@ -137,6 +145,10 @@ def export_megatron(plan: Plan) -> Export:
     if lay.recompute == "selective":
         comments.append("selective recomputation = Megatron's default --recompute-modules core_attn, "
                         "as the cost model assumed")
+    if model.position_embedding == "rope" and model.rope_theta is None:
+        comments.append(f"RoPE base: not set for {model.name} (rope_theta unknown), so Megatron-LM's "
+                        "default --rotary-base 10000 applies; check it against the model you mean "
+                        "to train")
     if not plan.training.flash_attention:
         comments.append("the plan assumed attention without flash attention (scores stored): "
                         "--attention-backend unfused")

@@ -19,7 +19,7 @@ import yaml
 
 from ..errors import UsageError
 from ..specs import Plan
-from .common import RANK_ORDER_NOTE, Export, describe, microbatches
+from .common import RANK_ORDER_NOTE, Export, describe, microbatches, rope_note
 
 SOURCE = ("NVIDIA-NeMo/Megatron-Bridge docs/megatron-lm-to-megatron-bridge.md @167ba2ad3210, "
           "src/megatron/bridge/recipes/llama/llama3.py @6f6f95e09fc9")
@@ -97,6 +97,11 @@ def export_nemo(plan: Plan) -> Export:
     if plan.model.position_embedding == "alibi":
         comments.append("the model uses ALiBi, which Megatron-Core GPT models do not implement: "
                         "the recipe needs a model provider with ALiBi")
+    rope = rope_note(plan, "the recipe's model provider (Megatron-Core rotary_base; not written "
+                     "here: not in the Megatron-Bridge field list plan3d is checked against)",
+                     "the provider's rotary base")
+    if rope:
+        comments.append(rope)
     if plan.layout.zero_stage >= 2:
         comments.append(f"ZeRO-{plan.layout.zero_stage} = Megatron-FSDP with "
                         f"data_parallel_sharding_strategy {SHARDING[plan.layout.zero_stage]}")

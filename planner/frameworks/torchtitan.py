@@ -35,7 +35,7 @@ from __future__ import annotations
 from ..errors import UsageError
 from ..space import embedding_loss_split
 from ..specs import Plan
-from .common import Export, describe, layers_per_virtual_stage, microbatches
+from .common import Export, describe, layers_per_virtual_stage, microbatches, rope_note
 
 SOURCE_03 = "pytorch/torchtitan @0014ac2ca45a torchtitan/config/configs.py"
 SOURCE_02 = "pytorch/torchtitan @000204a4a8bf torchtitan/config/job_config.py (+ PR #1416)"
@@ -114,6 +114,10 @@ def torchtitan_settings(plan: Plan, fmt: str) -> tuple[dict[str, dict[str, objec
     if plan.model.position_embedding == "alibi":
         notes.append("the model uses ALiBi: the torchtitan model code must implement it "
                      "(its Llama-style models use RoPE)")
+    rope = rope_note(plan, "the model flavour (its model args fix rope_theta; there is no "
+                     "training option for it)", "the flavour's rope_theta")
+    if rope:
+        notes.append(rope)
     if tr.grad_bytes == 2:
         notes.append("grad_bytes 2 (bf16 gradient reduction): torchtitan reduces in float32 "
                      "(training.mixed_precision_reduce); not set")
