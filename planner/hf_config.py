@@ -13,7 +13,8 @@ OPT's word_embed_proj_dim != hidden_size, an unknown activation) or, when the di
 a few parameters or a runtime detail, a sentence in ``notes`` (Qwen2's QKV biases, OPT's two
 extra position rows, BLOOM's embedding LayerNorm, Falcon-7B's single LayerNorm per layer,
 sliding-window attention, RoPE scaling). The RoPE base is read from ``rope_theta`` (GPT-NeoX:
-``rotary_emb_base``) into ``ModelSpec.rope_theta``.
+``rotary_emb_base``) into ``ModelSpec.rope_theta``, ``rotary_pct`` / ``partial_rotary_factor`` into
+``ModelSpec.rotary_percent``.
 
 Training defaults (a config.json has none): seq_length = min(max_position_embeddings, 8192)
 (2048 when the model has no position limit, e.g. ALiBi); global_batch_size = 2^22 tokens /
@@ -164,6 +165,14 @@ def from_hf_dict(cfg: dict, origin: str, name: str) -> ModelSpec:
     else:
         position = "rope"
     rope_theta = _rope_theta(cfg, origin, notes) if position == "rope" else None
+    rotary = None
+    for key in ("rotary_pct", "partial_rotary_factor"):  # GPT-NeoX; Phi, StableLM, GLM
+        value = _float(origin, key, cfg.get(key))
+        if value is not None and position == "rope":
+            if not 0 < value <= 1:
+                raise UsageError(f"{origin}: {key} must be in (0, 1], got {cfg[key]!r}")
+            rotary = value
+            break
     if cfg.get("rope_scaling"):
         notes.append(f"rope_scaling {cfg['rope_scaling']} is not modeled by plan3d (no cost effect) "
                      "and not exported: set it in the training framework")
@@ -204,7 +213,8 @@ def from_hf_dict(cfg: dict, origin: str, name: str) -> ModelSpec:
         "head_dim": head_dim if head_dim and head_dim * a != h else None,
         "ffn_hidden_size": ffn, "activation": activation, "tie_embeddings": tie, "norm": norm,
         "bias": bias, "position_embedding": position,
-        "max_position_embeddings": max_pos or None, "rope_theta": rope_theta, "dropout": dropout,
+        "max_position_embeddings": max_pos or None, "rope_theta": rope_theta,
+        "rotary_percent": rotary, "dropout": dropout,
         "training": {"seq_length": seq, "global_batch_size": gbs}, "notes": "; ".join(notes),
     }
     return validate(ModelSpec, {k: v for k, v in data.items() if v is not None}, origin)

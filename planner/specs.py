@@ -67,6 +67,9 @@ class ModelSpec(_Strict):
     (``rotary_emb_base`` for GPT-NeoX), Megatron-LM ``--rotary-base``. It does not change any
     cost, only the trained architecture, so exports must carry it; None = not known (exports then
     say the framework's default applies). Only valid with ``position_embedding: rope``.
+    ``rotary_percent`` is the fraction of each head's dimensions RoPE rotates (GPT-NeoX-20B 0.25,
+    Black et al. 2022 Sec. 2.1; Hugging Face ``rotary_pct`` / ``partial_rotary_factor``,
+    Megatron-LM ``--rotary-percent``), 1.0 = all; no cost effect, exports carry it.
     """
 
     name: str = Field(pattern=NAME_PATTERN)
@@ -86,6 +89,7 @@ class ModelSpec(_Strict):
     position_embedding: Literal["learned", "rope", "alibi"] = "rope"
     max_position_embeddings: int | None = Field(default=None, gt=0)
     rope_theta: float | None = Field(default=None, gt=0)
+    rotary_percent: float = Field(default=1.0, gt=0, le=1)
     dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
     training: TrainingDefaults
     notes: str | None = None
@@ -105,6 +109,9 @@ class ModelSpec(_Strict):
         if self.rope_theta is not None and self.position_embedding != "rope":
             raise ValueError(f"rope_theta is set ({self.rope_theta:g}) but position_embedding is "
                              f"{self.position_embedding}, not rope; remove rope_theta")
+        if self.rotary_percent != 1.0 and self.position_embedding != "rope":
+            raise ValueError(f"rotary_percent is {self.rotary_percent:g} but position_embedding is "
+                             f"{self.position_embedding}, not rope; remove rotary_percent")
         return self
 
     @property

@@ -157,3 +157,24 @@ def test_cli_search_export_llama3_8b(tmp_path):
     res = runner.invoke(app, ["export", str(plan_file), "--to", "megatron"])
     assert res.exit_code == 0, res.stderr
     assert megatron_flags(res.stdout)["--rotary-base"] == "500000"
+
+
+def test_partial_rotary_percent():
+    # GPT-NeoX-20B rotates 25 % of each head's dimensions (Black et al. 2022 Sec. 2.1; HF
+    # rotary_pct 0.25); Megatron-LM takes it as --rotary-percent, the others get a comment
+    neox = catalog.resolve_model("gpt-neox-20b")
+    assert neox.rotary_percent == 0.25
+    assert all(m.rotary_percent == 1.0 for m in catalog.models().values() if m.name != "gpt-neox-20b")
+    plan = make("gpt-neox-20b", 8, gbs=1536, tp=1, pp=1, dp=8, zero_stage=1, micro_batch_size=1)
+    flags = megatron_flags(export_plan(plan, "megatron").text)
+    assert flags["--rotary-percent"] == "0.25" and "--rotary-percent" in MEGATRON
+    assert "--rotary-percent" not in megatron_flags(export_plan(
+        make("llama3-8b", 8, tp=1, pp=1, dp=8, zero_stage=1, micro_batch_size=1), "megatron").text)
+    assert "rotates 0.25 of each head's dimensions" in export_plan(plan, "torchtitan").text
+    hf = json.loads((HF_DIR / "gpt-neox-20b.json").read_text())
+    assert from_hf_dict(hf, "n", "n").rotary_percent == 0.25
+    assert from_hf_dict({**hf, "rotary_pct": 1.0}, "n", "n").rotary_percent == 1.0
+    with pytest.raises(UsageError, match="rotary_pct must be in"):
+        from_hf_dict({**hf, "rotary_pct": 1.5}, "bad.json", "bad")
+    with pytest.raises(ValueError, match="rotary_percent is 0.5 but position_embedding is learned"):
+        ModelSpec.model_validate({**catalog.resolve_model("175b").model_dump(), "rotary_percent": 0.5})

@@ -77,8 +77,10 @@ def rope_note(plan: Plan, where: str, default: str) -> str | None:
     model = plan.model
     if model.position_embedding != "rope":
         return None
+    partial = (f"; RoPE rotates {model.rotary_percent:g} of each head's dimensions "
+               "(rotary_percent): set that there too" if model.rotary_percent < 1.0 else "")
     if model.rope_theta is None:
         return (f"RoPE base: not set for {model.name} (rope_theta unknown), so {default} applies; "
-                "check it against the model you mean to train")
+                f"check it against the model you mean to train{partial}")
     return (f"RoPE base: this plan's model uses rope_theta {theta_text(model.rope_theta)}; set it in "
-            f"{where}, or {default} applies")
+            f"{where}, or {default} applies{partial}")

@@ -23,7 +23,8 @@ Mapping (plan field -> flag):
   model shape            --num-layers, --hidden-size, --ffn-hidden-size, --num-attention-heads,
                          --group-query-attention --num-query-groups g (GQA/MQA), --kv-channels
                          (head_dim != h/a), --swiglu, --normalization, --disable-bias-linear,
-                         --position-embedding-type, --rotary-base (rope_theta; integers only,
+                         --position-embedding-type, --rotary-percent (rotary_percent < 1),
+                         --rotary-base (rope_theta; integers only,
                          argparse type=int), --max-position-embeddings,
                          --untie-embeddings-and-output-weights, --attention-dropout, --hidden-dropout
   training               --bf16 / --fp16, --grad-reduce-in-bf16 (grad_bytes 2),
@@ -108,6 +109,8 @@ def megatron_args(plan: Plan) -> list[tuple[str, str | None]]:
                              f"{model.name} has rope_theta {model.rope_theta!r}; it cannot be "
                              "exported to Megatron-LM as is")
         args.append(("--rotary-base", theta_text(model.rope_theta)))
+    if model.position_embedding == "rope" and model.rotary_percent < 1.0:
+        args.append(("--rotary-percent", f"{model.rotary_percent:g}"))
     if not model.tie_embeddings:
         args.append(("--untie-embeddings-and-output-weights", None))
     args += [("--attention-dropout", f"{model.dropout:g}"), ("--hidden-dropout", f"{model.dropout:g}")]
