@@ -29,7 +29,7 @@ def test_cp_miniature_on_8_ranks_drops_dp_and_says_so():
     run = miniature(CP_PLAN, world=8)
     assert run.layout == Layout(tp=2, cp=2, pp=2, dp=1, zero_stage=1, micro_batch_size=1,
                                 sequence_parallel=True, vpp=2)
-    assert [d["feature"] for d in run.not_exercised] == ["dp"]
+    assert [d["feature"] for d in run.not_exercised] == ["dp", "dropout"]
     assert "--world 16 keeps dp = 2" in run.not_exercised[0]["reason"]
     assert run.notes == ()
     # m' = 2*pp' = 4 micro-batches of 1 sequence on dp' = 1.
@@ -40,7 +40,7 @@ def test_cp_miniature_on_8_ranks_drops_dp_and_says_so():
 def test_cp_miniature_on_16_ranks_keeps_all_four():
     run = miniature(CP_PLAN, world=16)
     assert (run.layout.tp, run.layout.cp, run.layout.pp, run.layout.dp) == (2, 2, 2, 2)
-    assert run.not_exercised == ()
+    assert [d["feature"] for d in run.not_exercised] == ["dropout"]
     # ZeRO-1 shards over dp*cp = 4: fp64 master + Adam m, v = 3 * 8 * 60,608 / 4 bytes.
     assert predict(run, 0)["memory"]["optimizer_bytes"] == 3 * 8 * 60_608 / 4
 
@@ -94,7 +94,7 @@ def test_uneven_split_is_kept_uneven():
     assert (run.layout.first_stage_layers, run.layout.last_stage_layers) == (2, 1)
     assert run.model.num_layers == 3 and run.stage_layers() == [2, 1]
     assert run.notes == ("uneven pipeline split 14+..+10 layers: run as 2+1 on pp' = 2",)
-    assert run.not_exercised == ()
+    assert [d["feature"] for d in run.not_exercised] == ["dropout"]
     assert rank_params(run.model, run.layout, 0)["layers"] == 2
     assert rank_params(run.model, run.layout, 1)["layers"] == 1
     # No SP: 4 all-reduces of X = 2*32*64*8 = 32,768 B per layer per micro-batch (m = 4), plus
@@ -108,7 +108,7 @@ def test_uneven_split_with_interleaving_is_reported_not_exercised():
                  first_stage_layers=14, last_stage_layers=10)
     run = miniature(plan, world=8)
     assert run.layout.first_stage_layers == 0 and run.stage_layers() is None
-    assert [d["feature"] for d in run.not_exercised] == ["uneven pipeline split"]
+    assert [d["feature"] for d in run.not_exercised] == ["uneven pipeline split", "dropout"]
 
 
 def test_notes_reach_the_json_result_and_the_table(capsys):
@@ -126,3 +126,17 @@ def test_notes_reach_the_json_result_and_the_table(capsys):
     render(result, None)
     out = capsys.readouterr().out
     assert "tp=2 cp=2 pp=2 dp=1" in out and "not exercised: dp: dp' = 1" in out
+
+
+def test_dropout_is_reported_not_exercised_never_dropped_silently():
+    # gpt3-175b has dropout 0.1 (catalog); both runs set it to 0 and must say so.
+    run = miniature(CP_PLAN, world=8)
+    assert run.model.dropout == 0.0
+    entry = run.not_exercised[-1]
+    assert entry["feature"] == "dropout" and entry["reason"].startswith("dropout 0.1 run as 0")
+    full = full_scale(CP_PLAN, 1, "float64", 2, "cpu")
+    assert full.model.dropout == 0.0 and full.not_exercised[-1] == entry
+    # A model without dropout (llama3-8b: 0.0) gets no entry.
+    llama = miniature(_plan("llama3-8b", tp=2, pp=2, dp=2, zero_stage=1, micro_batch_size=1),
+                     world=8)
+    assert llama.not_exercised == ()

@@ -4,7 +4,7 @@
 CPU ranks: tp, cp, pp, dp each min(plan, 2); vpp 2 if the plan interleaves; an uneven pipeline
 split as an uneven 2-stage split; the plan's ZeRO stage (the distributed optimizer runs as
 ZeRO-1), recompute and SP; the model's kind (norm, bias, activation, positions, tied embeddings,
-GQA). What it maps or cannot keep is listed in ``Run.notes`` / ``Run.not_exercised``, never
+GQA); dropout runs as 0. What it maps or cannot keep is listed in ``Run.notes`` / ``Run.not_exercised``, never
 dropped silently.
 ``full_scale(plan, K)`` is the plan itself with K layers per pipeline chunk (torchrun on a cluster).
 ``predict(run, pp_rank)`` is what the cost model says for one rank of that run:
@@ -94,6 +94,17 @@ def _mapped(lay: Layout) -> tuple[Layout, list[str]]:
                                       zero_stage=max(1, lay.zero_stage))), [note]
 
 
+def _no_dropout(model: ModelSpec) -> list[dict]:
+    """The not-exercised entry for a model with dropout (both runs set it to 0: random masks
+    would make the losses differ from the single-process reference, and the activation
+    prediction then leaves out the masks, memory.activation_bytes' dropout term)."""
+    if not model.dropout:
+        return []
+    return [{"feature": "dropout", "reason": (
+        f"dropout {model.dropout:g} run as 0: random masks would break the exact loss "
+        f"comparison with the single-process reference; activations predicted without masks")}]
+
+
 def miniature_dims(lay: Layout, world: int) -> tuple[dict[str, int], list[dict]]:
     """Sizes {tp, cp, pp, dp} of the miniature on ``world`` ranks and what that leaves out.
 
@@ -161,7 +172,7 @@ def miniature(plan: Plan, world: int, dtype: str = "float64", steps: int = 3,
                     recompute=lay.recompute, sequence_parallel=lay.sequence_parallel and tp > 1,
                     vpp=vpp, first_stage_layers=first, last_stage_layers=last)
     return Run(mini, training, layout, dtype=dtype, steps=steps, device=device,
-               notes=tuple(notes), not_exercised=tuple(dropped))
+               notes=tuple(notes), not_exercised=tuple(dropped + _no_dropout(m)))
 
 
 def full_scale(plan: Plan, layers_per_stage: int | None, dtype: str, steps: int, device: str) -> Run:
@@ -185,7 +196,7 @@ def full_scale(plan: Plan, layers_per_stage: int | None, dtype: str, steps: int,
                              f"{plan.layout.pp * plan.layout.vpp} chunks")
     return Run(model.model_copy(update=dict(dropout=0.0)), plan.training, layout,
                dtype=dtype, steps=steps, device=device, notes=tuple(notes),
-               not_exercised=tuple(dropped))
+               not_exercised=tuple(dropped + _no_dropout(plan.model)))
 
 
 def predict(run: Run, pp_rank: int) -> dict:
