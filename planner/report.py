@@ -13,12 +13,13 @@ from rich.table import Table
 
 from .cost import Estimate
 from .cost.step import TIME_TERMS
+from .pipe import PipeConsole
 from .search import SearchResult
 from .specs import HardwareProfile, ModelSpec, TrainingSpec
 
 GIB = 2.0**30
 # Piped output is not wrapped at rich's default 80 columns: the ranked table needs ~130.
-out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+out = PipeConsole(highlight=False, width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 160)
 
 TIME_LABELS = {

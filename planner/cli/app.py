@@ -49,8 +49,8 @@ def handle_errors(func):
         except (typer.Exit, typer.Abort):
             raise
         except BrokenPipeError:  # `plan3d ... | head`: the reader left, nothing to report
-            sys.stderr.close()
-            raise typer.Exit(0) from None
+            from ..pipe import stdout_closed
+            stdout_closed()  # exit 141 (128 + SIGPIPE), not 1 ("no layout fits")
         except OSError as exc:
             report.error(f"cannot write the output: {exc.strerror or exc}")
             raise typer.Exit(74) from None  # EX_IOERR
@@ -144,6 +144,9 @@ def main() -> None:
     except (typer.Abort, KeyboardInterrupt):
         report.error("aborted")
         sys.exit(130)
+    except BrokenPipeError:  # the reader of stdout left outside a command (help, version)
+        from ..pipe import stdout_closed
+        stdout_closed()
     except Exception as exc:
         if not (hasattr(exc, "format_message") and hasattr(exc, "exit_code")):
             raise
