@@ -3,13 +3,15 @@
 Forking skips N fresh imports of torch (about 20 s against 50 s for 8 ranks on 2 cores,
 validator_notes.md section 1). Each child gets torchrun's environment (RANK, WORLD_SIZE,
 LOCAL_RANK, MASTER_ADDR, MASTER_PORT), one intra-op thread, and runs ``target(cfg)``; a failure
-is written to ``rank{R}.err`` in cfg["out_dir"]. Never fork after CUDA was initialised.
+is written to ``rank{R}.err`` in cfg["out_dir"]. On Linux each rank dies with this process,
+even when it is SIGKILLed (die_with_parent). Never fork after CUDA was initialised.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import sys
 import time
 import traceback
 from pathlib import Path
@@ -21,7 +23,33 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _child(rank: int, world: int, port: int, target, cfg: dict) -> None:
+PR_SET_PDEATHSIG = 1  # prctl(2), <linux/prctl.h>
+
+
+def die_with_parent(parent: int) -> bool:
+    """Linux: have the kernel SIGKILL this process when ``parent`` (the pid that forked it) dies.
+
+    prctl(PR_SET_PDEATHSIG, SIGKILL) (prctl(2)), so a SIGKILLed ``plan3d validate --local``
+    leaves no orphaned ranks; if the parent is already gone (it died before the call), exit
+    at once. Returns False where prctl is unavailable (not Linux), doing nothing.
+    """
+    import signal
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            return False
+    except (OSError, AttributeError):
+        return False
+    if os.getppid() != parent:
+        os._exit(1)
+    return True
+
+
+def _child(rank: int, world: int, port: int, target, cfg: dict, parent: int) -> None:
+    die_with_parent(parent)
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                       LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     import warnings
@@ -44,7 +72,9 @@ def fork_ranks(world: int, target, cfg: dict, timeout_s: float) -> list[int]:
     import multiprocessing as mp
     ctx = mp.get_context("fork")
     port = free_port()
-    procs = [ctx.Process(target=_child, args=(r, world, port, target, cfg)) for r in range(world)]
+    parent = os.getpid()
+    procs = [ctx.Process(target=_child, args=(r, world, port, target, cfg, parent))
+             for r in range(world)]
     for p in procs:
         p.start()
     deadline = time.monotonic() + timeout_s
