@@ -45,6 +45,9 @@ def _run(args) -> int:
     require_torch()
     import torch
 
+    from .launch import quiet_collective_deprecations
+    quiet_collective_deprecations()  # as quiet as --local (its ranks ignore FutureWarning)
+
     from .compare import compare, render
     from .miniature import full_scale, miniature
     from .worker import reference_losses, run_rank

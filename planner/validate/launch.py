@@ -23,6 +23,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# torch.distributed deprecates the two collectives the validator calls (FutureWarning "`torch.
+# distributed.all_gather_into_tensor` is deprecated. Please use `...all_gather_single` instead.",
+# torch/distributed/distributed_c10d.py); the old names run on every torch the validator supports.
+DEPRECATED_COLLECTIVES = (r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` "
+                          r"is deprecated")
+
+
+def quiet_collective_deprecations() -> None:
+    """Ignore only torch.distributed's FutureWarning about all_gather_into_tensor and
+    reduce_scatter_tensor (every other warning still shows): the torchrun entry point prints
+    no more than ``--local``, whose ranks ignore FutureWarning altogether (_child)."""
+    import warnings
+    warnings.filterwarnings("ignore", message=DEPRECATED_COLLECTIVES, category=FutureWarning)
+
+
 PR_SET_PDEATHSIG = 1  # prctl(2), <linux/prctl.h>
 
 
