@@ -27,7 +27,8 @@ def _alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl(PR_SET_PDEATHSIG) is Linux only")
+@pytest.mark.skipif(not sys.platform.startswith("linux"),
+                    reason="prctl(PR_SET_PDEATHSIG) is Linux only")
 def test_ranks_die_when_the_parent_is_sigkilled(tmp_path):
     # The parent forks 2 ranks that each write their pid and then sleep for 2 minutes.
     script = textwrap.dedent(f"""
@@ -77,7 +78,7 @@ def test_torchrun_entry_point_ignores_only_the_deprecated_collectives(tmp_path, 
     from planner.validate.__main__ import main
     with warnings.catch_warnings():
         warnings.simplefilter("always")
-        # torch 2.13 warns about both names (what torchrun printed once per rank).
+        # torch 2.13 warns about both names (what torchrun printed on every rank).
         assert _deprecated_collectives() == ["`torch.distributed.all_gather_into_tensor`",
                                              "`torch.distributed.reduce_scatter_tensor`",
                                              "another deprecation"]
@@ -87,5 +88,6 @@ def test_torchrun_entry_point_ignores_only_the_deprecated_collectives(tmp_path, 
         assert CliRunner().invoke(app, ["search", "--model", "175b", "--gpus", "512",
                                         "--export", str(tmp_path / "plan.yaml")]).exit_code == 0
         monkeypatch.delenv("WORLD_SIZE", raising=False)
-        assert main([str(tmp_path / "plan.yaml"), "--miniature", "--out", str(tmp_path / "m.json")]) == 2
+        out = str(tmp_path / "m.json")
+        assert main([str(tmp_path / "plan.yaml"), "--miniature", "--out", out]) == 2
         assert _deprecated_collectives() == ["another deprecation"]

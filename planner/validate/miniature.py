@@ -4,8 +4,8 @@
 CPU ranks: tp, cp, pp, dp each min(plan, 2); vpp 2 if the plan interleaves; an uneven pipeline
 split as an uneven 2-stage split; the plan's ZeRO stage (the distributed optimizer runs as
 ZeRO-1), recompute and SP; the model's kind (norm, bias, activation, positions, tied embeddings,
-GQA); dropout runs as 0. What it maps or cannot keep is listed in ``Run.notes`` / ``Run.not_exercised``, never
-dropped silently.
+GQA); dropout runs as 0. What it maps or cannot keep is listed in ``Run.notes`` /
+``Run.not_exercised``, never dropped silently.
 ``full_scale(plan, K)`` is the plan itself with K layers per pipeline chunk (torchrun on a cluster).
 ``predict(run, pp_rank)`` is what the cost model says for one rank of that run:
 planner.cost.volumes.step_volumes(impl="torch") and planner.cost.memory (stage_params,
