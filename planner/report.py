@@ -44,7 +44,8 @@ def print_json(data: object) -> None:
     sys.stdout.write(json.dumps(data, indent=2) + "\n")
 
 
-def _seconds(s: float) -> str:
+def seconds(s: float) -> str:
+    """Seconds as ms, s, h or days, whichever reads best."""
     if s < 1:
         return f"{s * 1e3:.1f} ms"
     if s < 3600:
@@ -54,9 +55,12 @@ def _seconds(s: float) -> str:
 
 def param_count(n: float) -> str:
     """A parameter count as people write it: 174.6B, 1.01T, 125.2M, 5,120."""
-    for scale, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M")):
-        if n >= scale:
-            return f"{n / scale:.{2 if unit == 'T' and n < 1e13 else 1}f}{unit}"
+    if round(n / 1e12, 2) >= 1:
+        value = n / 1e12
+        return f"{value:.2f}T" if round(value, 2) < 10 else f"{value:.1f}T"
+    for scale, unit in ((1e9, "B"), (1e6, "M")):
+        if round(n / scale, 1) >= 1:
+            return f"{n / scale:.1f}{unit}"
     return f"{n:,.0f}"
 
 
@@ -101,7 +105,7 @@ def search_table(result: SearchResult, top: int, gpus_searched: bool = False) ->
             str(lay.micro_batch_size), str(lay.vpp), lay.recompute,
             "yes" if lay.sequence_parallel else "no",
             f"{mem['total'][i] / GIB:.1f}/{gib(mem['capacity'][i])} GiB",
-            _seconds(est.time["step"][i]), f"{est.throughput['tokens_per_s'][i]:,.0f}",
+            seconds(est.time["step"][i]), f"{est.throughput['tokens_per_s'][i]:,.0f}",
             f"{est.throughput['model_tflops_per_gpu'][i]:.0f}",
             f"{est.throughput['mfu'][i] * 100:.1f}%",
             f"{est.time['bubble_fraction'][i] * 100:.1f}%", *(f(i) for f in extra.values()))
@@ -123,7 +127,7 @@ def _extra_columns(est: Estimate, gpus_searched: bool = False) -> dict:
     if gpus_searched or len(set(gpus.tolist())) > 1:
         cols["GPUs"] = lambda i: f"{int(gpus[i]):,}"
     if "time_to_train_s" in th:
-        cols["train"] = lambda i: _seconds(float(th['time_to_train_s'][i]))
+        cols["train"] = lambda i: seconds(float(th['time_to_train_s'][i]))
     if "cost" in th:
         cols["cost"] = lambda i: f"{th['cost'][i]:,.0f}"
     return cols
@@ -139,7 +143,7 @@ def explain(result: SearchResult) -> str:
     overhead = (f"the largest overhead is {TIME_LABELS[big]} ({terms[big] / step[0] * 100:.1f}%)"
                 if terms[big] >= 0.001 * step[0] else "overheads are under 0.1% each")
     lines.append(f"Winner: {est.candidates.layout(0).short()}: compute is "
-                 f"{terms['compute'] / step[0] * 100:.0f}% of its {_seconds(step[0])} step; {overhead}.")
+                 f"{terms['compute'] / step[0] * 100:.0f}% of its {seconds(step[0])} step; {overhead}.")
     if len(est) > 1:
         first, second = est.candidates.layout(0), est.candidates.layout(1)
         differs = ", ".join(f"{k} {getattr(first, k)} -> {getattr(second, k)}"
@@ -150,7 +154,7 @@ def explain(result: SearchResult) -> str:
                          f"the lower ZeRO stage, then the smaller memory, first.")
         else:
             from .explain import term_deltas
-            worse = ", ".join(f"{TIME_LABELS[t]} +{_seconds(d)}"
+            worse = ", ".join(f"{TIME_LABELS[t]} +{seconds(d)}"
                               for t, d in term_deltas(est, 1, est, 0) if d > 0) or "no single term"
             lines.append(f"Runner-up ({differs}) is {(step[1] / step[0] - 1) * 100:.2f}% slower: "
                          f"{worse}.")
@@ -194,8 +198,8 @@ def estimate_report(est: Estimate) -> None:
     t.add_column("time", justify="right")
     t.add_column("share", justify="right")
     for k in TIME_TERMS:
-        t.add_row(TIME_LABELS[k], _seconds(tm[k]), f"{tm[k] / tm['step'] * 100:.1f}%")
-    t.add_row("[bold]step[/]", f"[bold]{_seconds(tm['step'])}[/]", "")
+        t.add_row(TIME_LABELS[k], seconds(tm[k]), f"{tm[k] / tm['step'] * 100:.1f}%")
+    t.add_row("[bold]step[/]", f"[bold]{seconds(tm['step'])}[/]", "")
     out.print(t)
     th = d["throughput"]
     out.print(f"tokens/s {th['tokens_per_s']:,.0f}  |  model TFLOP/s per GPU "
@@ -213,8 +217,8 @@ def plan_drift(plan, fresh: dict, rtol: float = 1e-9) -> None:
     stored = (plan.estimate or {}).get("time", {}).get("step")
     now = fresh["time"]["step"]
     if stored is not None and abs(stored - now) > rtol * abs(now):
-        err.print(f"note: the plan's stored step time {_seconds(stored)} differs from today's "
-                  f"estimate {_seconds(now)}; the cost model, or the plan, changed since export",
+        err.print(f"note: the plan's stored step time {seconds(stored)} differs from today's "
+                  f"estimate {seconds(now)}; the cost model, or the plan, changed since export",
                   soft_wrap=True, markup=False)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from rich.table import Table
 
 from . import explain
-from .report import GIB, TIME_LABELS, _seconds, err, gib, out
+from .report import GIB, TIME_LABELS, seconds, err, gib, out
 
 BAR_WIDTH = 40
 MEMORY_LABELS = {"weights": "weights", "gradients": "gradients", "optimizer": "optimizer states",
@@ -41,8 +41,8 @@ def breakdown_report(result) -> None:
     """The winner's step time and memory as bars (the runner-up is explained by report.explain)."""
     est = result.ranked
     step = float(est.time["step"][0])
-    rows = [(TIME_LABELS[t], v, _seconds(v)) for t, v in explain.time_breakdown(est, 0)]
-    out.print(_bars(f"Winner's step time ({_seconds(step)})", rows, step))
+    rows = [(TIME_LABELS[t], v, seconds(v)) for t, v in explain.time_breakdown(est, 0)]
+    out.print(_bars(f"Winner's step time ({seconds(step)})", rows, step))
     mem = explain.memory_breakdown(est, 0)
     cap = float(est.memory["capacity"][0])
     rows = [(MEMORY_LABELS[t], v, f"{v / GIB:.1f} GiB") for t, v in mem]
@@ -54,10 +54,10 @@ def breakdown_report(result) -> None:
 def _delta_text(deltas: list[tuple[str, float]], limit: int = 3) -> str:
     worse = [(t, d) for t, d in deltas if d > 0][:limit]
     better = [(t, d) for t, d in deltas if d < 0]
-    text = ", ".join(f"{TIME_LABELS[t]} +{_seconds(d)}" for t, d in worse) or "no term"
+    text = ", ".join(f"{TIME_LABELS[t]} +{seconds(d)}" for t, d in worse) or "no term"
     if better:
         t, d = min(better, key=lambda x: x[1])
-        text += f"; partly offset by {TIME_LABELS[t]} {_seconds(d).replace('-', '−')}"
+        text += f"; partly offset by {TIME_LABELS[t]} {seconds(d).replace('-', '−')}"
     return text
 
 
@@ -74,7 +74,13 @@ def why_not_report(verdict) -> None:
     if verdict.status == "winner":
         best = verdict.winner.candidates.layout(0) if verdict.winner is not None else None
         if best is not None and best != mine.candidates.layout(0):  # e.g. distopt vs ZeRO-1
-            out.print(f"[bold green]It ties the winner[/] {best.short()} (no fitting layout beats it).")
+            ahead = float(mine.throughput["tokens_per_s"][0]) / float(
+                verdict.winner.throughput["tokens_per_s"][0]) - 1.0
+            if ahead > 1e-9:  # the search should have found it: say so rather than call it a tie
+                out.print(f"[bold yellow]It is {ahead * 100:.2f}% faster than the search's pick[/] "
+                          f"{best.short()}: the search did not reach it (please report this).")
+            else:
+                out.print(f"[bold green]It ties the winner[/] {best.short()} (no fitting layout beats it).")
         else:
             out.print("[bold green]It is the winner[/] (no fitting layout beats it).")
         return
@@ -86,9 +92,9 @@ def why_not_report(verdict) -> None:
     t.add_column("winner", justify="right")
     t.add_column("difference", justify="right")
     for term, d in verdict.deltas:
-        t.add_row(TIME_LABELS[term], _seconds(float(mine.time[term][0])),
-                  _seconds(float(verdict.winner.time[term][0])),
-                  ("+" if d >= 0 else "−") + _seconds(abs(d)))
+        t.add_row(TIME_LABELS[term], seconds(float(mine.time[term][0])),
+                  seconds(float(verdict.winner.time[term][0])),
+                  ("+" if d >= 0 else "−") + seconds(abs(d)))
     out.print(t)
 
 
@@ -115,6 +121,6 @@ def sweep_table(rows: list[dict]) -> None:
             t.add_row(*lead, f"{r['gpus']:,}", f"[red]{escape(r['error'])}[/]", "-", "-", "-", "-", "-")
             continue
         t.add_row(*lead, f"{r['gpus']:,}", r["layout_short"], f"{r['tokens_per_s']:,.0f}",
-                  f"{r['mfu'] * 100:.1f}%", _seconds(r["step_s"]), f"{r['memory_bytes'] / GIB:.1f} GiB",
+                  f"{r['mfu'] * 100:.1f}%", seconds(r["step_s"]), f"{r['memory_bytes'] / GIB:.1f} GiB",
                   f"{r['scaling_efficiency'] * 100:.0f}%" if r["scaling_efficiency"] is not None else "-")
     out.print(t)

@@ -19,7 +19,8 @@ from .cost.pipeline import uneven_split
 from .errors import NoFitError, UsageError
 from .grid import Grid, parallel_splits
 from .scan import CHUNK, FIT_RULE, FLAT_COST, Scan, scan  # noqa: F401 (re-exported)
-from .space import UNEVEN_RULE, Candidates, constraint_masks, divisors, uneven_problem
+from .space import (UNEVEN_RULE, Candidates, constraint_masks, divisors, uneven_problem,
+                    uneven_vpp_options)
 from .specs import RECOMPUTE_CODES, HardwareProfile, Layout, ModelSpec, TrainingSpec
 
 MAX_GPUS = 1_000_000
@@ -103,6 +104,18 @@ def _axis(values: np.ndarray, pin: int | None, upper: int | None = None) -> np.n
     return values.astype(np.int64)
 
 
+def _vpp_values(num_layers: int, pps: np.ndarray, max_vpp: int) -> np.ndarray:
+    """vpp axis: the divisors of the layer count (even splits), and every vpp with which the
+    uneven split of a pp in ``pps`` interleaves (e.g. Llama-3 405B, 126 layers, pp=16 as
+    7+..+7: vpp 2 and 4, (126 + 2)/16 = 8 per rank). Ascending int64."""
+    values = set(divisors(num_layers).tolist())
+    first, last = uneven_split(num_layers, pps)
+    for pp, f, la in zip(pps.tolist(), first.tolist(), last.tolist()):
+        if f > 0:
+            values.update(uneven_vpp_options(num_layers, pp, f, la, max_vpp))
+    return np.array(sorted(values), dtype=np.int64)
+
+
 def build_grid(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: int | None,
                opts: SearchOptions) -> Grid:
     """The space as a broadcast grid (planner.grid): parallel splits x knob axes.
@@ -114,7 +127,8 @@ def build_grid(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gp
     tp*cp*pp*dp is whole nodes within the budget;
     zero_stage 0-3; micro_batch_size: divisors of the global batch up to
     ``max_micro_batch_size``; recompute none/selective/full; SP on/off; vpp: divisors of the
-    layer count up to ``max_vpp``; distributed optimizer off unless pinned.
+    layer count up to ``max_vpp``, and those an uneven split interleaves with
+    (space.uneven_vpp_options); distributed optimizer off unless pinned.
     """
     budget = opts.max_gpus if opts.max_gpus is not None else gpus
     top = budget if opts.allow_cross_node_tp else min(hw.gpus_per_node, budget)
@@ -139,7 +153,7 @@ def build_grid(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gp
         recompute=_axis(np.arange(3), None if opts.recompute is None else RECOMPUTE_CODES[opts.recompute]),
         sequence_parallel=np.array([False, True]) if opts.sequence_parallel is None
         else np.array([opts.sequence_parallel]),
-        vpp=_axis(divisors(model.num_layers), opts.vpp, opts.max_vpp),
+        vpp=_axis(_vpp_values(L, pps, opts.max_vpp), opts.vpp, opts.max_vpp),
         distributed_optimizer=np.array([bool(opts.distributed_optimizer)]),
     )
     return Grid(split, knobs)
@@ -306,7 +320,7 @@ def check_layout(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, 
         data["dp"] = gpus // (tp * cp * pp)
     layout = validate(Layout, data, "layout")
     per_stage = model.num_layers // layout.pp
-    if layout.first_stage_layers and model.num_layers % layout.pp == 0 and \
+    if layout.first_stage_layers and model.num_layers % (layout.pp * layout.vpp) == 0 and \
             layout.first_stage_layers == layout.last_stage_layers == per_stage:
         layout = layout.model_copy(update=dict(first_stage_layers=0, last_stage_layers=0))  # even
     if layout.gpus != gpus:

@@ -146,7 +146,8 @@ def _uneven_ok(num_layers: int, c: Candidates) -> np.ndarray:
     and last stage at least one layer, the rest L - first - last divided equally among the
     pp - 2 middle stages, at least as many layers as either edge stage (pp = 2: first + last = L).
     With interleaving (vpp > 1) one of Megatron-Core's two ways must hold:
-    (a) ``--decoder-first/last-pipeline-num-layers``: each stage's layers divisible by vpp;
+    (a) ``--decoder-first/last-pipeline-num-layers``: each stage's layers divisible by vpp, pp > 2
+        (get_transformer_layer_offset's interleaved branch divides by the middle stages' count);
     (b) ``--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split``: the
         embedding and the loss count as one layer each, so first = last = middle - 1 and
         (L + 2) = pp * middle splits into pp*vpp chunks of middle/vpp (Megatron-Core's layer
@@ -160,7 +161,8 @@ def _uneven_ok(num_layers: int, c: Candidates) -> np.ndarray:
     shape_ok = (f >= 1) & (la >= 1) & (pp >= 2) & \
         np.where(pp > 2, (rest > 0) & (rest % np.maximum(pp - 2, 1) == 0) & (mid >= f) & (mid >= la),
                  rest == 0)
-    per_stage = (f % v == 0) & (la % v == 0) & ((pp == 2) | (mid % v == 0))
+    # (a) needs middle stages: Megatron-Core's interleaved layer offset divides by their count
+    per_stage = (f % v == 0) & (la % v == 0) & (pp > 2) & (mid % v == 0)
     valid = shape_ok & ((v == 1) | per_stage | embedding_loss_split(num_layers, c))
     return ((f == 0) & (la == 0)) | valid
 
@@ -196,6 +198,9 @@ def uneven_problem(num_layers: int, pp: int, first: int, last: int, vpp: int) ->
     if middle == 0:
         if rest != 0:
             return f"on pp=2 first + last must be the {num_layers} layers"
+        if vpp > 1 and vpp not in uneven_vpp_options(num_layers, pp, first, last, vpp):
+            return ("interleaving an uneven split on pp=2 needs the embedding-and-loss form "
+                    "(first = last, their layers + 1 divisible by vpp, at least 2 per chunk)")
     elif rest <= 0 or rest % middle:
         return f"the {rest} layers left do not divide over the {middle} middle stages"
     elif rest // middle < max(first, last):

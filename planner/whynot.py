@@ -18,6 +18,7 @@ from .errors import NoFitError, UsageError
 from .explain import term_deltas
 from .search import MAX_GPUS, SearchOptions, build_grid, search
 from .cost.pipeline import uneven_split
+from .report import seconds as report_seconds
 from .space import UNEVEN_RULE, constraint_masks, uneven_vpp_options
 from .specs import RECOMPUTE_CODES, HardwareProfile, ModelSpec, TrainingSpec
 
@@ -176,10 +177,11 @@ def why_not(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus:
         beaten = float(mine.throughput[key][0]) > float(best.throughput[key][0])
     if same or not beaten:
         return WhyNot(text, "winner", [], mine, best)
+    digits = max(2, min(6, 3 - int(np.floor(np.log10(max(min(t_mine, t_best), 1e-9))))))
     reasons = [f"its best completion runs {tps_mine:,.0f} tokens/s against the winner's "
-               f"{tps_best:,.0f} ({t_mine:.4g} s vs {t_best:.4g} s per step)"]
+               f"{tps_best:,.0f} ({t_mine:.{digits}f} s vs {t_best:.{digits}f} s per step)"]
     if opts.objective != "throughput":
-        unit = (lambda v: f"{v / 86400:.3g} days") if key == "time_to_train_s" else \
+        unit = (lambda v: report_seconds(v)) if key == "time_to_train_s" else \
             (lambda v: f"{v:,.0f}")
         reasons.append(f"by {opts.objective}: {unit(float(mine.throughput[key][0]))} against "
                        f"{unit(float(best.throughput[key][0]))} on {mine.candidates.layout(0).gpus} "

@@ -18,6 +18,16 @@ def test_parameter_counts_in_the_units_people_use():
     assert param_count(1.008e12) == "1.01T"
     assert param_count(66.8e6) == "66.8M"
     assert param_count(5120) == "5,120"
+    # rounding never shows 1000.0B or 10.00T: 999.96e9 -> 1.00T, 9.996e12 -> 10.0T
+    assert param_count(999.96e9) == "1.00T" and param_count(9.996e12) == "10.0T"
+
+
+def test_models_show_leaves_out_a_full_rotation():
+    runner = CliRunner()
+    assert "rotary_percent" not in runner.invoke(app, ["models", "--show", "opt-175b"]).output
+    assert "rotary_percent: 0.25" in runner.invoke(app, ["models", "--show", "gpt-neox-20b"]).output
+    listing = runner.invoke(app, ["models"]).output
+    assert "1.01T" in listing and "1008.0B" not in listing
 
 
 def test_a_tie_with_the_winner_is_called_a_tie():

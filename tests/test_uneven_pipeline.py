@@ -177,7 +177,7 @@ def test_exports_of_an_interleaved_uneven_split():
     assert (args["--decoder-first-pipeline-num-layers"], args["--decoder-last-pipeline-num-layers"],
             args["--num-virtual-stages-per-pipeline-rank"]) == ("4", "4", "2")
     assert "--account-for-embedding-in-pipeline-split" not in args
-    with pytest.raises(UsageError, match="torchtitan cannot interleave"):
+    with pytest.raises(UsageError, match="needs module_fqns_per_model_part"):
         torchtitan_settings(small, "overrides")
 
 
@@ -211,3 +211,26 @@ def test_uneven_split_messages_and_the_even_one():
         check_layout(llama, hw, TrainingSpec(seq_length=8192, global_batch_size=2048), 8192,
                      dict(tp=8, pp=16, zero_stage=1, micro_batch_size=1, vpp=8,
                           first_stage_layers=7, last_stage_layers=7))
+
+
+def test_search_reaches_the_vpp_an_uneven_split_allows():
+    # divisors(126) = 1, 2, 3, 6, 7, 9, 14, 18, 21, ...: vpp 4 comes only from the 7+..+7 split on
+    # pp=16 ((126 + 2)/16 = 8 per rank); it halves the bubble of vpp 2 and wins the pinned search
+    from planner.search import _vpp_values
+    assert 4 in _vpp_values(126, np.array([16]), 16).tolist()
+    assert 4 not in _vpp_values(126, np.array([14]), 16).tolist()  # 126 = 14 x 9: even split only
+    m, hw = catalog.resolve_model("llama3-405b"), catalog.resolve_hardware("dgx-h100")
+    tr = TrainingSpec(seq_length=8192, global_batch_size=2048)
+    lay = search(m, hw, tr, 8192, SearchOptions(tp=8, pp=16, max_cp=1)).ranked.candidates.layout(0)
+    assert (lay.vpp, lay.first_stage_layers, lay.last_stage_layers) == (4, 7, 7)
+
+
+def test_interleaved_uneven_split_on_two_stages():
+    # pp=2 has no middle stage: Megatron-Core's interleaved uneven offset divides by the middle
+    # stages' count, so only the embedding-and-loss form interleaves there (30 = 2 x 16 - 2)
+    m, hw = _model(30), catalog.resolve_hardware("dgx-h100")
+    tr = TrainingSpec(seq_length=4096, global_batch_size=64)
+    base = dict(tp=1, pp=2, zero_stage=1, micro_batch_size=1, vpp=2)
+    with pytest.raises(UsageError, match="interleaving an uneven split on pp=2 needs"):
+        check_layout(m, hw, tr, 8, dict(base, first_stage_layers=14, last_stage_layers=16))
+    check_layout(m, hw, tr, 8, dict(base, first_stage_layers=15, last_stage_layers=15))

@@ -10,6 +10,14 @@ from .. import catalog, report
 from .app import JSON, app, handle_errors
 
 
+def _model_dict(model) -> dict:
+    """A model as its YAML schema writes it: unset fields and a full rotation left out."""
+    data = model.model_dump(mode="json", exclude_none=True)
+    if data.get("rotary_percent") == 1.0:
+        del data["rotary_percent"]
+    return data
+
+
 @app.command()
 @handle_errors
 def models(json_out: bool = JSON,
@@ -20,14 +28,14 @@ def models(json_out: bool = JSON,
     if show is not None:
         import sys
         import yaml
-        data = catalog.resolve_model(show).model_dump(mode="json", exclude_none=True)
+        data = _model_dict(catalog.resolve_model(show))
         sys.stdout.write(yaml.safe_dump(data, sort_keys=False, width=100, allow_unicode=True))
         return
     entries = catalog.models().values()
     if json_out:
-        report.print_json([m.model_dump(mode="json", exclude_none=True) for m in entries])
+        report.print_json([_model_dict(m) for m in entries])
         return
-    rows = [(m.name, f"{total_params(m) / 1e9:.1f}B", str(m.num_layers), str(m.hidden_size),
+    rows = [(m.name, report.param_count(total_params(m)), str(m.num_layers), str(m.hidden_size),
              f"{m.num_attention_heads}/{m.kv_heads}", m.activation, ", ".join(m.aliases))
             for m in sorted(entries, key=total_params)]
     report.catalog_table("Models", rows, ("name", "params", "layers", "hidden", "heads/kv", "mlp", "aliases"))

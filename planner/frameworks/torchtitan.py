@@ -81,9 +81,11 @@ def torchtitan_settings(plan: Plan, fmt: str) -> tuple[dict[str, dict[str, objec
             # loss split (first = last = middle - 1) is that, one layer each
             if not embedding_loss_split(plan.model.num_layers, lay):
                 raise UsageError(
-                    f"torchtitan cannot interleave this uneven pipeline split ({lay.first_stage_layers}"
-                    f"+..+{lay.last_stage_layers} layers, vpp {lay.vpp}): it can only shorten the "
-                    "first and last virtual stage; use vpp 1 or an even split")
+                    f"torchtitan's pipeline_parallel_first/last_stage_less_layers shorten only the "
+                    f"first and last virtual stage, so this interleaved uneven split "
+                    f"({lay.first_stage_layers}+..+{lay.last_stage_layers} layers, vpp {lay.vpp}) "
+                    "needs module_fqns_per_model_part, which plan3d does not write; use vpp 1, an "
+                    "even split, or write the module lists by hand")
             k = (plan.model.num_layers + 2) // (lay.pp * lay.vpp)
             par["pipeline_parallel_layers_per_stage"] = k
             par["pipeline_parallel_first_stage_less_layers"] = 1
