@@ -179,7 +179,6 @@ def embedding_loss_split(num_layers: int, c) -> np.ndarray:
         ((f + 1) % vpp == 0) & (f + 1 >= 2 * vpp)
 
 
-
 def uneven_vpp_options(num_layers: int, pp: int, first: int, last: int, upto: int = 16) -> list[int]:
     """The vpp values in 1..``upto`` with which the uneven split first+..+last of ``num_layers``
     layers on ``pp`` stages passes _uneven_ok (for messages). [] if none does."""

@@ -181,7 +181,7 @@ def why_not(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus:
     reasons = [f"its best completion runs {tps_mine:,.0f} tokens/s against the winner's "
                f"{tps_best:,.0f} ({t_mine:.{digits}f} s vs {t_best:.{digits}f} s per step)"]
     if opts.objective != "throughput":
-        unit = (lambda v: report_seconds(v)) if key == "time_to_train_s" else \
+        unit = report_seconds if key == "time_to_train_s" else \
             (lambda v: f"{v:,.0f}")
         reasons.append(f"by {opts.objective}: {unit(float(mine.throughput[key][0]))} against "
                        f"{unit(float(best.throughput[key][0]))} on {mine.candidates.layout(0).gpus} "
