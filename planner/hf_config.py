@@ -98,6 +98,18 @@ def _rope_theta(cfg: dict, origin: str, notes: list[str]) -> float:
     return 10000.0
 
 
+def _rotary_percent(cfg: dict, origin: str) -> float | None:
+    """The share of each head RoPE rotates: ``rotary_pct`` (gpt_neox) or ``partial_rotary_factor``
+    (Phi, StableLM, GLM); None when absent (all of it). UsageError outside (0, 1]."""
+    for key in ("rotary_pct", "partial_rotary_factor"):
+        value = _float(origin, key, cfg.get(key))
+        if value is not None:
+            if not 0 < value <= 1:
+                raise UsageError(f"{origin}: {key} must be in (0, 1], got {cfg[key]!r}")
+            return value
+    return None
+
+
 def from_hf_dict(cfg: dict, origin: str, name: str) -> ModelSpec:
     """ModelSpec from a parsed config.json. UsageError naming the fields it cannot map."""
     mt = cfg.get("model_type")
@@ -165,14 +177,7 @@ def from_hf_dict(cfg: dict, origin: str, name: str) -> ModelSpec:
     else:
         position = "rope"
     rope_theta = _rope_theta(cfg, origin, notes) if position == "rope" else None
-    rotary = None
-    for key in ("rotary_pct", "partial_rotary_factor"):  # GPT-NeoX; Phi, StableLM, GLM
-        value = _float(origin, key, cfg.get(key))
-        if value is not None and position == "rope":
-            if not 0 < value <= 1:
-                raise UsageError(f"{origin}: {key} must be in (0, 1], got {cfg[key]!r}")
-            rotary = value
-            break
+    rotary = _rotary_percent(cfg, origin) if position == "rope" else None
     if cfg.get("rope_scaling"):
         notes.append(f"rope_scaling {cfg['rope_scaling']} is not modeled by plan3d (no cost effect) "
                      "and not exported: set it in the training framework")
