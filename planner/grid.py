@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .space import Candidates
+from .space import Candidates, uneven_splits
 
-SPLIT_FIELDS = ("tp", "cp", "pp", "dp", "first_stage_layers", "last_stage_layers")
+SPLIT_FIELDS = ("tp", "cp", "pp", "dp", "ep", "etp", "first_stage_layers", "last_stage_layers")
 KNOB_FIELDS = ("zero_stage", "micro_batch_size", "recompute", "sequence_parallel", "vpp",
                "distributed_optimizer")
 
@@ -27,14 +27,15 @@ def parallel_splits(tps: np.ndarray, pps: np.ndarray, gpus: int | None = None,
                     dps: np.ndarray | None = None, max_gpus: int | None = None,
                     gpus_per_node: int = 8, cps: np.ndarray | None = None,
                     num_layers: int | None = None) -> dict[str, np.ndarray]:
-    """The (tp, cp, pp, dp) rows of the space, as flat int64 arrays of equal length Q.
+    """The (tp, cp, pp, dp, pipeline split) rows of the space, as flat int64 arrays of length Q.
 
     Fixed count: every tp x cp x pp that divides ``gpus``, dp = gpus / (tp*cp*pp).
     Budget (``max_gpus``): every tp x cp x pp x dp (dp from ``dps``) whose product is at most
     ``max_gpus`` and a whole number of nodes (or, below one node, a divisor of it).
-    ``cps`` defaults to [1]. Also returns ``gpus`` (tp*cp*pp*dp) per row and the pipeline split
-    (``first_stage_layers``, ``last_stage_layers``: 0 even; cost.pipeline.uneven_split when pp
-    does not divide ``num_layers``).
+    ``cps`` defaults to [1]. Also returns ``gpus`` (tp*cp*pp*dp) per row, ``ep`` and ``etp``
+    (1: the expert mesh of a dense model) and the pipeline split: each row once with the even
+    split (first_stage_layers = last_stage_layers = 0) where pp divides ``num_layers``, and once
+    per uneven split space.uneven_splits lists for its pp.
     """
     cps = np.array([1], dtype=np.int64) if cps is None else np.asarray(cps, dtype=np.int64)
     if max_gpus is None:
@@ -50,15 +51,29 @@ def parallel_splits(tps: np.ndarray, pps: np.ndarray, gpus: int | None = None,
         whole = (n % gpus_per_node == 0) | ((n < gpus_per_node) & (gpus_per_node % n == 0))
         keep = (n <= max_gpus) & whole
         tp, cp, pp, dp = tp[keep], cp[keep], pp[keep], dp[keep]
-    out = {"tp": tp.astype(np.int64), "cp": cp.astype(np.int64), "pp": pp.astype(np.int64),
-           "dp": dp.astype(np.int64)}
+    rows = {"tp": tp.astype(np.int64), "cp": cp.astype(np.int64), "pp": pp.astype(np.int64),
+            "dp": dp.astype(np.int64)}
+    first, last, row = _pipeline_splits(rows["pp"], num_layers)
+    out = {k: v[row] for k, v in rows.items()}
+    out["first_stage_layers"], out["last_stage_layers"] = first, last
+    out["ep"] = out["etp"] = np.ones_like(out["tp"])
     out["gpus"] = out["tp"] * out["cp"] * out["pp"] * out["dp"]
-    if num_layers is None:
-        out["first_stage_layers"] = out["last_stage_layers"] = np.zeros_like(out["pp"])
-    else:
-        from .cost.pipeline import uneven_split
-        out["first_stage_layers"], out["last_stage_layers"] = uneven_split(num_layers, out["pp"])
     return out
+
+
+def _pipeline_splits(pp: np.ndarray, num_layers: int | None) -> tuple[np.ndarray, ...]:
+    """(first, last, row): the split options of each row's pp, rows repeated once per option
+    (space.uneven_splits, and the even split where pp divides the layers). Int64 arrays."""
+    if num_layers is None:
+        zeros = np.zeros_like(pp)
+        return zeros, zeros, np.arange(pp.size)
+    options = {}
+    for p in np.unique(pp).tolist():
+        options[p] = ([(0, 0)] if num_layers % p == 0 else []) + uneven_splits(num_layers, p)
+    count = np.array([len(options[p]) for p in pp.tolist()], dtype=np.int64)
+    row = np.repeat(np.arange(pp.size), count)
+    pairs = np.array([pair for p in pp.tolist() for pair in options[p]], dtype=np.int64).reshape(-1, 2)
+    return pairs[:, 0], pairs[:, 1], row
 
 
 @dataclass(frozen=True)

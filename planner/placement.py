@@ -75,6 +75,8 @@ def rank_grid(tp: int, cp: int, dp: int, pp: int, order: str) -> dict[str, np.nd
     for dim, ax in axes.items():
         moved = np.moveaxis(g, ax, -1)
         out[dim] = moved.reshape(-1, sizes[dim])
+    # the dense-gradient / optimizer-sharding group: the dp*cp ranks of one (tp, pp) coordinate
+    out["dp_cp"] = np.moveaxis(g, (axes["dp"], axes["cp"]), (-2, -1)).reshape(-1, dp * cp)
     return out
 
 
@@ -84,46 +86,60 @@ def place(plan: Plan, order: str = "megatron") -> Placement:
     gpn = plan.hardware.gpus_per_node
     groups = rank_grid(lay.tp, lay.cp, lay.dp, lay.pp, order)
     node = np.arange(plan.gpus) // gpn
-    return Placement(order, gpn, {"tp": lay.tp, "cp": lay.cp, "dp": lay.dp, "pp": lay.pp}, groups,
-                     node)
+    return Placement(order, gpn, {"tp": lay.tp, "cp": lay.cp, "dp": lay.dp, "pp": lay.pp,
+                                  "dp_cp": lay.grad_group}, groups, node)
 
 
 def cost_model_check(plan: Plan, pl: Placement) -> dict[str, dict[str, object]]:
-    """Compare the enumerated groups with what the cost model assumed.
+    """Compare the enumerated groups with where the cost model times them.
 
-    The cost model (planner.cost.collectives.placement, formulas.md 5.3) takes TP groups as
-    (n_local, n_nodes) = placement(tp, stride 1) and DP groups as placement(dp, stride tp*cp),
-    CP rings as placement(cp, stride tp) (crossing nodes iff tp*cp > G), and treats pipeline p2p
-    as crossing nodes iff tp*cp*dp*pp > G. Returns per dim the assumed and the
-    enumerated values (for every group) and whether they agree.
+    The cost model (planner.cost.collectives.group_span, formulas.md 5.3) times a group of n
+    ranks at stride s on NVLink domains of D GPUs as (ranks per domain, domains): TP (tp, 1),
+    CP rings (cp, tp), the gradient group dp*cp at stride tp (key ``dp``), and pipeline p2p as
+    crossing domains iff tp*cp*dp*pp > D (collectives.p2p_crosses). A group that straddles a
+    domain boundary unequally is timed as a flat ring over the network, (1, n): that agrees when
+    some enumerated group does straddle. Returns per dim the assumed and the enumerated values
+    (for every group) and whether they agree.
     """
-    from .cost.collectives import placement as assumed
-    lay, G = plan.layout, pl.gpus_per_node
+    from .cost.collectives import group_span, nvlink_domain, p2p_crosses
+    lay = plan.layout
+    domain = nvlink_domain(plan.hardware)
+    dom = np.arange(plan.gpus) // domain
     result: dict[str, dict[str, object]] = {}
-    checks = [("tp", lay.tp, 1), ("dp", lay.dp, lay.tp * lay.cp)]
+    checks = [("tp", "tp", lay.tp, 1), ("dp", "dp_cp", lay.grad_group, lay.tp)]
     if lay.cp > 1:
-        checks.append(("cp", lay.cp, lay.tp))
-    for dim, size, stride in checks:
-        a_local, a_nodes = assumed(np.array([size]), np.array([stride]), G)
-        local, nodes = pl.span(dim)
-        result[dim] = {"assumed_ranks_per_node": int(a_local[0]), "assumed_nodes": int(a_nodes[0]),
+        checks.append(("cp", "cp", lay.cp, lay.tp))
+    for key, dim, size, stride in checks:
+        a_local, a_nodes = (int(x) for x in group_span(size, stride, domain))
+        local, nodes = _span(dom[pl.groups[dim]])
+        exact = bool(np.all(local == a_local) and np.all(nodes == a_nodes))
+        flat = a_local == 1 and a_nodes == size > 1 and bool(np.any(nodes > 1))
+        result[key] = {"assumed_ranks_per_node": a_local, "assumed_nodes": a_nodes,
                        "ranks_per_node": sorted({int(x) for x in local}),
-                       "nodes": sorted({int(x) for x in nodes}),
-                       "agrees": bool(np.all(local == a_local[0]) and np.all(nodes == a_nodes[0]))}
-    # PP: consecutive stages of a group on different nodes?
+                       "nodes": sorted({int(x) for x in nodes}), "agrees": exact or flat}
     pg = pl.groups["pp"]
-    boundary_cross = pl.node[pg[:, 1:]] != pl.node[pg[:, :-1]] if lay.pp > 1 else np.zeros((1, 0), bool)
+    boundary_cross = dom[pg[:, 1:]] != dom[pg[:, :-1]] if lay.pp > 1 else np.zeros((1, 0), bool)
     any_cross = bool(boundary_cross.any())
-    assumed_cross = lay.pp > 1 and lay.tp * lay.cp * lay.dp * lay.pp > G
+    assumed_cross = lay.pp > 1 and bool(p2p_crosses(lay.stage_gpus, lay.pp, domain))
     result["pp"] = {"assumed_p2p_crosses_nodes": assumed_cross, "p2p_crosses_nodes": any_cross,
                     "crossing_boundaries": int(boundary_cross.sum()),
                     "boundaries": int(boundary_cross.size), "agrees": assumed_cross == any_cross}
     return result
 
 
+def _span(domains: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per group (rows of ``domains``, the domain of each member): (fewest members on one of its
+    domains, number of domains)."""
+    offset = domains - domains.min(axis=1, keepdims=True)
+    counts = np.zeros((domains.shape[0], int(offset.max()) + 1), dtype=np.int64)
+    np.add.at(counts, (np.arange(domains.shape[0])[:, None], offset), 1)
+    fewest = np.where(counts > 0, counts, counts.max() + 1).min(axis=1)
+    return fewest, np.count_nonzero(counts, axis=1)
+
+
 def _dims(pl: Placement) -> list[str]:
-    """tp, dp, pp, and cp only when it is used (size > 1)."""
-    return [d for d in ("tp", "cp", "dp", "pp") if d != "cp" or pl.sizes["cp"] > 1]
+    """tp, dp, pp, and cp with the dp*cp gradient group only when cp is used (size > 1)."""
+    return [d for d in ("tp", "cp", "dp", "dp_cp", "pp") if d not in ("cp", "dp_cp") or pl.sizes["cp"] > 1]
 
 
 def summary(plan: Plan, order: str = "megatron", examples: int = 2) -> dict[str, object]:

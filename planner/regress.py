@@ -5,7 +5,7 @@ does (catalog name, alias or YAML path; relative paths are taken from the case f
 a GPU count, optional training fields (TrainingSpec; the model's defaults otherwise) and either
 a ``layout`` (the fields of specs.Layout; ``dp`` defaults to gpus / (tp*pp)) or a ``search``
 (``top: K`` plus any SearchOptions pin or bound). ``allow_cross_node_tp: true`` lets a layout or a
-search put TP groups across nodes (the "tp within a node" rule is waived).
+search put TP groups across nodes (the "tp within the NVLink domain" rule is waived).
 
 Each case evaluates to a flat mapping term -> value (see ``flatten_estimate``): every memory and
 time term, throughput and MFU of estimate_layout, or for a search the counts of the pruning
@@ -132,10 +132,21 @@ def _relative_to(case: Case, folder: Path) -> Case:
 
 
 def flatten_estimate(d: dict, prefix: str = "", with_layout: bool = False) -> dict[str, Scalar]:
-    """One ``Estimate.to_dict`` as flat terms ``memory.*``, ``time.*``, ``throughput.*`` (and
-    ``layout.*`` when ``with_layout``), each prefixed by ``prefix``; values canonical (baseline.canonical)."""
+    """One ``Estimate.to_dict`` as flat terms ``memory.*``, ``time.*`` (with ``time.link.*``),
+    ``throughput.*``, ``stages.<stage>.*`` (and ``layout.*`` when ``with_layout``), each prefixed
+    by ``prefix``; values canonical (baseline.canonical)."""
     groups = ("layout", "memory", "time", "throughput") if with_layout else ("memory", "time", "throughput")
-    return {f"{prefix}{g}.{k}": bl.canonical(v) for g in groups for k, v in d[g].items()}
+    out: dict[str, Scalar] = {}
+    for g in groups:
+        for k, v in d[g].items():
+            if isinstance(v, dict):
+                out.update({f"{prefix}{g}.{k}.{k2}": bl.canonical(v2) for k2, v2 in v.items()})
+            else:
+                out[f"{prefix}{g}.{k}"] = bl.canonical(v)
+    for stage in d.get("stages", []):
+        out.update({f"{prefix}stages.{stage['stage']}.{k}": bl.canonical(v)
+                    for k, v in stage.items() if k != "stage"})
+    return out
 
 
 def _evaluate(case: Case) -> dict[str, Scalar]:

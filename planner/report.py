@@ -117,7 +117,7 @@ def _extra_columns(est: Estimate, gpus_searched: bool = False) -> dict:
     """Columns shown only when they say something: GPUs (when the search picked the count),
     time to train and cost (when a token budget / a price was given)."""
     c, th = est.candidates, est.throughput
-    gpus = c.tp * c.cp * c.pp * c.dp
+    gpus = c.gpus
     cols = {}
     if c.distributed_optimizer.any():
         cols["distopt"] = lambda i: "yes" if c.distributed_optimizer[i] else "no"

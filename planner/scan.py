@@ -16,6 +16,7 @@ import numpy as np
 
 from . import objective
 from .cost import Estimate, evaluate, memory_total
+from .cost.collectives import nvlink_domain
 from .grid import Grid, full
 from .space import Candidates, constraint_masks
 from .specs import HardwareProfile, ModelSpec, TrainingSpec
@@ -101,7 +102,7 @@ def scan(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, grid: Gr
 
     def score(est: Estimate, c: Candidates) -> np.ndarray:
         return objective.score(opts.objective, est.throughput["tokens_per_s"],
-                               c.tp * c.cp * c.pp * c.dp, tokens, opts.price_per_gpu_hour)
+                               c.gpus, tokens, opts.price_per_gpu_hour)
 
     for lo in range(0, grid.shape[0], rows):
         hi = min(lo + rows, grid.shape[0])
@@ -109,7 +110,7 @@ def scan(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, grid: Gr
         c = grid.candidates(lo, hi)
         alive = np.ones(shape, dtype=bool)
         n_alive = alive.size
-        for rule, ok in constraint_masks(model, training, hw.gpus_per_node, c,
+        for rule, ok in constraint_masks(model, training, nvlink_domain(hw), c,
                                          opts.allow_cross_node_tp).items():
             alive &= ok
             left = int(np.count_nonzero(alive))

@@ -15,16 +15,16 @@ import numpy as np
 
 from . import objective
 from .cost import Estimate, evaluate
-from .cost.pipeline import uneven_split
+from .cost.collectives import nvlink_domain
 from .errors import NoFitError, UsageError
 from .grid import Grid, parallel_splits
 from .scan import CHUNK, FIT_RULE, FLAT_COST, Scan, scan  # noqa: F401 (re-exported)
-from .space import (UNEVEN_RULE, Candidates, constraint_masks, divisors, uneven_problem,
+from .space import (LAYERS_RULE, TP_RULE, UNEVEN_RULE, Candidates, constraint_masks,
+                    default_uneven_split, divisors, uneven_problem, uneven_splits,
                     uneven_vpp_options)
 from .specs import RECOMPUTE_CODES, HardwareProfile, Layout, ModelSpec, TrainingSpec
 
 MAX_GPUS = 1_000_000
-TP_RULE = "tp within a node (NVLink domain)"  # the name space.constraint_masks gives the rule
 CROSS_NODE_HINT = "pass --allow-cross-node-tp to let tp span nodes"
 
 
@@ -105,13 +105,12 @@ def _axis(values: np.ndarray, pin: int | None, upper: int | None = None) -> np.n
 
 
 def _vpp_values(num_layers: int, pps: np.ndarray, max_vpp: int) -> np.ndarray:
-    """vpp axis: the divisors of the layer count (even splits), and every vpp with which the
+    """vpp axis: the divisors of the layer count (even splits), and every vpp with which an
     uneven split of a pp in ``pps`` interleaves (e.g. Llama-3 405B, 126 layers, pp=16 as
     7+..+7: vpp 2 and 4, (126 + 2)/16 = 8 per rank). Ascending int64."""
     values = set(divisors(num_layers).tolist())
-    first, last = uneven_split(num_layers, pps)
-    for pp, f, la in zip(pps.tolist(), first.tolist(), last.tolist()):
-        if f > 0:
+    for pp in pps.tolist():
+        for f, la in uneven_splits(num_layers, pp):
             values.update(uneven_vpp_options(num_layers, pp, f, la, max_vpp))
     return np.array(sorted(values), dtype=np.int64)
 
@@ -120,9 +119,10 @@ def build_grid(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gp
                opts: SearchOptions) -> Grid:
     """The space as a broadcast grid (planner.grid): parallel splits x knob axes.
 
-    tp: powers of two up to the node (up to the GPU count with --allow-cross-node-tp); cp:
-    powers of two up to ``max_cp``; pp: divisors of the layer count, and powers of two up to it
-    with an uneven split (cost.pipeline.uneven_split; a pinned pp is taken as given); dp = gpus/(tp*cp*pp), or
+    tp: powers of two up to the NVLink domain (up to the GPU count with --allow-cross-node-tp);
+    cp: powers of two up to ``max_cp``; pp: divisors of the layer count, and powers of two up to
+    it that have an uneven split; each pp with its even split (where pp divides the layers) and
+    every uneven split space.uneven_splits lists (a pinned pp is taken as given); dp = gpus/(tp*cp*pp), or
     with ``max_gpus`` every divisor of the global batch (no other dp splits it) such that
     tp*cp*pp*dp is whole nodes within the budget;
     zero_stage 0-3; micro_batch_size: divisors of the global batch up to
@@ -131,11 +131,12 @@ def build_grid(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gp
     (space.uneven_vpp_options); distributed optimizer off unless pinned.
     """
     budget = opts.max_gpus if opts.max_gpus is not None else gpus
-    top = budget if opts.allow_cross_node_tp else min(hw.gpus_per_node, budget)
+    top = budget if opts.allow_cross_node_tp else min(nvlink_domain(hw), budget)
     tps = _axis(2 ** np.arange(0, int(np.log2(max(top, 1))) + 1), opts.tp, opts.max_tp)
     L = model.num_layers  # pp: divisors of L (even splits), powers of two up to L (uneven splits)
     pps = np.union1d(divisors(L), 2 ** np.arange(0, int(np.log2(L)) + 1))
-    pps = _axis(pps[uneven_split(L, pps)[0] >= 0], opts.pp, opts.max_pp)
+    pps = _axis(np.array([p for p in pps.tolist() if L % p == 0 or uneven_splits(L, p)], dtype=np.int64),
+                opts.pp, opts.max_pp)
     cps = _axis(2 ** np.arange(0, int(np.log2(max(opts.max_cp, 1))) + 1), opts.cp)
     if opts.max_gpus is None:
         split = parallel_splits(tps, pps, gpus=gpus, cps=cps, num_layers=L)
@@ -223,7 +224,7 @@ def search(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: 
     chosen = order[scores[order] >= cut][:TIE_LIMIT * opts.keep]
     est = evaluate(model, hw, training, grid.flat(np.sort(index[chosen])))
     cand = est.candidates
-    gpus_flat = (cand.tp * cand.cp * cand.pp * cand.dp).astype(np.float64)
+    gpus_flat = np.asarray(cand.gpus, dtype=np.float64)
     if opts.objective != "throughput" or opts.tokens is not None:  # asked for: time, cost
         objective.annotate(est.throughput, gpus_flat, tokens, opts.price_per_gpu_hour)
     score = objective.score(opts.objective, est.throughput["tokens_per_s"], gpus_flat, tokens,
@@ -249,7 +250,7 @@ def _no_split_message(model: ModelSpec, hw: HardwareProfile, gpus: int, opts: Se
                      if getattr(opts, k) is not None)
     pinned = f" with {pins}" if pins else ""
     return (f"no layout of {model.name} can use {gpus} GPUs{pinned}: tp (a power of two up to "
-            f"{hw.gpus_per_node}) times cp times pp (a divisor of {model.num_layers} layers) must "
+            f"{nvlink_domain(hw)}) times cp times pp (a divisor of {model.num_layers} layers) must "
             f"divide {gpus}")
 
 
@@ -307,7 +308,7 @@ def check_layout(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, 
 
     The checks ``plan3d estimate``, ``--plan`` and ``regress`` apply: whole nodes (search.check_inputs), tp*cp*pp*dp = gpus
     (dp defaults to gpus/(tp*cp*pp)), the Layout schema, and every rule of space.constraint_masks,
-    with the "tp within a node" rule waived when ``allow_cross_node_tp``.
+    with the "tp within the NVLink domain" rule waived when ``allow_cross_node_tp``.
     """
     from .catalog import validate
     check_inputs(gpus, hw)
@@ -326,13 +327,13 @@ def check_layout(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, 
     if layout.gpus != gpus:
         what = "tp*pp*dp" if layout.cp == 1 else "tp*cp*pp*dp"
         raise UsageError(f"layout {what} = {layout.gpus} but gpus is {gpus}")
-    masks = constraint_masks(model, training, hw.gpus_per_node, Candidates.from_layouts([layout]),
+    masks = constraint_masks(model, training, nvlink_domain(hw), Candidates.from_layouts([layout]),
                              allow_cross_node_tp)
     broken = [rule for rule, ok in masks.items() if not ok[0]]
     if broken:
         hint = ""
-        f, la = (int(x[0]) for x in uneven_split(model.num_layers, np.array([layout.pp])))
-        if "layers divisible by pp*vpp" in broken and f > 0 and _uneven_fits(
+        f, la = default_uneven_split(model.num_layers, layout.pp)
+        if LAYERS_RULE in broken and f > 0 and _uneven_fits(
                 model, training, hw, layout.model_copy(update=dict(first_stage_layers=f, last_stage_layers=la))):
             hint = f" (an uneven split would do: first_stage_layers {f}, last_stage_layers {la})"
         if TP_RULE in broken:
@@ -345,5 +346,5 @@ def check_layout(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, 
 
 def _uneven_fits(model: ModelSpec, training: TrainingSpec, hw: HardwareProfile, layout: Layout) -> bool:
     """Whether ``layout`` (with its uneven split filled in) passes every rule but the fit."""
-    masks = constraint_masks(model, training, hw.gpus_per_node, Candidates.from_layouts([layout]), True)
+    masks = constraint_masks(model, training, nvlink_domain(hw), Candidates.from_layouts([layout]), True)
     return all(bool(ok[0]) for ok in masks.values())

@@ -12,16 +12,18 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from .degrees import LayoutDegrees
 from .specs import RECOMPUTE_CODES, Layout, ModelSpec, TrainingSpec
 
 RECOMPUTE_NAMES = {code: name for name, code in RECOMPUTE_CODES.items()}
 
 
 @dataclass(frozen=True)
-class Candidates:
-    """N layouts: arrays of shape (N,). ``recompute`` holds codes 0 none, 1 selective, 2 full.
+class Candidates(LayoutDegrees):
+    """N layouts: arrays of shape (N,) (or broadcast-shaped, planner.grid). ``recompute`` holds
+    codes 0 none, 1 selective, 2 full. Derived quantities come from degrees.LayoutDegrees.
 
-    ``cp`` (context parallel, int) and ``distributed_optimizer`` (bool) default to 1 / False;
+    ``cp``, ``ep``, ``etp`` (int) default to 1, ``distributed_optimizer`` (bool) to False,
     ``first_stage_layers`` / ``last_stage_layers`` (int) to 0, the even pipeline split.
     """
 
@@ -34,6 +36,8 @@ class Candidates:
     sequence_parallel: np.ndarray
     vpp: np.ndarray
     cp: np.ndarray = field(default=None)  # type: ignore[assignment]
+    ep: np.ndarray = field(default=None)  # type: ignore[assignment]
+    etp: np.ndarray = field(default=None)  # type: ignore[assignment]
     distributed_optimizer: np.ndarray = field(default=None)  # type: ignore[assignment]
     first_stage_layers: np.ndarray = field(default=None)  # type: ignore[assignment]
     last_stage_layers: np.ndarray = field(default=None)  # type: ignore[assignment]
@@ -42,8 +46,9 @@ class Candidates:
         for name in ("first_stage_layers", "last_stage_layers"):
             if getattr(self, name) is None:
                 object.__setattr__(self, name, np.zeros_like(self.tp))
-        if self.cp is None:
-            object.__setattr__(self, "cp", np.ones_like(self.tp))
+        for name in ("cp", "ep", "etp"):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, np.ones_like(self.tp))
         if self.distributed_optimizer is None:
             object.__setattr__(self, "distributed_optimizer", np.zeros(np.shape(self.tp), dtype=bool))
 
@@ -56,33 +61,23 @@ class Candidates:
 
     def layout(self, i: int) -> Layout:
         """Candidate i as a Layout."""
-        return Layout(tp=int(self.tp[i]), pp=int(self.pp[i]), dp=int(self.dp[i]),
-                      zero_stage=int(self.zero_stage[i]),
-                      micro_batch_size=int(self.micro_batch_size[i]),
-                      recompute=RECOMPUTE_NAMES[int(self.recompute[i])],  # type: ignore[arg-type]
-                      sequence_parallel=bool(self.sequence_parallel[i]), vpp=int(self.vpp[i]),
-                      cp=int(self.cp[i]), distributed_optimizer=bool(self.distributed_optimizer[i]),
-                      first_stage_layers=int(self.first_stage_layers[i]),
-                      last_stage_layers=int(self.last_stage_layers[i]))
+        values = {f.name: getattr(self, f.name)[i] for f in fields(self)}
+        values = {k: bool(v) if k in BOOL_FIELDS else int(v) for k, v in values.items()}
+        values["recompute"] = RECOMPUTE_NAMES[values["recompute"]]
+        return Layout(**values)
 
     @classmethod
     def from_layouts(cls, layouts: list[Layout]) -> "Candidates":
         """Arrays of length len(layouts), one entry per layout."""
-        def col(get, dtype=np.int64):
-            return np.array([get(x) for x in layouts], dtype=dtype)
-        return cls(tp=col(lambda x: x.tp), pp=col(lambda x: x.pp), dp=col(lambda x: x.dp),
-                   zero_stage=col(lambda x: x.zero_stage),
-                   micro_batch_size=col(lambda x: x.micro_batch_size),
-                   recompute=col(lambda x: RECOMPUTE_CODES[x.recompute]),
-                   sequence_parallel=col(lambda x: x.sequence_parallel, bool),
-                   vpp=col(lambda x: x.vpp), cp=col(lambda x: x.cp),
-                   distributed_optimizer=col(lambda x: x.distributed_optimizer, bool),
-                   first_stage_layers=col(lambda x: x.first_stage_layers),
-                   last_stage_layers=col(lambda x: x.last_stage_layers))
+        def col(name):
+            if name == "recompute":
+                return np.array([RECOMPUTE_CODES[x.recompute] for x in layouts], dtype=np.int64)
+            dtype = bool if name in BOOL_FIELDS else np.int64
+            return np.array([getattr(x, name) for x in layouts], dtype=dtype)
+        return cls(**{f.name: col(f.name) for f in fields(cls)})
 
-    def num_microbatches(self, global_batch_size: int) -> np.ndarray:
-        """m = B / (dp * micro_batch_size), float (exact when the layout is valid)."""
-        return global_batch_size / (self.dp * self.micro_batch_size)
+
+BOOL_FIELDS = ("sequence_parallel", "distributed_optimizer")
 
 
 def divisors(n: int) -> np.ndarray:
@@ -101,47 +96,53 @@ def product(**axes: np.ndarray) -> dict[str, np.ndarray]:
 # Megatron-Core's attention splits the heads and the KV heads (query groups) over TP with
 # divide(), which asserts divisibility: no KV-head replication when tp exceeds them.
 HEADS_RULE = "heads and KV heads divisible by tp"
+TP_RULE = "tp within the NVLink domain"
 UNEVEN_RULE = "uneven pipeline split: edge stages of 1..middle layers, interleaved as Megatron-Core allows"
+LAYERS_RULE = "layers divisible by pp*vpp"
+BATCH_RULE = "global batch divisible by dp*micro_batch_size"
+# How many layers an edge stage may hold fewer than a middle one in the uneven splits the search
+# tries: the output layer of a large-vocabulary model weighs about 1.5 layers (2*h*V against
+# ~24*h^2 FLOPs per token at h = 7168, V = 129280), the embedding's in-flight activations
+# about as much; 4 covers both with room (Llama 3 405B ran 7 + 14x8 + 7, one fewer each).
+MAX_EDGE_SHORTFALL = 4
 
 
-def constraint_masks(model: ModelSpec, training: TrainingSpec, gpus_per_node: int,
+def constraint_masks(model: ModelSpec, training: TrainingSpec, nvlink_domain: int,
                      c: Candidates, allow_cross_node_tp: bool = False) -> dict[str, np.ndarray]:
-    """Named validity rules -> boolean arrays (True = the candidate passes that rule).
+    """Named validity rules -> boolean arrays (True = the candidate passes that rule). Masks broadcast.
 
-    Rules follow Megatron-LM's argument checks: heads and KV heads divisible by tp
-    (Megatron-Core's attention divides both by the TP size; formulas.md 1.3 also allows tp a
-    multiple of the KV heads with replication, which Megatron-Core and torchtitan do not run),
-    layers divisible by pp*vpp, the global batch divisible by
-    dp*micro_batch_size, interleaving needs pp > 1 and at least pp micro-batches, SP needs tp > 1
-    and seq_length divisible by tp; CP needs seq_length divisible by 2*cp (times tp with SP) and
-    flash attention; the distributed optimizer goes with zero_stage 0. Masks broadcast.
+    Rules follow Megatron-LM's argument and layer checks: tp within the NVLink domain (GPUs on
+    one NVLink fabric, ``nvlink_domain``) unless ``allow_cross_node_tp``; heads and KV heads
+    divisible by tp (Megatron-Core's attention divides both by the TP size); the FFN width
+    divisible by tp (its column/row-parallel linear layers divide their output/input size);
+    layers divisible by pp*vpp (or an uneven split); the global batch divisible by
+    dp*micro_batch_size; interleaving needs pp > 1 and at least pp micro-batches; SP needs tp > 1
+    and each CP rank's share of the sequence, seq_length/cp, divisible by tp; CP needs
+    seq_length divisible by 2*cp (its causal load balance cuts every sequence into 2*cp chunks)
+    and flash attention; the distributed optimizer goes with zero_stage 0.
     """
     a, g, L = model.num_attention_heads, model.kv_heads, model.num_layers
     B, s = training.global_batch_size, training.seq_length
-    tp, pp, dp, mbs, vpp = c.tp, c.pp, c.dp, c.micro_batch_size, c.vpp
-    m = B // np.maximum(dp * mbs, 1)
-    rules = {
-        "tp within a node (NVLink domain)": (tp <= gpus_per_node) | allow_cross_node_tp,
+    tp, pp, vpp, cp = c.tp, c.pp, c.vpp, c.cp
+    m = c.num_microbatches(B)
+    return {
+        TP_RULE: (tp <= nvlink_domain) | allow_cross_node_tp,
         HEADS_RULE: (a % tp == 0) & (g % tp == 0),
-        "layers divisible by pp*vpp": (L % (pp * vpp) == 0) | (c.first_stage_layers > 0),
-        "global batch divisible by dp*micro_batch_size": (B % (dp * mbs) == 0),
+        "ffn_hidden_size divisible by tp": model.ffn % tp == 0,
+        LAYERS_RULE: (L % (pp * vpp) == 0) | (c.first_stage_layers > 0),
+        BATCH_RULE: (B % (c.dp * c.micro_batch_size) == 0),
         "interleaving needs pp > 1 and >= pp micro-batches": (vpp == 1) | ((pp > 1) & (m >= pp)),
-        "sequence parallel needs tp > 1 and seq_length divisible by tp":
-            ~c.sequence_parallel | ((tp > 1) & (s % tp == 0)),
-        # context parallel (formulas.md 5.7): Megatron splits the sequence into 2*cp chunks for
-        # causal load balance, each CP rank's share then split by tp under SP; TE's CP runs in
-        # its fused (flash) attention only.
-        "seq_length divisible by 2*cp (2*cp*tp with SP)":
-            (c.cp == 1) | (s % (2 * c.cp * np.where(c.sequence_parallel, tp, 1)) == 0),
-        "context parallel needs flash attention": (c.cp == 1) | training.flash_attention,
+        "seq_length divisible by 2*cp": (cp == 1) | (s % (2 * cp) == 0),
+        "sequence parallel needs tp > 1 and seq_length/cp divisible by tp":
+            ~c.sequence_parallel | ((tp > 1) & (s % (cp * tp) == 0)),
+        "context parallel needs flash attention": (cp == 1) | training.flash_attention,
         "distributed optimizer replaces ZeRO (zero_stage 0 only)":
             ~c.distributed_optimizer | (c.zero_stage == 0),
         UNEVEN_RULE: _uneven_ok(L, c),
     }
-    return rules
 
 
-def _uneven_ok(num_layers: int, c: Candidates) -> np.ndarray:
+def _uneven_ok(num_layers: int, c) -> np.ndarray:
     """True for an even split, or an uneven one Megatron-Core accepts and plan3d models: first
     and last stage at least one layer, the rest L - first - last divided equally among the
     pp - 2 middle stages, at least as many layers as either edge stage (pp = 2: first + last = L).
@@ -149,10 +150,8 @@ def _uneven_ok(num_layers: int, c: Candidates) -> np.ndarray:
     (a) ``--decoder-first/last-pipeline-num-layers``: each stage's layers divisible by vpp, pp > 2
         (get_transformer_layer_offset's interleaved branch divides by the middle stages' count);
     (b) ``--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split``: the
-        embedding and the loss count as one layer each, so first = last = middle - 1 and
-        (L + 2) = pp * middle splits into pp*vpp chunks of middle/vpp (Megatron-Core's layer
-        offsets add one layer for each; Llama-3 405B, 126 layers on pp = 16: 7 + 14*8 + 7).
-    Broadcast bool array."""
+        embedding and the loss count as one layer each (LayoutDegrees.embedding_loss_split).
+    ``c``: Candidates (or any object with pp, vpp, first/last_stage_layers arrays). Bool array."""
     f, la, pp, v = c.first_stage_layers, c.last_stage_layers, c.pp, c.vpp
     if not np.any((f > 0) | (la > 0)):
         return np.ones(np.shape(f), dtype=bool)
@@ -163,29 +162,66 @@ def _uneven_ok(num_layers: int, c: Candidates) -> np.ndarray:
                  rest == 0)
     # (a) needs middle stages: Megatron-Core's interleaved layer offset divides by their count
     per_stage = (f % v == 0) & (la % v == 0) & (pp > 2) & (mid % v == 0)
-    valid = shape_ok & ((v == 1) | per_stage | embedding_loss_split(num_layers, c))
+    valid = shape_ok & ((v == 1) | per_stage | LayoutDegrees.embedding_loss_split(c, num_layers))
     return ((f == 0) & (la == 0)) | valid
 
 
-def embedding_loss_split(num_layers: int, c) -> np.ndarray:
-    """True where an uneven split is Megatron-Core's embedding-and-loss-as-layers split (way (b)
-    of _uneven_ok): first = last = (L + 2)/pp - 1 with (L + 2) divisible by pp*vpp, and at least
-    two layers' worth per chunk, so that the chunks holding the embedding or the loss keep a
-    transformer layer. ``c``: any object with pp, vpp, first_stage_layers, last_stage_layers
-    (arrays or ints). Bool array."""
-    f, la = np.asarray(c.first_stage_layers), np.asarray(c.last_stage_layers)
-    pp, vpp = np.asarray(c.pp), np.asarray(c.vpp)
-    return (f > 0) & (f == la) & ((num_layers + 2) == pp * (f + 1)) & \
-        ((f + 1) % vpp == 0) & (f + 1 >= 2 * vpp)
+def _split_of(num_layers: int, pp, first, last, vpp) -> SimpleNamespace:
+    """An object with the split fields, for the rule functions (arrays broadcast)."""
+    return SimpleNamespace(first_stage_layers=np.asarray(first), last_stage_layers=np.asarray(last),
+                           pp=np.asarray(pp), vpp=np.asarray(vpp))
+
+
+def uneven_splits(num_layers: int, pp: int) -> list[tuple[int, int]]:
+    """The uneven splits the search tries on ``pp`` stages: every (first, last) that passes the
+    uneven rule with vpp 1 and leaves each edge stage at most MAX_EDGE_SHORTFALL layers lighter
+    than a middle one (pp = 2: lighter than the larger edge), in both directions (the output
+    layer sits on the last stage, the embedding's extra in-flight micro-batches on the first).
+    The even split, when pp divides the layers, is not listed. 61 layers on pp 8: (5, 8),
+    (6, 7), (7, 6), (8, 5) with 6 middle stages of 8; 80 on pp 8: (7, 7) with 11 per middle.
+    [(first, last)], ascending."""
+    out = []
+    if pp < 2 or num_layers < pp:
+        return out
+    if pp == 2:
+        half = -(-num_layers // 2)
+        for first in range(max(1, half - MAX_EDGE_SHORTFALL), min(num_layers, half + MAX_EDGE_SHORTFALL) + 1):
+            last = num_layers - first
+            if 1 <= last and abs(first - last) <= MAX_EDGE_SHORTFALL and first != last:
+                out.append((first, last))
+        return out
+    for middle in range(-(-num_layers // pp), num_layers // (pp - 2) + 1):
+        rest = num_layers - (pp - 2) * middle
+        for first in range(max(1, middle - MAX_EDGE_SHORTFALL), middle + 1):
+            last = rest - first
+            if middle - MAX_EDGE_SHORTFALL <= last <= middle and last >= 1 and \
+                    not (first == last == middle):
+                out.append((first, last))
+    return sorted(out)
+
+
+def default_uneven_split(num_layers: int, pp: int) -> tuple[int, int]:
+    """The uneven split named in hints when pp does not divide the layers: middle stages hold
+    k = ceil(L/pp) layers each and the rest r = L - (pp-2)*k is halved between the edge stages
+    (first = r//2, last = r - first). Llama-3 405B, 126 layers on pp = 16: 7 + 14*8 + 7 (the
+    Llama 3 paper, Sec. 3.3.2, removed one layer from each of the first and last stages).
+    (0, 0) when pp divides L; (-1, -1) when no such split leaves each edge 1..k layers."""
+    if num_layers % pp == 0:
+        return 0, 0
+    k = -(-num_layers // pp)
+    rest = num_layers - max(pp - 2, 0) * k
+    first, last = rest // 2, rest - rest // 2
+    return (first, last) if pp >= 2 and first >= 1 and last <= k else (-1, -1)
 
 
 def uneven_vpp_options(num_layers: int, pp: int, first: int, last: int, upto: int = 16) -> list[int]:
     """The vpp values in 1..``upto`` with which the uneven split first+..+last of ``num_layers``
-    layers on ``pp`` stages passes _uneven_ok (for messages). [] if none does."""
+    layers on ``pp`` stages passes _uneven_ok (for messages and the search's vpp axis). [] if
+    none does."""
     vpp = np.arange(1, upto + 1)
-    c = SimpleNamespace(first_stage_layers=np.full_like(vpp, first), last_stage_layers=np.full_like(vpp, last),
-                        pp=np.full_like(vpp, pp), vpp=vpp)
-    return [int(v) for v in vpp[_uneven_ok(num_layers, c)]]
+    ok = _uneven_ok(num_layers, _split_of(num_layers, np.full_like(vpp, pp), np.full_like(vpp, first),
+                                          np.full_like(vpp, last), vpp))
+    return [int(v) for v in vpp[ok]]
 
 
 def uneven_problem(num_layers: int, pp: int, first: int, last: int, vpp: int) -> str:

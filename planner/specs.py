@@ -7,12 +7,12 @@ them back in the shortest exact unit form, so a dump reloads to identical number
 
 from __future__ import annotations
 
-import math
 from typing import Annotated, Any, Literal
 
 from pydantic import (BaseModel, ConfigDict, Field, PlainSerializer, BeforeValidator,
                       model_validator)
 
+from .degrees import LayoutDegrees
 from .errors import UsageError
 from .units import format_quantity, parse_quantity
 
@@ -273,15 +273,19 @@ class TrainingSpec(_Strict):
     tp_backward_overlap: bool = True
 
 
-class Layout(_Strict):
+class Layout(LayoutDegrees, _Strict):
     """One parallel layout. tp*cp*pp*dp = GPUs; ``vpp`` = virtual stages (model chunks) per PP rank.
 
     ``cp``: context-parallel size (the sequence split over cp ranks, formulas.md 5.7).
+    ``ep`` / ``etp``: expert-parallel and expert-tensor-parallel sizes; the expert layers fold
+    over a stage's tp*cp*dp GPUs as etp x ep x edp (degrees.LayoutDegrees); 1 for dense models.
     ``distributed_optimizer``: Megatron's --use-distributed-optimizer, an alternative to ZeRO
     (zero_stage 0): ZeRO-1 memory, gradient reduce-scatter + parameter all-gather per step.
     ``first_stage_layers`` / ``last_stage_layers``: an uneven pipeline split (Megatron's
     --decoder-first/last-pipeline-num-layers; the middle stages share the rest equally;
     interleaved, space.constraint_masks admits Megatron-Core's two forms); 0 = the even split L/pp.
+    Derived quantities (GPUs, gradient group, micro-batches, layers per rank, ...) come from
+    degrees.LayoutDegrees.
     """
 
     tp: int = Field(gt=0)
@@ -293,6 +297,8 @@ class Layout(_Strict):
     sequence_parallel: bool = False
     vpp: int = Field(default=1, gt=0)
     cp: int = Field(default=1, gt=0)
+    ep: int = Field(default=1, gt=0)
+    etp: int = Field(default=1, gt=0)
     distributed_optimizer: bool = False
     first_stage_layers: int = Field(default=0, ge=0)
     last_stage_layers: int = Field(default=0, ge=0)
@@ -305,24 +311,17 @@ class Layout(_Strict):
                 f"(got {self.first_stage_layers} and {self.last_stage_layers}; 0 and 0 = even)")
         return self
 
-    @property
-    def gpus(self) -> int:
-        return self.tp * self.cp * self.pp * self.dp
-
     def short(self) -> str:
+        """One line: tp=8 cp=2 pp=16 (7+..+7 layers) dp=8 ep=8 zero=1 mbs=1 vpp=4 recompute=none sp."""
         sp = " sp" if self.sequence_parallel else ""
         cp = f" cp={self.cp}" if self.cp > 1 else ""
+        ep = f" ep={self.ep}" if self.ep > 1 else ""
+        etp = f" etp={self.etp}" if self.etp > 1 else ""
         dist = " distopt" if self.distributed_optimizer else ""
         split = f" ({self.first_stage_layers}+..+{self.last_stage_layers} layers)" \
             if self.first_stage_layers or self.last_stage_layers else ""
-        return (f"tp={self.tp}{cp} pp={self.pp}{split} dp={self.dp} zero={self.zero_stage}{dist} "
-                f"mbs={self.micro_batch_size} vpp={self.vpp} recompute={self.recompute}{sp}")
-
-
-def padded_vocab(vocab_size: int, tp: int, divisible_by: int = 128) -> int:
-    """Megatron's padded vocabulary: ceil(V / (128*tp)) * 128*tp (``vocab_utils.py``)."""
-    multiple = divisible_by * tp
-    return int(math.ceil(vocab_size / multiple) * multiple)
+        return (f"tp={self.tp}{cp} pp={self.pp}{split} dp={self.dp}{ep}{etp} zero={self.zero_stage}"
+                f"{dist} mbs={self.micro_batch_size} vpp={self.vpp} recompute={self.recompute}{sp}")
 
 
 class Plan(_Strict):

@@ -17,9 +17,9 @@ from .cost import Estimate
 from .errors import NoFitError, UsageError
 from .explain import term_deltas
 from .search import MAX_GPUS, SearchOptions, build_grid, search
-from .cost.pipeline import uneven_split
+from .cost.collectives import nvlink_domain
 from .report import seconds as report_seconds
-from .space import UNEVEN_RULE, constraint_masks, uneven_vpp_options
+from .space import UNEVEN_RULE, constraint_masks, default_uneven_split, uneven_vpp_options
 from .specs import RECOMPUTE_CODES, HardwareProfile, ModelSpec, TrainingSpec
 
 _KEYS = {"tp": "tp", "cp": "cp", "pp": "pp", "dp": "dp", "distopt": "distributed_optimizer",
@@ -104,7 +104,7 @@ def broken_rules(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, 
         pins = " * ".join(f"{k}={getattr(opts, k)}" for k in ("tp", "cp", "pp") if getattr(opts, k))
         where = f"{gpus} GPUs" if gpus is not None else f"at most {opts.max_gpus} GPUs in whole nodes"
         return [f"{pins} does not divide {where}" if pins else f"no tp * cp * pp split uses {where}"]
-    masks = constraint_masks(model, training, hw.gpus_per_node, grid.candidates(),
+    masks = constraint_masks(model, training, nvlink_domain(hw), grid.candidates(),
                              opts.allow_cross_node_tp)
     broken = [rule for rule, ok in masks.items() if not np.any(ok)]
     if broken:
@@ -195,7 +195,7 @@ def _uneven_detail(model: ModelSpec, opts: SearchOptions, rule: str) -> str:
     and pp is pinned."""
     if rule != UNEVEN_RULE or not opts.pp:
         return rule
-    first, last = (int(x[0]) for x in uneven_split(model.num_layers, np.array([opts.pp])))
+    first, last = default_uneven_split(model.num_layers, opts.pp)
     if first <= 0:
         return rule
     works = uneven_vpp_options(model.num_layers, opts.pp, first, last, opts.max_vpp)

@@ -33,7 +33,7 @@ def test_search_json_and_export_round_trip(tmp_path):
     assert len(ranked) == 2
     best = ranked[0]
     gpus = best.pop("gpus")  # search --json only: tp*cp*pp*dp beside the layout
-    assert set(best) == {"layout", "memory", "time", "throughput"}
+    assert set(best) == {"layout", "memory", "time", "throughput", "stages"}
     assert {"weights", "gradients", "optimizer", "activations", "other", "total", "capacity",
             "fits"} <= set(best["memory"])
     assert {"tokens_per_s", "model_tflops_per_gpu", "mfu", "hfu"} == set(best["throughput"])
@@ -85,7 +85,7 @@ def test_estimate_from_flags_matches_hand_checks():
     (["search", "--model", "175b"], 2, "missing option --gpus"),
     (["search", "--model", "175b", "--gpus", "512", "--zero-stage", "5"], 2, "--zero-stage must be"),
     (["estimate", "-m", "175b", "-g", "512", "--tp", "3"], 2, "does not divide"),
-    (["estimate", "-m", "175b", "-g", "512", "--tp", "16", "--pp", "2"], 2, "tp within a node"),
+    (["estimate", "-m", "175b", "-g", "512", "--tp", "16", "--pp", "2"], 2, "tp within the NVLink domain"),
     (["estimate", "--plan", "nosuch.yaml"], 2, "cannot read nosuch.yaml"),
     (["frobnicate"], 2, "No such command"),
     (["search", "--model", "175b", "--gpus", "512", "--tp", "8", "--pp", "8", "--dp", "16"], 2,

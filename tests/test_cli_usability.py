@@ -127,7 +127,7 @@ def test_search_json_has_gpus_and_max_gpus_table_shows_them():
     code, out, err = cli("search", "--model", "175b", "--max-gpus", "1024", "--top", "3", "--json")
     assert code == 0, err
     for entry in json.loads(out):
-        assert set(entry) == {"layout", "gpus", "memory", "time", "throughput"}
+        assert set(entry) == {"layout", "gpus", "memory", "time", "throughput", "stages"}
         lay = entry["layout"]
         assert entry["gpus"] == lay["tp"] * lay["cp"] * lay["pp"] * lay["dp"] <= 1024
     code, out, err = cli("search", "--model", "175b", "--max-gpus", "1024", "--top", "3")
@@ -151,12 +151,12 @@ def test_cross_node_tp_is_suggested_and_available_on_estimate():
     hint = "(pass --allow-cross-node-tp to let tp span nodes)"
     code, out, err = cli("search", "--model", "175b", "--gpus", "512", "--tp", "16")
     assert (code, out) == (2, "")
-    assert err == ("error: no layout of gpt3-175b on 512 GPUs passes the rule 'tp within a node "
-                   f"(NVLink domain)' {hint}\n")
+    assert err == ("error: no layout of gpt3-175b on 512 GPUs passes the rule 'tp within the NVLink "
+                   f"domain' {hint}\n")
     code, out, err = cli("estimate", "--model", "175b", "--gpus", "512", "--tp", "16")
     assert (code, out) == (2, "")
     assert err == ("error: layout tp=16 pp=1 dp=32 zero=1 mbs=1 vpp=1 recompute=none breaks: tp "
-                   f"within a node (NVLink domain) {hint}\n")
+                   f"within the NVLink domain {hint}\n")
     code, out, err = cli("estimate", "--model", "175b", "--gpus", "512", "--tp", "16", "--pp", "8",
                          "--allow-cross-node-tp", "--json")
     assert code == 0, err

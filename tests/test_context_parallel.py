@@ -7,7 +7,10 @@ import pytest
 
 from planner import catalog
 from planner.cost.collectives import Links
-from planner.cost.context import kv_chunk_bytes, ring_times
+from planner.cost.comm import ring_times
+from planner.cost.compute import LayerTimes
+from planner.cost.context_parallel import kv_chunk_bytes
+from planner.cost.volumes import Elements, layer_collectives
 from planner.cost.step import TIME_TERMS, estimate_layout
 from planner.errors import UsageError
 from planner.search import SearchOptions, search
@@ -43,19 +46,24 @@ def test_ring_exposed_time_by_hand(llama8b):
     m, hw = llama8b
     tr = TrainingSpec(seq_length=8192, global_batch_size=64)
     links = Links.of(hw)
+
+    def ring(c, attention):
+        zero = np.zeros(1)
+        layer = LayerTimes(zero, np.array([attention]), np.array([attention]), zero, 0.5)
+        exposed, link = ring_times(c, layer_collectives(m, tr, c, Elements.of(tr)), links, layer)
+        return float(exposed[0]), float(link[0])
+
     c = _one(cp=4)  # tp*cp = 8 <= 8 GPUs per node: the ring stays on NVLink
     t = links.intra_latency + 4_194_304 / links.intra_bw
-    t2 = links.intra_latency + 2 * 4_194_304 / links.intra_bw
-    # no attention to hide behind: all cp-1 = 3 steps exposed
-    f, b = ring_times(m, tr, c, links, np.zeros(1), np.zeros(1))
-    assert f[0] == pytest.approx(3 * t) and b[0] == pytest.approx(3 * t2)
-    # attention per step (attn/cp) longer than the transfer: nothing exposed
-    f, b = ring_times(m, tr, c, links, np.array([4 * t2]), np.array([4 * t2]))
-    assert f[0] == 0 and b[0] == 0
+    # no attention to hide behind: forward 3 steps of one X_kv, backward 3 steps of two (K/V
+    # and its gradient): 3t + 6t exposed, all of it on the link
+    assert ring(c, 0.0) == pytest.approx((9 * t, 9 * t))
+    # attention per step (attention/cp) longer than the transfers: nothing exposed
+    assert ring(c, 4 * 2 * t) == pytest.approx((0.0, 9 * t))
     # tp=8, cp=4 spans 4 nodes: the ring runs on the NIC share
     c = _one(cp=4, tp=8)
-    f, _ = ring_times(m, tr, c, links, np.zeros(1), np.zeros(1))
-    assert f[0] == pytest.approx(3 * (links.inter_latency + kv_chunk_bytes(m, tr, c)[0] / links.inter_bw))
+    t_ib = links.inter_latency + kv_chunk_bytes(m, tr, c)[0] / links.inter_bw
+    assert ring(c, 0.0)[0] == pytest.approx(9 * t_ib)
 
 
 def test_cp_shrinks_tokens_like_a_smaller_micro_batch(llama8b):
@@ -103,7 +111,7 @@ def test_cp_rules(llama8b):
     # 3004 = 4 * 751: divisible by 2*cp for cp = 2 only
     tr = TrainingSpec(seq_length=3004, global_batch_size=64)
     v = why_not(m, hw, tr, 64, SearchOptions(), "cp=4,sp=0")
-    assert v.status == "invalid" and v.reasons == ["seq_length divisible by 2*cp (2*cp*tp with SP)"]
+    assert v.status == "invalid" and v.reasons == ["seq_length divisible by 2*cp"]
     assert why_not(m, hw, tr, 64, SearchOptions(), "cp=2,sp=0").status in ("winner", "slower")
     no_flash = TrainingSpec(seq_length=4096, global_batch_size=64, flash_attention=False)
     v = why_not(m, hw, no_flash, 64, SearchOptions(), "cp=2")

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planner.cost import flops, memory, pipeline
-from planner.cost.collectives import Links, collective_time, placement
+from planner.cost.collectives import Links, collective_time, group_span
 from planner.space import Candidates
 from planner.specs import Layout, TrainingSpec
 
@@ -37,7 +37,7 @@ KORTHIKANTI = [
 def test_korthikanti_activation_memory(name, L, h, a, p, v, b, m, none_gib, sel_gib):
     model = gpt(name, L, h, a)
     training = TrainingSpec(seq_length=2048, global_batch_size=m * b, flash_attention=False)
-    layers = pipeline.inflight_layers(L, np.array([p]), np.array([v]), np.array([m]), np.array([0]))
+    layers = pipeline.inflight_layers(cands(pp=p, vpp=v), L, m, 0)
     for rc, sp, expected in (("none", False, none_gib), ("selective", True, sel_gib)):
         c = cands(tp=8, pp=p, vpp=v, micro_batch_size=b, recompute=rc, sequence_parallel=sp)
         per_layer = memory.activation_per_layer(model, training, c)
@@ -69,7 +69,7 @@ def test_korthikanti_params_plus_optimizer(name, L, h, a, p, published_gib):
     per_gpu = L / p * (sharded[0] + replicated[0])
     assert per_gpu == pytest.approx(L / p * ((12 * h * h + 7 * h) / 8 + 6 * h), rel=1e-15)
     training = TrainingSpec(seq_length=2048, global_batch_size=8)
-    states = memory.model_state_bytes(np.array([per_gpu]), np.array([0]), np.array([1]), training)
+    states = memory.model_state_bytes(np.array([per_gpu]), cands(), training)
     total = sum(states.values())[0] / GIB
     # Replicated norms and row-parallel biases (6h, not 6h/t) add 0.03-0.08 %: 22B 45.596 GiB.
     assert total == pytest.approx(published_gib, rel=1e-3)
@@ -80,24 +80,43 @@ def test_bytes_per_parameter_by_zero_stage():
     # ZeRO-0 18, ZeRO-1 2+4+12/8 = 7.5, ZeRO-2 2+(4+12)/8 = 4, ZeRO-3 18/8 = 2.25 B/param.
     training = TrainingSpec(seq_length=2048, global_batch_size=8)
     params = np.full(4, 1e9)
-    states = memory.model_state_bytes(params, np.array([0, 1, 2, 3]), np.full(4, 8), training)
+    c = Candidates.from_layouts([Layout(tp=1, pp=1, dp=8, zero_stage=z, micro_batch_size=1)
+                                 for z in range(4)])
+    states = memory.model_state_bytes(params, c, training)
     total = states["weights"] + states["gradients"] + states["optimizer"]
     np.testing.assert_allclose(total / 1e9, [18, 7.5, 4, 2.25])
     bf16_grads = TrainingSpec(seq_length=2048, global_batch_size=8, grad_bytes=2)
-    states = memory.model_state_bytes(params[:1], np.array([0]), np.array([8]), bf16_grads)
+    states = memory.model_state_bytes(params[:1], c.take(np.array([0])), bf16_grads)
+    # ZeRO-2 over dp = 4 x cp = 2: the gradient group is dp*cp = 8 ranks, as with dp = 8
+    cp2 = Candidates.from_layouts([Layout(tp=1, pp=1, dp=4, cp=2, zero_stage=2, micro_batch_size=1)])
+    assert sum(memory.model_state_bytes(params[:1], cp2, training).values())[0] / 1e9 == 4
     assert sum(states.values())[0] / 1e9 == 16  # the ZeRO paper's 2 + 2 + 12
 
 
 def test_inflight_layers_1f1b_and_interleaved():
     # 1F1B: rank r holds min(p - r, m) micro-batches of L/p layers; L = 96, p = 8.
-    got = pipeline.inflight_layers(96, np.array([8, 8, 8]), np.array([1, 1, 1]),
-                                   np.array([64, 64, 3]), np.array([0, 7, 0]))
-    np.testing.assert_array_equal(got, [96, 12, 36])  # 8*12, 1*12, min(8, 3)*12
+    c = cands(pp=8)
+    for m, rank, want in ((64, 0, 96), (64, 7, 12), (3, 0, 36)):  # 8*12, 1*12, min(8, 3)*12
+        assert float(pipeline.inflight_layers(c, 96, m, rank)[0]) == want
     # Interleaved, v = 3: rank 0 holds L*(1 + (p-1)/(p*v)) = 96*(1 + 7/24) = 124 layers;
     # the last rank ((v-1)*p + 1) chunks of L/(p*v) = 4 layers = 17*4 = 68.
-    got = pipeline.inflight_layers(96, np.array([8, 8]), np.array([3, 3]), np.array([64, 64]),
-                                   np.array([0, 7]))
-    np.testing.assert_array_equal(got, [124, 68])
+    c = cands(pp=8, vpp=3)
+    assert [float(pipeline.inflight_layers(c, 96, 64, r)[0]) for r in (0, 7)] == [124, 68]
+
+
+def test_inflight_layers_of_the_embedding_and_loss_split():
+    # 14 layers on pp 4, vpp 2, 3 + 4 + 4 + 3: (14 + 2)/8 = 2 layers' worth per chunk, the
+    # embedding in rank 0's chunk 0 and the loss in rank 3's chunk 1: rank 0 holds [1, 2]
+    # layers, rank 3 [2, 1]. Forward k runs chunk (k // 4) % 2. m = 8 micro-batches.
+    c = cands(pp=4, vpp=2, first_stage_layers=3, last_stage_layers=3)
+    # rank 3: 2*0 + 4 + 1 = 5 forwards held: 4 of chunk 0 (2 layers) + 1 of chunk 1 (1) = 9
+    assert float(pipeline.inflight_layers(c, 14, 8, 3)[0]) == 9
+    # rank 0: 2*3 + 4 + 1 = 11 forwards: chunks 0,0,0,0,1,1,1,1,0,0,0 = 7 x 1 + 4 x 2 = 15
+    assert float(pipeline.inflight_layers(c, 14, 8, 0)[0]) == 15
+    # a middle rank: 2*2 + 5 = 9 forwards of 2 layers
+    assert float(pipeline.inflight_layers(c, 14, 8, 1)[0]) == 18
+    # the chunk-0 forwards held on rank 0 (the embedding's inputs): 4 + 3 = 7
+    assert float(pipeline.inflight_first_chunk(c, 8, 0)[0]) == 7
 
 
 def test_bubble_fraction_equal_stages():
@@ -171,15 +190,29 @@ def test_collective_costs_by_hand(h100):
     assert t == pytest.approx(2 * 7 / 8 * 1e8 / nvl + 10e-6)
     # DP reduce-scatter over 64 ranks, tp=8 so one rank per node on 64 nodes:
     # (63/64)*S/B_ib + 20 us (the inter-node phase alone).
-    n_local, n_nodes = placement(np.array([64]), np.array([8]), 8)
+    n_local, n_nodes = group_span(np.array([64]), np.array([8]), 8)
     assert (n_local[0], n_nodes[0]) == (1, 64)
     t = collective_time("reduce_scatter", np.array([1e9]), n_local, n_nodes, links)[0]
     assert t == pytest.approx(63 / 64 * 1e9 / ib + 20e-6)
     # 16 ranks at stride 2: 4 per node on 4 nodes: 3/4*S/B_nvl + 3/4*(S/4)/B_ib + both latencies.
-    n_local, n_nodes = placement(np.array([16]), np.array([2]), 8)
+    n_local, n_nodes = group_span(np.array([16]), np.array([2]), 8)
     assert (n_local[0], n_nodes[0]) == (4, 4)
     t = collective_time("all_gather", np.array([1e9]), n_local, n_nodes, links)[0]
     assert t == pytest.approx(0.75 * 1e9 / nvl + 0.75 * 0.25e9 / ib + 30e-6)
+
+
+def test_group_span_where_groups_sit():
+    # tp = 4 on 6-GPU nodes: group [4..7] sits 2 + 2 on two nodes, so the ring is a flat ring on
+    # the network (1 rank per node, 4 "nodes"); tp = 2 or 3 divide 6: inside a node.
+    assert [tuple(int(v[0]) for v in group_span(np.array([n]), np.array([1]), 6))
+            for n in (2, 3, 4, 6, 12)] == [(2, 1), (3, 1), (1, 4), (6, 1), (6, 2)]
+    # dp = 8 at stride tp = 2 on 8-GPU nodes: blocks of 16 ranks, 4 per node on 2 nodes
+    assert tuple(int(v[0]) for v in group_span(np.array([8]), np.array([2]), 8)) == (4, 2)
+    # a group of one rank moves nothing: (1, 1)
+    assert tuple(int(v[0]) for v in group_span(np.array([1]), np.array([4]), 8)) == (1, 1)
+    # NVL72-style domain of 72 GPUs: tp = 8 inside; 64 ranks at stride 1 straddle 72: flat
+    assert tuple(int(v[0]) for v in group_span(np.array([8]), np.array([1]), 72)) == (8, 1)
+    assert tuple(int(v[0]) for v in group_span(np.array([64]), np.array([1]), 72)) == (1, 64)
 
 
 def test_optimizer_bytes_per_param_pass_by_pass():
@@ -201,22 +234,25 @@ def test_optimizer_bytes_per_param_pass_by_pass():
 
 def test_implementation_bound_zero3_collectives():
     # DeepSpeed <= 0.4 ZeRO-3 (TrainingSpec.zero3_throughput): each collective takes at least the
-    # bytes a GPU receives over that rate. One layout of 8 GPUs (dp = 8, one node) of a model whose
-    # per-GPU parameters are P = 1e9: the all-gather of 2P bytes receives 7/8 * 2e9 = 1.75e9 B,
-    # at 21e9 B/s = 83.33 ms (NVLink alone: 1.75e9 / (300e9 x 0.627) = 9.3 ms); the
-    # gradient reduce-scatter of 2P (grad_bytes 2) the same. Without the rate: link-bound.
+    # bytes a GPU receives over that rate. One layout of 8 GPUs (dp = 8, one node); a ZeRO-3
+    # all-gather of 2e9 bytes (P = 1e9 per GPU) receives 7/8 * 2e9 = 1.75e9 B, at 21e9 B/s =
+    # 83.33 ms (NVLink alone: 1.75e9 / (300e9 x 0.627) = 9.3 ms); the gradient reduce-scatter
+    # of 2P (grad_bytes 2) the same. Without the rate: link-bound.
     from planner import catalog
-    from planner.cost.collectives import Links
-    from planner.cost.step import _dp_times
+    from planner.cost.comm import _dp_times
+    from planner.cost.volumes import Collective
     hw = catalog.resolve_hardware("dgx-a100-80g")
     c = Candidates.from_layouts([Layout(tp=1, pp=1, dp=8, zero_stage=3, micro_batch_size=1)])
+    colls = [Collective("dp", "all_gather", "microbatch", "forward", "forward", 1.0, 2e9, "ZeRO-3 x"),
+             Collective("dp", "all_gather", "microbatch", "backward", "backward", 1.0, 2e9, "ZeRO-3 x"),
+             Collective("dp", "reduce_scatter", "microbatch", "backward", "backward", 1.0, 2e9, "ZeRO-3 x")]
     slow = TrainingSpec(seq_length=2048, global_batch_size=8, grad_bytes=2, zero3_throughput=21e9)
-    _, _, fwd, bwd = _dp_times(np.array([1e9]), slow, c, Links.of(hw))
-    assert fwd[0] == pytest.approx(1.75e9 / 21e9)            # one gather
-    assert bwd[0] == pytest.approx(2 * 1.75e9 / 21e9)        # gather + reduce-scatter
+    t = _dp_times(slow, c, Links.of(hw), colls)
+    assert t["microbatch", "forward"][0] == pytest.approx(1.75e9 / 21e9)       # one gather
+    assert t["microbatch", "backward"][0] == pytest.approx(2 * 1.75e9 / 21e9)  # gather + reduce-scatter
     fast = slow.model_copy(update={"zero3_throughput": None})
-    _, _, fwd_link, _ = _dp_times(np.array([1e9]), fast, c, Links.of(hw))
-    assert fwd_link[0] == pytest.approx(1.75e9 / (300e9 * hw.efficiency.nvlink), rel=0.01)
+    t = _dp_times(fast, c, Links.of(hw), colls)
+    assert t["microbatch", "forward"][0] == pytest.approx(1.75e9 / (300e9 * hw.efficiency.nvlink), rel=0.01)
 
 
 def test_zero1_zeroes_its_whole_gradient_buffer():

@@ -246,7 +246,7 @@ def test_rule_breaking_layout_is_a_status_and_cross_node_tp_opt_in():
     tp16 = {**GOOD, "model": "gpt3-175b", "hardware": "dgx-h100", "gpus": 512,
             "layout": {**GOOD["layout"], "tp": 16, "pp": 4, "dp": 8, "micro_batch_size": 1}}
     out = evaluate_case(Case.model_validate(tp16))
-    assert out["status"] == "error" and "tp within a node" in out["message"]
+    assert out["status"] == "error" and "tp within the NVLink domain" in out["message"]
     out = evaluate_case(Case.model_validate({**tp16, "allow_cross_node_tp": True}))
     assert out["status"] == "ok" and out["memory.fits"] in (True, False)
 

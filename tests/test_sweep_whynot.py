@@ -66,10 +66,11 @@ def test_sweep_reports_counts_without_a_fit(gpt3_h100):
 
 def test_why_not_rejects_a_layout_that_breaks_head_divisibility(gpt3_h100):
     m, hw, tr = gpt3_h100
-    # GPT-3 175B has 96 heads; 96 % 5 = 1, so tp=5 can never split them (480 = 60 nodes, 5 | 480)
+    # GPT-3 175B has 96 heads; 96 % 5 = 1, so tp=5 can never split them (480 = 60 nodes, 5 | 480);
+    # nor its FFN width: 49152 % 5 = 2
     verdict = why_not(m, hw, tr, 480, SearchOptions(), "tp=5")
     assert verdict.status == "invalid"
-    assert verdict.reasons == ["heads and KV heads divisible by tp"]
+    assert verdict.reasons == ["heads and KV heads divisible by tp", "ffn_hidden_size divisible by tp"]
     # Llama-3 70B: 64 heads, 8 KV heads; tp=16 (across nodes) divides the heads but not the KV
     # heads, which Megatron-Core's attention cannot split (divide(num_query_groups, tp))
     from planner import catalog
@@ -82,7 +83,7 @@ def test_why_not_rejects_a_layout_that_breaks_head_divisibility(gpt3_h100):
     assert verdict.status == "invalid" and verdict.reasons == ["tp=5 does not divide 512 GPUs"]
     # tp=16 crosses the 8-GPU NVLink domain
     verdict = why_not(m, hw, tr, 512, SearchOptions(), "tp=16")
-    assert verdict.reasons == ["tp within a node (NVLink domain)"]
+    assert verdict.reasons == ["tp within the NVLink domain"]
 
 
 def test_why_not_explains_a_slower_layout_term_by_term(gpt3_h100):

@@ -8,11 +8,10 @@ import pytest
 from planner import __version__, catalog
 from planner.cost.flops import layer_params_per_gpu
 from planner.cost.memory import stage_params
-from planner.cost.pipeline import uneven_split
 from planner.cost.step import TIME_TERMS, estimate_layout
 from planner.errors import UsageError
 from planner.search import SearchOptions, check_layout, search
-from planner.space import Candidates
+from planner.space import Candidates, default_uneven_split, uneven_splits
 from planner.specs import Layout, Plan, TrainingSpec
 
 
@@ -21,12 +20,21 @@ def test_uneven_split_by_hand():
     # pp=16: 8 each, 126 - 14*8 = 14 -> 7 + 7 (Llama 3 paper §3.3.2: one layer fewer on each edge)
     # pp=8: 16 each, 126 - 96 = 30 -> 15 + 15; pp=4: 32, 62 -> 31 + 31; pp=64: 2, 2 -> 1 + 1;
     # pp=128 > 126 layers: impossible; pp=2 divides 126: even (0, 0)
-    first, last = uneven_split(126, np.array([16, 8, 4, 64, 128, 2]))
-    assert first.tolist() == [7, 15, 31, 1, -1, 0] and last.tolist() == [7, 15, 31, 1, -1, 0]
+    got = [default_uneven_split(126, pp) for pp in (16, 8, 4, 64, 128, 2)]
+    assert got == [(7, 7), (15, 15), (31, 31), (1, 1), (-1, -1), (0, 0)]
     # odd layers on two stages: 81 -> 40 + 41; 96 layers on 64 stages: 62 * 2 > 96, impossible
-    assert [int(x) for x in uneven_split(81, np.array([2]))[0]] == [40]
-    assert [int(x) for x in uneven_split(81, np.array([2]))[1]] == [41]
-    assert int(uneven_split(96, np.array([64]))[0][0]) == -1
+    assert default_uneven_split(81, 2) == (40, 41)
+    assert default_uneven_split(96, 64) == (-1, -1)
+
+
+def test_the_search_tries_every_nearby_split_both_ways():
+    # 61 layers on pp 8: 6 middle stages of 8 leave 13 for the edges, each 4..8: both directions
+    assert uneven_splits(61, 8) == [(5, 8), (6, 7), (7, 6), (8, 5)]
+    # 80 layers on pp 8 (even split 10 each): 6 middle stages of 11 leave 14 = 7 + 7; of 12, 8
+    # would need an edge of 4 or less below 12: out of range (MAX_EDGE_SHORTFALL = 4)
+    assert uneven_splits(80, 8) == [(7, 7)]
+    # two stages: no middle, edges within 4 layers of each other
+    assert uneven_splits(81, 2) == [(39, 42), (40, 41), (41, 40), (42, 39)]
 
 
 def test_stage_parameters_by_hand():

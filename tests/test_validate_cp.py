@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 
 from planner import catalog
-from planner.cost.volumes import rank_params, step_volumes
+from planner.cost.memory import rank_params
+from planner.cost.torch_volumes import step_volumes
+from planner.space import Candidates
 from planner.errors import UsageError
 from planner.specs import Layout, Plan, TrainingSpec
 from planner.validate.compare import compare, render
@@ -95,8 +97,9 @@ def test_uneven_split_is_kept_uneven():
     assert run.model.num_layers == 3 and run.stage_layers() == [2, 1]
     assert run.notes == ("uneven pipeline split 14+..+10 layers: run as 2+1 on pp' = 2",)
     assert [d["feature"] for d in run.not_exercised] == ["dropout"]
-    assert rank_params(run.model, run.layout, 0)["layers"] == 2
-    assert rank_params(run.model, run.layout, 1)["layers"] == 1
+    c = Candidates.from_layouts([run.layout])
+    assert rank_params(run.model, c, 0)["layers"][0] == 2
+    assert rank_params(run.model, c, 1)["layers"][0] == 1
     # No SP: 4 all-reduces of X = 2*32*64*8 = 32,768 B per layer per micro-batch (m = 4), plus
     # the embedding's (pp 0) or the output layer's input-gradient all-reduce (pp 1) per mb.
     assert predict(run, 0)["comm"]["tp:all_reduce"] == [2 * 4 * 4 + 4, 36 * 32_768]

@@ -9,7 +9,8 @@ import pytest
 
 from planner import catalog
 from planner.cost import memory
-from planner.cost.volumes import rank_params, step_volumes
+from planner.cost.memory import rank_params
+from planner.cost.torch_volumes import step_volumes
 from planner.space import Candidates
 from planner.specs import Layout, TrainingSpec
 
@@ -27,8 +28,8 @@ LAYER = 453_080_064
 
 
 def test_layer_params_match_hand_count():
-    assert rank_params(GPT3, PLAN, 3)["layer"] == LAYER
-    assert rank_params(GPT3, PLAN, 3)["layers"] == 12
+    params = rank_params(GPT3, Candidates.from_layouts([PLAN]), 3)
+    assert (params["layer"][0], params["layers"][0]) == (LAYER, 12)
 
 
 def test_megatron_middle_rank():

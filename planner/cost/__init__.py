@@ -1,7 +1,9 @@
 """The analytical cost model. Every function takes scalars from the specs and arrays of
-candidates (shape (N,)) and returns arrays of shape (N,), in SI units (bytes, seconds, FLOPs).
+candidates (shape (N,), or broadcast over a search grid) and returns arrays of that shape, in SI
+units (bytes, seconds, FLOPs).
 """
 
-from .step import Estimate, evaluate, memory_total
+from .estimate import Estimate, memory_total
+from .step import evaluate
 
 __all__ = ["Estimate", "evaluate", "memory_total"]

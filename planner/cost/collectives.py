@@ -18,13 +18,14 @@ from ..specs import HardwareProfile
 
 @dataclass(frozen=True)
 class Links:
-    """Achieved bus bandwidths and per-collective latencies of one system (SI units)."""
+    """Achieved bus bandwidths and per-collective latencies of one system (SI units), and the
+    NVLink domain groups are placed on."""
 
     intra_bw: float  # NVLink busbw per GPU, one direction, after efficiency
     inter_bw: float  # NIC busbw per GPU, one direction, after efficiency
     intra_latency: float
     inter_latency: float
-    gpus_per_node: int
+    domain: int  # GPUs of one NVLink domain (formulas.md 5.3): groups inside it use NVLink
 
     @classmethod
     def of(cls, hw: HardwareProfile) -> "Links":
@@ -32,19 +33,44 @@ class Links:
         return cls(intra_bw=hw.intra_node.bandwidth_per_gpu * eff.nvlink,
                    inter_bw=hw.network_bandwidth_per_gpu * eff.network,
                    intra_latency=hw.intra_node.latency, inter_latency=hw.inter_node.latency,
-                   gpus_per_node=hw.gpus_per_node)
+                   domain=nvlink_domain(hw))
 
 
-def placement(size: np.ndarray, stride: np.ndarray, gpus_per_node: int) -> tuple[np.ndarray, np.ndarray]:
-    """(ranks per node, nodes) of a group of ``size`` ranks spaced ``stride`` apart.
+def nvlink_domain(hw: HardwareProfile) -> int:
+    """GPUs that share one NVLink fabric, as layouts use them (the profile's NVLink domain;
+    GPUs per node where the profile gives none)."""
+    return int(getattr(hw, "nvlink_domain", None) or hw.gpus_per_node)
 
-    n_local = min(size, max(1, G // stride)), n_nodes = size / n_local (formulas.md 5.3), for
-    Megatron's rank order where group sizes and strides are powers of two dividing each other.
+
+def group_span(size, stride, domain: int) -> tuple[np.ndarray, np.ndarray]:
+    """(ranks per domain, domains) that time a group of ``size`` ranks spaced ``stride`` apart,
+    in Megatron's rank order (groups tile blocks of size*stride consecutive ranks), on NVLink
+    domains of ``domain`` GPUs (formulas.md 5.3). Int64 arrays, broadcast.
+
+    - the block fits a domain and divides it (size*stride | domain): (size, 1), all on NVLink;
+    - blocks of whole domains with domain/stride ranks in each (domain | size*stride and
+      stride | domain): (domain/stride, size*stride/domain), the two-phase cost of
+      collective_time;
+    - one rank per domain (domain | stride): (1, size);
+    - otherwise some group straddles a domain boundary with unequal parts (e.g. tp = 4 on
+      6-GPU nodes: ranks 4-7 sit 2 + 2): the collective runs as a flat ring whose every step
+      crosses the network in the worst group, (1, size).
+    A group of one rank is (1, 1).
     """
     size = np.asarray(size, dtype=np.int64)
-    stride = np.asarray(stride, dtype=np.int64)
-    n_local = np.minimum(size, np.maximum(1, gpus_per_node // np.maximum(stride, 1)))
-    return n_local, -(-size // n_local)
+    stride = np.maximum(np.asarray(stride, dtype=np.int64), 1)
+    block = size * stride
+    inside = domain % block == 0
+    whole = (block % domain == 0) & (domain % stride == 0)
+    n_local = np.where(inside, size, np.where(whole, domain // stride, 1))
+    n_nodes = np.where(inside, 1, np.where(whole, block // domain, size))
+    return n_local, n_nodes
+
+
+def p2p_crosses(stage_gpus, pp, domain: int) -> np.ndarray:
+    """Whether pipeline neighbours (``stage_gpus`` = tp*cp*dp ranks apart) sit in different NVLink
+    domains for some pipeline rank: the pipeline group spans more than one domain. Bool."""
+    return np.asarray(stage_gpus) * np.asarray(pp) > domain
 
 
 _PHASE_FACTOR = {"all_reduce": 2.0, "reduce_scatter": 1.0, "all_gather": 1.0}

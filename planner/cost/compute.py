@@ -16,7 +16,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..specs import HardwareProfile, ModelSpec, TrainingSpec
-from ..space import Candidates
 from . import flops
 
 SOFTMAX_BYTES_PER_SCORE = 9.0  # fused scale-mask-softmax read 2 + write 2, dropout read 2 + write 2 + mask 1
@@ -54,25 +53,34 @@ def peak_flops(hw: HardwareProfile, training: TrainingSpec) -> float:
     return hw.gpu.peak_tflops[training.dtype if training.dtype in hw.gpu.peak_tflops else "bf16"] * 1e12
 
 
-def layer_times(model: ModelSpec, training: TrainingSpec, hw: HardwareProfile,
-                c: Candidates) -> LayerTimes:
-    """Compute and memory-bound time of one transformer layer for one micro-batch on one GPU."""
+def achieved_hbm(hw: HardwareProfile) -> float:
+    """Bytes/s that memory-bound kernels reach: HBM bandwidth x the profile's ``hbm`` efficiency."""
+    return hw.gpu.hbm_bandwidth * hw.efficiency.hbm
+
+
+def layer_times(model: ModelSpec, training: TrainingSpec, hw: HardwareProfile, c) -> LayerTimes:
+    """Compute and memory-bound time of one transformer layer for one micro-batch on one GPU.
+
+    A GPU of a stage processes tokens = s*b/cp (LayoutDegrees.tokens_per_microbatch) through
+    its 1/tp share of the GEMMs, and 1/(tp*cp) of the micro-batch's attention (Megatron's CP
+    cuts every sequence into 2*cp chunks so that causal attention is balanced, formulas.md 5.7).
+    Broadcast arrays, seconds."""
     s, h, a = training.seq_length, model.hidden_size, model.num_attention_heads
-    b = c.micro_batch_size.astype(np.float64)
-    tp = c.tp.astype(np.float64)
-    tokens = s * b
+    b = np.asarray(c.micro_batch_size, dtype=np.float64)
+    tp = np.asarray(c.tp, dtype=np.float64)
+    tokens = c.tokens_per_microbatch(s)
     peak = peak_flops(hw, training)
-    hbm = hw.gpu.hbm_bandwidth * hw.efficiency.hbm
+    hbm = achieved_hbm(hw)
 
     gemm = tokens * flops.gemm_flops_per_token_layer(model, c.tp)
     t_gemm = gemm / (peak * gemm_efficiency(gemm / 4, hw))  # QKV, out-proj, fc1 (or gate+up), fc2
 
-    attn = b * flops.attention_flops_per_sequence_layer(model, s, causal=training.flash_attention) / tp
+    attn = b * flops.attention_flops_per_sequence_layer(model, s, causal=training.flash_attention) / (tp * c.cp)
     if training.flash_attention:
         t_attn_f = attn / (peak * hw.efficiency.attention)
         t_attn_b = 2.5 * t_attn_f
     else:
-        scores = b * a / tp * s * s
+        scores = b * a / tp * s * s  # without flash attention there is no CP (space rule)
         t_gemm_attn = attn / (peak * gemm_efficiency(attn / 2, hw))
         t_softmax = scores * SOFTMAX_BYTES_PER_SCORE / hbm
         t_attn_f = t_gemm_attn + t_softmax
@@ -81,7 +89,7 @@ def layer_times(model: ModelSpec, training: TrainingSpec, hw: HardwareProfile,
     # Elementwise bytes per token: two norms (read 2h, write 2h each) and two bias-dropout-add
     # (read 4h, write 2h, mask h each) ~ 22h, sharded by SP; activation function 4f (GeLU) or
     # 6f (SwiGLU: read gate and up, write the product), sharded by TP.
-    sp_div = np.where(c.sequence_parallel, tp, 1.0)
+    sp_div = c.sp_divisor
     act = (6.0 if model.activation == "swiglu" else 4.0) * model.ffn
     t_mem = tokens * (22.0 * h / sp_div + act / tp) / hbm
 
@@ -92,17 +100,25 @@ def layer_times(model: ModelSpec, training: TrainingSpec, hw: HardwareProfile,
     return LayerTimes(t_gemm, t_attn_f, t_attn_b, t_mem, float(share))
 
 
-def output_layer_time(model: ModelSpec, training: TrainingSpec, hw: HardwareProfile,
-                      c: Candidates) -> np.ndarray:
-    """Forward + backward seconds of the output GEMM (2*s*b*h*V_p/t, x3) and the cross entropy. (N,)"""
-    s, h = training.seq_length, model.hidden_size
-    tokens = s * c.micro_batch_size.astype(np.float64)
+def output_gemm_time(model: ModelSpec, training: TrainingSpec, hw: HardwareProfile, c) -> np.ndarray:
+    """Seconds of ONE pass of the output layer's GEMM, 2*(s*b/cp)*h*V_p/t FLOPs, per micro-batch
+    on one GPU of the last stage (forward, input gradient and weight gradient each take this).
+    Broadcast array."""
+    tokens = c.tokens_per_microbatch(training.seq_length)
     vocab = flops.padded_vocab(model.vocab_size, c.tp).astype(np.float64)
-    gemm = 2.0 * tokens * h * vocab / c.tp
-    t_gemm = 3 * gemm / (peak_flops(hw, training) * gemm_efficiency(gemm, hw))
-    t_loss = tokens * vocab / c.tp * CROSS_ENTROPY_BYTES_PER_LOGIT / \
-        (hw.gpu.hbm_bandwidth * hw.efficiency.hbm)
-    return t_gemm + t_loss
+    gemm = 2.0 * tokens * model.hidden_size * vocab / c.tp
+    return gemm / (peak_flops(hw, training) * gemm_efficiency(gemm, hw))
+
+
+def output_layer_time(model: ModelSpec, training: TrainingSpec, hw: HardwareProfile,
+                      c) -> np.ndarray:
+    """Forward + backward seconds of the output GEMM (3 x output_gemm_time) and the cross
+    entropy (CROSS_ENTROPY_BYTES_PER_LOGIT per logit at the achieved HBM bandwidth), per
+    micro-batch on one GPU of the last stage. Broadcast array."""
+    tokens = c.tokens_per_microbatch(training.seq_length)
+    vocab = flops.padded_vocab(model.vocab_size, c.tp).astype(np.float64)
+    t_loss = tokens * vocab / c.tp * CROSS_ENTROPY_BYTES_PER_LOGIT / achieved_hbm(hw)
+    return 3 * output_gemm_time(model, training, hw, c) + t_loss
 
 
 def optimizer_bytes_per_param(training: TrainingSpec | None) -> float:
@@ -141,4 +157,4 @@ def optimizer_time(params_updated: np.ndarray, hw: HardwareProfile,
     if grad_buffer_params is not None:
         grad_bytes = 4.0 if training is None else float(training.grad_bytes)
         moved = moved + grad_bytes * np.maximum(grad_buffer_params - params_updated, 0.0)
-    return moved / (hw.gpu.hbm_bandwidth * hw.efficiency.hbm) + hw.efficiency.step_overhead
+    return moved / achieved_hbm(hw) + hw.efficiency.step_overhead

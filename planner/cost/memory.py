@@ -1,8 +1,9 @@
 """Per-GPU memory: weights, gradients, optimizer states, activations, buffers (formulas.md 1-3).
 
-Everything in bytes, arrays of shape (N,). Stages: ``first`` (rank 0: embedding, most in-flight
-micro-batches) and ``last`` (rank pp-1: final norm, output layer, logits and loss); with pp = 1
-the one stage holds both ends. Middle stages never hold more than the first one.
+Everything in bytes, arrays broadcast over candidates. Pipeline ranks are named by kind:
+``first`` (rank 0: embedding, most in-flight micro-batches), ``middle`` (rank 1: layers only;
+with an uneven split it can hold the most) and ``last`` (rank pp-1: final norm, output layer,
+logits and loss); with pp = 1 the one rank is first and last at once.
 """
 
 from __future__ import annotations
@@ -10,58 +11,68 @@ from __future__ import annotations
 import numpy as np
 
 from ..specs import ModelSpec, TrainingSpec
-from ..space import Candidates
 from . import flops, pipeline
 
 OPTIMIZER_BYTES_PER_PARAM = 12.0  # fp32 master weights + Adam m + v (ZeRO paper K = 12)
+RANK_KINDS = ("first", "middle", "last")
 
 
-def stage_params(model: ModelSpec, c: Candidates, stage: str) -> np.ndarray:
-    """Parameters held by one GPU of the ``first`` or ``last`` pipeline stage. (N,) float
+def rank_index(c, kind: str):
+    """Pipeline rank of a rank kind: first 0, middle min(1, pp-1), last pp-1. Int array."""
+    pp = np.asarray(c.pp)
+    return {"first": np.zeros_like(pp), "middle": np.minimum(1, pp - 1), "last": pp - 1}[kind]
 
-    Layers L/pp per stage (each (tp-sharded + replicated), flops.layer_params_per_gpu); the first
-    stage adds the vocab-parallel word embedding V_p*h/tp and learned positions (replicated); the
-    last adds the final norm and the output layer V_p*h/tp, which exists even for tied embeddings
-    when pp > 1 (Megatron keeps a copy on the last stage, formulas.md 1.3).
+
+def rank_params(model: ModelSpec, c, rank) -> dict[str, np.ndarray]:
+    """Parameters on one GPU of pipeline rank ``rank``, as the parts FSDP units hold. {part: array}
+
+    ``layer``: one transformer layer (TP-sharded + replicated, flops.layer_params_per_gpu);
+    ``layers``: how many the rank holds (LayoutDegrees.rank_layers); ``embedding``: the
+    vocab-parallel word embedding V_p*h/tp plus learned positions (replicated), on rank 0;
+    ``head``: the final norm and the output layer V_p*h/tp, on the last rank; the output layer
+    exists even for tied embeddings when pp > 1 (Megatron keeps a copy, formulas.md 1.3).
     """
     h = model.hidden_size
     sharded, replicated = flops.layer_params_per_gpu(model, c.tp)
-    split = pipeline.stage_layers(model.num_layers, c)  # uneven pipeline splits (None: even)
-    if split is None:
-        layers = model.num_layers / c.pp * (sharded + replicated)
-    else:
-        layers = split[{"first": 0, "middle": 1, "last": 2}[stage]] * (sharded + replicated)
-        if stage == "middle":
-            return layers
+    rank = np.asarray(rank)
     vocab = flops.padded_vocab(model.vocab_size, c.tp).astype(np.float64)
-    embedding = vocab * h / c.tp
+    word = vocab * h / c.tp
     positions = float((model.max_position_embeddings or 0) * h) \
         if model.position_embedding == "learned" else 0.0
-    first_extra = embedding + positions
-    output_layer = np.where((c.pp > 1) | (not model.tie_embeddings), embedding, 0.0)
-    last_extra = flops.norm_params(model) + output_layer
-    single = c.pp == 1
-    if stage == "first":
-        return layers + first_extra + np.where(single, last_extra, 0.0)
-    return layers + last_extra + np.where(single, first_extra, 0.0)
+    output = np.where((np.asarray(c.pp) > 1) | (not model.tie_embeddings), word, 0.0)
+    return {"layer": sharded + replicated, "layers": c.rank_layers(model.num_layers, rank),
+            "embedding": np.where(rank == 0, word + positions, 0.0),
+            "head": np.where(rank == np.asarray(c.pp) - 1, flops.norm_params(model) + output, 0.0)}
 
 
-def model_state_bytes(params: np.ndarray, zero_stage: np.ndarray, dp: np.ndarray,
-                      training: TrainingSpec) -> dict[str, np.ndarray]:
+def stage_params(model: ModelSpec, c, kind: str) -> np.ndarray:
+    """Parameters held by one GPU of the ``first``, ``middle`` or ``last`` pipeline rank."""
+    p = rank_params(model, c, rank_index(c, kind))
+    return p["layer"] * p["layers"] + p["embedding"] + p["head"]
+
+
+def zero_divisors(c) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """What weights, gradients and optimizer states are divided by on one GPU (formulas.md 2.1):
+    n = dp*cp (the gradient group, LayoutDegrees.grad_group) for the states the ZeRO stage
+    shards (LayoutDegrees.sharding_stage: the distributed optimizer is stage 1), else 1.
+    stage 1: optimizer; 2: + gradients; 3: + weights. Float arrays (weights, grads, optimizer)."""
+    n = np.asarray(c.grad_group, dtype=np.float64)
+    z = c.sharding_stage
+    return np.where(z >= 3, n, 1.0), np.where(z >= 2, n, 1.0), np.where(z >= 1, n, 1.0)
+
+
+def model_state_bytes(params: np.ndarray, c, training: TrainingSpec) -> dict[str, np.ndarray]:
     """Weights, gradients and optimizer states in bytes for ``params`` held per GPU (formulas.md 2.1).
 
     bf16 weights (2 B), main grads ``grad_bytes`` (4 B fp32 by default in Megatron), optimizer
-    12 B (fp32 master + Adam m, v). ZeRO over the DP group of size n = dp:
-    stage 0: 2 + g + 12 (Megatron DDP: 18 B); stage 1 (distributed optimizer): 2 + g + 12/n;
-    stage 2: 2 + (g + 12)/n; stage 3 (FSDP): (2 + g + 12)/n.
+    12 B (fp32 master + Adam m, v), each divided by zero_divisors: stage 0 2 + g + 12 (Megatron
+    DDP: 18 B); stage 1 (distributed optimizer) 2 + g + 12/n; stage 2 2 + (g + 12)/n; stage 3
+    (FSDP) (2 + g + 12)/n.
     """
-    n = np.asarray(dp, dtype=np.float64)
-    w_b, g_b = 2.0, float(training.grad_bytes)
-    return {
-        "weights": params * w_b / np.where(zero_stage >= 3, n, 1.0),
-        "gradients": params * g_b / np.where(zero_stage >= 2, n, 1.0),
-        "optimizer": params * OPTIMIZER_BYTES_PER_PARAM / np.where(zero_stage >= 1, n, 1.0),
-    }
+    w, g, o = zero_divisors(c)
+    return {"weights": params * 2.0 / w,
+            "gradients": params * float(training.grad_bytes) / g,
+            "optimizer": params * OPTIMIZER_BYTES_PER_PARAM / o}
 
 
 def layer_activation_terms(model: ModelSpec, training: TrainingSpec) -> tuple[float, float, float]:
@@ -83,98 +94,88 @@ def layer_activation_terms(model: ModelSpec, training: TrainingSpec) -> tuple[fl
     return replicated, sharded, scores
 
 
-def activation_per_layer(model: ModelSpec, training: TrainingSpec, c: Candidates,
+def activation_per_layer(model: ModelSpec, training: TrainingSpec, c,
                          recompute_mode: np.ndarray | None = None) -> np.ndarray:
-    """Bytes saved by ONE layer for ONE micro-batch on one GPU, by recompute mode. (N,)
+    """Bytes saved by ONE layer for ONE micro-batch on one GPU, by recompute mode. Broadcast array.
 
-    none: tokens*(R + S/t + scores/t) without SP, tokens*(R + S + scores)/t with SP;
-    selective: the same without the attention-score term (Korthikanti's core-attention recompute);
-    full: only the layer input, 2*h per token (/t with SP).
+    tokens = s*b/cp (LayoutDegrees.tokens_per_microbatch); none: tokens*(R/sp + (S + scores)/t)
+    with sp = t under SP, else 1; selective: the same without the attention-score term
+    (Korthikanti's core-attention recompute); full: only the layer input, 2*h per token (/t with
+    SP). Scores: scores_per_s * s per token without flash attention (CP needs flash attention),
+    the fp32 log-sum-exp 4*a per token with it.
     """
-    s, b = training.seq_length, c.micro_batch_size.astype(np.float64)
-    tokens = s * b
-    tp = c.tp.astype(np.float64)
+    s = training.seq_length
+    tokens = c.tokens_per_microbatch(s)
+    tp = np.asarray(c.tp, dtype=np.float64)
     rc = c.recompute if recompute_mode is None else recompute_mode
-    sp = c.sequence_parallel
     rep, shard, scores_per_s = layer_activation_terms(model, training)
-    scores = scores_per_s * s if not training.flash_attention else 4.0 * model.num_attention_heads
-    scores = np.where(rc >= 1, 0.0 if not training.flash_attention else scores, scores)
-    replicated_div = np.where(sp, tp, 1.0)
+    if training.flash_attention:
+        scores = 4.0 * model.num_attention_heads
+    else:
+        scores = np.where(rc >= 1, 0.0, scores_per_s * s)
+    replicated_div = c.sp_divisor
     stored = tokens * (rep / replicated_div + (shard + scores) / tp)
     full = tokens * 2.0 * model.hidden_size / replicated_div
     return np.where(rc == 2, full, stored)
 
 
-def activation_bytes_by_stage(model: ModelSpec, training: TrainingSpec, c: Candidates,
-                              stages: tuple[str, ...] = ("first", "last")) -> dict[str, np.ndarray]:
-    """Peak activation bytes on the ``first``, ``last`` (and ``middle``) pipeline ranks. {stage: (N,)}
+def activation_bytes_by_stage(model: ModelSpec, training: TrainingSpec, c,
+                              kinds: tuple[str, ...] = ("first", "last")) -> dict[str, np.ndarray]:
+    """Peak activation bytes on the ``first``, ``middle`` and ``last`` pipeline ranks. {kind: array}
 
-    in-flight layers (pipeline.inflight_layers) x per-layer bytes; with full recompute add the
-    working set of one layer recomputed in backward (formulas.md 3.3). Edge buffers (3.6):
-    first stage per in-flight micro-batch 8 B/token ids (+ 1 B/token*h embedding dropout mask);
-    last stage, for the micro-batch in backward: final-norm and output-layer inputs 2*2*h per
-    token (/t with SP), bf16 logits 2*V_p/t and fp32 softmax 4*V_p/t per token. ``middle`` is
-    rank 1 of an uneven split: no embedding, no output layer. The per-layer terms shared by the
-    stages are computed once.
+    in-flight layers (pipeline.inflight_layers, the rank's own chunk sizes) x per-layer bytes;
+    with full recompute add the working set of one layer recomputed in backward (formulas.md
+    3.3). Edge buffers (3.6): rank 0, per micro-batch in flight on its first chunk, 8 B/token of
+    ids (+ 1 B/token*h embedding dropout mask, /sp); the last rank, for the micro-batch in
+    backward: final-norm and output-layer inputs 2*2*h per token (/sp), bf16 logits 2*V_p/t and
+    fp32 softmax 4*V_p/t per token. Per-layer terms shared by the ranks are computed once.
     """
-    s, h = training.seq_length, model.hidden_size
-    tokens = s * c.micro_batch_size.astype(np.float64)
+    h = model.hidden_size
+    tokens = c.tokens_per_microbatch(training.seq_length)
     m = c.num_microbatches(training.global_batch_size)
-    split = pipeline.stage_layers(model.num_layers, c)  # uneven: scale to the stage's layers
     per_layer = activation_per_layer(model, training, c)
     working = np.where(c.recompute == 2,
                        activation_per_layer(model, training, c, np.zeros_like(c.recompute)), 0.0)
-    sp_div = np.where(c.sequence_parallel, c.tp, 1).astype(np.float64)
+    sp_div = c.sp_divisor
     vocab = flops.padded_vocab(model.vocab_size, c.tp).astype(np.float64)
     last_edge = tokens * (4.0 * h / sp_div + 6.0 * vocab / c.tp)
-    single = c.pp == 1
-    ranks = {"first": np.zeros_like(c.pp), "middle": np.minimum(1, c.pp - 1), "last": c.pp - 1}
     out = {}
-    for stage in stages:
-        layers = pipeline.inflight_layers(model.num_layers, c.pp, c.vpp, m, ranks[stage])
-        if split is not None:
-            layers = layers * split[("first", "middle", "last").index(stage)] / (model.num_layers / c.pp)
-        total = layers * per_layer + working
-        if stage == "middle":
-            out[stage] = total
-            continue
-        microbatches_first = np.where(c.vpp > 1, np.ceil(layers / (model.num_layers / c.pp)),
-                                      np.minimum(c.pp, m))
-        first_edge = microbatches_first * tokens * (8.0 + (h / sp_div if model.dropout > 0 else 0.0))
-        if stage == "first":
-            out[stage] = total + first_edge + np.where(single, last_edge, 0.0)
-        else:
-            out[stage] = total + last_edge + np.where(single, first_edge, 0.0)
+    for kind in kinds:
+        rank = rank_index(c, kind)
+        total = pipeline.inflight_layers(c, model.num_layers, m, rank) * per_layer + working
+        held_first = pipeline.inflight_first_chunk(c, m, rank)
+        first_edge = held_first * tokens * (8.0 + (h / sp_div if model.dropout > 0 else 0.0))
+        is_first = rank == 0
+        is_last = rank == np.asarray(c.pp) - 1
+        out[kind] = total + np.where(is_first, first_edge, 0.0) + np.where(is_last, last_edge, 0.0)
     return out
 
 
-def activation_bytes(model: ModelSpec, training: TrainingSpec, c: Candidates,
-                     stage: str) -> np.ndarray:
-    """Peak activation bytes on one pipeline rank (``first``, ``middle`` or ``last``). (N,)
+def activation_bytes(model: ModelSpec, training: TrainingSpec, c, kind: str) -> np.ndarray:
+    """Peak activation bytes on one pipeline rank kind (``first``, ``middle`` or ``last``).
     See activation_bytes_by_stage."""
-    return activation_bytes_by_stage(model, training, c, (stage,))[stage]
+    return activation_bytes_by_stage(model, training, c, (kind,))[kind]
 
 
-def transient_bytes(model: ModelSpec, training: TrainingSpec, c: Candidates) -> np.ndarray:
-    """Buffers beside states and activations (formulas.md 3.8), bytes. (N,)
+def transient_bytes(model: ModelSpec, training: TrainingSpec, c) -> np.ndarray:
+    """Buffers beside states and activations (formulas.md 3.8), bytes. Broadcast array.
 
-    SP all-gather buffer of one full hidden state 2*s*b*h; ZeRO-3 keeps two gather units'
+    SP all-gather buffer of one full hidden state 2*(s/cp)*b*h; ZeRO-3 keeps two gather units'
     weights (bf16, current + prefetched) and one unit's full gradients before the reduce-scatter
     (formulas.md 2.2). The unit is a transformer layer for FSDP-style wrapping
     (``zero3_gather_unit = "layer"``) or the largest single module for DeepSpeed ZeRO-3, which
     fetches parameters per submodule (``"module"``; DeepSpeed's own estimator,
     ``estimate_zero3_model_states_mem_needs``, charges 4 B x the largest layer's parameters).
     """
-    s, h = training.seq_length, model.hidden_size
-    b = c.micro_batch_size.astype(np.float64)
-    gather = np.where(c.sequence_parallel, 2.0 * s * b * h, 0.0)
+    h = model.hidden_size
+    gather = np.where(c.sequence_parallel, 2.0 * c.tokens_per_microbatch(training.seq_length) * h, 0.0)
     sharded, replicated = flops.layer_params_per_gpu(model, c.tp)
     unit = sharded + replicated
     if training.zero3_gather_unit == "module":
         # largest GEMM weight per GPU: fused QKV h*d_h*(a+2g)/t, or fc1 h*f/t (GeLU) /
         # fused gate+up 2*h*f/t (SwiGLU)
-        h_, d, a, g = model.hidden_size, model.kv_channels, model.num_attention_heads, model.kv_heads
-        fc1 = (2 if model.activation == "swiglu" else 1) * h_ * model.ffn
-        unit = max(h_ * d * (a + 2 * g), fc1) / c.tp.astype(np.float64)
-    fsdp = np.where(c.zero_stage >= 3, unit * (2 * 2.0 + training.grad_bytes), 0.0)
+        d, a, g = model.kv_channels, model.num_attention_heads, model.kv_heads
+        fc1 = (2 if model.activation == "swiglu" else 1) * h * model.ffn
+        unit = max(h * d * (a + 2 * g), fc1) / np.asarray(c.tp, dtype=np.float64)
+    fsdp = np.where(c.sharding_stage >= 3, unit * (2 * 2.0 + training.grad_bytes), 0.0)
     return gather + fsdp

@@ -9,23 +9,56 @@ from __future__ import annotations
 import numpy as np
 
 
-def inflight_layers(num_layers: int, pp: np.ndarray, vpp: np.ndarray, m: np.ndarray,
-                    rank: np.ndarray) -> np.ndarray:
-    """Layers' worth of activations held at the peak on pipeline rank ``rank`` (0-based). (N,)
-
-    1F1B: rank r holds min(pp - r, m) micro-batches of its L/pp layers.
-    Interleaved: rank r holds min(2*(pp-r-1) + (vpp-1)*pp + 1, m*vpp) chunks of L/(pp*vpp)
-    layers (warm-up + 1, Megatron ``get_pp_rank_microbatches``); rank 0 with m >= pp gives the
-    Korthikanti factor L*(1 + (pp-1)/(pp*vpp)).
-    """
-    pp = np.asarray(pp, dtype=np.float64)
-    vpp = np.asarray(vpp, dtype=np.float64)
+def _forwards_held(c, m, rank) -> tuple[np.ndarray, np.ndarray]:
+    """(n, interleaved): forward chunks rank ``rank`` holds at its activation peak. 1F1B: min(pp -
+    r, m) micro-batches; interleaved: min(2*(pp-r-1) + (vpp-1)*pp + 1, m*vpp) chunk forwards
+    (warm-up + 1, Megatron-Core ``get_pp_rank_microbatches``). Float arrays."""
+    pp = np.asarray(c.pp, dtype=np.float64)
+    vpp = np.asarray(c.vpp, dtype=np.float64)
     m = np.asarray(m, dtype=np.float64)
     rank = np.asarray(rank, dtype=np.float64)
-    one_f_one_b = np.minimum(pp - rank, m) * num_layers / pp
-    chunks = np.minimum(2 * (pp - rank - 1) + (vpp - 1) * pp + 1, m * vpp)
-    interleaved = chunks * num_layers / (pp * vpp)
-    return np.where(vpp > 1, interleaved, one_f_one_b)
+    interleaved = vpp > 1
+    n = np.where(interleaved, np.minimum(2 * (pp - rank - 1) + (vpp - 1) * pp + 1, m * vpp),
+                 np.minimum(pp - rank, m))
+    return n, interleaved
+
+
+def chunk_forwards(n, chunk, pp, vpp) -> np.ndarray:
+    """How many of a rank's first ``n`` forward passes run model chunk ``chunk`` (-1: none) under
+    Megatron-Core's interleaved order, where forward k runs chunk (k // pp) % vpp (micro-batch
+    groups of pp, ``get_model_chunk_id``): pp per whole block of pp forwards on that chunk, plus
+    the rest of an unfinished block. Float array."""
+    n = np.asarray(n, dtype=np.float64)
+    pp = np.asarray(pp, dtype=np.float64)
+    vpp = np.asarray(vpp, dtype=np.float64)
+    chunk = np.asarray(chunk, dtype=np.float64)
+    blocks, rest = np.floor(n / pp), np.mod(n, pp)
+    whole = np.maximum(0.0, np.ceil((blocks - chunk) / vpp))
+    partial = np.where(np.mod(blocks, vpp) == chunk, rest, 0.0)
+    return np.where(chunk < 0, 0.0, pp * whole + partial)
+
+
+def inflight_layers(c, num_layers: int, m, rank) -> np.ndarray:
+    """Layers' worth of activations held at the peak on pipeline rank ``rank`` (0-based).
+
+    1F1B: min(pp - r, m) micro-batches of the rank's layers. Interleaved: the first n chunk
+    forwards (_forwards_held) of the rank's chunks (LayoutDegrees.rank_chunk_layers): n * chunk
+    layers, less one layer per forward of the chunk that is one short (the embedding-and-loss
+    split). Rank 0 with m >= pp and even chunks gives Korthikanti's L*(1 + (pp-1)/(pp*vpp)).
+    14 layers on pp 4, vpp 2, 3 + 4 + 4 + 3 (chunks [1, 2] on rank 0, [2, 1] on rank 3): rank 3
+    holds 4 forwards of chunk 0 and 1 of chunk 1 = 9 layers. Float array."""
+    n, interleaved = _forwards_held(c, m, rank)
+    layers = c.rank_layers(num_layers, rank)
+    chunk, short = c.rank_chunk_layers(num_layers, rank)
+    held = n * chunk - chunk_forwards(n, short, c.pp, c.vpp)
+    return np.where(interleaved, held, n * layers)
+
+
+def inflight_first_chunk(c, m, rank) -> np.ndarray:
+    """Micro-batches whose first model chunk rank ``rank`` holds at its peak (the embedding's
+    inputs on rank 0): 1F1B the forwards held, interleaved those of chunk 0. Float array."""
+    n, interleaved = _forwards_held(c, m, rank)
+    return np.where(interleaved, chunk_forwards(n, 0, c.pp, c.vpp), n)
 
 
 def pipeline_time(stage_first: np.ndarray, stage_middle: np.ndarray, stage_last: np.ndarray,
@@ -69,42 +102,3 @@ def even_pipeline_time(stage_middle: np.ndarray, extra_first: np.ndarray, extra_
 def bubble_fraction(pp: np.ndarray, vpp: np.ndarray, m: np.ndarray) -> np.ndarray:
     """Narayanan's bubble fraction for equal stages: (pp - 1) / (vpp * m). (N,)"""
     return (np.asarray(pp, dtype=np.float64) - 1) / (vpp * m)
-
-
-def uneven_split(num_layers: int, pp: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(first, last) stage layer counts when pp does not divide the layers (Megatron's
-    ``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers``, formulas.md
-    1.3). Middle stages hold k = ceil(L/pp) layers each; the rest r = L - (pp-2)*k is halved
-    between the edge stages, which also carry the embedding and the output layer: first = r//2,
-    last = r - first. Llama-3 405B, 126 layers on pp = 16: k = 8, r = 14, 7 + 14*8 + 7 (the
-    Llama 3 paper, §3.3.2, removed one layer from each of the first and last stages).
-    (0, 0) where pp divides L (the even split); (-1, -1) where no split leaves each edge stage
-    between 1 and k layers. Shape of ``pp``, int64.
-    """
-    pp = np.asarray(pp, dtype=np.int64)
-    k = -(-num_layers // pp)
-    rest = num_layers - np.maximum(pp - 2, 0) * k
-    first = rest // 2
-    last = rest - first
-    ok = (pp >= 2) & (first >= 1) & (last <= k)
-    even = num_layers % pp == 0
-    first = np.where(even, 0, np.where(ok, first, -1))
-    last = np.where(even, 0, np.where(ok, last, -1))
-    return first.astype(np.int64), last.astype(np.int64)
-
-
-def stage_layers(num_layers: int, c) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """Layers on the first, a middle and the last pipeline rank, (first, middle, last) float
-    arrays, where some candidate has an uneven split (``first_stage_layers`` > 0): first/last
-    as given, the middle (L - first - last)/(pp - 2); L/pp elsewhere. None if every split is
-    even (callers then use L/pp as before)."""
-    f = c.first_stage_layers
-    if not np.any(f > 0):
-        return None
-    even = num_layers / c.pp
-    uneven = f > 0
-    middle = (num_layers - f - c.last_stage_layers) / np.maximum(c.pp - 2, 1)
-    return (np.where(uneven, f, even).astype(np.float64),
-            np.where(uneven & (c.pp > 2), middle, np.where(uneven, 0.0, even)).astype(np.float64),
-            np.where(uneven, c.last_stage_layers, even).astype(np.float64))
-

@@ -318,6 +318,6 @@ def _case(row: dict) -> RunCase:
         assume("no flash-attn (<2023)")
     if deepspeed_2021:
         assume("DeepSpeed<=0.4 ZeRO-3: 21 GB/s, no overlap")
-    if case.layout.tp * case.layout.pp * case.layout.dp != case.gpus:
+    if case.layout.gpus != case.gpus:
         raise UsageError(f"tp*pp*dp = {case.layout.gpus} but gpus = {case.gpus}")
     return case

@@ -11,7 +11,7 @@ Mapping (plan field -> flag):
   uneven pipeline split  --decoder-first-pipeline-num-layers, --decoder-last-pipeline-num-layers
                          (with vpp > 1: --num-virtual-stages-per-pipeline-rank vpp; a split with
                          first = last = middle - 1 as --account-for-embedding-in-pipeline-split
-                         --account-for-loss-in-pipeline-split, space.embedding_loss_split)
+                         --account-for-loss-in-pipeline-split, LayoutDegrees.embedding_loss_split)
   sequence_parallel      --sequence-parallel
   ZeRO 0                 (plain DDP: no flag)
   ZeRO 1, distopt        --use-distributed-optimizer
@@ -36,8 +36,8 @@ ALiBi has no Megatron-LM GPT position embedding: UsageError.
 from __future__ import annotations
 
 from ..errors import UsageError
-from ..space import embedding_loss_split
-from ..specs import Plan, padded_vocab
+from ..cost.flops import padded_vocab
+from ..specs import Plan
 from .common import (RANK_ORDER_NOTE, Export, describe, layers_per_virtual_stage, microbatches,
                      theta_text)
 
@@ -63,7 +63,7 @@ def megatron_args(plan: Plan) -> list[tuple[str, str | None]]:
         args.append(("--num-virtual-stages-per-pipeline-rank", str(lay.vpp)))
     elif lay.vpp > 1:
         args.append(("--num-layers-per-virtual-pipeline-stage", str(layers_per_virtual_stage(plan))))
-    if uneven and lay.vpp > 1 and bool(embedding_loss_split(model.num_layers, lay)):
+    if uneven and lay.vpp > 1 and bool(lay.embedding_loss_split(model.num_layers)):
         args += [("--account-for-embedding-in-pipeline-split", None),
                  ("--account-for-loss-in-pipeline-split", None)]
     elif uneven:
@@ -130,7 +130,7 @@ def export_megatron(plan: Plan) -> Export:
     """Megatron-LM arguments: header comments, then one flag per line joined by `` \\``."""
     args = megatron_args(plan)
     model, lay = plan.model, plan.layout
-    vp = padded_vocab(model.vocab_size, lay.tp)
+    vp = int(padded_vocab(model.vocab_size, lay.tp))
     comments = [
         f"Megatron-LM pretrain_gpt.py arguments for {describe(plan)}",
         f"flag names: {SOURCE}",

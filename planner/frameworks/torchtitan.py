@@ -33,7 +33,6 @@ recomputation: a comment says so. torchtitan's TP always uses sequence paralleli
 from __future__ import annotations
 
 from ..errors import UsageError
-from ..space import embedding_loss_split
 from ..specs import Plan
 from .common import Export, describe, layers_per_virtual_stage, microbatches, rope_note
 
@@ -79,7 +78,7 @@ def torchtitan_settings(plan: Plan, fmt: str) -> tuple[dict[str, dict[str, objec
         if (lay.first_stage_layers or lay.last_stage_layers) and lay.vpp > 1:
             # torchtitan shortens only the first and the last virtual stage: the embedding-and-
             # loss split (first = last = middle - 1) is that, one layer each
-            if not embedding_loss_split(plan.model.num_layers, lay):
+            if not lay.embedding_loss_split(plan.model.num_layers):
                 raise UsageError(
                     f"torchtitan's pipeline_parallel_first/last_stage_less_layers shorten only the "
                     f"first and last virtual stage, so this interleaved uneven split "

@@ -14,15 +14,16 @@ model_state_bytes) with the run's element sizes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from ..cost import memory
-from ..cost.volumes import step_volumes
+from ..cost.flops import padded_vocab
+from ..cost.torch_volumes import step_volumes
 from ..errors import UsageError
 from ..space import Candidates
-from ..specs import Layout, ModelSpec, Plan, TrainingSpec, padded_vocab
+from ..specs import Layout, ModelSpec, Plan, TrainingSpec
 
 ELEM_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2}
 LOSS_RTOL = {"float64": 1e-12, "float32": 1e-5, "bfloat16": 2e-2}
@@ -68,7 +69,7 @@ class Run:
         return {
             "model": dict(num_layers=m.num_layers, hidden=m.hidden_size, heads=m.num_attention_heads,
                           kv_heads=m.kv_heads, head_dim=m.kv_channels, ffn=m.ffn,
-                          vocab=padded_vocab(m.vocab_size, lay.tp), seq=self.training.seq_length,
+                          vocab=int(padded_vocab(m.vocab_size, lay.tp)), seq=self.training.seq_length,
                           activation=m.activation, norm=m.norm, bias=m.bias,
                           positions=m.position_embedding, tie_embeddings=m.tie_embeddings,
                           mlp_groups=lay.tp, recompute=lay.recompute,
@@ -202,36 +203,27 @@ def full_scale(plan: Plan, layers_per_stage: int | None, dtype: str, steps: int,
 def predict(run: Run, pp_rank: int) -> dict:
     """Predicted per-step volumes and model-state bytes of one rank at pipeline rank ``pp_rank``.
 
-    Memory: memory.stage_params (first/last stage; middle ranks hold only layers) and
+    Memory: memory.rank_params (the rank's layers, embedding on rank 0, head on the last) and
     memory.model_state_bytes, rescaled from its bf16/fp32-Adam bytes to the run's element size e:
     weights x e/2, gradients x e/grad_bytes, optimizer x k/12 with k = 3e (flat fp master copy +
     Adam m, v: ZeRO-0/1) or 2e (Adam m, v on FSDP2's sharded parameters: ZeRO-2/3). FSDP2's
     ZeRO-2 keeps only the parameter shard between steps, so its weights follow stage 3's formula.
-    With context parallel the sharding group is dp*cp (formulas.md 5.7; context.cost_view).
+    With context parallel the sharding group is dp*cp (formulas.md 5.7; LayoutDegrees.grad_group).
     """
     lay, e = run.layout, run.elem
     c = Candidates.from_layouts([lay])
-    n = c.dp * c.cp
-    stage = "first" if pp_rank == 0 else "last" if pp_rank == lay.pp - 1 else None
-    if stage is None and lay.first_stage_layers:
-        params = memory.stage_params(run.model, c, "middle")
-    elif stage is None:
-        from ..cost import flops
-        sharded, replicated = flops.layer_params_per_gpu(run.model, c.tp)
-        params = run.model.num_layers / c.pp * (sharded + replicated)
-    else:
-        params = memory.stage_params(run.model, c, stage)
-    fsdp = lay.zero_stage >= 2 and lay.dp * lay.cp > 1
-    states = memory.model_state_bytes(params, c.zero_stage, n, run.training)
-    weights = memory.model_state_bytes(params, np.array([3 if fsdp else lay.zero_stage]), n,
-                                       run.training)["weights"]
+    p = memory.rank_params(run.model, c, pp_rank)
+    params = p["layer"] * p["layers"] + p["embedding"] + p["head"]
+    fsdp = lay.zero_stage >= 2 and lay.grad_group > 1
+    states = memory.model_state_bytes(params, c, run.training)
+    weights = memory.model_state_bytes(params, replace(c, zero_stage=np.array([3])), run.training) \
+        ["weights"] if fsdp else states["weights"]
     k = 2 * e if fsdp else 3 * e
     mem = {"params_bytes": float(weights[0]) * e / 2,
            "grads_bytes": float(states["gradients"][0]) * e / run.training.grad_bytes,
            "optimizer_bytes": float(states["optimizer"][0]) * k / memory.OPTIMIZER_BYTES_PER_PARAM}
-    act_stage = "last" if stage == "last" else "first"
-    from ..cost.context import cost_view
-    act = float(memory.activation_bytes(run.model, run.training, cost_view(c), act_stage)[0]) * e / 2
+    act_stage = "last" if pp_rank == lay.pp - 1 and pp_rank > 0 else "first"
+    act = float(memory.activation_bytes(run.model, run.training, c, act_stage)[0]) * e / 2
     comm = step_volumes(run.model, run.training, lay, pp_rank, impl="torch", act_bytes=e,
                         weight_bytes=e, grad_bytes=e)
     return {"memory": mem, "activations": act,

@@ -1,0 +1,132 @@
+"""The Estimate of N layouts, and memory per GPU composed per pipeline rank (formulas.md 2-3).
+
+``Estimate`` holds arrays of shape (N,) (or broadcast over a search grid): memory by kind on
+the peak rank and per rank kind, time by term with the link time per process group, and
+throughput. ``memory_by_rank`` composes model states, activations and buffers per rank;
+``memory_total`` is what the search's fit test reads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..specs import HardwareProfile, ModelSpec, TrainingSpec
+from .context_parallel import ring_buffer_bytes
+from . import memory
+from .memory import RANK_KINDS, activation_bytes_by_stage, model_state_bytes, stage_params
+
+MEMORY_TERMS = ("weights", "gradients", "optimizer", "activations", "other")
+TIME_TERMS = ("compute", "recompute", "tp_comm", "cp_comm", "pp_comm", "dp_comm", "bubble", "optimizer")
+LINK_GROUPS = ("tp", "cp", "pp", "dp")
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Predictions for N candidates, each value an (N,) array (broadcast over a search grid).
+
+    memory (bytes, the pipeline rank with the highest peak): weights, gradients, optimizer,
+    activations, other (buffers + framework allowance), total, capacity, peak_stage (0 first,
+    1 middle, pp-1 last); ``fits`` (bool). ``stages``: {first|middle|last: {total, activations,
+    time}}: memory per rank kind and the forward+backward seconds of one micro-batch on it.
+    time (seconds): step and its terms (sum of TIME_TERMS == step), plus bubble_fraction: the
+    bubble over the busiest stage's work in the step (m x its per-micro-batch compute,
+    recomputation and exposed communication), Narayanan's (pp-1)/(vpp*m) for equal stages.
+    ``link`` (seconds per step on the busiest stage): time the collectives of each group
+    (tp, cp, pp, dp) spend on their links, overlapped or not; time[X_comm] is what is exposed.
+    throughput: tokens_per_s, model_tflops_per_gpu, mfu, hfu (fractions of the dense peak).
+    """
+
+    candidates: object
+    memory: dict[str, np.ndarray]
+    time: dict[str, np.ndarray]
+    throughput: dict[str, np.ndarray]
+    link: dict[str, np.ndarray] = field(default_factory=dict)
+    stages: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.candidates)
+
+    @property
+    def fits(self) -> np.ndarray:
+        """Which layouts fit in HBM, (N,) bool. ValueError for a summary estimate (evaluate's
+        ``summary=True`` computes no memory: use memory_total)."""
+        if "total" not in self.memory:
+            raise ValueError("a summary estimate has no memory; use cost.memory_total")
+        return self.memory["total"] <= self.memory["capacity"]
+
+    def take(self, index: np.ndarray) -> "Estimate":
+        def sub(d: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+            return {k: v[index] for k, v in d.items()}
+        return Estimate(self.candidates.take(index), sub(self.memory), sub(self.time),
+                        sub(self.throughput), sub(self.link),
+                        {k: sub(v) for k, v in self.stages.items()})
+
+    def to_dict(self, i: int) -> dict:
+        """Candidate i as the JSON object of ``plan3d estimate --json`` (SI units)."""
+        mem = {k: float(v[i]) for k, v in self.memory.items()}
+        mem["peak_stage"] = int(mem["peak_stage"])
+        mem["fits"] = bool(self.fits[i])
+        out = {"layout": self.candidates.layout(i).model_dump(), "memory": mem,
+               "time": {k: float(v[i]) for k, v in self.time.items()},
+               "throughput": {k: float(v[i]) for k, v in self.throughput.items()}}
+        if self.link:
+            out["time"]["link"] = {k: float(v[i]) for k, v in self.link.items()}
+        if self.stages:
+            out["stages"] = [{"stage": kind, **{k: float(v[i]) for k, v in terms.items()}}
+                             for kind, terms in self.stages.items()]
+        return out
+
+
+def rank_kinds(c) -> tuple[str, ...]:
+    """The rank kinds whose memory can differ: first and last, and the middle one (rank 1)
+    where some split is uneven (its ranks can then hold more layers than the edges)."""
+    return RANK_KINDS if np.any(c.uneven()) else ("first", "last")
+
+
+def memory_by_rank(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c,
+                   kinds: tuple[str, ...]) -> dict[str, dict[str, np.ndarray]]:
+    """{rank kind: {weights, gradients, optimizer, activations, other, total}} per GPU, bytes.
+
+    Model states of the rank's parameters (memory.model_state_bytes), its peak activations
+    (memory.activation_bytes_by_stage), and "other": transient buffers (SP gather, ZeRO-3 units,
+    the CP ring's receive buffers) plus the framework allowance of the hardware profile. States
+    and buffers are added on their smaller broadcast shapes before the activations."""
+    other = memory.transient_bytes(model, training, c) + ring_buffer_bytes(model, training, c) \
+        + hw.framework_overhead
+    activations = activation_bytes_by_stage(model, training, c, kinds)
+    out = {}
+    for kind in kinds:
+        terms = model_state_bytes(stage_params(model, c, kind), c, training)
+        terms["activations"] = activations[kind]
+        terms["other"] = other
+        terms["total"] = (terms["weights"] + terms["gradients"] + terms["optimizer"] + other) \
+            + terms["activations"]
+        out[kind] = terms
+    return out
+
+
+def memory_total(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c) -> np.ndarray:
+    """Per-GPU peak memory in bytes of the most loaded pipeline rank (the ``memory["total"]`` of
+    evaluate, without the step time); the search's fit test. Broadcast array."""
+    per_rank = memory_by_rank(model, hw, training, c, rank_kinds(c))
+    return np.maximum.reduce([terms["total"] for terms in per_rank.values()])
+
+
+def peak_memory(per_rank: dict[str, dict[str, np.ndarray]], c,
+                capacity: float) -> dict[str, np.ndarray]:
+    """The memory terms of the rank kind with the highest total (first wins ties, then last,
+    then middle), with ``capacity`` and ``peak_stage`` (that rank's index). Bytes."""
+    first, last = per_rank["first"], per_rank["last"]
+    use_last = last["total"] > first["total"]
+    mem = {k: np.where(use_last, last[k], first[k]) for k in (*MEMORY_TERMS, "total")}
+    peak = np.where(use_last, np.asarray(c.pp) - 1, 0)
+    if "middle" in per_rank:
+        middle = per_rank["middle"]
+        use_middle = middle["total"] > mem["total"]
+        mem = {k: np.where(use_middle, middle[k], mem[k]) for k in mem}
+        peak = np.where(use_middle, 1, peak)
+    mem["capacity"] = np.full(np.shape(mem["total"]), float(capacity))
+    mem["peak_stage"] = np.broadcast_to(peak, np.shape(mem["total"])).astype(np.float64)
+    return mem

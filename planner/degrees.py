@@ -1,0 +1,121 @@
+"""What follows from a layout's degrees, derived in one place for one layout and for N.
+
+``LayoutDegrees`` is mixed into ``specs.Layout`` (one layout, Python ints) and
+``space.Candidates`` (N layouts, numpy arrays that may be broadcast-shaped); every derived
+quantity is written once, with numpy operations that work on both. Nobody else multiplies
+degrees: cost, placement, exports, why-not and the validator read these.
+
+Megatron-Core's rank order is tp-cp-ep-dp-pp (formulas.md 5.3): a pipeline stage holds
+tp*cp*dp GPUs; the dense-gradient and optimizer-sharding group is the dp*cp ranks of one
+(tp rank, pp rank) (``intra_dp_cp`` group, formulas.md 5.7); the expert layers fold the same
+tp*cp*dp GPUs as etp x ep x edp (Megatron-Core parallel folding, MoE Parallel Folding,
+arXiv:2504.14960): experts over ep ranks, each expert's weights over etp ranks, and edp
+replicas.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class LayoutDegrees:
+    """Derived quantities of a layout. Needs the attributes tp, cp, pp, dp, ep, etp, vpp,
+    micro_batch_size, sequence_parallel, zero_stage, distributed_optimizer, first_stage_layers,
+    last_stage_layers (ints for one layout, arrays for N)."""
+
+    @property
+    def gpus(self):
+        """GPUs of the layout: tp*cp*pp*dp."""
+        return self.tp * self.cp * self.pp * self.dp
+
+    @property
+    def stage_gpus(self):
+        """GPUs of one pipeline stage: tp*cp*dp (the GPUs experts fold over)."""
+        return self.tp * self.cp * self.dp
+
+    @property
+    def grad_group(self):
+        """Ranks that reduce dense gradients and shard the optimizer (ZeRO, the distributed
+        optimizer): dp*cp, ranks tp apart (Megatron-Core ``intra_dp_cp`` group)."""
+        return self.dp * self.cp
+
+    @property
+    def edp(self):
+        """Expert data parallel size: tp*cp*dp / (etp*ep) (parallel folding)."""
+        return self.stage_gpus // (self.etp * self.ep)
+
+    @property
+    def sharding_stage(self):
+        """The ZeRO stage whose memory and traffic apply: the distributed optimizer is costed as
+        stage 1 (formulas.md 2.1, 5.6: 2 + g + 12/n bytes per parameter, gradient reduce-scatter
+        and parameter all-gather once per step)."""
+        return np.where(self.distributed_optimizer, 1, self.zero_stage)
+
+    @property
+    def sp_divisor(self):
+        """What splits replicated activations and SP-region tensors: tp with sequence
+        parallelism, else 1."""
+        return np.where(self.sequence_parallel, self.tp, 1)
+
+    def num_microbatches(self, global_batch_size: int):
+        """m = B / (dp * micro_batch_size): micro-batches per step on each pipeline (CP ranks
+        share a micro-batch's sequences, so cp does not enter). Float; a whole number where the
+        layout is valid (space rule: the batch divisible by dp*micro_batch_size)."""
+        return global_batch_size / (self.dp * self.micro_batch_size)
+
+    def tokens_per_microbatch(self, seq_length: int):
+        """Tokens of one micro-batch on one GPU of a stage, before SP: s*b/cp (CP splits every
+        sequence over cp ranks, formulas.md 3.4). Float."""
+        return seq_length * np.asarray(self.micro_batch_size, dtype=np.float64) / self.cp
+
+    # ------------------------------------------------------------------ pipeline split
+
+    def uneven(self):
+        """True where the pipeline split is uneven (first/last stage layer counts given)."""
+        return np.asarray(self.first_stage_layers) > 0
+
+    def stage_layers(self, num_layers: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Transformer layers on the first, a middle and the last pipeline rank, as float arrays
+        (first, middle, last): L/pp each for an even split; for an uneven one (Megatron's
+        --decoder-first/last-pipeline-num-layers) first and last as given and the middle ranks
+        (L - first - last)/(pp - 2) (0 on pp = 2, which has no middle rank)."""
+        f = np.asarray(self.first_stage_layers, dtype=np.float64)
+        la = np.asarray(self.last_stage_layers, dtype=np.float64)
+        pp = np.asarray(self.pp, dtype=np.float64)
+        even = num_layers / pp
+        uneven = f > 0
+        middle = np.where(pp > 2, (num_layers - f - la) / np.maximum(pp - 2, 1), 0.0)
+        return (np.where(uneven, f, even), np.where(uneven, middle, even), np.where(uneven, la, even))
+
+    def rank_layers(self, num_layers: int, rank):
+        """Transformer layers on pipeline rank ``rank`` (0-based), float array."""
+        first, middle, last = self.stage_layers(num_layers)
+        rank = np.asarray(rank)
+        return np.where(rank == 0, first, np.where(rank == np.asarray(self.pp) - 1, last, middle))
+
+    def embedding_loss_split(self, num_layers: int) -> np.ndarray:
+        """True where an uneven split is Megatron-Core's embedding-and-loss-as-layers form
+        (``--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split``):
+        first = last = (L + 2)/pp - 1 with (L + 2) divisible by pp*vpp, and at least two layers'
+        worth per chunk, so the chunks that hold the embedding or the loss keep a transformer
+        layer. Bool array."""
+        f = np.asarray(self.first_stage_layers)
+        la = np.asarray(self.last_stage_layers)
+        pp, vpp = np.asarray(self.pp), np.asarray(self.vpp)
+        return (f > 0) & (f == la) & ((num_layers + 2) == pp * (f + 1)) & \
+            ((f + 1) % vpp == 0) & (f + 1 >= 2 * vpp)
+
+    def rank_chunk_layers(self, num_layers: int, rank):
+        """(layers of a full model chunk, index of the chunk one layer short or -1) on pipeline
+        rank ``rank``, per candidate. Every chunk (virtual stage) of a rank holds the rank's
+        layers / vpp, except in the embedding-and-loss form, where every chunk holds
+        (L + 2)/(pp*vpp) layers' worth and the embedding takes the place of a layer in rank 0's
+        chunk 0 and the loss in the last rank's chunk vpp-1 (Megatron-Core
+        ``get_transformer_layer_offset``). 14 layers on pp 4, vpp 2, 3 + 4 + 4 + 3: rank 0
+        holds [1, 2] layers, the last rank [2, 1]. Float and int arrays."""
+        rank = np.asarray(rank)
+        layers = self.rank_layers(num_layers, rank)
+        pp = np.asarray(self.pp)
+        form_b = self.embedding_loss_split(num_layers) & ((rank == 0) | (rank == pp - 1))
+        short = np.where(form_b, np.where(rank == 0, 0, np.asarray(self.vpp) - 1), -1)
+        return (layers + form_b) / np.asarray(self.vpp, dtype=np.float64), short
