@@ -22,6 +22,7 @@ from .scan import CHUNK, FIT_RULE, FLAT_COST, Scan, scan  # noqa: F401 (re-expor
 from .space import (UNEVEN_RULE, Candidates, constraint_masks, divisors, uneven_problem,
                     uneven_vpp_options)
 from .specs import RECOMPUTE_CODES, HardwareProfile, Layout, ModelSpec, TrainingSpec
+from .units import format_gib
 
 MAX_GPUS = 1_000_000
 TP_RULE = "tp within a node (NVLink domain)"  # the name space.constraint_masks gives the rule
@@ -276,8 +277,8 @@ def _no_fit_message(model: ModelSpec, hw: HardwareProfile, gpus: int, miss: Esti
     mem = {k: float(v[0]) for k, v in miss.memory.items()}
     total, cap = mem["total"], mem["capacity"]
     usable = cap if usable is None else usable
-    of = f"{cap / gib:.0f} GiB" if usable == cap else \
-        f"{usable / gib:.1f} GiB usable (of {cap / gib:.0f} GiB, after the headroom)"
+    of = f"{format_gib(cap)} GiB" if usable == cap else \
+        f"{usable / gib:.1f} GiB usable (of {format_gib(cap)} GiB, after the headroom)"
     layout = miss.candidates.layout(0)
     states = mem["weights"] + mem["gradients"] + mem["optimizer"]
     if states >= mem["activations"]:
