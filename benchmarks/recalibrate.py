@@ -4,9 +4,9 @@ Each calibrated profile (dgx-a100-80g, dgx-a100-40g, dgx-h100) is refitted from 
 on the same runs (trust high, the DeepSpeed ZeRO-3 rows of Narayanan 2021 Table 2 left out) with
 ``planner.fidelity.calibrate.fit`` -- what ``plan3d calibrate`` runs -- and its ``efficiency:``
 block is rewritten in place; the rest of the file (comments, sources, links) is kept. The
-profiles without runs of their own follow dgx-h100 as their sources say: dgx-h200 takes its
-fractions unchanged (same GH100 die, NVLink 4, NDR NICs), dgx-b200 the same with matmul scaled by
-the measured MAMF ratio.
+profiles without runs of their own follow dgx-h100 as their sources say: dgx-h200 and hgx-h800
+take its fractions unchanged (same GH100 die, NVLink 4 parts, NDR NICs), dgx-b200 and gb200-nvl72
+the same with matmul scaled by the measured MAMF ratio.
 
 Run it after a change to the cost model moves the fitted factors, then review ``git diff
 hardware_profiles/`` and regenerate the golden baseline (README, "Regression baseline").
@@ -64,6 +64,9 @@ CALIBRATED = {
 # B200 matmul: H100's fitted fraction x (B200 MAMF 1745.0/2250 = 77.6%) / (H100 792.1/989 = 80.1%).
 B200_MATMUL_RATIO = (1745.0 / 2250) / (792.1 / 989)
 B200_HALF_FLOPS = 3.6e9  # ~1.6 us of work at the B200 peak (2250 TFLOP/s)
+# GB200 matmul: the same, with GB200's MAMF 1822.0/2500 = 72.9% (stas00/ml-engineering @ 744d01e).
+GB200_MATMUL_RATIO = (1822.0 / 2500) / (792.1 / 989)
+GB200_HALF_FLOPS = 4.0e9  # ~1.6 us of work at the GB200 peak (2500 TFLOP/s)
 
 
 def _fmt(key: str, value: float) -> str:
@@ -174,6 +177,31 @@ def main(argv: list[str] | None = None) -> int:
             "work at the B200 peak. attention, hbm, nvlink, network, step_overhead: the dgx-h100 "
             "calibrated values (no published B200 measurement read; benchmarks/recalibrate.py). "
             "Refine with `plan3d calibrate` on measured B200 runs.")),
+        "hgx-h800": (dict(h100), (
+            "NOT CALIBRATED ON H800 RUNS (none in benchmarks/published_runs.yaml): all seven "
+            "fractions are the ones fitted for dgx-h100 (see its efficiency.source, "
+            "benchmarks/recalibrate.py), carried over unchanged -- matmul, matmul_half_flops, "
+            "attention and hbm because the H800 has the H100's GH100 die, Tensor Cores and HBM3 "
+            "(Zhao et al. 2025, arXiv:2505.09343, Sec. 4.1); nvlink and network because its NVLink 4 "
+            "switches and NDR ConnectX-7 NICs are the H100's parts; step_overhead because it is the "
+            "same software stack's per-step time. The cut NVLink enters through "
+            "intra_node.bandwidth_per_gpu (200 GB/s), not through these fractions. DeepSeek's own "
+            "figures would put nvlink near 0.80 (about 160 of 200 GB/s achieved, Sec. 4.3) and "
+            "network near 0.80 (all-to-all above 40 of 50 GB/s, Sec. 4.2); they are not fitted here. "
+            "FP8 factors are calibrated later. Refine with `plan3d calibrate` on measured H800 "
+            "runs.")),
+        "gb200-nvl72": ({**h100, "matmul": round(h100["matmul"] * GB200_MATMUL_RATIO, 3),
+                         "matmul_half_flops": GB200_HALF_FLOPS}, (
+            "NOT CALIBRATED ON GB200 RUNS (none in benchmarks/published_runs.yaml). matmul: the "
+            f"dgx-h100 calibrated fraction {h100['matmul']:.3f} scaled by the ratio of measured "
+            "maximum achievable bf16 matmul efficiencies, GB200 1822.0/2500 = 72.9% "
+            "(stas00/ml-engineering @ 744d01e MAMF table) vs H100 792.1/989 = 80.1% (the ratio "
+            "dgx-b200 uses). matmul_half_flops: ~1.6 us of work at the GB200 peak (2500 TFLOP/s). "
+            "attention, hbm, nvlink, network, step_overhead: the dgx-h100 calibrated values, as "
+            "dgx-b200 takes them (no published GB200 measurement read). "
+            "fp8_hardware.md 5.4's FP8 starting point (matmul_fp8 about "
+            "0.99 of the bf16 fraction on GB200) is for the FP8 calibration, not used here. Refine "
+            "with `plan3d calibrate` on measured GB200 runs.")),
     }
     for name, (factors, source) in followers.items():
         if args.check:

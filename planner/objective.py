@@ -17,6 +17,7 @@ import re
 import numpy as np
 
 from .errors import UsageError
+from .units import format_gib
 
 OBJECTIVES = ("throughput", "time-to-train", "cost")
 GIB = 2.0**30
@@ -96,7 +97,7 @@ def check_headroom(text: str | None, capacity: float, framework_overhead: float,
     usable = usable_memory(capacity, headroom_bytes, headroom_fraction)
     if usable <= framework_overhead:
         raise UsageError(f"--min-memory-headroom {text.strip()} leaves {max(usable, 0.0) / GIB:.1f} "
-                         f"GiB of the {capacity / GIB:.0f} GiB per {gpu_name}, no more than its "
+                         f"GiB of the {format_gib(capacity)} GiB per {gpu_name}, no more than its "
                          f"{framework_overhead / GIB:.1f} GiB framework allowance: no layout can fit")
     return headroom_bytes, headroom_fraction
 

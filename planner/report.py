@@ -16,6 +16,7 @@ from .cost.step import TIME_TERMS
 from .pipe import PipeConsole
 from .search import SearchResult
 from .specs import HardwareProfile, ModelSpec, TrainingSpec
+from .units import format_gib
 
 GIB = 2.0**30
 # Piped output is not wrapped at rich's default 80 columns: the ranked table needs ~130.
@@ -76,10 +77,9 @@ def header(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: 
 
 
 def gib(capacity_bytes: float) -> str:
-    """An HBM capacity in GiB as printed: whole (80) when it is, else one decimal (131.3 for
-    the H200's 141 GB), so a total of 131.2 is never shown against a rounded-down 131."""
-    value = float(capacity_bytes) / GIB
-    return f"{value:.0f}" if abs(value - round(value)) < 0.05 else f"{value:.1f}"
+    """An HBM capacity in GiB as printed (units.format_gib): whole (80) when it is, else one
+    decimal (79.6 for the H100's 81,559 MiB), so a total of 79.6 is never shown against 80."""
+    return format_gib(capacity_bytes)
 
 
 def search_table(result: SearchResult, top: int, gpus_searched: bool = False) -> None:

@@ -23,6 +23,7 @@ from .space import (LAYERS_RULE, TP_RULE, UNEVEN_RULE, Candidates, constraint_ma
                     default_uneven_split, divisors, uneven_problem, uneven_splits,
                     uneven_vpp_options)
 from .specs import RECOMPUTE_CODES, HardwareProfile, Layout, ModelSpec, TrainingSpec
+from .units import format_gib
 
 MAX_GPUS = 1_000_000
 CROSS_NODE_HINT = "pass --allow-cross-node-tp to let tp span nodes"
@@ -277,8 +278,8 @@ def _no_fit_message(model: ModelSpec, hw: HardwareProfile, gpus: int, miss: Esti
     mem = {k: float(v[0]) for k, v in miss.memory.items()}
     total, cap = mem["total"], mem["capacity"]
     usable = cap if usable is None else usable
-    of = f"{cap / gib:.0f} GiB" if usable == cap else \
-        f"{usable / gib:.1f} GiB usable (of {cap / gib:.0f} GiB, after the headroom)"
+    of = f"{format_gib(cap)} GiB" if usable == cap else \
+        f"{usable / gib:.1f} GiB usable (of {format_gib(cap)} GiB, after the headroom)"
     layout = miss.candidates.layout(0)
     states = mem["weights"] + mem["gradients"] + mem["optimizer"]
     if states >= mem["activations"]:

@@ -2,46 +2,20 @@
 
 All quantities are SI inside (bytes, bytes/s, seconds). YAML files may write quantities with
 units ("80 GiB", "400 Gb/s", "5 us"), parsed strictly by planner.units; a serialized spec writes
-them back in the shortest exact unit form, so a dump reloads to identical numbers.
+them back in the shortest exact unit form, so a dump reloads to identical numbers (field types in
+planner.quantities). The hardware schema lives in planner.hardware_spec and is re-exported here.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import (BaseModel, ConfigDict, Field, PlainSerializer, BeforeValidator,
-                      model_validator)
+from pydantic import Field, model_validator
 
 from .degrees import LayoutDegrees
-from .errors import UsageError
-from .units import format_quantity, parse_quantity
-
-
-def _wrap_parse(kind: str):
-    def parse(value: Any) -> float:
-        try:
-            return parse_quantity(value, kind, field=None)
-        except UsageError as exc:  # pydantic adds the field's full path
-            raise ValueError(str(exc)) from None
-
-    return parse
-
-
-Bytes = Annotated[float, BeforeValidator(_wrap_parse("bytes")),
-                  PlainSerializer(lambda v: format_quantity(v, "bytes"), return_type=str, when_used="json")]
-Bandwidth = Annotated[float, BeforeValidator(_wrap_parse("bandwidth")),
-                      PlainSerializer(lambda v: format_quantity(v, "bandwidth"), return_type=str, when_used="json")]
-Seconds = Annotated[float, BeforeValidator(_wrap_parse("time")),
-                    PlainSerializer(lambda v: format_quantity(v, "time"), return_type=str, when_used="json")]
-Fraction = Annotated[float, Field(gt=0.0, le=1.0)]
-
-
-class _Strict(BaseModel):
-    # strict: YAML's "32" is not silently an int, nor "no" a bool; unknown fields are errors.
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
-
-
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._+-]*$"  # usable on a command line: no spaces
+from .hardware_spec import (Efficiency, GPUSpec, HardwareProfile, HostLink,  # noqa: F401 (re-export)
+                            HostMemory, InterNode, IntraNode, Storage, StorageLink)
+from .quantities import NAME_PATTERN, Bandwidth, Bytes, Fraction, Seconds, _Strict  # noqa: F401
 
 
 # ----------------------------------------------------------------------------- models
@@ -128,111 +102,6 @@ class ModelSpec(_Strict):
     def ffn(self) -> int:
         """f: MLP intermediate width."""
         return self.ffn_hidden_size or 4 * self.hidden_size
-
-
-# ----------------------------------------------------------------------------- hardware
-
-
-class GPUSpec(_Strict):
-    """One accelerator. ``peak_tflops`` is the dense (non-sparse) peak per dtype, TFLOP/s."""
-
-    name: str
-    hbm_capacity: Bytes
-    hbm_bandwidth: Bandwidth
-    peak_tflops: dict[Literal["fp32", "tf32", "fp16", "bf16", "fp8", "fp4"], float]
-    source: str
-
-    @model_validator(mode="after")
-    def _check(self) -> "GPUSpec":
-        if "bf16" not in self.peak_tflops:
-            raise ValueError("peak_tflops must give bf16")
-        if any(v <= 0 for v in self.peak_tflops.values()):
-            raise ValueError("peak_tflops values must be positive")
-        if self.hbm_capacity <= 0 or self.hbm_bandwidth <= 0:
-            raise ValueError("hbm_capacity and hbm_bandwidth must be positive")
-        return self
-
-
-class IntraNode(_Strict):
-    """The NVLink/NVSwitch domain. ``bandwidth_per_gpu`` is ONE direction (vendor total / 2)."""
-
-    name: str
-    bandwidth_per_gpu: Bandwidth
-    latency: Seconds
-    source: str
-
-    @model_validator(mode="after")
-    def _check(self) -> "IntraNode":
-        if self.bandwidth_per_gpu <= 0:
-            raise ValueError("bandwidth_per_gpu must be positive")
-        return self
-
-
-class InterNode(_Strict):
-    """The scale-out fabric (InfiniBand/RoCE). ``bandwidth_per_nic`` is one direction."""
-
-    name: str
-    nics_per_node: int = Field(gt=0, le=64)
-    bandwidth_per_nic: Bandwidth
-    latency: Seconds
-    source: str
-
-    @model_validator(mode="after")
-    def _check(self) -> "InterNode":
-        if self.bandwidth_per_nic <= 0:
-            raise ValueError("bandwidth_per_nic must be positive")
-        return self
-
-
-class Efficiency(_Strict):
-    """Achieved fractions of peak that the cost model applies; each with where it came from.
-
-    - ``matmul``: best achieved fraction of the dense peak on large bf16 GEMMs.
-    - ``matmul_half_flops``: FLOPs of one GEMM at which it reaches half of ``matmul``
-      (efficiency falls for small per-GPU GEMMs: eta(F) = matmul * F / (F + matmul_half_flops)).
-    - ``attention``: fraction of peak reached by the attention core (flash attention).
-    - ``hbm``: fraction of HBM bandwidth reached by memory-bound kernels.
-    - ``nvlink``, ``network``: achieved bus bandwidth (nccl-tests busbw) / link bandwidth.
-    - ``step_overhead``: T_misc, fixed seconds per optimizer step beyond the modelled kernels
-      (data loading, grad-norm and clipping, loss all-reduces, logging, launch gaps; formulas.md
-      7.1 "calibrate as a constant"). 0 unless fitted by ``plan3d calibrate``.
-    """
-
-    matmul: Fraction
-    matmul_half_flops: float = Field(ge=0.0)
-    attention: Fraction
-    hbm: Fraction
-    nvlink: Fraction
-    network: Fraction
-    step_overhead: Seconds = 0.0
-    source: str
-
-
-class HardwareProfile(_Strict):
-    """A system: GPU, node and fabric, with the efficiency factors fitted or taken for it."""
-
-    name: str = Field(pattern=NAME_PATTERN)
-    aliases: list[str] = []
-    description: str = ""
-    gpu: GPUSpec
-    gpus_per_node: int = Field(gt=0, le=1024)
-    intra_node: IntraNode
-    inter_node: InterNode
-    efficiency: Efficiency
-    framework_overhead: Bytes = Field(
-        description="allowance per GPU for CUDA context, NCCL buffers and allocator fragmentation")
-    framework_overhead_source: str = ""
-
-    @model_validator(mode="after")
-    def _check(self) -> "HardwareProfile":
-        if self.framework_overhead >= self.gpu.hbm_capacity:
-            raise ValueError("framework_overhead must be smaller than gpu.hbm_capacity")
-        return self
-
-    @property
-    def network_bandwidth_per_gpu(self) -> float:
-        """Bytes/s per GPU, one direction, of the scale-out fabric (NICs per node / GPUs per node)."""
-        return self.inter_node.nics_per_node * self.inter_node.bandwidth_per_nic / self.gpus_per_node
 
 
 # ----------------------------------------------------------------------------- training + layout

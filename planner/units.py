@@ -88,5 +88,14 @@ def format_quantity(value: float, kind: str) -> str:
     return f"{value!r} {base}"
 
 
+def format_gib(value: float) -> str:
+    """An HBM capacity (bytes) as the GiB number messages and tables print: whole when it is
+    within 0.05 of a whole number ("80" for 80 GiB), else one decimal ("79.6" for the H100's
+    81,559 MiB, "140.4" for the H200's 143,771 MiB), so it is never rounded to a whole number a
+    one-decimal total beside it could exceed or undercut."""
+    gib = float(value) / 2.0**30
+    return f"{gib:.0f}" if abs(gib - round(gib)) < 0.05 else f"{gib:.1f}"
+
+
 def _example(kind: str) -> str:
     return {"bytes": "'80 GiB'", "bandwidth": "'900 GB/s' or '400 Gb/s'", "time": "'5 us'"}[kind]

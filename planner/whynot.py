@@ -21,6 +21,7 @@ from .cost.collectives import nvlink_domain
 from .report import seconds as report_seconds
 from .space import UNEVEN_RULE, constraint_masks, default_uneven_split, uneven_vpp_options
 from .specs import RECOMPUTE_CODES, HardwareProfile, ModelSpec, TrainingSpec
+from .units import format_gib
 
 _KEYS = {"tp": "tp", "cp": "cp", "pp": "pp", "dp": "dp", "distopt": "distributed_optimizer",
          "distributed_optimizer": "distributed_optimizer", "zero": "zero_stage", "zero_stage": "zero_stage",
@@ -209,8 +210,8 @@ def _closest_miss(exc: NoFitError) -> str:
     gib = 2.0**30
     total = float(exc.closest.memory["total"][0])
     cap = float(exc.closest.memory["capacity"][0])
-    of = f"{cap / gib:.0f} GiB" if exc.usable == cap else \
-        f"{exc.usable / gib:.1f} GiB usable (of {cap / gib:.0f} GiB, after the headroom)"
+    of = f"{format_gib(cap)} GiB" if exc.usable == cap else \
+        f"{exc.usable / gib:.1f} GiB usable (of {format_gib(cap)} GiB, after the headroom)"
     return (f"its closest completion, {exc.closest.candidates.layout(0).short()}, needs "
             f"{total / gib:.1f} GiB of {of} per GPU ({(total - exc.usable) / gib:.1f} GiB over), "
             "while other layouts fit")

@@ -61,7 +61,7 @@ def test_hardware_profiles_have_sourced_numbers():
     profiles = catalog.hardware_profiles()
     assert {"dgx-a100-40g", "dgx-a100-80g", "dgx-h100", "dgx-h200", "dgx-b200"} <= set(profiles)
     h100 = profiles["dgx-h100"]
-    assert h100.gpu.hbm_capacity == 80 * 2**30
+    assert h100.gpu.hbm_capacity == 81_559 * 2**20               # nvidia-smi: 81,559 MiB
     assert h100.intra_node.bandwidth_per_gpu == 450e9          # 900 GB/s bidirectional / 2
     assert h100.network_bandwidth_per_gpu == 50e9              # 8 NICs x 400 Gb/s / 8 GPUs = 50 GB/s
     for p in profiles.values():

@@ -41,7 +41,7 @@ def test_search_json_and_export_round_trip(tmp_path):
     assert lay["tp"] * lay["cp"] * lay["pp"] * lay["dp"] == 512 == gpus and best["memory"]["fits"]
     saved = yaml.safe_load(plan.read_text())
     assert saved["layout"] == lay and saved["gpus"] == 512 and saved["model"]["name"] == "gpt3-175b"
-    assert saved["hardware"]["gpu"]["hbm_capacity"] == "80 GiB"
+    assert saved["hardware"]["gpu"]["hbm_capacity"] == "81559 MiB"  # nvidia-smi's total
     code, out, err = run("estimate", "--plan", str(plan), "--json")
     assert code == 0, err
     assert json.loads(out) == best  # the plan reproduces exactly the numbers it was exported with
@@ -174,7 +174,13 @@ def test_version_and_hardware_json_in_si_units():
     assert code == 0 and out.strip() == f"plan3d {__version__}"
     code, out, _ = run("hardware", "--json")
     h100 = next(h for h in json.loads(out) if h["name"] == "dgx-h100")
-    assert h100["gpu"]["hbm_capacity"] == 80 * 2**30 and h100["inter_node"]["bandwidth_per_nic"] == 50e9
+    # 81,559 MiB = 81,559 x 2^20 B; 400 Gb/s = 400e9 / 8 B/s
+    assert h100["gpu"]["hbm_capacity"] == 81_559 * 2**20 and h100["inter_node"]["bandwidth_per_nic"] == 50e9
+    assert h100["nvlink_domain"] == h100["gpus_per_node"] == 8
+    assert h100["host_link"]["bandwidth_per_gpu"] == 64e9  # PCIe Gen5 x16, 128 GB/s both ways / 2
+    assert h100["storage"]["per_host"]["write_bandwidth"] == 100e9  # 2 x 400 Gb/s storage NICs
+    gb200 = next(h for h in json.loads(out) if h["name"] == "gb200-nvl72")
+    assert (gb200["gpus_per_node"], gb200["nvlink_domain"]) == (4, 72)
 
 
 def test_catalog_listings():

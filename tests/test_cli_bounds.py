@@ -76,6 +76,7 @@ def test_capacity_printed_without_rounding_below_the_total():
     # 131.2 GiB layout read "131.2/131 GiB", as if over capacity)
     assert gib(80 * 2**30) == "80"
     assert gib(141e9) == "131.3"
+    assert gib(81_559 * 2**20) == "79.6"  # the H100 as nvidia-smi reports it: 79.647 GiB
 
 
 def test_headroom_is_named_in_the_pruning_line():
@@ -83,8 +84,8 @@ def test_headroom_is_named_in_the_pruning_line():
                          "--min-memory-headroom", "25%")
     assert code == 0, err
     flat = " ".join(out.split())
-    # 25% of the H100's 80 GiB left free: 80 x 0.75 = 60.0 GiB usable
-    assert "(fit = within 60.0 of the 80 GiB, leaving the --min-memory-headroom free)" in flat
+    # 25% of the H100's 81,559 MiB left free: 81,559 x 0.75 / 1024 = 59.74 GiB usable, of 79.65
+    assert "(fit = within 59.7 of the 79.6 GiB, leaving the --min-memory-headroom free)" in flat
 
 
 def test_a_cp_winner_is_flagged_with_its_fallback():

@@ -51,26 +51,29 @@ def test_headroom_needs_a_unit():
 
 
 @pytest.mark.parametrize("command,gpus", [("search", "512"), ("sweep", "256:512")])
-@pytest.mark.parametrize("headroom,left", [("1TiB", "0.0"), ("79.9GiB", "0.1"), ("77GiB", "3.0")])
+@pytest.mark.parametrize("headroom,left", [("1TiB", "0.0"), ("79.9GiB", "0.0"), ("77GiB", "2.6")])
 def test_headroom_leaving_no_room_is_refused_up_front(command, gpus, headroom, left):
-    # dgx-h100: 80 GiB of HBM, 3 GiB framework allowance; 80 - 79.9 = 0.1 GiB, 80 - 77 = 3 GiB
+    # dgx-h100: 81,559 MiB = 79.65 GiB of HBM (printed 79.6), 3 GiB framework allowance;
+    # 79.65 - 79.9 < 0 -> 0.0 GiB, 79.65 - 77 = 2.65 -> 2.6 GiB, both below the 3 GiB
     code, out, err = cli(command, "--model", "175b", "--gpus", gpus, "--min-memory-headroom", headroom)
     assert (code, out) == (2, "")
-    assert err == (f"error: --min-memory-headroom {headroom} leaves {left} GiB of the 80 GiB per "
+    assert err == (f"error: --min-memory-headroom {headroom} leaves {left} GiB of the 79.6 GiB per "
                    "H100-SXM5-80GB, no more than its 3.0 GiB framework allowance: no layout can fit\n")
 
 
 def test_no_fit_with_a_large_headroom_names_no_absurd_gpu_count():
-    # 76 GiB headroom leaves 80 - 76 = 4 GiB; the closest miss needs more than that for
-    # activations and buffers alone, so no count of GPUs helps and none is named
+    # 76 GiB headroom leaves 81,559 MiB - 76 GiB = 79.65 - 76 = 3.65 GiB (printed 3.6); the
+    # closest miss needs more than that for activations and buffers alone, so no count of GPUs
+    # helps and none is named
     code, out, err = cli("search", "--model", "175b", "--gpus", "512", "--min-memory-headroom", "76GiB")
     assert code == 1 and out == "" and err.count("\n") == 1
-    assert "of 4.0 GiB usable (of 80 GiB, after the headroom)" in err
+    assert "of 3.6 GiB usable (of 79.6 GiB, after the headroom)" in err
     assert "roughly" not in err
     assert re.search(r"even without model states, the rest \([0-9.]+ GiB\) exceeds the usable "
-                     r"4\.0 GiB: leave less headroom or use GPUs with more memory\n$", err), err
-    # 75 GiB leaves 5 GiB: a count is named again, and it is one plan3d can model
-    code, _, err = cli("search", "--model", "175b", "--gpus", "512", "--min-memory-headroom", "75GiB")
+                     r"3\.6 GiB: leave less headroom or use GPUs with more memory\n$", err), err
+    # 74 GiB leaves 79.65 - 74 = 5.65 GiB, more than the rest: a count is named again, and it is
+    # one plan3d can model
+    code, _, err = cli("search", "--model", "175b", "--gpus", "512", "--min-memory-headroom", "74GiB")
     assert code == 1
     need = int(re.search(r"roughly ([0-9,]+) or more", err).group(1).replace(",", ""))
     assert 512 < need <= MAX_GPUS and need % 8 == 0
@@ -116,11 +119,13 @@ def test_why_not_no_fit_speaks_of_this_layout(gpt3_h100):
     verdict = why_not(m, hw, tr, 512, SearchOptions(), "tp=1,pp=1,zero=0")
     assert verdict.status == "no-fit"
     (reason,) = verdict.reasons
-    # 174.6e9 parameters unsharded (tp=pp=1, no ZeRO) cannot fit 80 GiB, yet the search has fits
+    # 174.6e9 parameters unsharded (tp=pp=1, no ZeRO) cannot fit 81,559 MiB = 79.65 GiB (printed
+    # 79.6), yet the search has fits
     assert reason.startswith("its closest completion, tp=1 ") and reason.endswith(", while other layouts fit")
     assert "no layout of" not in reason
     total = float(verdict.completion.memory["total"][0])
-    assert f"needs {total / GIB:.1f} GiB of 80 GiB per GPU ({total / GIB - 80:.1f} GiB over)" in reason
+    cap = 81_559 * 2**20
+    assert f"needs {total / GIB:.1f} GiB of 79.6 GiB per GPU ({(total - cap) / GIB:.1f} GiB over)" in reason
 
 
 def test_search_json_has_gpus_and_max_gpus_table_shows_them():

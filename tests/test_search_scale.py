@@ -13,8 +13,8 @@ from planner.errors import UsageError
 from planner.grid import full
 from planner.objective import parse_headroom, usable_memory
 from planner.search import FIT_RULE, SearchOptions, build_grid, enumerate_space, search
-from planner.space import constraint_masks
-from planner.specs import TrainingSpec
+from planner.space import Candidates, constraint_masks
+from planner.specs import Layout, TrainingSpec
 
 GIB = 2.0**30
 
@@ -77,7 +77,7 @@ def test_scan_paths_give_the_same_ranking(gpt3_h100, gpt3_512, monkeypatch, flat
     monkeypatch.setattr(scan_module, "FLAT_COST", flat_cost)
     m, hw, tr = gpt3_h100
     forced = search(m, hw, tr, 512)
-    assert forced.fitting == gpt3_512.fitting > 0
+    assert forced.fitting == gpt3_512.fitting > 0  # = the brute-force count (test above)
     assert forced.pruned == gpt3_512.pruned
     for key in ("tokens_per_s",):
         assert np.array_equal(forced.ranked.throughput[key], gpt3_512.ranked.throughput[key])
@@ -109,6 +109,26 @@ def test_without_cp_the_search_is_the_cp1_part_of_the_space(gpt3_h100, gpt3_512)
     best = float(est.throughput["tokens_per_s"][ok & cp1].max())
     assert float(res.ranked.throughput["tokens_per_s"][0]) == best
     assert res.ranked.candidates.layout(0).cp == 1
+
+
+def _with_capacity(hw, capacity: float):
+    """A copy of ``hw`` whose GPU has ``capacity`` bytes of HBM."""
+    return hw.model_copy(update={"gpu": hw.gpu.model_copy(update={"hbm_capacity": capacity})})
+
+
+def test_capacity_as_nvidia_smi_reports_it(gpt3_h100):
+    """The H100 as nvidia-smi reports it, 81,559 MiB = 81,559 x 2^20 B = 79.65 GiB: against the
+    same GPU read as 80 GiB, exactly the layouts needing more than 79.65 and at most 80 GiB move
+    from fitting to not fitting."""
+    m, hw, tr = gpt3_h100
+    opts = SearchOptions(max_cp=1)
+    assert hw.gpu.hbm_capacity == 81_559 * 2**20
+    hw80 = _with_capacity(hw, 80 * GIB)
+    old, res = search(m, hw80, tr, 512, opts), search(m, hw, tr, 512, opts)
+    est, ok80 = _brute_force(m, hw80, tr, 512, opts)
+    between = int((ok80 & (est.memory["total"] > 81_559 * 2**20)).sum())
+    assert res.enumerated == old.enumerated
+    assert (res.fitting, res.pruned[FIT_RULE]) == (old.fitting - between, old.pruned[FIT_RULE] + between)
 
 
 def test_time_to_train_from_the_token_budget(gpt3_h100, gpt3_512):
@@ -147,11 +167,18 @@ def test_cost_objective_prefers_tokens_per_gpu(gpt3_h100):
     # cost = gpus * (tokens / tokens_per_s) / 3600 s * price, ranked cheapest first
     assert th["cost"][0] == pytest.approx(gpus[0] * 3.0e11 / th["tokens_per_s"][0] / 3600 * price)
     assert np.all(np.diff(th["cost"]) >= 0)
-    # the cheapest is the most tokens/s per GPU over every fixed count (here 128 GPUs, 650 tok/s/GPU)
+    # the cheapest is the most tokens/s per GPU over every fixed count: 192 GPUs. With the H100
+    # read as 80 GiB it was 128 GPUs (tp=2 pp=16 dp=4 zero=2 mbs=1 vpp=6 sp); that layout needs
+    # more than the 81,559 MiB = 79.65 GiB nvidia-smi reports, so it no longer fits.
     per_gpu = {n: float(search(m, hw, tr, n).ranked.throughput["tokens_per_s"][0]) / n
-               for n in (64, 128, 256, 512)}
+               for n in (64, 128, 192, 256, 512)}
     assert th["tokens_per_s"][0] / gpus[0] == pytest.approx(max(per_gpu.values()))
-    assert int(gpus[0]) == max(per_gpu, key=per_gpu.get) == 128
+    assert int(gpus[0]) == max(per_gpu, key=per_gpu.get) == 192
+    was = Layout(tp=2, pp=16, dp=4, zero_stage=2, micro_batch_size=1, vpp=6, sequence_parallel=True)
+    total = float(memory_total(m, hw, tr, Candidates.from_layouts([was]))[0])
+    assert 81_559 * 2**20 < total <= 80 * GIB
+    assert per_gpu[128] < float(evaluate(m, _with_capacity(hw, 80 * GIB), tr,
+                                         Candidates.from_layouts([was])).throughput["tokens_per_s"][0]) / 128
 
 
 def test_objective_inputs_are_checked(gpt3_h100):
@@ -183,12 +210,13 @@ def test_headroom_parsing():
 
 def test_headroom_changes_the_winner(gpt3_h100):
     m, hw, tr = gpt3_h100
-    # without a margin the winner uses more than 72 GiB of the 80; with 10% every kept layout
-    # stays under 72 GiB, so the winner changes, fewer fit, and none is faster than before
+    # a headroom that leaves 1 GiB less than the plain winner needs: every kept layout stays
+    # within it, so the winner changes, fewer fit, and none is faster than before
     plain = search(m, hw, tr, 512, SearchOptions(max_cp=1))
-    assert plain.ranked.memory["total"][0] > 72 * GIB
-    res = search(m, hw, tr, 512, SearchOptions(max_cp=1, headroom_fraction=0.10))
-    assert np.all(res.ranked.memory["total"] <= 72 * GIB)
+    usable = float(plain.ranked.memory["total"][0]) - GIB
+    headroom = hw.gpu.hbm_capacity - usable
+    res = search(m, hw, tr, 512, SearchOptions(max_cp=1, headroom_bytes=headroom))
+    assert res.usable == usable and np.all(res.ranked.memory["total"] <= usable)
     assert res.fitting < plain.fitting
     assert res.ranked.candidates.layout(0) != plain.ranked.candidates.layout(0)
     assert res.ranked.throughput["tokens_per_s"][0] <= plain.ranked.throughput["tokens_per_s"][0]

@@ -43,3 +43,22 @@ def test_format_picks_short_exact_unit():
 @given(st.floats(min_value=1.0, max_value=1e16, allow_nan=False), st.sampled_from(["bytes", "bandwidth", "time"]))
 def test_format_parse_round_trip_is_exact(value, kind):
     assert parse_quantity(format_quantity(value, kind), kind) == value
+
+
+@pytest.mark.parametrize("mib, printed", [
+    (81_920, "80"),      # A100 80GB: 81,920 MiB = 80 GiB exactly
+    (81_559, "79.6"),    # H100: 81,559 / 1024 = 79.647 GiB
+    (143_771, "140.4"),  # H200: 143,771 / 1024 = 140.40 GiB
+    (183_359, "179.1"),  # B200: 183,359 / 1024 = 179.06 GiB
+])
+def test_format_gib_prints_capacities_without_rounding_to_a_whole_number(mib, printed):
+    from planner.units import format_gib
+    assert format_gib(mib * 2**20) == printed
+
+
+@given(st.floats(1.0, 1000.0), st.floats(1.0, 1000.0))
+def test_format_gib_keeps_order(a, b):
+    # a smaller capacity never prints larger, so a fitting total never reads above its capacity
+    from planner.units import format_gib
+    lo, hi = sorted((a, b))
+    assert float(format_gib(lo * 2**30)) <= float(format_gib(hi * 2**30))

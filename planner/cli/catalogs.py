@@ -44,7 +44,7 @@ def models(json_out: bool = JSON,
 @app.command()
 @handle_errors
 def hardware(json_out: bool = JSON) -> None:
-    """List the hardware profiles."""
+    """List the hardware profiles (the NVLink domain and GPUs per host differ on GB200 NVL72)."""
     entries = catalog.hardware_profiles().values()
     if json_out:
         report.print_json([h.model_dump(mode="python") for h in entries])  # SI numbers
@@ -52,8 +52,19 @@ def hardware(json_out: bool = JSON) -> None:
     rows = []
     for h in entries:
         d = h.model_dump(mode="json")
-        rows.append((h.name, h.gpu.name, d["gpu"]["hbm_capacity"], f"{h.gpu.peak_tflops['bf16']:g}",
-                     str(h.gpus_per_node), d["intra_node"]["bandwidth_per_gpu"],
-                     f"{h.inter_node.nics_per_node} x {h.inter_node.bandwidth_per_nic * 8 / 1e9:g} Gb/s"))
-    report.catalog_table("Hardware profiles", rows, ("name", "GPU", "HBM", "bf16 TFLOP/s",
-                                                     "GPUs/node", "NVLink/GPU (one way)", "NICs/node"))
+        rows.append((h.name, h.gpu.name, f"{h.gpu.hbm_capacity / 2**20:.0f} MiB",
+                     f"{h.gpu.peak_tflops['bf16']:g}", str(h.gpus_per_host), str(h.nvlink_domain),
+                     d["intra_node"]["bandwidth_per_gpu"],
+                     f"{h.inter_node.nics_per_node} x {h.inter_node.bandwidth_per_nic * 8 / 1e9:g} Gb/s",
+                     _storage_state(h)))
+    report.catalog_table("Hardware profiles", rows, (
+        "name", "GPU", "HBM (nvidia-smi)", "bf16 TFLOP/s", "GPUs/host", "NVLink domain",
+        "NVLink/GPU (one way)", "NICs/host", "storage placeholders"))
+
+
+def _storage_state(h) -> str:
+    """Which storage numbers are placeholders the user should set: 'per host, aggregate',
+    'aggregate', 'none' (all sourced), or 'no storage block'."""
+    if h.storage is None:
+        return "no storage block"
+    return ", ".join(name.replace("_", " ") for name in h.storage.placeholders) or "none"
