@@ -37,9 +37,16 @@ class Links:
 
 
 def nvlink_domain(hw: HardwareProfile) -> int:
-    """GPUs that share one NVLink fabric, as layouts use them (the profile's NVLink domain;
-    GPUs per node where the profile gives none)."""
-    return int(getattr(hw, "nvlink_domain", None) or hw.gpus_per_node)
+    """GPUs of one NVLink domain as layouts use them: the largest power-of-two number of hosts
+    that fits in the profile's NVLink domain (hosts of ``gpus_per_node`` GPUs). Power-of-two
+    groups tile such blocks; on a GB200 NVL72 rack (18 trays of 4 GPUs) that is 16 trays, 64
+    GPUs, as NVIDIA recommends placing large (128+ GPU, e.g. MoE) jobs, in segments of 16 nodes
+    per NVL72 domain, the rest of the rack serving other jobs or as spares (NVIDIA technical
+    blog, "Achieving Peak System and Workload Efficiency on NVIDIA GB200 NVL72 with Slurm Block
+    Scheduling", developer.nvidia.com/blog/?p=116606). 8-GPU hosts with 8-GPU domains: 8."""
+    host = int(hw.gpus_per_node)
+    hosts = max(1, int(getattr(hw, "nvlink_domain", host) or host) // host)
+    return host * 2 ** (hosts.bit_length() - 1)
 
 
 def group_span(size, stride, domain: int) -> tuple[np.ndarray, np.ndarray]:
