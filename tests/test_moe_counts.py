@@ -82,13 +82,13 @@ def test_loosely_rounded_published_figures():
     assert rounds_to(count("qwen3-30b-a3b", "active"), "3.3", truncated=True)
     # DeepSeek's active figures are nearest the one-embedding convention but not its rounding:
     # V3 README_WEIGHTS L21 36.7B (count 36.63B; both matrices 37.55B), V2-Lite card 2.4B
-    # (count 2.45B; both 2.66B) -- moe.md 8 item 1
+    # (count 2.45B; both 2.66B) -- formulas.md 11.1
     for name, published in (("deepseek-v3", 36.7e9), ("deepseek-v2-lite", 2.4e9)):
         one, both = count(name, "active_one_embedding"), count(name, "active")
         assert abs(one - published) < 0.1e9 and abs(one - published) < abs(both - published)
     # DeepSeek-V3 MTP: README_WEIGHTS L38 11.5B unique (count 11.61B, 0.9 % above: 11.507B
     # without eh_proj's 2h^2 = 0.103B); README L99 14B and 685B total count the module's copies
-    # of embedding and head: 13.46B and 684.49B (moe.md 8 item 2)
+    # of embedding and head: 13.46B and 684.49B (formulas.md 11.1)
     m = catalog.resolve_model("deepseek-v3")
     assert abs(mc.mtp_params(m) - 11.5e9) < 0.12e9
     assert rounds_to(mc.mtp_params(m) - 2 * 7168**2, "11.5")

@@ -1,5 +1,5 @@
 """Model FLOPs of MoE, MLA, MTP and sliding-window models (planner.cost.model_flops) against the
-test vectors of the MoE reference (Megatron-Bridge's counting, s = 4096, tp = 1) and hand
+test vectors of formulas.md 11.2 (Megatron-Bridge's counting, s = 4096, tp = 1) and hand
 arithmetic; invariants of the window count; dense results unchanged."""
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def test_deepseek_v3_terms_by_hand():
     assert delta / G == pytest.approx(10.18, abs=0.01)
     # per-layer GEMMs of an MoE layer: 2*(187,107,328 + 9 * 3*7168*2048)
     assert mf.layer_gemm_flops_per_token(m, moe=True) == 2 * (187_107_328 + 9 * 44_040_192)
-    # the router GEMM is not model FLOPs: 6*h*E*58 = 0.64 GFLOP/token (moe.md 2.1)
+    # the router GEMM is not model FLOPs: 6*h*E*58 = 0.64 GFLOP/token (formulas.md 11.2)
     assert 3 * 58 * mf.router_flops_per_token(m) / G == pytest.approx(0.639, abs=0.001)
 
 

@@ -131,7 +131,7 @@ def gqa_attention_params(model: ModelSpec) -> int:
 
 
 def mla_attention_params(model: ModelSpec) -> int:
-    """Multi-head latent attention of one layer (DeepSeek-V2 Sec. 2.1; moe.md 1.1's P_mla).
+    """Multi-head latent attention of one layer (DeepSeek-V2 Sec. 2.1; formulas.md 11.1).
 
     q: h*r_q + norm(r_q) + r_q*n*(d_n + d_r), or h*n*(d_n + d_r) when q_lora_rank is null;
     kv: h*(r_kv + d_r) (latent and the shared RoPE key) + norm(r_kv) + r_kv*n*(d_n + d_v);
@@ -188,7 +188,7 @@ def shared_expert_params(model: ModelSpec) -> int:
 
 def router_params(model: ModelSpec) -> int:
     """The router of one MoE layer: h*E (+ E bias with ``bias``, GPT-OSS). DeepSeek-V3's
-    aux-loss-free e_score_correction_bias (E floats) is a buffer, not counted (as moe.md S1)."""
+    aux-loss-free e_score_correction_bias (E floats) is a buffer, not counted (as Megatron-LM's counter)."""
     if not model.moe:
         return 0
     E = model.moe.num_experts
@@ -250,9 +250,9 @@ def total_params(model: ModelSpec) -> int:
 
 
 def active_params(model: ModelSpec, input_embedding: bool = True) -> int:
-    """Parameters a token uses: total with E routed experts replaced by router_topk (moe.md 1.1).
+    """Parameters a token uses: total with E routed experts replaced by router_topk (formulas.md 11.1).
 
-    Two published conventions (moe.md 1.2): ``input_embedding=True`` counts both embedding
+    Two published conventions (formulas.md 11.1): ``input_embedding=True`` counts both embedding
     matrices (Mixtral 12.9B, Qwen3 22B/3.3B, OLMoE 1.3B, DeepSeek-V3 37B);
     ``input_embedding=False`` leaves out the input lookup table, which does no matmul (OpenAI's
     gpt-oss 5.1B/3.6B, DeepSeek's 36.7B and V2-Lite's 2.4B). With tied embeddings the one
@@ -282,6 +282,6 @@ def mtp_params(model: ModelSpec) -> int:
 def mtp_params_with_shared_embeddings(model: ModelSpec) -> int:
     """MTP weights as DeepSeek's "14B" / "685B" count them: each module's unique weights plus a
     second copy of the embedding and output head stored with it (V*h*(1 or 2) per module;
-    moe.md 8 item 2). DeepSeek-V3: 13,463,426,048."""
+    formulas.md 11.1). DeepSeek-V3: 13,463,426,048."""
     copies = model.vocab_size * model.hidden_size * (1 if model.tie_embeddings else 2)
     return model.mtp_layers * (mtp_module_params(model) + copies)

@@ -119,7 +119,7 @@ def moe_mlp_flops_per_token(model: ModelSpec) -> float:
 
 def router_flops_per_token(model: ModelSpec) -> float:
     """Forward FLOPs per token of ONE MoE layer's router GEMM, 2*h*E: hardware work that model
-    FLOPs leave out (moe.md 2.1; 0.3 % of DeepSeek-V3's total)."""
+    FLOPs leave out (formulas.md 11.2; 0.3 % of DeepSeek-V3's total)."""
     return 2.0 * model.hidden_size * model.moe.num_experts if model.moe else 0.0
 
 
@@ -161,7 +161,7 @@ def model_gemm_flops_per_token(model: ModelSpec, tp: int = 1) -> float:
 
 def model_flops_per_token(model: ModelSpec, seq_length: int, tp: int = 1, causal: bool = True) -> float:
     """Model FLOPs per token of one training step (forward + backward, 3 GEMM passes): what
-    Megatron-Bridge divides by for TFLOP/s (moe.md 2.2). Sequences of ``seq_length`` tokens.
+    Megatron-Bridge divides by for TFLOP/s (formulas.md 11.2). Sequences of ``seq_length`` tokens.
 
     3*(model_gemm_flops_per_token + attention_core_flops_per_sequence_model / s).
     DeepSeek-V3 at s = 4096 (MTP 1): 259.99e9; Mistral 7B at s = 8192: 47.49e9.
