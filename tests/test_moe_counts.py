@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from planner import catalog
 from planner.cost import flops
 from planner.cost import model_counts as mc
+from planner.specs import ModelSpec
 
 
 def rounds_to(value: float, published: str, truncated: bool = False) -> bool:
@@ -205,3 +208,27 @@ def test_stage_layer_counts():
         mc.stage_layer_counts(m, [30, 30])
     with pytest.raises(ValueError):
         mc.layer_counts_in_range(m, 5, 62)
+
+
+@settings(max_examples=150, deadline=None)
+@given(L=st.integers(2, 40), f=st.integers(0, 5), k_f=st.integers(1, 4), E=st.integers(1, 64),
+       k=st.integers(1, 8), shared=st.integers(0, 2), pp=st.integers(1, 6))
+def test_count_invariants(L, f, k_f, E, k, shared, pp):
+    if f >= L or (L - f) // k_f == 0 or k > E:
+        return
+    m = ModelSpec.model_validate({
+        "name": "x", "source": "test", "num_layers": L, "hidden_size": 64,
+        "num_attention_heads": 4, "ffn_hidden_size": 96, "vocab_size": 100,
+        "activation": "swiglu", "norm": "rmsnorm",
+        "moe": {"num_experts": E, "router_topk": k, "ffn_hidden_size": 32,
+                "shared_experts": shared, "first_dense_layers": f, "layer_freq": k_f},
+        "training": {"seq_length": 64, "global_batch_size": 1}})
+    dense, n_moe = mc.layer_kind_counts(m)
+    assert n_moe == (L - f) // k_f and dense + n_moe == L
+    # total - active = the E - k idle experts of every MoE layer
+    assert mc.total_params(m) - mc.active_params(m) == n_moe * (E - k) * mc.expert_params(m)
+    # any split into pipeline stages adds up to the model's layer kinds
+    split = [L // pp + (1 if i < L % pp else 0) for i in range(pp)]
+    c = mc.stage_layer_counts(m, split)
+    assert c["dense"].sum() == dense and c["moe"].sum() == n_moe
+    assert (c["dense"] + c["moe"] == np.array(split)).all()
