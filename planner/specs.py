@@ -16,6 +16,7 @@ from .degrees import LayoutDegrees
 from .hardware_spec import (Efficiency, GPUSpec, HardwareProfile, HostLink,  # noqa: F401 (re-export)
                             HostMemory, InterNode, IntraNode, Storage, StorageLink)
 from .quantities import NAME_PATTERN, Bandwidth, Bytes, Fraction, Seconds, _Strict  # noqa: F401
+from .model_schema import MLASpec, MoESpec, WindowLayers, check_architecture
 
 
 # ----------------------------------------------------------------------------- models
@@ -30,7 +31,7 @@ class TrainingDefaults(_Strict):
 
 
 class ModelSpec(_Strict):
-    """A dense GPT/Llama-style decoder.
+    """A GPT/Llama-style decoder: dense, or mixture-of-experts (``moe``), MHA/GQA or MLA.
 
     Field names are the public schema of ``models/*.yaml``. ``ffn_hidden_size`` is the width of
     the MLP's intermediate layer (for SwiGLU: of each of gate and up, as Hugging Face's
@@ -44,6 +45,29 @@ class ModelSpec(_Strict):
     ``rotary_percent`` is the fraction of each head's dimensions RoPE rotates (GPT-NeoX-20B 0.25,
     Black et al. 2022 Sec. 2.1; Hugging Face ``rotary_pct`` / ``partial_rotary_factor``,
     Megatron-LM ``--rotary-percent``), 1.0 = all; no cost effect, exports carry it.
+
+    Mixture-of-experts, MLA, MTP and sliding windows (planner.model_schema has each block's
+    fields and rules; planner.cost.model_counts the counts):
+
+    - ``moe``: MoE MLPs (MoESpec). ``ffn_hidden_size`` is then the width of the dense layers'
+      MLP (``moe.first_dense_layers``, or between MoE layers when ``moe.layer_freq`` > 1).
+    - ``attention_type``: mha | gqa | mla; default (None) = mha or gqa from the head counts.
+      ``mla`` (MLASpec) is required with mla and not allowed otherwise.
+    - ``mtp_layers``: DeepSeek-V3 multi-token-prediction modules (Megatron ``mtp_num_layers``,
+      HF ``num_nextn_predict_layers``); each is a projection 2h x h, three norms and one decoder
+      layer of the last layer's kind; not part of the main count (formulas.md 11.1). Default 0.
+    - ``sliding_window``: keys each query attends to (itself included; HF ``sliding_window``,
+      Megatron ``window_size = (w - 1, 0)``) on the layers ``window_layers`` names: ``all``
+      (default; Mistral 7B), ``even`` = 0, 2, 4, ... counting from 0 (GPT-OSS: HF
+      ``layer_types`` starts with sliding_attention), ``odd`` = 1, 3, 5, ..., or a list of
+      0-based layer indices.
+    - ``qk_norm``: norms on queries and keys: ``per_head`` = one norm of head_dim each for q and
+      k (Qwen3, HF ``q_norm``/``k_norm`` = RMSNorm(head_dim)), ``full`` = over the whole q and k
+      projections, n*d and g*d (OLMoE, HF ``q_norm`` = RMSNorm(n*d), ``k_norm`` = RMSNorm(g*d)).
+    - ``attention_sinks``: one learned sink logit per head per layer (GPT-OSS, HF ``sinks``,
+      shape num_attention_heads; Megatron ``softmax_type="learnable"``).
+    - ``bias`` with ``moe``: experts (2F + h each for swiglu, F + h for gelu) and the router (E)
+      have biases too, as GPT-OSS (HF ``gate_up_proj_bias``, ``down_proj_bias``, router bias).
     """
 
     name: str = Field(pattern=NAME_PATTERN)
@@ -65,6 +89,14 @@ class ModelSpec(_Strict):
     rope_theta: float | None = Field(default=None, gt=0)
     rotary_percent: float = Field(default=1.0, gt=0, le=1)
     dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
+    attention_type: Literal["mha", "gqa", "mla"] | None = None
+    mla: MLASpec | None = None
+    moe: MoESpec | None = None
+    mtp_layers: int = Field(default=0, ge=0, le=64)
+    sliding_window: int | None = Field(default=None, gt=0)
+    window_layers: WindowLayers | None = None
+    qk_norm: Literal["none", "per_head", "full"] = "none"
+    attention_sinks: bool = False
     training: TrainingDefaults
     notes: str | None = None
 
@@ -73,11 +105,10 @@ class ModelSpec(_Strict):
         a, g = self.num_attention_heads, self.kv_heads
         if a % g:
             raise ValueError(f"num_attention_heads ({a}) must be a multiple of num_kv_heads ({g})")
-        if self.head_dim is None and self.hidden_size % a:
+        if self.head_dim is None and self.hidden_size % a and self.attention_type != "mla":
             raise ValueError(f"hidden_size ({self.hidden_size}) is not divisible by "
                              f"num_attention_heads ({a}); set head_dim")
-        if self.activation == "swiglu" and self.ffn_hidden_size is None:
-            raise ValueError("ffn_hidden_size is required for activation: swiglu")
+        check_architecture(self)
         if self.position_embedding == "learned" and self.max_position_embeddings is None:
             raise ValueError("max_position_embeddings is required for learned position embeddings")
         if self.rope_theta is not None and self.position_embedding != "rope":
@@ -100,8 +131,15 @@ class ModelSpec(_Strict):
 
     @property
     def ffn(self) -> int:
-        """f: MLP intermediate width."""
+        """f: dense MLP intermediate width (of the dense layers of an MoE model)."""
         return self.ffn_hidden_size or 4 * self.hidden_size
+
+    @property
+    def attention_kind(self) -> str:
+        """mla, mha (g = a) or gqa (g < a, MQA included)."""
+        if self.attention_type == "mla":
+            return "mla"
+        return "mha" if self.kv_heads == self.num_attention_heads else "gqa"
 
 
 # ----------------------------------------------------------------------------- training + layout

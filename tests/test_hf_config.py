@@ -59,10 +59,10 @@ def test_gpt2_tied_learned_positions():
 
 def test_mistral_and_gpt_neox_counts():
     # Mistral 7B: as Llama 3 8B per layer (218,112,000 * 32) + 4,096 + 2*32000*4096 = 262,144,000
-    # = 7,241,732,096 (published); the 4096-token sliding window is noted, not dropped
+    # = 7,241,732,096 (published); the 4096-token sliding window on every layer is kept
     mistral = load("mistral-7b-v0.1.json")
     assert total_params(mistral) == 7_241_732_096
-    assert "sliding-window" in mistral.notes
+    assert (mistral.sliding_window, mistral.window_layers) == (4096, "all")
     # GPT-NeoX-20B: attention 2*6144*96*128 = 150,994,944; MLP 2*6144*24576 = 301,989,888; biases
     # 18,432 + 6,144 + 24,576 + 6,144 = 55,296; norms 24,576 -> 453,064,704 * 44 = 19,934,846,976
     # + 12,288 + 2*50432*6144 = 619,708,416 -> 20,554,567,680 (published)
@@ -100,8 +100,8 @@ def base_llama() -> dict:
 
 
 @pytest.mark.parametrize("change, field", [
-    ({"model_type": "mixtral", "num_local_experts": 8}, "model_type 'mixtral'"),
-    ({"num_local_experts": 8}, "num_local_experts=8"),
+    ({"model_type": "mixtral", "num_local_experts": 8}, "num_experts_per_tok is missing"),
+    ({"num_local_experts": 8}, "num_local_experts=8: model_type llama is dense"),
     ({"hidden_act": "gelu"}, "hidden_act='gelu'"),
     ({"hidden_size": None}, "hidden_size / n_embd / d_model"),
 ])

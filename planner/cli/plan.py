@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from .. import catalog, report
+from ..cost.support import refuse_unmodelled
 from ..errors import UsageError
 from .app import (GBS, GPUS, HARDWARE, HEADROOM, JSON, MODEL, SEQ, RecomputeChoice, _check_count,
                   _check_positive, _require, _training, app, handle_errors)
@@ -58,6 +59,7 @@ def search(
     from ..search import SearchOptions
     from ..search import search as run_search
     m = catalog.resolve_model(_require(model, "--model"))
+    refuse_unmodelled(m)
     hw = catalog.resolve_hardware(hardware)
     training = _training(m, global_batch_size, seq_length)
     _check_positive(top=top, tp=tp, pp=pp, dp=dp, micro_batch_size=micro_batch_size, vpp=vpp,
@@ -135,6 +137,7 @@ def sweep(
     """Best layout, tokens/s, MFU and scaling efficiency at each GPU count."""
     from ..sweep import run_command
     m = catalog.resolve_model(_require(model, "--model"))
+    refuse_unmodelled(m)
     hw = catalog.resolve_hardware(hardware)
     training = _training(m, None, seq_length)
     run_command(m, hw, training, _require(gpus, "--gpus"), json_out, plot, force, min_memory_headroom,
@@ -193,6 +196,7 @@ def estimate(
                              "them (edit the plan, or estimate from flags without --plan)")
         p = read_plan(plan)
         m, hw, training, layout, n = p.model, p.hardware, p.training, p.layout, p.gpus
+        refuse_unmodelled(m)
         # as every plan consumer (export.read_checked_plan): TP across nodes is slow, not invalid
         check_layout(m, hw, training, n, layout.model_dump(), allow_cross_node_tp=True)
     else:
@@ -208,6 +212,7 @@ def estimate(
         if zero_stage is None:  # ZeRO-1, or its alternative the distributed optimizer
             zero_stage = 0 if distributed_optimizer else 1
         m = catalog.resolve_model(_require(model, "--model"))
+        refuse_unmodelled(m)
         hw = catalog.resolve_hardware(hardware or "dgx-h100")
         training = _training(m, global_batch_size, seq_length)
         n = _require(gpus, "--gpus")

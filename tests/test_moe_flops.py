@@ -1,0 +1,136 @@
+"""Model FLOPs of MoE, MLA, MTP and sliding-window models (planner.cost.model_flops) against the
+test vectors of formulas.md 11.2 (Megatron-Bridge's counting, s = 4096, tp = 1) and hand
+arithmetic; invariants of the window count; dense results unchanged."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from planner import catalog
+from planner.cost import flops
+from planner.cost import model_flops as mf
+
+G = 1e9
+
+
+def no_mtp(name: str):
+    return catalog.resolve_model(name).model_copy(update={"mtp_layers": 0})
+
+
+# GFLOP per token at s = 4096, tp = 1: Megatron-Bridge flop_utils.transformer_flops @ 067f987d
+# (active experts, MLA with its "+1" norm terms, SWA over the window, MTP layers); published
+# implied values in the comments (Megatron-Bridge performance tables: TFLOP/s / tokens/s)
+VECTORS = [
+    ("deepseek-v3", 259.99),       # 26.08 tables: 1635/6288 = 260.0, 1276/4912 = 259.8
+    ("qwen3-235b-a22b", 148.03),   # 25.11-26.08 tables: 147.7-148.3
+    ("qwen3-30b-a3b", 23.01),      # 22.8-23.1
+    ("gpt-oss-120b", 32.63),       # 26.06+ tables: 32.6 (GLU counted as 3 matrices, 18 SWA layers)
+    ("gpt-oss-20b", 22.91),
+    ("mixtral-8x7b", 79.71),
+    ("mixtral-8x22b", 242.20),
+    ("olmoe-1b-7b", 7.87),
+]
+
+
+@pytest.mark.parametrize("name, gflop", VECTORS)
+def test_flops_per_token_vectors(name, gflop):
+    m = catalog.resolve_model(name)
+    assert mf.model_flops_per_token(m, 4096) / G == pytest.approx(gflop, abs=0.01)
+
+
+def test_deepseek_v3_terms_by_hand():
+    m = no_mtp("deepseek-v3")
+    # no MTP: 249.81 (25.11 tables "w/o MTP": 961/3848 = 249.7, 1088/4357 = 249.7)
+    assert mf.model_flops_per_token(m, 4096) / G == pytest.approx(249.81, abs=0.01)
+    # MLP: 6*7168*(3 dense * 3*18432 + 58 MoE * (8*3*2048 + 3*2048)) = 6*7168*61*55,296
+    mlp = 3 * (3 * mf.dense_mlp_flops_per_token(m) + 58 * mf.moe_mlp_flops_per_token(m))
+    assert mlp == 6 * 7168 * 61 * 55_296 == pytest.approx(145.07e9, abs=0.01e9)
+    # attention: 61 * 6 * (MLA projections 187,107,328 + core 4096*128*(192 + 128)/2)
+    assert 3 * 61 * mf.attention_proj_flops_per_token(m) == 6 * 61 * 187_107_328
+    core = mf.attention_core_flops_per_sequence_model(m, 4096) / 4096
+    assert 3 * core == 6 * 61 * 83_886_080
+    assert 6 * 61 * (187_107_328 + 83_886_080) == pytest.approx(99.18e9, abs=0.01e9)
+    # logits: 6*7168*129280 (already a multiple of 128)
+    assert 3 * mf.logits_flops_per_token(m) == 6 * 7168 * 129_280
+    # MTP adds one MoE layer, one more logits pass and 6*(3h + 2h^2): +10.18
+    delta = mf.model_flops_per_token(catalog.resolve_model("deepseek-v3"), 4096) - \
+        mf.model_flops_per_token(m, 4096)
+    layer = 3 * mf.layer_gemm_flops_per_token(m, moe=True) + 3 * core / 61
+    assert delta == pytest.approx(layer + 6 * 7168 * 129_280 + 6 * (3 * 7168 + 2 * 7168**2))
+    assert delta / G == pytest.approx(10.18, abs=0.01)
+    # per-layer GEMMs of an MoE layer: 2*(187,107,328 + 9 * 3*7168*2048)
+    assert mf.layer_gemm_flops_per_token(m, moe=True) == 2 * (187_107_328 + 9 * 44_040_192)
+    # the router GEMM is not model FLOPs: 6*h*E*58 = 0.64 GFLOP/token (formulas.md 11.2)
+    assert 3 * 58 * mf.router_flops_per_token(m) / G == pytest.approx(0.639, abs=0.001)
+
+
+def test_mistral_sliding_window():
+    m = catalog.resolve_model("mistral-7b")
+    # GEMMs: 6*(32*(2*4096*128*40 + 3*4096*14336) + 4096*32000) = 42.66e9
+    gemm = 6 * (32 * (41_943_040 + 176_160_768) + 4096 * 32000)
+    # window 4096 at s = 8192: mean of min(i, 4096) over i = 1..8192 = 4096 - 4096*4095/16384
+    c = 4096 - 4096 * 4095 / 16384
+    assert c == 3072.25 == mf.keys_per_query(8192, 4096)
+    core = 3 * 32 * 4 * 32 * 128 * c          # 3 passes, 32 layers, 4*n*d*c forward per token
+    assert mf.model_flops_per_token(m, 8192) == pytest.approx(gemm + core, rel=1e-12)
+    assert mf.model_flops_per_token(m, 8192) / G == pytest.approx(47.49, abs=0.005)
+    # the full causal triangle would be 49.10: 6*8192*4096*32 more than the GEMMs
+    full = m.model_copy(update={"sliding_window": None, "window_layers": None})
+    assert mf.model_flops_per_token(full, 8192) / G == pytest.approx(49.10, abs=0.005)
+    # the step total (MFU's numerator) counts the window too, for every tp
+    tp = np.array([1, 2, 8])
+    step = flops.model_flops_per_step(m, 8192, 64, tp)
+    assert step[0] == pytest.approx(64 * 8192 * mf.model_flops_per_token(m, 8192), rel=1e-12)
+    assert step.shape == (3,) and np.all(step < flops.model_flops_per_step(full, 8192, 64, tp))
+    # at s <= window the window changes nothing
+    assert mf.model_flops_per_token(m, 4096) == pytest.approx(mf.model_flops_per_token(full, 4096))
+
+
+def test_recompute_flops_moe():
+    m = catalog.resolve_model("deepseek-v3")
+    s, B = 4096, 8
+    f_model = flops.model_flops_per_step(m, s, B, np.array([1]))[0]
+    extra = flops.recompute_flops_per_step(m, s, B, np.array([0, 1, 2]))
+    logits = 3 * B * s * mf.logits_flops_per_token(m)
+    # full: one more forward of every layer = (model FLOPs - logits) / 3
+    assert extra[2] == pytest.approx((f_model - logits) / 3, rel=1e-12)
+    assert extra[1] == pytest.approx(B * mf.attention_core_flops_per_sequence_model(m, s))
+    assert extra[0] == 0
+
+
+def test_dense_models_unchanged():
+    # every dense catalog model: the general layer sums equal section 4.1's formula
+    for m in catalog.models().values():
+        if m.moe is None and m.sliding_window is None:
+            for tp in (1, 8):
+                plain = flops.model_flops_per_step(m, 2048, 16, np.array([tp]))[0]
+                general = 16 * 2048 * mf.model_flops_per_token(m, 2048, tp)
+                assert general == pytest.approx(plain, rel=1e-12), m.name
+                assert mf.attention_core_flops_per_sequence(m, 2048) == \
+                    flops.attention_flops_per_sequence_layer(m, 2048, causal=True)
+
+
+@settings(max_examples=200, deadline=None)
+@given(s=st.integers(1, 600), w=st.integers(1, 700))
+def test_keys_per_query_is_the_causal_window(s, w):
+    c = mf.keys_per_query(s, w)
+    exact = sum(min(i, w) for i in range(1, s + 1)) / s   # query i sees min(i, w) keys
+    if w >= s:
+        assert c == s / 2                                   # Megatron's causal convention
+    else:
+        assert c == pytest.approx(min(exact, s / 2), rel=1e-12)
+    assert c <= s / 2 and c <= mf.keys_per_query(s, w + 1)  # never above none, monotone in w
+    assert mf.keys_per_query(s, w, causal=False) == s
+
+
+def test_gpt_oss_window_core():
+    m = catalog.resolve_model("gpt-oss-120b")
+    # 18 full layers of 2*64*128*4096*2048 and 18 SWA layers over 128 - 128*127/8192 keys
+    c = 128 - 128 * 127 / 8192
+    expected = 18 * 2 * 64 * 128 * 4096 * (2048 + c)
+    assert mf.attention_core_flops_per_sequence_model(m, 4096) == pytest.approx(expected)
+    assert mf.attention_core_flops_per_sequence(m, 4096, windowed=True) == \
+        pytest.approx(2 * 64 * 128 * 4096 * c)
