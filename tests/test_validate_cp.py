@@ -9,7 +9,8 @@ from planner import catalog
 from planner.cost.volumes import rank_params, step_volumes
 from planner.errors import UsageError
 from planner.specs import Layout, Plan, TrainingSpec
-from planner.validate.compare import compare, render
+from planner.render.validate import render
+from planner.validate.compare import compare
 from planner.validate.miniature import full_scale, miniature, predict
 
 

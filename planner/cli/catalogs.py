@@ -6,7 +6,8 @@ from typing import Optional
 
 import typer
 
-from .. import catalog, report
+from .. import catalog
+from ..render import console
 from .app import JSON, app, handle_errors
 
 
@@ -24,7 +25,6 @@ def models(json_out: bool = JSON,
            show: Optional[str] = typer.Option(None, "--show", help="Print one model (catalog name, "
                                               "YAML or HF config.json) as YAML, valid for --model.")) -> None:
     """List the model catalog."""
-    from ..cost.flops import total_params
     if show is not None:
         import sys
         import yaml
@@ -33,12 +33,10 @@ def models(json_out: bool = JSON,
         return
     entries = catalog.models().values()
     if json_out:
-        report.print_json([_model_dict(m) for m in entries])
+        console.print_json([_model_dict(m) for m in entries])
         return
-    rows = [(m.name, report.param_count(total_params(m)), str(m.num_layers), str(m.hidden_size),
-             f"{m.num_attention_heads}/{m.kv_heads}", m.activation, ", ".join(m.aliases))
-            for m in sorted(entries, key=total_params)]
-    report.catalog_table("Models", rows, ("name", "params", "layers", "hidden", "heads/kv", "mlp", "aliases"))
+    from ..render.catalog import models_table
+    models_table(entries)
 
 
 @app.command()
@@ -47,13 +45,7 @@ def hardware(json_out: bool = JSON) -> None:
     """List the hardware profiles."""
     entries = catalog.hardware_profiles().values()
     if json_out:
-        report.print_json([h.model_dump(mode="python") for h in entries])  # SI numbers
+        console.print_json([h.model_dump(mode="python") for h in entries])  # SI numbers
         return
-    rows = []
-    for h in entries:
-        d = h.model_dump(mode="json")
-        rows.append((h.name, h.gpu.name, d["gpu"]["hbm_capacity"], f"{h.gpu.peak_tflops['bf16']:g}",
-                     str(h.gpus_per_node), d["intra_node"]["bandwidth_per_gpu"],
-                     f"{h.inter_node.nics_per_node} x {h.inter_node.bandwidth_per_nic * 8 / 1e9:g} Gb/s"))
-    report.catalog_table("Hardware profiles", rows, ("name", "GPU", "HBM", "bf16 TFLOP/s",
-                                                     "GPUs/node", "NVLink/GPU (one way)", "NICs/node"))
+    from ..render.catalog import hardware_table
+    hardware_table(entries)

@@ -7,8 +7,9 @@ from typing import Optional
 
 import typer
 
-from .. import catalog, report
+from .. import catalog
 from ..errors import UsageError
+from ..render import console
 from .app import (GBS, GPUS, HARDWARE, HEADROOM, JSON, MODEL, SEQ, RecomputeChoice, _check_count,
                   _check_positive, _require, _training, app, handle_errors)
 
@@ -45,6 +46,9 @@ def search(
     tokens: Optional[float] = typer.Option(None, "--tokens", help="Training tokens (default: the model's)."),
     price_per_gpu_hour: Optional[float] = typer.Option(None, "--price-per-gpu-hour",
                                                        help="Price of one GPU-hour (for --objective cost)."),
+    currency: Optional[str] = typer.Option(None, "--currency",
+                                           help="Currency of --price-per-gpu-hour, an ISO 4217 "
+                                                "code (EUR, ...) \\[default: USD]."),
     max_gpus: Optional[int] = typer.Option(None, "--max-gpus",
                                            help="Use at most N GPUs in whole nodes; the search picks the count."),
     min_memory_headroom: Optional[str] = HEADROOM,
@@ -88,34 +92,69 @@ def search(
                          price_per_gpu_hour=price_per_gpu_hour, max_gpus=max_gpus,
                          headroom_bytes=headroom_bytes, headroom_fraction=headroom_fraction)
     n = gpus if gpus is not None else f"at most {max_gpus}"
+    money = _currency(currency, price_per_gpu_hour)
     if why_not is not None:
-        from ..whynot import why_not as explain_why_not
-        verdict = explain_why_not(m, hw, training, gpus, opts, why_not)
-        if json_out:
-            report.print_json(verdict.to_dict())
-        else:
-            report.header(m, hw, training, n)
-            from ..report_scale import why_not_report
-            why_not_report(verdict)
+        _why_not(m, hw, training, gpus, n, opts, why_not, money, json_out)
         return
-    with report.err.status("Searching layouts...", spinner="dots"):
+    with console.err.status("Searching layouts...", spinner="dots"):
         result = run_search(m, hw, training, gpus, opts)
     best = result.ranked
     if export is not None:
         write_plan(make_plan(m, hw, training, best.candidates.layout(0), best.to_dict(0)), export, force)
-    if top > len(best) and result.fitting > len(best):  # capped at the search's keep
-        report.err.print(f"note: --top {top:,} shows the best {len(best):,} of the "
-                         f"{result.fitting:,} layouts that fit (the search keeps {len(best):,})",
-                         soft_wrap=True, markup=False)
+    _search_output(m, hw, training, n, result, top, json_out, money, max_gpus is not None, export)
+
+
+def _currency(code: Optional[str], price: Optional[float]) -> str:
+    """The --currency code (upper case; default USD); UsageError unless three letters (ISO 4217),
+    or when given without --price-per-gpu-hour (it names that price's unit)."""
+    if code is None:
+        return "USD"
+    if price is None:
+        raise UsageError("--currency names the unit of --price-per-gpu-hour: give the price too")
+    text = code.strip().upper()
+    if len(text) != 3 or not text.isalpha() or not text.isascii():
+        raise UsageError(f"--currency must be a three-letter ISO 4217 code such as USD or EUR, "
+                         f"got {code!r}")
+    return text
+
+
+def _why_not(m, hw, training, gpus, n, opts, text: str, currency: str, json_out: bool) -> None:
+    """--why-not: the verdict on the user's layout, as JSON or text."""
+    from ..whynot import why_not as explain_why_not
+    verdict = explain_why_not(m, hw, training, gpus, opts, text, currency)
     if json_out:
-        report.print_json([_with_gpus(best.to_dict(i)) for i in range(min(top, len(best)))])
-    else:
-        report.header(m, hw, training, n)
-        report.search_table(result, top, gpus_searched=max_gpus is not None)
-        from ..report_scale import breakdown_report
-        breakdown_report(result)
-        if export is not None:
-            report.out.print(f"Wrote the best plan to {export}")
+        data = verdict.to_dict()
+        console.print_json({**data, "currency": currency} if opts.price_per_gpu_hour else data)
+        return
+    from ..render.search import header
+    from ..render.whynot import why_not_report
+    header(m, hw, training, n)
+    why_not_report(verdict)
+
+
+def _search_output(m, hw, training, n, result, top: int, json_out: bool, currency: str,
+                   gpus_searched: bool, export: Optional[Path]) -> None:
+    """The search's JSON (one entry per group of tied layouts, best first) or its tables."""
+    from ..explain import explain_search, tie_dict
+    best = result.ranked
+    explanation = explain_search(result)
+    groups = explanation.groups
+    if top > len(groups) and result.fitting > len(best):  # capped at the search's keep
+        rows = f"{len(groups):,}" + (f" rows ({len(best):,} layouts)" if len(groups) < len(best) else "")
+        console.note(f"note: --top {top:,} shows the best {rows} of the {result.fitting:,} layouts "
+                     f"that fit (the search keeps {len(best):,})")
+    if json_out:
+        extra = {"currency": currency} if "cost" in best.throughput else {}
+        console.print_json([{**_with_gpus(best.to_dict(g.first)), **extra, "ties": tie_dict(best, g)}
+                            for g in groups[:top]])
+        return
+    from ..render.breakdown import breakdown_report
+    from ..render.search import header, search_table
+    header(m, hw, training, n)
+    search_table(result, explanation, top, currency, gpus_searched=gpus_searched)
+    breakdown_report(result)
+    if export is not None:
+        console.out.print(f"Wrote the best plan to {export}", markup=False)
 
 
 @app.command()
@@ -128,17 +167,18 @@ def sweep(
         None, "--global-batch-size", help="Sequences per step, or a comma list to sweep too."),
     seq_length: Optional[int] = SEQ,
     json_out: bool = JSON,
-    plot: Optional[Path] = typer.Option(None, "--plot", help="Draw tokens/s and MFU vs GPUs to a PNG."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Draw tokens/s (log-log, with ideal "
+                                        "linear scaling) and MFU vs GPUs to a PNG."),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing --plot file."),
     min_memory_headroom: Optional[str] = HEADROOM,
 ) -> None:
     """Best layout, tokens/s, MFU and scaling efficiency at each GPU count."""
-    from ..sweep import run_command
+    from .sweep import run
     m = catalog.resolve_model(_require(model, "--model"))
     hw = catalog.resolve_hardware(hardware)
     training = _training(m, None, seq_length)
-    run_command(m, hw, training, _require(gpus, "--gpus"), json_out, plot, force, min_memory_headroom,
-                global_batch_size)
+    run(m, hw, training, _require(gpus, "--gpus"), json_out, plot, force, min_memory_headroom,
+        global_batch_size)
 
 
 @app.command()
@@ -219,13 +259,15 @@ def estimate(
                          allow_cross_node_tp=allow_cross_node_tp)
     est = estimate_layout(m, hw, training, layout)
     result = est.to_dict(0)
+    from ..render.breakdown import estimate_report, plan_drift
     if json_out:
-        report.print_json(result)
+        console.print_json(result)
     else:
-        report.header(m, hw, training, n)
-        report.estimate_report(est)
+        from ..render.search import header
+        header(m, hw, training, n)
+        estimate_report(est)
     if plan is not None:
-        report.plan_drift(p, result)
+        plan_drift(p, result)
     if not result["memory"]["fits"]:
         raise typer.Exit(1)
 
