@@ -58,7 +58,7 @@ def search(
                                           help="Explain a (partial) layout, e.g. 'tp=4,pp=16', against the winner."),
 ) -> None:
     """Rank the TP/PP/DP/ZeRO layouts that fit, by predicted throughput (or --objective)."""
-    from ..export import check_destination, make_plan, write_plan
+    from ..export import make_plan, write_plan
     from ..search import SearchOptions
     from ..search import search as run_search
     m = catalog.resolve_model(_require(model, "--model"))
@@ -70,17 +70,8 @@ def search(
                     price_per_gpu_hour=price_per_gpu_hour, tokens=tokens)
     if zero_stage is not None and zero_stage not in (0, 1, 2, 3):
         raise UsageError(f"--zero-stage must be 0, 1, 2 or 3, got {zero_stage}")
-    if export is not None and why_not is not None:
-        raise UsageError("--export writes the search's best plan and --why-not judges your "
-                         "layout instead: use one at a time (to export your layout, pin it, e.g. "
-                         "--tp 8 --pp 8 --export plan.yaml)")
-    if export is not None:
-        check_destination(export, force)
+    _check_search_flags(export, force, why_not, gpus, max_gpus)
     from ..objective import check_headroom
-    if gpus is not None and max_gpus is not None:
-        raise UsageError("give --gpus (a fixed count) or --max-gpus (a budget), not both")
-    if max_gpus is None:
-        _require(gpus, "--gpus")
     headroom_bytes, headroom_fraction = check_headroom(
         min_memory_headroom, float(hw.gpu.hbm_capacity), float(hw.framework_overhead), hw.gpu.name)
     opts = SearchOptions(tp=tp, pp=pp, dp=dp, zero_stage=zero_stage, micro_batch_size=micro_batch_size,
@@ -102,6 +93,23 @@ def search(
     if export is not None:
         write_plan(make_plan(m, hw, training, best.candidates.layout(0), best.to_dict(0)), export, force)
     _search_output(m, hw, training, n, result, top, json_out, money, max_gpus is not None, export)
+
+
+def _check_search_flags(export: Optional[Path], force: bool, why_not: Optional[str],
+                        gpus: Optional[int], max_gpus: Optional[int]) -> None:
+    """UsageError for flags that cannot go together (--export with --why-not, --gpus with
+    --max-gpus), neither --gpus nor --max-gpus, or an --export file that exists (no --force)."""
+    from ..export import check_destination
+    if export is not None and why_not is not None:
+        raise UsageError("--export writes the search's best plan and --why-not judges your "
+                         "layout instead: use one at a time (to export your layout, pin it, e.g. "
+                         "--tp 8 --pp 8 --export plan.yaml)")
+    if export is not None:
+        check_destination(export, force)
+    if gpus is not None and max_gpus is not None:
+        raise UsageError("give --gpus (a fixed count) or --max-gpus (a budget), not both")
+    if max_gpus is None:
+        _require(gpus, "--gpus")
 
 
 def _currency(code: Optional[str], price: Optional[float]) -> str:
@@ -239,14 +247,7 @@ def estimate(
         # Checked as given, before the defaults: `--tp 0` is an error, not tp=1.
         _check_positive(tp=tp, pp=pp, dp=dp, cp=cp, micro_batch_size=micro_batch_size, vpp=vpp)
         _check_count(first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers)
-        if zero_stage is not None and zero_stage not in (0, 1, 2, 3):
-            raise UsageError(f"--zero-stage must be 0, 1, 2 or 3, got {zero_stage}")
-        if distributed_optimizer and zero_stage:
-            raise UsageError(f"--distributed-optimizer replaces ZeRO, so it needs --zero-stage 0 "
-                             f"(got {zero_stage}): drop --zero-stage, or drop "
-                             f"--distributed-optimizer to keep ZeRO-{zero_stage}")
-        if zero_stage is None:  # ZeRO-1, or its alternative the distributed optimizer
-            zero_stage = 0 if distributed_optimizer else 1
+        zero_stage = _zero_stage(zero_stage, distributed_optimizer)
         m = catalog.resolve_model(_require(model, "--model"))
         hw = catalog.resolve_hardware(hardware or "dgx-h100")
         training = _training(m, global_batch_size, seq_length)
@@ -270,6 +271,20 @@ def estimate(
         plan_drift(p, result)
     if not result["memory"]["fits"]:
         raise typer.Exit(1)
+
+
+def _zero_stage(zero_stage: Optional[int], distributed_optimizer: Optional[bool]) -> int:
+    """estimate's ZeRO stage: as given (0-3), else 1, or 0 with the distributed optimizer (its
+    alternative); UsageError for another value or a stage beside the distributed optimizer."""
+    if zero_stage is not None and zero_stage not in (0, 1, 2, 3):
+        raise UsageError(f"--zero-stage must be 0, 1, 2 or 3, got {zero_stage}")
+    if distributed_optimizer and zero_stage:
+        raise UsageError(f"--distributed-optimizer replaces ZeRO, so it needs --zero-stage 0 "
+                         f"(got {zero_stage}): drop --zero-stage, or drop "
+                         f"--distributed-optimizer to keep ZeRO-{zero_stage}")
+    if zero_stage is None:  # ZeRO-1, or its alternative the distributed optimizer
+        return 0 if distributed_optimizer else 1
+    return zero_stage
 
 
 def _with_gpus(entry: dict) -> dict:
