@@ -16,16 +16,20 @@ def _plural(n: int, word: str) -> str:
 
 
 def placement_text(data: dict) -> str:
-    """The summary as lines: group counts, strides, node spans, examples, the cost model's check."""
+    """The summary as lines: the nodes and rank order; per dimension its groups, stride, ranks
+    per node and node span, then how many groups cross nodes and examples; the cost model's
+    check."""
     lines = [f"{data['gpus']:,} GPUs on {_plural(data['nodes'], 'node')} of {data['gpus_per_node']}; "
-             f"rank order: {data['order_description']}; rank r is on node r // {data['gpus_per_node']}"]
+             f"rank r is on node r // {data['gpus_per_node']}",
+             f"rank order: {data['order_description']}"]
     for dim, d in data["dims"].items():
         ex = "; ".join(_short(g) for g in d["examples"])
         crossing = d["groups_crossing_nodes"]
-        lines.append(f"{dim.upper():>3}: {_plural(d['groups'], 'group')} of {d['size']}, stride "
+        lines.append(f"{dim.upper():>3}  {_plural(d['groups'], 'group')} of {d['size']}, stride "
                      f"{d['stride']}, {d['ranks_per_node']} rank(s)/node, spans "
-                     f"{d['nodes_per_group']} node(s), {_plural(crossing, 'group')} "
-                     f"cross{'es' if crossing == 1 else ''} nodes; e.g. {ex}")
+                     f"{d['nodes_per_group']} node(s)")
+        lines.append(f"     {_plural(crossing, 'group')} cross{'es' if crossing == 1 else ''} nodes; "
+                     f"e.g. {ex}")
     lines.append("TP groups cross a node: " + ("YES" if data["tp_crosses_node"] else "no"))
     cm = data["cost_model"]
     ok = all(v["agrees"] for v in cm.values())

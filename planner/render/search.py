@@ -22,9 +22,10 @@ def header(model, hw, training, gpus, batch: str | None = None) -> None:
     training's."""
     from ..cost.flops import total_params
     batch = str(training.global_batch_size) if batch is None else batch
-    out.print(f"[bold]{model.name}[/] ({fmt.params(total_params(model))} parameters) on "
-              f"{gpus} x {hw.gpu.name} ({hw.name}), global batch {batch} x "
-              f"{training.seq_length} tokens")
+    what = f"{model.name} ({fmt.params(total_params(model))} parameters) on {gpus} x {hw.gpu.name} ({hw.name})"
+    job = f"global batch {batch} x {training.seq_length} tokens"
+    line = f"{what}, {job}"  # one line where it fits, else broken after the hardware
+    out.print(line if len(line) <= out.width else f"{what},\n{job}", markup=False)
 
 
 class _Rows:
