@@ -7,7 +7,8 @@ import os
 import sys
 from enum import Enum
 
-if not sys.stdout.isatty():  # help and tables piped or captured: don't cut option names at 80
+if not sys.stdout.isatty():  # typer's --help piped or captured: don't cut option names at 80
+    # (plan3d's own output is laid out by planner.render.console, 80 columns when piped)
     os.environ.setdefault("TERMINAL_WIDTH", "160")
 
 import typer  # noqa: E402
