@@ -10,7 +10,7 @@ from __future__ import annotations
 from .. import explain
 from ..cost.step import TIME_TERMS
 from . import fmt, tables
-from .console import err, out
+from .console import note, out
 from .labels import MEMORY_LABELS, TIME_LABELS
 
 BAR_WIDTH = 40  # cells of a full bar where the console has room
@@ -97,11 +97,9 @@ def plan_drift(plan, fresh: dict, rtol: float = 1e-9) -> None:
     differs from the one stored in the plan (the cost model or the plan changed since export)."""
     from .. import __version__
     if plan.plan3d_version != __version__:
-        err.print(f"note: plan written by plan3d {plan.plan3d_version}, evaluated with {__version__}",
-                  soft_wrap=True, markup=False)
+        note(f"note: plan written by plan3d {plan.plan3d_version}, evaluated with {__version__}")
     stored = (plan.estimate or {}).get("time", {}).get("step")
     now = fresh["time"]["step"]
     if stored is not None and abs(stored - now) > rtol * abs(now):
-        err.print(f"note: the plan's stored step time {fmt.seconds(stored)} differs from today's "
-                  f"estimate {fmt.seconds(now)}; the cost model, or the plan, changed since export",
-                  soft_wrap=True, markup=False)
+        note(f"note: the plan's stored step time {fmt.seconds(stored)} differs from today's "
+             f"estimate {fmt.seconds(now)}; the cost model, or the plan, changed since export")

@@ -68,8 +68,9 @@ def error(message: str) -> None:
 
 
 def note(message: str) -> None:
-    """A note on stderr, one line however long, printed literally."""
-    err.print(message, soft_wrap=True, markup=False)
+    """A note on stderr, printed literally: one line however long when stderr is not a terminal
+    (a log, a test), wrapped at spaces to the terminal's width when it is."""
+    err.print(message, soft_wrap=not err.is_terminal, markup=False)
 
 
 def print_json(data: object) -> None:

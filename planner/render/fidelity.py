@@ -12,7 +12,7 @@ import math
 from rich.markup import escape
 
 from . import fmt, tables
-from .console import err, out
+from .console import note, out
 
 LABELS = {"iteration_s": "s/iter", "flops_per_gpu": "TFLOP/s/GPU", "mfu": "MFU", "hfu": "HFU",
           "tokens_per_s": "tokens/s", "peak_memory": "peak mem"}
@@ -183,10 +183,9 @@ def calibration_notes(unused: dict[str, str], used: int, factors: int, hw_name: 
     for rid, reason in unused.items():
         by_reason.setdefault(reason, []).append(rid)
     if by_reason:
-        err.print(f"note: {used} of {used + len(unused)} runs usable to calibrate {hw_name}; not used:",
-                  markup=False, soft_wrap=True)
+        note(f"note: {used} of {used + len(unused)} runs usable to calibrate {hw_name}; not used:")
         for reason, ids in by_reason.items():
-            err.print(f"  {reason}: {', '.join(ids)}", markup=False, soft_wrap=True)
+            note(f"  {reason}: {', '.join(ids)}")
     if 0 < used < factors:
-        err.print(f"warning: {used} run{'s' if used != 1 else ''} for {factors} factors: the priors "
-                  "hold most of them; treat the fit as weak", markup=False, soft_wrap=True)
+        note(f"warning: {used} run{'s' if used != 1 else ''} for {factors} factors: the priors "
+             "hold most of them; treat the fit as weak")
