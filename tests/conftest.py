@@ -52,3 +52,19 @@ def wide_console(width: int = 200):
         yield out
     finally:
         out.width = before
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _eighty_columns():
+    """Every test sees what a pipe gets: 80 columns, whatever $COLUMNS the shell exported
+    (subprocesses too)."""
+    import os
+
+    from planner.render.console import out
+    saved, os.environ["COLUMNS"] = os.environ.get("COLUMNS"), "80"
+    out.width = 80
+    yield
+    if saved is None:
+        del os.environ["COLUMNS"]
+    else:
+        os.environ["COLUMNS"] = saved
