@@ -11,7 +11,6 @@ an accuracy regression. Same numbers as `plan3d accuracy`; this script only form
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from planner.errors import UsageError
 from planner.export import check_destination
 from planner.fidelity.compare import Comparison, compare_all, summarize
 from planner.fidelity.runs import RunCase, load_runs
+from planner.render import fmt
 
 UNITS = {"iteration_s": (1.0, "s/iter", "{:.2f}"), "flops_per_gpu": (1e-12, "TFLOP/s/GPU", "{:.1f}"),
          "mfu": (100.0, "MFU %", "{:.1f}"), "tokens_per_s": (1.0, "tokens/s", "{:,.0f}"),
@@ -33,8 +33,8 @@ def run(path: Path | None = None) -> tuple[list[RunCase], list[Comparison], dict
 
 
 def _cell(key: str, value: float) -> str:
-    scale, _, fmt = UNITS[key]
-    return fmt.format(value * scale)
+    scale, _, pattern = UNITS[key]
+    return pattern.format(value * scale)
 
 
 def markdown(cases: list[RunCase], comparisons: list[Comparison], summary: dict) -> str:
@@ -48,18 +48,17 @@ def markdown(cases: list[RunCase], comparisons: list[Comparison], summary: dict)
         mem = ""
         if "peak_memory" in c.error:
             mem = (f"{_cell('peak_memory', c.measured['peak_memory'])} / "
-                   f"{_cell('peak_memory', c.predicted['peak_memory'])} ({100 * c.error['peak_memory']:+.1f}%)")
+                   f"{_cell('peak_memory', c.predicted['peak_memory'])} "
+                   f"({fmt.percent(c.error['peak_memory'], signed=True)})")
         lines.append(f"| {c.case.id} | {UNITS[key][1]} | {_cell(key, c.measured[key])} | "
-                     f"{_cell(key, c.predicted[key])} | {100 * c.error[key]:+.1f}% | {mem} |")
+                     f"{_cell(key, c.predicted[key])} | {fmt.percent(c.error[key], signed=True)} | {mem} |")
     lines += ["", "| source | runs | figure | mean abs error | max abs error | peak memory mean / max |",
               "|---|---:|---|---:|---:|---:|"]
     for name, row in summary.items():
-        mem = (f"{100 * row['memory_mean_abs_error']:.1f}% / {100 * row['memory_max_abs_error']:.1f}%"
+        mem = (f"{fmt.percent(row['memory_mean_abs_error'])} / {fmt.percent(row['memory_max_abs_error'])}"
                if "memory_mean_abs_error" in row else "")
-        mean, worst = row["mean_abs_error"], row["max_abs_error"]
         lines.append(f"| {name} | {int(row['runs'])} | {UNITS.get(row['metric'], (0, row['metric']))[1]} | "
-                     f"{'' if math.isnan(mean) else f'{100 * mean:.1f}%'} | "
-                     f"{'' if math.isnan(worst) else f'{100 * worst:.1f}%'} | {mem} |")
+                     f"{fmt.percent(row['mean_abs_error'])} | {fmt.percent(row['max_abs_error'])} | {mem} |")
     skipped = [c for c in cases if c.skipped]
     if skipped:
         lines += ["", "Skipped: " + "; ".join(f"{c.id} ({c.skipped})" for c in skipped)]

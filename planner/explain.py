@@ -1,13 +1,27 @@
-"""Explanations as data (rendered by planner.report_scale): breakdowns and term-by-term gaps.
+"""Explanations as data (formatted by planner.render): breakdowns, term-by-term gaps, and what
+the explanation under the search table says, as dataclasses.
 
 A step time is the sum of TIME_TERMS (planner.cost.step), so the gap between two layouts is
 exactly the sum of their per-term differences; the same holds for memory and MEMORY_TERMS.
+
+Ties: layouts of the ranked list that predict the same step time and the same peak memory per
+GPU (equal to a relative 1e-12, i.e. up to rounding) are one ``TieGroup``; the table shows one
+row per group, numbered in rank order of each group's best member.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
+
 from .cost import Estimate
 from .cost.step import MEMORY_TERMS, TIME_TERMS
+from .specs import Layout
+
+TIE_RTOL = 1e-12  # "the same prediction": equal up to floating-point rounding
+OVERHEAD_FLOOR = 0.001  # below this share of the step no overhead is named
+RUNNER_UP_TIE = 1e-4  # a runner-up within this fraction of the step ties on time
 
 
 def time_breakdown(est: Estimate, i: int = 0) -> list[tuple[str, float]]:
@@ -24,3 +38,173 @@ def term_deltas(slow: Estimate, i: int, fast: Estimate, j: int) -> list[tuple[st
     """[(term, seconds slow - fast)] sorted largest first; they sum to the step-time gap."""
     deltas = [(t, float(slow.time[t][i] - fast.time[t][j])) for t in TIME_TERMS]
     return sorted(deltas, key=lambda d: d[1], reverse=True)
+
+
+@dataclass(frozen=True)
+class TieGroup:
+    """Ranked layouts (indices into the ranked Estimate, best first) with the same predicted
+    step time and peak memory. ``varying``: the Layout fields whose values differ among them
+    (empty for a group of one)."""
+
+    members: tuple[int, ...]
+    varying: tuple[str, ...] = ()
+
+    @property
+    def first(self) -> int:
+        """The member shown for the group: the best ranked."""
+        return self.members[0]
+
+    @property
+    def count(self) -> int:
+        return len(self.members)
+
+
+def tie_groups(est: Estimate) -> list[TieGroup]:
+    """Every ranked layout in exactly one group, groups in rank order of their first member.
+
+    Two layouts tie when step time and total memory agree to TIE_RTOL (relative). Raises
+    nothing; an empty Estimate gives [].
+    """
+    step = np.asarray(est.time["step"], dtype=np.float64)
+    mem = np.asarray(est.memory["total"], dtype=np.float64)
+    same = (np.isclose(step[:, None], step[None, :], rtol=TIE_RTOL, atol=0.0)
+            & np.isclose(mem[:, None], mem[None, :], rtol=TIE_RTOL, atol=0.0))
+    leader = same.argmax(axis=1)  # each layout's best-ranked equal (itself if none better)
+    groups = []
+    for first in np.unique(leader):
+        members = tuple(int(i) for i in np.flatnonzero(leader == first))
+        groups.append(TieGroup(members, _varying(est, members)))
+    return sorted(groups, key=lambda g: g.first)
+
+
+def _varying(est: Estimate, members: tuple[int, ...]) -> tuple[str, ...]:
+    if len(members) < 2:
+        return ()
+    layouts = [est.candidates.layout(i).model_dump() for i in members]
+    return tuple(k for k in layouts[0] if len({lay[k] for lay in layouts}) > 1)
+
+
+def tie_dict(est: Estimate, group: TieGroup) -> dict:
+    """``ties`` of a search --json entry: how many layouts the entry stands for (``count``, 1 =
+    none besides it), the ``varying`` Layout fields, and the other members' ``layouts``."""
+    return {"count": group.count, "varying": list(group.varying),
+            "layouts": [est.candidates.layout(i).model_dump() for i in group.members[1:]]}
+
+
+@dataclass(frozen=True)
+class Overhead:
+    """One step-time term other than compute: seconds and share of the step (fraction)."""
+
+    term: str
+    seconds: float
+    share: float
+
+
+@dataclass(frozen=True)
+class WinnerSummary:
+    """The winner's step (seconds), the compute share of it, and its largest overhead (None
+    when every overhead is under OVERHEAD_FLOOR of the step)."""
+
+    layout: Layout
+    step_s: float
+    compute_share: float
+    largest: Overhead | None
+
+
+@dataclass(frozen=True)
+class RunnerUp:
+    """The best layout outside the winner's tie group: its table row (1-based), the Layout
+    fields that differ from the winner (field, winner's value, its value), whether it ties on
+    time (within RUNNER_UP_TIE), its extra memory (bytes, may be negative), how much slower it
+    is (fraction of the winner's step) and the terms that make it slower ([(term, seconds)],
+    positive, largest first)."""
+
+    row: int
+    layout: Layout
+    differs: tuple[tuple[str, object, object], ...]
+    ties_on_time: bool
+    extra_memory: float
+    slower_by: float
+    worse: tuple[tuple[str, float], ...]
+
+
+@dataclass(frozen=True)
+class CpFallback:
+    """When the winner uses context parallelism (``cp`` > 1): the best kept layout without it
+    (``row`` in the table, 1-based; None when none is kept) and how many fewer tokens/s it runs
+    (fraction of the winner's)."""
+
+    cp: int
+    row: int | None = None
+    layout: Layout | None = None
+    fewer_tokens: float = 0.0
+
+
+@dataclass(frozen=True)
+class Pruning:
+    """The search's counts: layouts enumerated and fitting, pruned per rule (in the order
+    applied), the usable bytes per GPU and the capacity (they differ with a headroom)."""
+
+    enumerated: int
+    fitting: int
+    pruned: dict[str, int]
+    usable: float
+    capacity: float
+
+
+@dataclass(frozen=True)
+class SearchExplanation:
+    """What the explanation under the search table says, as data."""
+
+    winner: WinnerSummary
+    groups: list[TieGroup]
+    runner_up: RunnerUp | None
+    cp_fallback: CpFallback | None
+    pruning: Pruning
+
+
+def explain_search(result) -> SearchExplanation:
+    """The explanation of a planner.search.SearchResult (at least one ranked layout)."""
+    est = result.ranked
+    groups = tie_groups(est)
+    return SearchExplanation(winner=_winner(est), groups=groups,
+                             runner_up=_runner_up(est, groups), cp_fallback=_cp_fallback(est, groups),
+                             pruning=Pruning(result.enumerated, result.fitting, dict(result.pruned),
+                                             float(result.usable), float(est.memory["capacity"][0])))
+
+
+def _winner(est: Estimate) -> WinnerSummary:
+    step = float(est.time["step"][0])
+    terms = dict(time_breakdown(est, 0))
+    big = max((t for t in TIME_TERMS if t != "compute"), key=terms.__getitem__)
+    largest = Overhead(big, terms[big], terms[big] / step) \
+        if terms[big] >= OVERHEAD_FLOOR * step else None
+    return WinnerSummary(est.candidates.layout(0), step, terms["compute"] / step, largest)
+
+
+def _runner_up(est: Estimate, groups: list[TieGroup]) -> RunnerUp | None:
+    if len(groups) < 2:
+        return None
+    j = groups[1].first
+    first, second = est.candidates.layout(0), est.candidates.layout(j)
+    differs = tuple((k, getattr(first, k), getattr(second, k)) for k in type(first).model_fields
+                    if getattr(first, k) != getattr(second, k))
+    step = est.time["step"]
+    worse = tuple((t, d) for t, d in term_deltas(est, j, est, 0) if d > 0)
+    return RunnerUp(row=2, layout=second, differs=differs,
+                    ties_on_time=bool(step[j] <= step[0] * (1 + RUNNER_UP_TIE)),
+                    extra_memory=float(est.memory["total"][j] - est.memory["total"][0]),
+                    slower_by=float(step[j] / step[0] - 1), worse=worse)
+
+
+def _cp_fallback(est: Estimate, groups: list[TieGroup]) -> CpFallback | None:
+    cp = est.candidates.cp
+    if int(cp[0]) <= 1:
+        return None
+    no_cp = np.flatnonzero(cp == 1)
+    if no_cp.size == 0:
+        return CpFallback(int(cp[0]))
+    i = int(no_cp[0])
+    row = next(n for n, g in enumerate(groups, start=1) if i in g.members)
+    tps = est.throughput["tokens_per_s"]
+    return CpFallback(int(cp[0]), row, est.candidates.layout(i), float(1 - tps[i] / tps[0]))

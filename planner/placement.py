@@ -171,27 +171,3 @@ def full(plan: Plan, order: str = "megatron") -> dict[str, object]:
     data["node_of_rank"] = pl.node.tolist()
     return data
 
-
-def render(data: dict[str, object]) -> str:
-    """The summary as text lines for the terminal (group counts, examples, node crossing)."""
-    lines = [f"{data['gpus']} GPUs on {data['nodes']} nodes of {data['gpus_per_node']}; rank order: "
-             f"{data['order_description']}; rank r is on node r // {data['gpus_per_node']}"]
-    for dim, d in data["dims"].items():  # type: ignore[union-attr]
-        ex = "; ".join(_short(g) for g in d["examples"])
-        lines.append(f"{dim.upper():>3}: {d['groups']} groups of {d['size']}, stride {d['stride']}, "
-                     f"{d['ranks_per_node']} rank(s)/node, spans {d['nodes_per_group']} node(s), "
-                     f"{d['groups_crossing_nodes']} cross nodes; e.g. {ex}")
-    lines.append("TP groups cross a node: " + ("YES" if data["tp_crosses_node"] else "no"))
-    cm = data["cost_model"]
-    ok = all(v["agrees"] for v in cm.values())  # type: ignore[union-attr]
-    lines.append("cost model's placement assumption (formulas.md 5.3): " +
-                 ("agrees" if ok else "DISAGREES: " + ", ".join(
-                     k for k, v in cm.items() if not v["agrees"])))  # type: ignore[union-attr]
-    lines.append(f"exports assume: {data['exports_assume']}")
-    return "\n".join(lines)
-
-
-def _short(group: list[int]) -> str:
-    if len(group) <= 6:
-        return "[" + ",".join(map(str, group)) + "]"
-    return f"[{group[0]},{group[1]},...,{group[-1]}]"

@@ -214,9 +214,8 @@ def search(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: 
             raise UsageError(_nothing_valid_message(model, training, gpus or opts.max_gpus, rule,
                                                     grid))
         miss = evaluate(model, hw, training, grid.flat(np.array([passed.miss_index])))
-        exc = NoFitError(_no_fit_message(model, hw, miss.candidates.layout(0).gpus, miss, usable))
-        exc.closest, exc.usable = miss, usable  # for callers that word it their own way (whynot)
-        raise exc
+        raise NoFitError(_no_fit_message(model, hw, miss.candidates.layout(0).gpus, miss, usable),
+                         closest=miss, usable=usable)
     scores, index = np.concatenate(passed.pool_score), np.concatenate(passed.pool_index)
     # The best ``keep`` and every exact tie at the cut (the pool's order depends on the scan's
     # path, the grid index does not), at most TIE_LIMIT x keep; the tie rule below picks.

@@ -1,4 +1,5 @@
-"""``plan3d sweep``: the best layout at each GPU count, and how well throughput scales.
+"""``plan3d sweep``: the best layout at each GPU count, and how well throughput scales
+(the command's flow is planner.cli.sweep; the table and plot planner.render.sweep / .plot).
 
 Scaling efficiency of count n against the smallest count n0 that has a fitting layout:
     eff(n) = (tokens/s(n) / n) / (tokens/s(n0) / n0)
@@ -123,70 +124,3 @@ def sweep_batches(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec,
         raise kind(str(errors[0]))
     return rows
 
-
-def run_command(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: str,
-                json_out: bool, plot_path, force: bool, headroom: str | None,
-                batches: str | None = None) -> None:
-    """``plan3d sweep``: check the inputs, sweep under a progress bar, then print and plot."""
-    from . import report
-    from .objective import check_headroom
-    from .report_scale import progress, sweep_table
-    counts = parse_gpu_counts(gpus, hw)
-    sizes = [b or training.global_batch_size for b in parse_batch_sizes(batches)]
-    if plot_path is not None:
-        if plot_path.exists() and not force:
-            raise UsageError(f"{plot_path} exists; pass --force to overwrite it")
-        import importlib.util
-        if importlib.util.find_spec("matplotlib") is None:
-            raise UsageError("--plot needs matplotlib: pip install 'plan3d[plot]'")
-    headroom_bytes, headroom_fraction = check_headroom(
-        headroom, float(hw.gpu.hbm_capacity), float(hw.framework_overhead), hw.gpu.name)
-    opts = SearchOptions(headroom_bytes=headroom_bytes, headroom_fraction=headroom_fraction)
-    with progress() as bar:
-        task = bar.add_task("Sweeping GPU counts", total=len(counts) * len(sizes))
-        rows = sweep_batches(model, hw, training, counts, sizes, opts,
-                             on_step=lambda n: bar.advance(task))
-    if plot_path is not None:
-        batch = ", ".join(str(b) for b in sizes)
-        plot(rows, plot_path, f"{model.name} on {hw.name}, batch {batch} x {training.seq_length}")
-    if json_out:
-        report.print_json(rows)
-        return
-    report.header(model, hw, training, f"{counts[0]}" if counts[0] == counts[-1] else f"{counts[0]}..{counts[-1]}",
-                  batch=",".join(str(b) for b in sizes))
-    sweep_table(rows)
-    if plot_path is not None:
-        report.out.print(f"Wrote the plot to {plot_path}")
-
-
-def plot(rows: list[dict], path, title: str) -> None:
-    """tokens/s and MFU against GPUs (log2 x axis) to ``path`` (PNG). Needs matplotlib (extra 'plot')."""
-    try:
-        import matplotlib
-    except ImportError:
-        raise UsageError("--plot needs matplotlib: pip install 'plan3d[plot]'") from None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    ok = [r for r in rows if not r.get("error")]
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    ax2 = ax.twinx()
-    for b in dict.fromkeys(r["global_batch_size"] for r in ok):
-        series = [r for r in ok if r["global_batch_size"] == b]
-        gpus = [r["gpus"] for r in series]
-        ax.plot(gpus, [r["tokens_per_s"] for r in series], "o-", label=f"tokens/s, batch {b}")
-        ax2.plot(gpus, [r["mfu"] * 100 for r in series], "s--", label=f"MFU, batch {b}")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("GPUs")
-    ax.set_ylabel("tokens/s (solid)")
-    ax.legend(loc="upper left", fontsize="small")
-    ax2.set_ylabel("MFU, % (dashed)")
-    ax2.set_ylim(0, 100)
-    ax.set_title(title)
-    fig.tight_layout()
-    try:
-        fig.savefig(path, dpi=120)
-    except OSError as exc:
-        raise UsageError(f"cannot write {path}: {exc.strerror or exc}") from None
-    finally:
-        plt.close(fig)

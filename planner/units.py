@@ -1,7 +1,7 @@
 """Strict parsing and formatting of quantities with units ("80 GiB", "900 GB/s", "400 Gb/s", "5 us").
 
 Inside plan3d every quantity is SI: bytes, bytes/s, seconds. Conversion happens only here
-(YAML parsing) and in report.py (rendering).
+(YAML parsing) and in planner.render (rendering).
 """
 
 from __future__ import annotations

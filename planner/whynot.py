@@ -18,10 +18,9 @@ from .errors import NoFitError, UsageError
 from .explain import term_deltas
 from .search import MAX_GPUS, SearchOptions, build_grid, search
 from .cost.collectives import nvlink_domain
-from .report import seconds as report_seconds
+from .render import fmt
 from .space import UNEVEN_RULE, constraint_masks, default_uneven_split, uneven_vpp_options
 from .specs import RECOMPUTE_CODES, HardwareProfile, ModelSpec, TrainingSpec
-from .units import format_gib
 
 _KEYS = {"tp": "tp", "cp": "cp", "pp": "pp", "dp": "dp", "distopt": "distributed_optimizer",
          "distributed_optimizer": "distributed_optimizer", "zero": "zero_stage", "zero_stage": "zero_stage",
@@ -146,9 +145,10 @@ def check_pins(pins: dict[str, object], opts: SearchOptions) -> None:
 
 
 def why_not(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: int | None,
-            opts: SearchOptions, text: str) -> WhyNot:
+            opts: SearchOptions, text: str, currency: str = "USD") -> WhyNot:
     """Evaluate the layout ``text`` (unspecified dims: best completion) against the winner.
 
+    ``currency``: the code of ``opts.price_per_gpu_hour``, named with costs in the reasons.
     UsageError when it contradicts a pin of ``opts`` (planner.whynot.check_pins) or is malformed.
     """
     pins = parse_layout(text)
@@ -182,8 +182,7 @@ def why_not(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus:
     reasons = [f"its best completion runs {tps_mine:,.0f} tokens/s against the winner's "
                f"{tps_best:,.0f} ({t_mine:.{digits}f} s vs {t_best:.{digits}f} s per step)"]
     if opts.objective != "throughput":
-        unit = report_seconds if key == "time_to_train_s" else \
-            (lambda v: f"{v:,.0f}")
+        unit = fmt.seconds if key == "time_to_train_s" else (lambda v: fmt.money(v, currency))
         reasons.append(f"by {opts.objective}: {unit(float(mine.throughput[key][0]))} against "
                        f"{unit(float(best.throughput[key][0]))} on {mine.candidates.layout(0).gpus} "
                        f"vs {best.candidates.layout(0).gpus} GPUs")
@@ -206,12 +205,11 @@ def _uneven_detail(model: ModelSpec, opts: SearchOptions, rule: str) -> str:
 
 def _closest_miss(exc: NoFitError) -> str:
     """'its closest completion, <layout>, needs X GiB of Y GiB per GPU (Z GiB over)', from the
-    closest miss (Estimate) and usable bytes that search attaches to its NoFitError."""
-    gib = 2.0**30
+    closest miss (Estimate) and usable bytes of the search's NoFitError."""
     total = float(exc.closest.memory["total"][0])
     cap = float(exc.closest.memory["capacity"][0])
-    of = f"{format_gib(cap)} GiB" if exc.usable == cap else \
-        f"{exc.usable / gib:.1f} GiB usable (of {format_gib(cap)} GiB, after the headroom)"
+    of = f"{fmt.capacity(cap)} GiB" if exc.usable == cap else \
+        f"{fmt.gib(exc.usable)} usable (of {fmt.capacity(cap)} GiB, after the headroom)"
     return (f"its closest completion, {exc.closest.candidates.layout(0).short()}, needs "
-            f"{total / gib:.1f} GiB of {of} per GPU ({(total - exc.usable) / gib:.1f} GiB over), "
+            f"{fmt.gib(total)} of {of} per GPU ({fmt.gib(total - exc.usable)} over), "
             "while other layouts fit")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 from planner import catalog
@@ -37,3 +39,32 @@ def gpt3():
 @pytest.fixture(scope="session")
 def gpt3_training():
     return TrainingSpec(seq_length=2048, global_batch_size=1536)
+
+
+@contextlib.contextmanager
+def wide_console(width: int = 200):
+    """plan3d's stdout console laid out for ``width`` columns inside the block (a wide
+    terminal); tests otherwise run at 80 columns, the width piped output has."""
+    from planner.render.console import out
+    before = out.width
+    out.width = width
+    try:
+        yield out
+    finally:
+        out.width = before
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _eighty_columns():
+    """Every test sees what a pipe gets: 80 columns, whatever $COLUMNS the shell exported
+    (subprocesses too)."""
+    import os
+
+    from planner.render.console import out
+    saved, os.environ["COLUMNS"] = os.environ.get("COLUMNS"), "80"
+    out.width = 80
+    yield
+    if saved is None:
+        del os.environ["COLUMNS"]
+    else:
+        os.environ["COLUMNS"] = saved

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from planner.pipe import EXIT_BROKEN_PIPE
+from planner.render.console import EXIT_BROKEN_PIPE
 
 
 @pytest.mark.parametrize("args", [

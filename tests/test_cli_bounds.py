@@ -5,7 +5,7 @@ import pytest
 from typer.testing import CliRunner
 
 from planner.cli import app
-from planner.report import gib
+from planner.render.fmt import capacity as gib
 
 runner = CliRunner()
 HUGE = "99999999999999999999"  # > 2**63: used to overflow numpy's int64 (exit 3, internal error)
@@ -85,7 +85,7 @@ def test_headroom_is_named_in_the_pruning_line():
     assert code == 0, err
     flat = " ".join(out.split())
     # 25% of the H100's 81,559 MiB left free: 81,559 x 0.75 / 1024 = 59.74 GiB usable, of 79.65
-    assert "(fit = within 59.7 of the 79.6 GiB, leaving the --min-memory-headroom free)" in flat
+    assert "(fit = within 59.7 GiB of the 79.6 GiB, leaving the --min-memory-headroom free)" in flat
 
 
 def test_a_cp_winner_is_flagged_with_its_fallback():

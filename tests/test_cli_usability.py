@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from planner import catalog
 from planner.cli import app
+from tests.conftest import wide_console
 from planner.search import MAX_GPUS, SearchOptions
 from planner.whynot import why_not
 
@@ -95,7 +96,8 @@ def test_sweep_json_leaves_stderr_empty_and_header_lists_every_batch():
     assert [r["gpus"] for r in json.loads(proc.stdout)] == [256, 512]
     code, out, err = cli("sweep", "--model", "175b", "--gpus", "512", "--global-batch-size", "768,1536")
     assert code == 0 and err == ""
-    assert "on 512 x H100-SXM5-80GB (dgx-h100), global batch 768,1536 x 2048 tokens" in out  # one count
+    flat = " ".join(out.split())
+    assert "on 512 x H100-SXM5-80GB (dgx-h100), global batch 768,1536 x 2048 tokens" in flat  # one count
 
 
 @pytest.mark.parametrize("pins,why,message", [
@@ -132,15 +134,19 @@ def test_search_json_has_gpus_and_max_gpus_table_shows_them():
     code, out, err = cli("search", "--model", "175b", "--max-gpus", "1024", "--top", "3", "--json")
     assert code == 0, err
     for entry in json.loads(out):
-        assert set(entry) == {"layout", "gpus", "memory", "time", "throughput", "stages"}
+        assert set(entry) == {"layout", "gpus", "memory", "time", "throughput", "stages", "ties"}
         lay = entry["layout"]
         assert entry["gpus"] == lay["tp"] * lay["cp"] * lay["pp"] * lay["dp"] <= 1024
-    code, out, err = cli("search", "--model", "175b", "--max-gpus", "1024", "--top", "3")
+    with wide_console():  # one column per dimension and figure
+        code, out, err = cli("search", "--model", "175b", "--max-gpus", "1024", "--top", "3")
     assert code == 0, err
     head = next(line for line in out.splitlines() if line.lstrip().startswith("#"))
     cols = [c.strip() for c in head.split("┃")]
     assert cols[-1] == "GPUs"  # every shown layout uses 1,024: the column still says so
     assert cols[1:4] == ["tp", "cp", "pp"]  # cp beside tp, as in "tp=2 cp=2 pp=16"
+    code, out, err = cli("search", "--model", "175b", "--max-gpus", "1024", "--top", "3")
+    head = [line for line in out.splitlines() if "┃" in line][:3]  # 80 columns: stacked figures
+    assert [c.strip() for c in head[2].split("┃")][2] == "GPUs"  # third line of the first stack
 
 
 def test_top_beyond_the_kept_layouts_says_so():

@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 from planner import __version__, catalog
 from planner.cli import app
 from planner.frameworks import export_plan
-from planner.report import param_count
+from planner.render.fmt import params as param_count
 from planner.specs import Layout, Plan, TrainingSpec
 
 

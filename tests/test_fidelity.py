@@ -261,8 +261,14 @@ def test_calibrate_cli_fits_writes_and_refuses_to_overwrite(tmp_path):
             "--exclude", "megatron-readme2020-*"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
-    profile = yaml.safe_load(out.read_text())
+    text = out.read_text()
+    profile = yaml.safe_load(text)
     assert "mosaic-mpt-7b-a100_40gb-128gpu-seq2048" in profile["efficiency"]["source"]
+    # says which shipped profile it was fitted from; factors to 4 significant digits, T_misc in ms
+    assert text.startswith("# Calibrated by `plan3d calibrate` from dgx-a100-40g.\n")
+    eff = profile["efficiency"]
+    assert all(float(f"{eff[k]:.4g}") == eff[k] for k in ("matmul", "attention", "hbm", "network"))
+    assert str(eff["step_overhead"]).endswith(" ms")
     again = CliRunner().invoke(app, args)
     assert again.exit_code == 2 and "--force" in again.output
     from planner.catalog import resolve_hardware

@@ -61,9 +61,10 @@ def test_accuracy_prints_hints_ids_and_sources_literally(tmp_path):
     tpu["hardware"]["gpu"] = "TPU v4 [pod]"
     result = CliRunner().invoke(app, ["accuracy", str(_write(tmp_path, [mfu_only, timed, tpu]))])
     assert result.exit_code == 0, result.output
-    assert "(tag the notes [flops=narayanan|korthikanti|mosaic])" in result.stdout
-    assert "tpu-run: hardware not modelled by plan3d (TPU v4 [pod])" in result.stdout
-    assert "[italic]Lab[/italic]" in result.stdout  # the source group, in the summary
+    flat = " ".join(result.stdout.split())  # lines wrap at 80 columns
+    assert "(tag the notes [flops=narayanan|korthikanti|mosaic])" in flat
+    assert "tpu-run: hardware not modelled by plan3d (TPU v4 [pod])" in flat
+    assert "[italic]Lab[/italic]" in flat  # the source group, in the summary
 
 
 # ----------------------------------------------------------------------------- unknown fields

@@ -121,10 +121,14 @@ def test_refusal_is_one_function_and_one_line():
 def test_models_lists_total_and_active():
     res = CliRunner().invoke(app, ["models"])
     assert res.exit_code == 0
-    header = next(line for line in res.stdout.splitlines() if "name" in line and "params" in line)
-    assert "active" in header
-    row = next(line for line in res.stdout.splitlines() if line.strip().startswith("deepseek-v3 "))
-    assert "671.0B" in row and "37.6B" in row and "128 MLA" in row and "top-8/256 +1 shared" in row
+    lines = res.stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if "name" in line and "params" in line)
+    assert "active" in lines[at + 1]  # the header stacks total over active
+    lines = res.stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.strip().startswith("deepseek-v3 "))
+    row, below = lines[at], lines[at + 1]  # total over active, activation over top-k/experts
+    assert "671.0B" in row and "128 MLA" in row and "swiglu" in row
+    assert "37.6B" in below and "top-8/256 +1sh" in below
 
 
 @pytest.mark.parametrize("name", NEW)

@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 from planner.cli import app
 from planner.errors import UsageError
 from planner.explain import memory_breakdown, term_deltas, time_breakdown
-from planner.report_scale import bar
+from planner.render.breakdown import bar
 from planner.search import SearchOptions, search
 from planner.sweep import parse_batch_sizes, parse_gpu_counts, sweep, sweep_batches
 from planner.whynot import parse_layout, why_not

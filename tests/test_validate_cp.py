@@ -11,7 +11,8 @@ from planner.cost.torch_volumes import step_volumes
 from planner.space import Candidates
 from planner.errors import UsageError
 from planner.specs import Layout, Plan, TrainingSpec
-from planner.validate.compare import compare, render
+from planner.render.validate import render
+from planner.validate.compare import compare
 from planner.validate.miniature import full_scale, miniature, predict
 
 

@@ -1,4 +1,4 @@
-"""The `plan3d` command line (typer). Thin: parse, call the planner, hand results to report.
+"""The `plan3d` command line (typer). Thin: parse, call the planner, hand results to planner.render.
 
 Each module registers its commands on the one app; the planner's heavy parts are imported inside
 the commands, so start-up stays lean.

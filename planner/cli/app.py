@@ -7,12 +7,14 @@ import os
 import sys
 from enum import Enum
 
-if not sys.stdout.isatty():  # help and tables piped or captured: don't cut option names at 80
+if not sys.stdout.isatty():  # typer's --help piped or captured: don't cut option names at 80
+    # (plan3d's own output is laid out by planner.render.console, 80 columns when piped)
     os.environ.setdefault("TERMINAL_WIDTH", "160")
 
 import typer  # noqa: E402
 
-from .. import __version__, report  # noqa: E402
+from .. import __version__  # noqa: E402
+from ..render import console  # noqa: E402
 from ..errors import PlannerError, UsageError  # noqa: E402
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -21,7 +23,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 
 def _version(value: bool) -> None:
     if value:
-        report.out.print(f"plan3d {__version__}")
+        console.out.print(f"plan3d {__version__}")
         raise typer.Exit(0)
 
 
@@ -44,23 +46,22 @@ def handle_errors(func):
         try:
             return func(*args, **kwargs)
         except PlannerError as exc:
-            report.error(str(exc))
+            console.error(str(exc))
             raise typer.Exit(exc.exit_code) from None
         except (typer.Exit, typer.Abort):
             raise
         except BrokenPipeError:  # `plan3d ... | head`: the reader left, nothing to report
-            from ..pipe import stdout_closed
-            stdout_closed()  # exit 141 (128 + SIGPIPE), not 1 ("no layout fits")
+            console.stdout_closed()  # exit 141 (128 + SIGPIPE), not 1 ("no layout fits")
         except OSError as exc:
-            report.error(f"cannot write the output: {exc.strerror or exc}")
+            console.error(f"cannot write the output: {exc.strerror or exc}")
             raise typer.Exit(74) from None  # EX_IOERR
         except KeyboardInterrupt:
-            report.error("interrupted")
+            console.error("interrupted")
             raise typer.Exit(130) from None
         except Exception as exc:  # a bug: still one line, the traceback on request
             if os.environ.get("PLAN3D_DEBUG"):
                 raise
-            report.error(f"internal error: {type(exc).__name__}: {exc} "
+            console.error(f"internal error: {type(exc).__name__}: {exc} "
                          "(set PLAN3D_DEBUG=1 for the traceback and please report it)")
             raise typer.Exit(3) from None
     return wrapper
@@ -142,19 +143,18 @@ def main() -> None:
     try:
         code = app(standalone_mode=False)
     except (typer.Abort, KeyboardInterrupt):
-        report.error("aborted")
+        console.error("aborted")
         sys.exit(130)
     except BrokenPipeError:  # the reader of stdout left outside a command (help, version)
-        from ..pipe import stdout_closed
-        stdout_closed()
+        console.stdout_closed()
     except Exception as exc:
         if not (hasattr(exc, "format_message") and hasattr(exc, "exit_code")):
             raise
         ctx = getattr(exc, "ctx", None)
         if ctx is not None and not exc.format_message().strip():  # bare `plan3d`: show help
-            report.out.print(ctx.get_help())
+            console.out.print(ctx.get_help())
             sys.exit(0)
         hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
-        report.error(f"{exc.format_message()}{hint}")
+        console.error(f"{exc.format_message()}{hint}")
         sys.exit(exc.exit_code)
     sys.exit(code if isinstance(code, int) else 0)

@@ -8,7 +8,8 @@ from typing import Optional
 
 import typer
 
-from .. import catalog, report
+from .. import catalog
+from ..render import console
 from ..errors import UsageError
 from .app import JSON, app, handle_errors
 
@@ -25,11 +26,10 @@ def regress(
     json_out: bool = JSON,
 ) -> None:
     """Compare the cost model's predictions on a case file with a baseline (exit 1 on drift)."""
-    from ..regress_report import run
+    from .regress import run
     code = run(cases, baseline, rtol, update, json_out, max_rows)
     if code:
         raise typer.Exit(code)
-
 
 
 
@@ -41,7 +41,7 @@ def accuracy(
 ) -> None:
     """Measured vs predicted for published (or your own) training runs, with errors per source."""
     from ..fidelity.compare import compare_all, summarize
-    from ..fidelity.render import accuracy_json, accuracy_tables
+    from ..render.fidelity import accuracy_json, accuracy_tables
     from ..fidelity.runs import load_runs
     cases = load_runs(runs)
     comparisons = compare_all(cases)
@@ -52,10 +52,9 @@ def accuracy(
         raise UsageError(f"{runs}: no run can be compared; run {first.id}: {first.skipped}{more}")
     summary = summarize(comparisons)
     if json_out:
-        report.print_json(accuracy_json(comparisons, skipped, summary))
+        console.print_json(accuracy_json(comparisons, skipped, summary))
     else:
         accuracy_tables(comparisons, skipped, summary)
-
 
 
 
@@ -74,7 +73,7 @@ def calibrate(
     from ..export import check_destination
     from ..fidelity.calibrate import FACTORS, fit, partition, source_text, with_factors
     from ..fidelity.profile_io import write_profile
-    from ..fidelity.render import calibration_notes, calibration_report
+    from ..render.fidelity import calibration_notes, calibration_report
     from ..fidelity.runs import load_runs, select_runs
     check_destination(output, force, "--output", "my-profile.yaml")
     hw = catalog.resolve_hardware(hardware)
@@ -93,11 +92,11 @@ def calibrate(
     if not used:
         why = "after --exclude/--min-trust" if len(kept) < len(loaded) else "to calibrate on"
         raise UsageError(f"no usable measured run on hardware {hw.name} {why}")
-    with report.err.status("Fitting efficiency factors...", spinner="dots"):
+    with console.err.status("Fitting efficiency factors...", spinner="dots"):
         result = fit(cases, hw, leave_one_out=loo)
     fitted = with_factors(hw, result.factors, source_text(result, runs.name))
     # its own name, so tables and plans tell it from the shipped profile it started from
     name = hw.name if hw.name.endswith("-calibrated") else f"{hw.name}-calibrated"
     fitted = fitted.model_copy(update={"name": name, "aliases": []})
-    write_profile(fitted, output, force)
+    write_profile(fitted, output, force, calibrated_from=hw.name)
     calibration_report(result, hw.name, str(output), loo=loo)

@@ -7,9 +7,10 @@ from typing import Optional
 
 import typer
 
-from .. import catalog, report
+from .. import catalog
 from ..cost.support import refuse_unmodelled
 from ..errors import UsageError
+from ..render import console
 from .app import (GBS, GPUS, HARDWARE, HEADROOM, JSON, MODEL, SEQ, RecomputeChoice, _check_count,
                   _check_positive, _require, _training, app, handle_errors)
 
@@ -46,6 +47,9 @@ def search(
     tokens: Optional[float] = typer.Option(None, "--tokens", help="Training tokens (default: the model's)."),
     price_per_gpu_hour: Optional[float] = typer.Option(None, "--price-per-gpu-hour",
                                                        help="Price of one GPU-hour (for --objective cost)."),
+    currency: Optional[str] = typer.Option(None, "--currency",
+                                           help="Currency of --price-per-gpu-hour, an ISO 4217 "
+                                                "code (EUR, ...) \\[default: USD]."),
     max_gpus: Optional[int] = typer.Option(None, "--max-gpus",
                                            help="Use at most N GPUs in whole nodes; the search picks the count."),
     min_memory_headroom: Optional[str] = HEADROOM,
@@ -55,7 +59,7 @@ def search(
                                           help="Explain a (partial) layout, e.g. 'tp=4,pp=16', against the winner."),
 ) -> None:
     """Rank the TP/PP/DP/ZeRO layouts that fit, by predicted throughput (or --objective)."""
-    from ..export import check_destination, make_plan, write_plan
+    from ..export import make_plan, write_plan
     from ..search import SearchOptions
     from ..search import search as run_search
     m = catalog.resolve_model(_require(model, "--model"))
@@ -68,17 +72,8 @@ def search(
                     price_per_gpu_hour=price_per_gpu_hour, tokens=tokens)
     if zero_stage is not None and zero_stage not in (0, 1, 2, 3):
         raise UsageError(f"--zero-stage must be 0, 1, 2 or 3, got {zero_stage}")
-    if export is not None and why_not is not None:
-        raise UsageError("--export writes the search's best plan and --why-not judges your "
-                         "layout instead: use one at a time (to export your layout, pin it, e.g. "
-                         "--tp 8 --pp 8 --export plan.yaml)")
-    if export is not None:
-        check_destination(export, force)
+    _check_search_flags(export, force, why_not, gpus, max_gpus)
     from ..objective import check_headroom
-    if gpus is not None and max_gpus is not None:
-        raise UsageError("give --gpus (a fixed count) or --max-gpus (a budget), not both")
-    if max_gpus is None:
-        _require(gpus, "--gpus")
     headroom_bytes, headroom_fraction = check_headroom(
         min_memory_headroom, float(hw.gpu.hbm_capacity), float(hw.framework_overhead), hw.gpu.name)
     opts = SearchOptions(tp=tp, pp=pp, dp=dp, zero_stage=zero_stage, micro_batch_size=micro_batch_size,
@@ -90,34 +85,86 @@ def search(
                          price_per_gpu_hour=price_per_gpu_hour, max_gpus=max_gpus,
                          headroom_bytes=headroom_bytes, headroom_fraction=headroom_fraction)
     n = gpus if gpus is not None else f"at most {max_gpus}"
+    money = _currency(currency, price_per_gpu_hour)
     if why_not is not None:
-        from ..whynot import why_not as explain_why_not
-        verdict = explain_why_not(m, hw, training, gpus, opts, why_not)
-        if json_out:
-            report.print_json(verdict.to_dict())
-        else:
-            report.header(m, hw, training, n)
-            from ..report_scale import why_not_report
-            why_not_report(verdict)
+        _why_not(m, hw, training, gpus, n, opts, why_not, money, json_out)
         return
-    with report.err.status("Searching layouts...", spinner="dots"):
+    with console.err.status("Searching layouts...", spinner="dots"):
         result = run_search(m, hw, training, gpus, opts)
     best = result.ranked
     if export is not None:
         write_plan(make_plan(m, hw, training, best.candidates.layout(0), best.to_dict(0)), export, force)
-    if top > len(best) and result.fitting > len(best):  # capped at the search's keep
-        report.err.print(f"note: --top {top:,} shows the best {len(best):,} of the "
-                         f"{result.fitting:,} layouts that fit (the search keeps {len(best):,})",
-                         soft_wrap=True, markup=False)
+    _search_output(m, hw, training, n, result, top, json_out, money, max_gpus is not None, export)
+
+
+def _check_search_flags(export: Optional[Path], force: bool, why_not: Optional[str],
+                        gpus: Optional[int], max_gpus: Optional[int]) -> None:
+    """UsageError for flags that cannot go together (--export with --why-not, --gpus with
+    --max-gpus), neither --gpus nor --max-gpus, or an --export file that exists (no --force)."""
+    from ..export import check_destination
+    if export is not None and why_not is not None:
+        raise UsageError("--export writes the search's best plan and --why-not judges your "
+                         "layout instead: use one at a time (to export your layout, pin it, e.g. "
+                         "--tp 8 --pp 8 --export plan.yaml)")
+    if export is not None:
+        check_destination(export, force)
+    if gpus is not None and max_gpus is not None:
+        raise UsageError("give --gpus (a fixed count) or --max-gpus (a budget), not both")
+    if max_gpus is None:
+        _require(gpus, "--gpus")
+
+
+def _currency(code: Optional[str], price: Optional[float]) -> str:
+    """The --currency code (upper case; default USD); UsageError unless three letters (ISO 4217),
+    or when given without --price-per-gpu-hour (it names that price's unit)."""
+    if code is None:
+        return "USD"
+    if price is None:
+        raise UsageError("--currency names the unit of --price-per-gpu-hour: give the price too")
+    text = code.strip().upper()
+    if len(text) != 3 or not text.isalpha() or not text.isascii():
+        raise UsageError(f"--currency must be a three-letter ISO 4217 code such as USD or EUR, "
+                         f"got {code!r}")
+    return text
+
+
+def _why_not(m, hw, training, gpus, n, opts, text: str, currency: str, json_out: bool) -> None:
+    """--why-not: the verdict on the user's layout, as JSON or text."""
+    from ..whynot import why_not as explain_why_not
+    verdict = explain_why_not(m, hw, training, gpus, opts, text, currency)
     if json_out:
-        report.print_json([_with_gpus(best.to_dict(i)) for i in range(min(top, len(best)))])
-    else:
-        report.header(m, hw, training, n)
-        report.search_table(result, top, gpus_searched=max_gpus is not None)
-        from ..report_scale import breakdown_report
-        breakdown_report(result)
-        if export is not None:
-            report.out.print(f"Wrote the best plan to {export}")
+        data = verdict.to_dict()
+        console.print_json({**data, "currency": currency} if opts.price_per_gpu_hour else data)
+        return
+    from ..render.search import header
+    from ..render.whynot import why_not_report
+    header(m, hw, training, n)
+    why_not_report(verdict)
+
+
+def _search_output(m, hw, training, n, result, top: int, json_out: bool, currency: str,
+                   gpus_searched: bool, export: Optional[Path]) -> None:
+    """The search's JSON (one entry per group of tied layouts, best first) or its tables."""
+    from ..explain import explain_search, tie_dict
+    best = result.ranked
+    explanation = explain_search(result)
+    groups = explanation.groups
+    if top > len(groups) and result.fitting > len(best):  # capped at the search's keep
+        rows = f"{len(groups):,}" + (f" rows ({len(best):,} layouts)" if len(groups) < len(best) else "")
+        console.note(f"note: --top {top:,} shows the best {rows} of the {result.fitting:,} layouts "
+                     f"that fit (the search keeps {len(best):,})")
+    if json_out:
+        extra = {"currency": currency} if "cost" in best.throughput else {}
+        console.print_json([{**_with_gpus(best.to_dict(g.first)), **extra, "ties": tie_dict(best, g)}
+                            for g in groups[:top]])
+        return
+    from ..render.breakdown import breakdown_report
+    from ..render.search import header, search_table
+    header(m, hw, training, n)
+    search_table(result, explanation, top, currency, gpus_searched=gpus_searched)
+    breakdown_report(result)
+    if export is not None:
+        console.out.print(f"Wrote the best plan to {export}", markup=False)
 
 
 @app.command()
@@ -130,18 +177,19 @@ def sweep(
         None, "--global-batch-size", help="Sequences per step, or a comma list to sweep too."),
     seq_length: Optional[int] = SEQ,
     json_out: bool = JSON,
-    plot: Optional[Path] = typer.Option(None, "--plot", help="Draw tokens/s and MFU vs GPUs to a PNG."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Draw tokens/s (log-log, with ideal "
+                                        "linear scaling) and MFU vs GPUs to a PNG."),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing --plot file."),
     min_memory_headroom: Optional[str] = HEADROOM,
 ) -> None:
     """Best layout, tokens/s, MFU and scaling efficiency at each GPU count."""
-    from ..sweep import run_command
+    from .sweep import run
     m = catalog.resolve_model(_require(model, "--model"))
     refuse_unmodelled(m)
     hw = catalog.resolve_hardware(hardware)
     training = _training(m, None, seq_length)
-    run_command(m, hw, training, _require(gpus, "--gpus"), json_out, plot, force, min_memory_headroom,
-                global_batch_size)
+    run(m, hw, training, _require(gpus, "--gpus"), json_out, plot, force, min_memory_headroom,
+        global_batch_size)
 
 
 @app.command()
@@ -203,14 +251,7 @@ def estimate(
         # Checked as given, before the defaults: `--tp 0` is an error, not tp=1.
         _check_positive(tp=tp, pp=pp, dp=dp, cp=cp, micro_batch_size=micro_batch_size, vpp=vpp)
         _check_count(first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers)
-        if zero_stage is not None and zero_stage not in (0, 1, 2, 3):
-            raise UsageError(f"--zero-stage must be 0, 1, 2 or 3, got {zero_stage}")
-        if distributed_optimizer and zero_stage:
-            raise UsageError(f"--distributed-optimizer replaces ZeRO, so it needs --zero-stage 0 "
-                             f"(got {zero_stage}): drop --zero-stage, or drop "
-                             f"--distributed-optimizer to keep ZeRO-{zero_stage}")
-        if zero_stage is None:  # ZeRO-1, or its alternative the distributed optimizer
-            zero_stage = 0 if distributed_optimizer else 1
+        zero_stage = _zero_stage(zero_stage, distributed_optimizer)
         m = catalog.resolve_model(_require(model, "--model"))
         refuse_unmodelled(m)
         hw = catalog.resolve_hardware(hardware or "dgx-h100")
@@ -224,15 +265,31 @@ def estimate(
                          allow_cross_node_tp=allow_cross_node_tp)
     est = estimate_layout(m, hw, training, layout)
     result = est.to_dict(0)
+    from ..render.breakdown import estimate_report, plan_drift
     if json_out:
-        report.print_json(result)
+        console.print_json(result)
     else:
-        report.header(m, hw, training, n)
-        report.estimate_report(est)
+        from ..render.search import header
+        header(m, hw, training, n)
+        estimate_report(est)
     if plan is not None:
-        report.plan_drift(p, result)
+        plan_drift(p, result)
     if not result["memory"]["fits"]:
         raise typer.Exit(1)
+
+
+def _zero_stage(zero_stage: Optional[int], distributed_optimizer: Optional[bool]) -> int:
+    """estimate's ZeRO stage: as given (0-3), else 1, or 0 with the distributed optimizer (its
+    alternative); UsageError for another value or a stage beside the distributed optimizer."""
+    if zero_stage is not None and zero_stage not in (0, 1, 2, 3):
+        raise UsageError(f"--zero-stage must be 0, 1, 2 or 3, got {zero_stage}")
+    if distributed_optimizer and zero_stage:
+        raise UsageError(f"--distributed-optimizer replaces ZeRO, so it needs --zero-stage 0 "
+                         f"(got {zero_stage}): drop --zero-stage, or drop "
+                         f"--distributed-optimizer to keep ZeRO-{zero_stage}")
+    if zero_stage is None:  # ZeRO-1, or its alternative the distributed optimizer
+        return 0 if distributed_optimizer else 1
+    return zero_stage
 
 
 def _with_gpus(entry: dict) -> dict:

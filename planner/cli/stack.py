@@ -7,8 +7,8 @@ from typing import Optional
 
 import typer
 
-from .. import report
 from ..errors import UsageError
+from ..render import console
 from .app import JSON, app, handle_errors
 
 
@@ -33,7 +33,7 @@ def export_cmd(
     result = export_plan(read_checked_plan(plan), target,
                          (torchtitan_format or "overrides").strip().lower())
     for note in result.notes:
-        report.err.print(f"note: {note}", markup=False, soft_wrap=True)
+        console.note(f"note: {note}")
     if output is None:
         import sys
         sys.stdout.write(result.text)
@@ -42,7 +42,7 @@ def export_cmd(
         output.write_text(result.text, encoding="utf-8")
     except OSError as exc:
         raise UsageError(f"cannot write {output}: {exc.strerror or exc}") from None
-    report.err.print(f"Wrote {to} configuration to {output}", markup=False)
+    console.note(f"Wrote {to} configuration to {output}")
 
 
 @app.command()
@@ -55,13 +55,14 @@ def placement(
 ) -> None:
     """Which ranks form each TP/DP/PP group, which node each is on, and whether TP crosses a node."""
     from ..export import read_checked_plan
-    from ..placement import full, render, summary
+    from ..placement import full, summary
     p = read_checked_plan(plan)
     key = order.strip().lower()
     if json_out:
-        report.print_json(full(p, key))
+        console.print_json(full(p, key))
     else:
-        report.out.print(render(summary(p, key)), markup=False, soft_wrap=True)
+        from ..render.placement import placement_report
+        placement_report(summary(p, key))
 
 
 @app.command()
@@ -90,19 +91,19 @@ def validate(
                          "use torchrun for GPUs")
     from ..export import check_destination, read_checked_plan
     from ..validate import run_local, write_measured
-    from ..validate.compare import render
+    from ..render.validate import render
     for flag, value in (("--world", world), ("--steps", steps), ("--layers-per-stage", layers_per_stage),
                         ("--timeout", timeout)):
         if value <= 0:
             raise UsageError(f"{flag} must be positive, got {value:g}")
     p = read_checked_plan(plan)
     check_destination(out, force, "--out", "measured.json")
-    with report.err.status("Running the miniature on forked ranks...", spinner="dots"):
+    with console.err.status("Running the miniature on forked ranks...", spinner="dots"):
         result, records = run_local(p, world=world, dtype=dtype, steps=steps,
                                     layers_per_stage=layers_per_stage, timeout_s=timeout)
     write_measured(out, result, records, force=True)
     if json_out:
-        report.print_json(result)
+        console.print_json(result)
     else:
         render(result, str(out))
     if not result["passed"]:

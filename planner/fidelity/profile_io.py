@@ -1,4 +1,9 @@
-"""Write a hardware profile as YAML in the catalog schema (reloadable with ``--hardware PATH``)."""
+"""Write a hardware profile as YAML in the catalog schema (reloadable with ``--hardware PATH``).
+
+Fitted efficiency factors are written to 4 significant digits (the fit's own precision is far
+coarser: leave-one-out errors of a few per cent), and ``step_overhead`` in the unit that reads
+best ("11.3 ms"), as the shipped profiles write it.
+"""
 
 from __future__ import annotations
 
@@ -9,14 +14,32 @@ import yaml
 from ..errors import UsageError
 from ..specs import HardwareProfile
 
+DIGITS = 4
+NUMBER_FACTORS = ("matmul", "matmul_half_flops", "attention", "hbm", "nvlink", "network")
 
-def write_profile(hw: HardwareProfile, path: Path, force: bool = False) -> None:
-    """Serialize ``hw`` (quantities with units) to ``path``; UsageError if it exists and not ``force``."""
+
+def profile_data(hw: HardwareProfile) -> dict:
+    """``hw`` as its YAML mapping: quantities with units, efficiency factors to DIGITS
+    significant digits, ``step_overhead`` as e.g. "11.3 ms"."""
+    from ..render.fmt import duration_text
+    data = hw.model_dump(mode="json")
+    eff = data["efficiency"]
+    for key in NUMBER_FACTORS:
+        eff[key] = float(f"{float(getattr(hw.efficiency, key)):.{DIGITS}g}")
+    eff["step_overhead"] = duration_text(float(hw.efficiency.step_overhead), DIGITS)
+    return data
+
+
+def write_profile(hw: HardwareProfile, path: Path, force: bool = False,
+                  calibrated_from: str | None = None) -> None:
+    """Serialize ``hw`` (profile_data) to ``path``, headed by a comment naming the profile it was
+    calibrated from (``calibrated_from``, default ``hw.name``). UsageError if ``path`` exists and
+    not ``force``, or cannot be written."""
     from ..export import check_destination
     check_destination(path, force, "--output", "my-profile.yaml")
-    data = hw.model_dump(mode="json")
-    text = yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=100)
+    text = yaml.safe_dump(profile_data(hw), sort_keys=False, allow_unicode=True, width=100)
+    origin = calibrated_from or hw.name
     try:
-        path.write_text(f"# Calibrated by `plan3d calibrate` from {hw.name}.\n{text}", encoding="utf-8")
+        path.write_text(f"# Calibrated by `plan3d calibrate` from {origin}.\n{text}", encoding="utf-8")
     except OSError as exc:
         raise UsageError(f"cannot write {path}: {exc.strerror or exc}") from None

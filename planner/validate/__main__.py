@@ -17,8 +17,8 @@ from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .. import report
     from ..errors import PlannerError
+    from ..render import console
     parser = argparse.ArgumentParser(prog="python -m planner.validate")
     parser.add_argument("plan", type=Path)
     parser.add_argument("--layers-per-stage", type=int, default=None)
@@ -33,13 +33,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _run(args)
     except PlannerError as exc:
-        report.error(str(exc))
+        console.error(str(exc))
         return exc.exit_code
 
 
 def _run(args) -> int:
-    from .. import report
     from ..errors import UsageError
+    from ..render import console
     from ..export import check_destination, read_checked_plan
     from . import require_torch, write_measured
     require_torch()
@@ -48,7 +48,8 @@ def _run(args) -> int:
     from .launch import quiet_collective_deprecations
     quiet_collective_deprecations()  # as quiet as --local (its ranks ignore FutureWarning)
 
-    from .compare import compare, render
+    from ..render.validate import render
+    from .compare import compare
     from .miniature import full_scale, miniature
     from .worker import reference_losses, run_rank
     cuda = torch.cuda.is_available()
@@ -75,7 +76,7 @@ def _run(args) -> int:
     result = compare(run, record["all"], reference)
     write_measured(args.out, result, record["all"], force=True)
     if args.json:
-        report.print_json(result)
+        console.print_json(result)
     else:
         render(result, str(args.out))
     return 0 if result["passed"] else 1

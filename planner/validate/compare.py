@@ -1,4 +1,5 @@
-"""Measured against predicted: the checks, measured.json and the rich table (no torch here).
+"""Measured against predicted: the checks of a validator run (no torch here; printed by
+planner.render.validate).
 
 Checks (each {"name", "measured", "predicted", "passed"}):
 - ``loss step i``: the mean over DP ranks of the last stage's mean micro-batch loss against the
@@ -76,42 +77,3 @@ def compare(run: Run, records: list[dict], reference: list[float] | None) -> dic
             "checks": checks, "reported": reported,
             "passed": all(c["passed"] for c in checks)}
 
-
-def _fmt(value) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, list):
-        return f"{value[0]} x / {value[1]:,} B"
-    if isinstance(value, float) and abs(value) < 100:
-        return f"{value:.15g}"
-    return f"{value:,.0f}" if isinstance(value, (int, float)) else str(value)
-
-
-def render(result: dict, path: str | None) -> None:
-    """Print the measured-vs-predicted table (planner.report's console)."""
-    from rich.table import Table
-
-    from .. import report
-    lay = result["run"]["layout"]
-    report.out.print(f"Validated {result['run']['model']['name']} on {result['run']['world']} ranks "
-                     f"({result['run']['device']}, {result['run']['dtype']}): tp={lay['tp']} "
-                     f"cp={lay.get('cp', 1)} pp={lay['pp']} "
-                     f"dp={lay['dp']} zero={lay['zero_stage']} vpp={lay['vpp']} "
-                     f"recompute={lay['recompute']}{' sp' if lay['sequence_parallel'] else ''}")
-    table = Table(show_lines=False)
-    for col in ("check", "measured", "predicted", "ok"):
-        table.add_column(col, justify="left" if col == "check" else "right")
-    for c in result["checks"]:
-        table.add_row(c["name"], _fmt(c["measured"]), _fmt(c["predicted"]),
-                      "[green]yes[/]" if c["passed"] else "[red]NO[/]")
-    for r in result["reported"]:
-        table.add_row(f"[dim]{r['name']}[/]", _fmt(r["measured"]), _fmt(r["predicted"]), "[dim]info[/]")
-    report.out.print(table)
-    for note in result.get("notes", []):
-        report.out.print(f"note: {note}")
-    for item in result.get("not_exercised", []):
-        report.out.print(f"[yellow]not exercised[/]: {item['feature']}: {item['reason']}")
-    failed = [c["name"] for c in result["checks"] if not c["passed"]]
-    report.out.print(f"{len(result['checks']) - len(failed)}/{len(result['checks'])} checks passed"
-                     + (f"; FAILED: {', '.join(failed)}" if failed else "")
-                     + (f". Wrote {path}" if path else ""))

@@ -140,9 +140,6 @@ class Instrument(TorchDispatchMode):
         torch.UntypedStorage.resize_ = self._orig_resize
         return super().__exit__(*exc)
 
-    def reset_peak(self) -> None:
-        self.peak = self.live
-
     # ---------------------------------------------------------------- dispatch
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}

@@ -1,0 +1,77 @@
+"""The flow of ``plan3d regress``: evaluate a case file, compare with (or rewrite) a baseline,
+print what moved. The comparison is planner.regress; the output planner.render.regress.
+
+Exit codes: 0 clean (or baseline updated), 1 drift, 2 bad input (UsageError).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from ..errors import UsageError
+
+
+def _json_change(c) -> dict:
+    rel = None if c.rel is None or not math.isfinite(c.rel) else c.rel
+    safe = (lambda v: None if isinstance(v, float) and not math.isfinite(v) else v)
+    return {"case": c.case, "term": c.term, "kind": c.kind, "before": safe(c.before),
+            "after": safe(c.after), "rel_change": rel, "message": c.message}
+
+
+def _read_baseline(cases_path: Path, baseline_path: Path, update: bool):
+    """The baseline's results, None when it does not exist yet and ``update`` creates it."""
+    from .. import baseline as bl
+    if baseline_path.is_dir():
+        raise UsageError(f"baseline {baseline_path} is a directory")
+    if not baseline_path.exists():
+        if update:
+            return None
+        raise UsageError(f"baseline {baseline_path} not found; create it with "
+                         f"`plan3d regress {cases_path} --baseline {baseline_path} --update`")
+    try:
+        return bl.read(baseline_path)
+    except UsageError as exc:
+        if not update:
+            raise
+        raise UsageError(f"{exc}; refusing to overwrite a file that is not a baseline "
+                         "(remove it first)") from None
+
+
+def run(cases_path: Path, baseline_path: Path, rtol: float, update: bool, json_out: bool,
+        max_rows: int = 100) -> int:
+    """The whole command; returns the exit code (0 clean/updated, 1 drift). UsageError on bad input."""
+    from .. import baseline as bl
+    from ..regress import compare, count_changed, evaluate_cases, load_cases
+    from ..render import console, regress as show
+    if not (rtol >= 0 and math.isfinite(rtol)):
+        raise UsageError(f"--rtol must be a finite number >= 0, got {rtol}")
+    if max_rows < 0:
+        raise UsageError(f"--max-rows must be >= 0 (0 = all), got {max_rows}")
+    cases = load_cases(cases_path)
+    old = _read_baseline(cases_path, baseline_path, update)
+    with console.err.status("Evaluating cases...", spinner="dots") as status:
+        current = evaluate_cases(cases, lambda name: status.update(f"Evaluating {name}..."))
+    failing = {k: v for k, v in current.items() if v.get("status") != "ok"}
+    if update:
+        entries, changed_cases = count_changed(old or {}, current)
+        bl.write(baseline_path, current)
+        if json_out:
+            console.print_json({"updated": str(baseline_path), "cases": len(current),
+                                "entries_changed": entries, "cases_changed": changed_cases,
+                                "not_ok": {k: v.get("status") for k, v in failing.items()}})
+        else:
+            show.updated("Wrote" if old is None else "Updated", baseline_path, len(current),
+                         entries, changed_cases, failing)
+        return 0
+    changes = compare(old, current, rtol)
+    terms = sum(len(v) for v in current.values())
+    if json_out:
+        console.print_json({"clean": not changes, "rtol": rtol, "cases": len(current),
+                            "terms": terms, "changes": [_json_change(c) for c in changes]})
+    elif not changes:
+        show.clean(len(current), terms, baseline_path, rtol)
+    else:
+        show.drifted(changes, len({c.case for c in changes}), len(set(current) | set(old)), rtol,
+                     max_rows)
+    return 1 if changes else 0

@@ -1,0 +1,105 @@
+"""Breakdowns of one layout: the search winner's bars, ``plan3d estimate``'s tables, and the notes
+on a plan evaluated again (``estimate --plan``).
+
+Memory shares are shares of the GPU's HBM capacity everywhere (the bars and estimate's table),
+so they add up with the free memory to 100%.
+"""
+
+from __future__ import annotations
+
+from .. import explain
+from ..cost.step import TIME_TERMS
+from . import fmt, tables
+from .console import note, out
+from .labels import MEMORY_LABELS, TIME_LABELS
+
+BAR_WIDTH = 40  # cells of a full bar where the console has room
+MIN_BAR_WIDTH = 10
+_EIGHTHS = " ▏▎▍▌▋▊▉"
+
+
+def bar(value: float, scale: float, width: int = BAR_WIDTH) -> str:
+    """A horizontal bar of value/scale of ``width`` cells, in eighths of a cell."""
+    if scale <= 0 or value <= 0:
+        return ""
+    cells = min(value / scale, 1.0) * width
+    whole = int(cells)
+    part = int((cells - whole) * 8)
+    return "█" * whole + (_EIGHTHS[part] if part and whole < width else "")
+
+
+def _bars(title: str, rows: list[tuple[str, float, str]], total: float):
+    """term | value | share | bar; the bar takes what the console leaves (MIN_BAR_WIDTH to
+    BAR_WIDTH cells) after the labels at full length."""
+    label = max(len(r[0]) for r in rows)
+    value = max(len(r[2]) for r in rows + [("", 0.0, "value")])
+    width = max(MIN_BAR_WIDTH, min(BAR_WIDTH, out.width - (label + value + 6 + 11)))
+    t = tables.new(title)
+    tables.text_column(t, "term")
+    tables.number_column(t, "value")
+    tables.number_column(t, "share")
+    t.add_column("", no_wrap=True)
+    for name, v, shown in rows:
+        t.add_row(name, shown, fmt.percent(v / total) if total else "-",
+                  f"[cyan]{bar(v, total, width)}[/]")
+    return t
+
+
+def breakdown_report(result) -> None:
+    """The winner's step time and memory as bars (the runner-up is in the explanation)."""
+    est = result.ranked
+    step = float(est.time["step"][0])
+    rows = [(TIME_LABELS[t], v, fmt.seconds(v)) for t, v in explain.time_breakdown(est, 0)]
+    tables.show(_bars(f"Winner's step time ({fmt.seconds(step)})", rows, step), out)
+    cap = float(est.memory["capacity"][0])
+    free = max(cap - float(est.memory["total"][0]), 0.0)
+    rows = [(MEMORY_LABELS[t], v, fmt.gib(v)) for t, v in explain.memory_breakdown(est, 0)]
+    rows.append(("free", free, fmt.gib(free)))
+    tables.show(_bars(f"Winner's memory per GPU (shares of its {fmt.capacity(cap)} GiB)", rows, cap), out)
+
+
+def estimate_report(est) -> None:
+    """Full memory and time breakdown of one layout (index 0)."""
+    d = est.to_dict(0)
+    out.print(f"Layout: {est.candidates.layout(0).short()}")
+    mem, cap = d["memory"], d["memory"]["capacity"]
+    t = tables.new(f"Memory per GPU (peak stage; shares of the GPU's {fmt.capacity(cap)} GiB)")
+    tables.text_column(t, "term")
+    tables.number_column(t, "GiB")
+    tables.number_column(t, "share")
+    for k in ("weights", "gradients", "optimizer", "activations", "other"):
+        t.add_row(MEMORY_LABELS[k], fmt.gib_value(mem[k], 2), fmt.percent(mem[k] / cap))
+    verdict = "fits" if mem["fits"] else "[bold red]DOES NOT FIT[/]"
+    t.add_row(f"[bold]total[/] ({verdict})", f"[bold]{fmt.gib_value(mem['total'], 2)}[/]",
+              fmt.percent(mem["total"] / cap))
+    spare = cap - mem["total"]
+    t.add_row("free" if spare >= 0 else "[bold red]over[/]", fmt.gib_value(abs(spare), 2),
+              fmt.percent(abs(spare) / cap))
+    tables.show(t, out)
+    tm = d["time"]
+    t = tables.new("Step time (shares of the step)")
+    tables.text_column(t, "term")
+    tables.number_column(t, "time")
+    tables.number_column(t, "share")
+    for k in TIME_TERMS:
+        t.add_row(TIME_LABELS[k], fmt.seconds(tm[k]), fmt.percent(tm[k] / tm["step"]))
+    t.add_row("[bold]step[/]", f"[bold]{fmt.seconds(tm['step'])}[/]", "")
+    tables.show(t, out)
+    th = d["throughput"]
+    out.print(f"tokens/s {fmt.tokens_per_s(th['tokens_per_s'])}  |  MFU {fmt.percent(th['mfu'])}  |  "
+              f"HFU {fmt.percent(th['hfu'])}  |  model TFLOP/s per GPU "
+              f"{fmt.tflops(th['model_tflops_per_gpu'] * 1e12, 1)}")
+    out.print(f"bubble {fmt.percent(tm['bubble_fraction'])} of the busiest stage's work")
+
+
+def plan_drift(plan, fresh: dict, rtol: float = 1e-9) -> None:
+    """Note on stderr when a plan was written by another plan3d version, or when today's estimate
+    differs from the one stored in the plan (the cost model or the plan changed since export)."""
+    from .. import __version__
+    if plan.plan3d_version != __version__:
+        note(f"note: plan written by plan3d {plan.plan3d_version}, evaluated with {__version__}")
+    stored = (plan.estimate or {}).get("time", {}).get("step")
+    now = fresh["time"]["step"]
+    if stored is not None and abs(stored - now) > rtol * abs(now):
+        note(f"note: the plan's stored step time {fmt.seconds(stored)} differs from today's "
+             f"estimate {fmt.seconds(now)}; the cost model, or the plan, changed since export")

@@ -1,0 +1,73 @@
+"""``plan3d models`` and ``plan3d hardware``: the catalogs as tables that fit 80 columns."""
+
+from __future__ import annotations
+
+from rich.markup import escape
+
+from . import fmt, tables
+from .console import out
+
+
+def _mlp_column(m) -> str:
+    """The MLP as listed: the activation, and for MoE 'top-k/E (+ shared)'."""
+    if m.moe is None:
+        return m.activation
+    shared = f" +{m.moe.shared_experts}sh" if m.moe.shared_experts else ""
+    return f"{m.activation}\ntop-{m.moe.router_topk}/{m.moe.num_experts}{shared}"
+
+
+def _heads_column(m) -> str:
+    """Attention heads / KV heads (MLA: heads and 'MLA'); the window below, if any."""
+    heads = f"{m.num_attention_heads} MLA" if m.attention_kind == "mla" else \
+        f"{m.num_attention_heads}/{m.kv_heads}"
+    return heads + (f"\nwin {m.sliding_window}" if m.sliding_window else "")
+
+
+def models_table(models) -> None:
+    """One row per model (smallest first): name with its aliases below, total and active
+    parameters (MoE: router_topk experts, both embedding matrices counted), layers, hidden size,
+    attention heads / KV heads (MLA, window), MLP activation (MoE: top-k of the experts)."""
+    from ..cost.model_counts import active_params, total_params
+    t = tables.new("Models")
+    tables.text_column(t, "name\n[dim]aliases[/]")
+    for col in ("params\nactive", "layers", "hidden", "heads/kv"):
+        tables.number_column(t, col)
+    tables.code_column(t, "mlp")
+    for m in sorted(models, key=total_params):
+        name = escape(m.name) + (f"\n[dim]{escape(', '.join(m.aliases))}[/]" if m.aliases else "")
+        params = fmt.params(total_params(m)) + \
+            (f"\n{fmt.params(active_params(m))}" if m.moe is not None else "")
+        t.add_row(name, params, str(m.num_layers), str(m.hidden_size), _heads_column(m),
+                  _mlp_column(m))
+    tables.show(t, out)
+
+
+def _storage_state(h) -> str:
+    """Which storage numbers are placeholders the user should set: 'per host, aggregate',
+    'aggregate', 'none' (all sourced), or 'no block'."""
+    if h.storage is None:
+        return "no block"
+    return ", ".join(name.replace("_", " ") for name in h.storage.placeholders) or "none"
+
+
+def hardware_table(profiles) -> None:
+    """One row per profile: name over GPU, HBM as nvidia-smi reports it (MiB), dense bf16 peak,
+    GPUs per host over the NVLink domain, NVLink per GPU (one direction), network per host,
+    which storage numbers are placeholders."""
+    t = tables.new("Hardware profiles")
+    tables.code_column(t, "profile\nGPU")
+    for col in ("HBM\nMiB", "bf16\nTFLOP/s", "GPUs/host\nNVLink", "NVLink/GPU\none way",
+                "network\nper host"):
+        tables.number_column(t, col)
+    for h in profiles:
+        nic = fmt.bandwidth(h.inter_node.bandwidth_per_nic, bits=True)
+        t.add_row(tables.stacked([escape(h.name), escape(h.gpu.name)]),
+                  f"{h.gpu.hbm_capacity / 2**20:,.0f}", f"{h.gpu.peak_tflops['bf16']:g}",
+                  f"{h.gpus_per_host}\n{h.nvlink_domain}",
+                  fmt.bandwidth(h.intra_node.bandwidth_per_gpu),
+                  f"{h.inter_node.nics_per_node} x {nic}")
+    tables.show(t, out)
+    marked = [f"{h.name} ({_storage_state(h)})" for h in profiles if _storage_state(h) != "none"]
+    if marked:
+        out.print("Storage bandwidths that are placeholders, to set for your cluster (plan3d "
+                  "hardware --json): " + "; ".join(escape(x) for x in marked))

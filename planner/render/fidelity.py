@@ -1,0 +1,191 @@
+"""Tables and JSON for ``plan3d accuracy`` and ``plan3d calibrate``.
+
+The run-by-run comparison is one table per source (each source's runs share an id prefix, shown
+once in the table's title), with measured over predicted stacked in one column, so that every
+figure shows whole at 80 columns.
+"""
+
+from __future__ import annotations
+
+import math
+
+from rich.markup import escape
+
+from . import fmt, tables
+from .console import note, out
+
+LABELS = {"iteration_s": "s/iter", "flops_per_gpu": "TFLOP/s/GPU", "mfu": "MFU", "hfu": "HFU",
+          "tokens_per_s": "tokens/s", "peak_memory": "peak mem"}
+
+
+def figure(key: str, value: float) -> str:
+    """A measured or predicted figure with its unit (SI in): "1.42 s", "137.0 TFLOP/s",
+    "41.5%", "14.9 GiB", "12,345 tokens/s"."""
+    if key == "iteration_s":
+        return f"{value:.2f} s"
+    if key == "flops_per_gpu":
+        return f"{fmt.tflops(value, 1)} TFLOP/s"
+    if key in ("mfu", "hfu"):
+        return fmt.percent(value)
+    if key == "peak_memory":
+        return fmt.gib(value)
+    return fmt.tokens_per_s(value, unit=True)
+
+
+def comparison_dict(c) -> dict:
+    """One run as JSON (SI units; errors are fractions)."""
+    return {"id": c.case.id, "group": c.case.group, "primary": c.primary,
+            "measured": c.measured, "predicted": c.predicted, "error": c.error,
+            "fits": c.fits, "predicted_step_s": c.step_s, "assumptions": c.case.assumptions,
+            "layout": c.case.layout.model_dump() if c.case.layout else None,
+            "hardware": c.case.hardware.name if c.case.hardware else None}
+
+
+def _finite(value):
+    """NaN (no figure to compare) becomes null, so the output stays valid JSON."""
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    return None if isinstance(value, float) and math.isnan(value) else value
+
+
+def accuracy_json(comparisons, skipped, summary: dict) -> dict:
+    """``plan3d accuracy --json``: runs, skipped runs and the per-source summary."""
+    return {"runs": [comparison_dict(c) for c in comparisons],
+            "skipped": [{"id": s.id, "reason": s.skipped} for s in skipped],
+            "summary": _finite(summary)}
+
+
+def _prefix(ids: list[str]) -> str:
+    """The ids' common prefix up to and including its last '-', when every id goes on after it."""
+    if len(ids) < 2:
+        return ""
+    common = ids[0]
+    for i in ids[1:]:
+        while not i.startswith(common):
+            common = common[:-1]
+    return common[:common.rfind("-") + 1]
+
+
+def _layout(lay) -> str:
+    if lay is None:
+        return ""
+    return (f"t{lay.tp} p{lay.pp} d{lay.dp} v{lay.vpp} z{lay.zero_stage} b{lay.micro_batch_size} "
+            f"{lay.recompute[:3]}{'+sp' if lay.sequence_parallel else ''}")
+
+
+def _group_table(group: str, comparisons):
+    prefix = _prefix([c.case.id for c in comparisons])
+    mfu = any("mfu" in c.error and c.primary != "mfu" for c in comparisons)
+    mem = any("peak_memory" in c.error for c in comparisons)
+    title = f"{escape(group)}" + (f": runs {escape(prefix)}*" if prefix else "")
+    t = tables.new(title)
+    tables.text_column(t, "run\nlayout")
+    for col in ("measured\npredicted", "error") + ("MFU meas.\nMFU pred.",) * mfu + \
+            ("mem meas.\nmem pred.", "mem\nerror") * mem:
+        tables.number_column(t, col)
+    for c in comparisons:
+        key = c.primary or ""
+        run = escape(c.case.id[len(prefix):]) + ("*" if c.case.assumptions else "")
+        cells = [tables.stacked([run, _layout(c.case.layout)]),
+                 tables.stacked([figure(key, c.measured[key]), figure(key, c.predicted[key])])
+                 if key else "",
+                 fmt.percent(c.primary_error, signed=True) + ("" if c.fits else "\n[red]no fit[/]")]
+        if mfu:
+            cells.append(tables.stacked([fmt.percent(c.measured["mfu"]), fmt.percent(c.predicted["mfu"])])
+                         if "mfu" in c.error and c.primary != "mfu" else "")
+        if mem:
+            has = "peak_memory" in c.error
+            cells += [tables.stacked([fmt.gib(c.measured["peak_memory"]), fmt.gib(c.predicted["peak_memory"])])
+                      if has else "", fmt.percent(c.error["peak_memory"], signed=True) if has else ""]
+        t.add_row(*cells)
+    return t
+
+
+def accuracy_tables(comparisons, skipped, summary: dict) -> None:
+    """Run by run (one table per source), the per-source summary, then the defaults assumed
+    and the skipped runs."""
+    out.print("[bold]Measured vs predicted, run by run[/] (* = assumes defaults; error = "
+              "(predicted - measured) / measured)")
+    groups: dict[str, list] = {}
+    for c in comparisons:
+        groups.setdefault(c.case.group, []).append(c)
+    for group, members in groups.items():
+        tables.show(_group_table(group, members), out)
+    summary_table(summary)
+    counts: dict[str, int] = {}
+    for c in comparisons:
+        for a in c.case.assumptions:
+            counts[a] = counts.get(a, 0) + 1
+    if counts:
+        out.print("[bold]Defaults assumed[/] (rules: planner/fidelity/runs.py; per run: --json): " +
+                  escape(", ".join(f"{a} ({n} runs)" for a, n in counts.items())))
+    if skipped:
+        out.print("[bold]Skipped[/]")
+        for s in skipped:
+            out.print(f"  {s.id}: {s.skipped}", markup=False)
+
+
+def summary_table(summary: dict) -> None:
+    """One row per source: runs, headline figure, mean and max |error|, memory errors where
+    measured, and how many runs are predicted not to fit."""
+    mem = any("memory_mean_abs_error" in row for row in summary.values())
+    t = tables.new("Error per source (|predicted - measured| / measured)")
+    tables.text_column(t, "source")
+    tables.number_column(t, "runs")
+    tables.code_column(t, "figure")
+    for col in ("mean", "max") + ("memory\nmean", "memory\nmax") * mem + ("no fit",):
+        tables.number_column(t, col)
+    for name, row in summary.items():
+        cells = [escape(name), str(int(row["runs"])), LABELS.get(row["metric"], row["metric"]),
+                 fmt.percent(row["mean_abs_error"]), fmt.percent(row["max_abs_error"])]
+        if mem:
+            cells += [fmt.percent(row.get("memory_mean_abs_error")),
+                      fmt.percent(row.get("memory_max_abs_error"))]
+        t.add_row(*cells, str(int(row["predicted_not_to_fit"])))
+    tables.show(t, out)
+
+
+def factor(name: str, value: float) -> str:
+    """A fitted efficiency factor as printed: 4 significant digits, with its unit where it has
+    one ("step_overhead 11.3 ms", "matmul_half_flops 1.6 GFLOP", "matmul 0.7912")."""
+    if name == "step_overhead":
+        return fmt.duration_text(value)
+    if name == "matmul_half_flops":
+        return f"{fmt.significant(value / 1e9)} GFLOP"
+    return fmt.significant(value)
+
+
+def calibration_report(result, hw_name: str, path: str, loo: bool = True) -> None:
+    """Per-run fit errors (and leave-one-out errors unless ``loo`` is False: then the column is
+    left out), the factors and the summary lines."""
+    t = tables.new(f"Calibration of {escape(hw_name)}")
+    tables.text_column(t, "run")
+    tables.number_column(t, "fit error")
+    if loo:
+        tables.number_column(t, "leave-one-out\nerror")
+    for rid in result.runs:
+        cells = [escape(rid), fmt.percent(result.fit_errors[rid], signed=True)]
+        t.add_row(*cells, *([fmt.percent(result.loo_errors.get(rid), signed=True)] if loo else []))
+    tables.show(t, out)
+    out.print("Factors: " + ", ".join(f"{k} {factor(k, v)}" for k, v in result.factors.items()))
+    mean, worst = result.fit_stats
+    out.print(f"Fit: mean |err| {fmt.percent(mean)}, max {fmt.percent(worst)}")
+    if result.loo_errors:
+        lmean, lworst = result.loo_stats
+        out.print(f"Leave-one-out: mean |err| {fmt.percent(lmean)}, max {fmt.percent(lworst)}")
+    out.print(f"Wrote {path}", markup=False)
+
+
+def calibration_notes(unused: dict[str, str], used: int, factors: int, hw_name: str) -> None:
+    """On stderr: the runs a calibration leaves out, one line per reason, and a warning when
+    fewer runs than factors are fitted (the priors then decide most factors)."""
+    by_reason: dict[str, list[str]] = {}
+    for rid, reason in unused.items():
+        by_reason.setdefault(reason, []).append(rid)
+    if by_reason:
+        note(f"note: {used} of {used + len(unused)} runs usable to calibrate {hw_name}; not used:")
+        for reason, ids in by_reason.items():
+            note(f"  {reason}: {', '.join(ids)}")
+    if 0 < used < factors:
+        note(f"warning: {used} run{'s' if used != 1 else ''} for {factors} factors: the priors "
+             "hold most of them; treat the fit as weak")

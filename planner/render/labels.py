@@ -1,0 +1,23 @@
+"""Names printed for the cost model's terms and the layout's fields."""
+
+from __future__ import annotations
+
+TIME_LABELS = {
+    "compute": "compute (GEMMs, attention, elementwise)",
+    "recompute": "activation recomputation",
+    "tp_comm": "TP/SP communication (exposed)",
+    "cp_comm": "CP ring communication (exposed)",
+    "pp_comm": "pipeline p2p (exposed)",
+    "dp_comm": "DP/ZeRO communication (exposed)",
+    "bubble": "pipeline bubble",
+    "optimizer": "optimizer step + fixed per-step overhead",
+}
+
+MEMORY_LABELS = {"weights": "weights", "gradients": "gradients", "optimizer": "optimizer states",
+                 "activations": "activations", "other": "buffers + framework"}
+
+# Layout field -> its key in the layout's short form and in --why-not
+LAYOUT_KEYS = {"tp": "tp", "cp": "cp", "pp": "pp", "dp": "dp", "zero_stage": "zero",
+               "distributed_optimizer": "distopt", "micro_batch_size": "mbs", "vpp": "vpp",
+               "recompute": "recompute", "sequence_parallel": "sp",
+               "first_stage_layers": "first stage layers", "last_stage_layers": "last stage layers"}

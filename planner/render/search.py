@@ -1,0 +1,192 @@
+"""The search's output: the title line, the ranked table (one row per group of tied layouts) and
+the explanation under it (formatted from planner.explain's data).
+
+The ranked table has two layouts: one column per layout dimension and per figure where the
+console is wide enough, else the layout as folded text beside stacked figures (two or three lines
+per row), which fits 80 columns with every number whole.
+"""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+from .. import explain as ex
+from . import fmt, tables
+from .console import out
+from .labels import LAYOUT_KEYS, TIME_LABELS
+
+
+def header(model, hw, training, gpus, batch: str | None = None) -> None:
+    """The title line. ``gpus``: a count or a description ("at most 1024", "64..4096");
+    ``batch``: the global batch as shown (a sweep's list, e.g. "768,1536"); default the
+    training's."""
+    from ..cost.flops import total_params
+    batch = str(training.global_batch_size) if batch is None else batch
+    what = f"{model.name} ({fmt.params(total_params(model))} parameters) on {gpus} x {hw.gpu.name} ({hw.name})"
+    job = f"global batch {batch} x {training.seq_length} tokens"
+    line = f"{what}, {job}"  # one line where it fits, else broken after the hardware
+    out.print(line if len(line) <= out.width else f"{what},\n{job}", markup=False)
+
+
+class _Rows:
+    """The cells of the shown rows, formatted once for both table layouts."""
+
+    def __init__(self, result, groups: list[ex.TieGroup], currency: str, gpus_searched: bool):
+        est = result.ranked
+        self.est, self.groups, self.currency = est, groups, currency
+        c, th = est.candidates, est.throughput
+        self.index = [g.first for g in groups]
+        self.layouts = [c.layout(i) for i in self.index]
+        self.show_cp = any(lay.cp > 1 for lay in self.layouts)
+        gpus = {lay.gpus for lay in self.layouts}
+        self.show_gpus = gpus_searched or len(gpus) > 1
+        self.show_train = "time_to_train_s" in th
+        self.show_cost = "cost" in th
+        self.show_ties = any(g.count > 1 for g in groups)
+        self.capacity = fmt.capacity(est.memory["capacity"][0])
+
+    def figures(self, i: int) -> dict[str, str]:
+        """Formatted figures of ranked layout i."""
+        est, th = self.est, self.est.throughput
+        cells = {"mem/GPU": f"{fmt.gib_value(est.memory['total'][i])}/{self.capacity} GiB",
+                 "step": fmt.seconds(float(est.time["step"][i])),
+                 "tokens/s": fmt.tokens_per_s(th["tokens_per_s"][i]),
+                 "TFLOP/s": fmt.tflops(th["model_tflops_per_gpu"][i] * 1e12),
+                 "MFU": fmt.percent(th["mfu"][i]), "bubble": fmt.percent(est.time["bubble_fraction"][i])}
+        cells["GPUs"] = fmt.count(self.est.candidates.layout(i).gpus)
+        if self.show_train:
+            cells["train"] = fmt.seconds(float(th["time_to_train_s"][i]))
+        if self.show_cost:
+            cells["cost"] = fmt.money(float(th["cost"][i]), self.currency)
+        return cells
+
+
+def _wide(rows: _Rows) -> Table:
+    """One column per layout dimension and per figure (a wide terminal)."""
+    t = tables.new()
+    tables.number_column(t, "#")
+    dims = ["tp", *(["cp"] * rows.show_cp), "pp", "dp", "zero", "mbs", "vpp"]
+    for col in dims:
+        tables.number_column(t, col)
+    tables.code_column(t, "recompute")
+    tables.number_column(t, "SP")
+    distopt = any(lay.distributed_optimizer for lay in rows.layouts)
+    split = any(lay.first_stage_layers for lay in rows.layouts)
+    for col in ["distopt"] * distopt + ["pp split"] * split:
+        tables.number_column(t, col)
+    figures = ["mem/GPU", "step", "tokens/s", "TFLOP/s/GPU", "MFU", "bubble",
+               *["GPUs"] * rows.show_gpus, *["train"] * rows.show_train, *["cost"] * rows.show_cost]
+    for col in figures + ["layouts"] * rows.show_ties:
+        tables.number_column(t, col)
+    for n, (i, lay, g) in enumerate(zip(rows.index, rows.layouts, rows.groups), start=1):
+        f = rows.figures(i)
+        values = {"tp": lay.tp, "cp": lay.cp, "pp": lay.pp, "dp": lay.dp, "zero": lay.zero_stage,
+                  "mbs": lay.micro_batch_size, "vpp": lay.vpp}
+        cells = [str(n), *(str(values[d]) for d in dims), lay.recompute,
+                 "yes" if lay.sequence_parallel else "no"]
+        cells += ["yes" if lay.distributed_optimizer else "no"] * distopt
+        cells += [(f"{lay.first_stage_layers}+..+{lay.last_stage_layers}"
+                   if lay.first_stage_layers else "even")] * split
+        f["TFLOP/s/GPU"] = f["TFLOP/s"]
+        cells += [f[col] for col in figures]
+        cells += [str(g.count) if g.count > 1 else ""] * rows.show_ties
+        t.add_row(*cells)
+    return t
+
+
+def _narrow(rows: _Rows) -> Table:
+    """The layout as folded text beside stacked figures: each figure column holds two (or, with
+    GPUs, time to train or cost, three) values, one per line."""
+    third = rows.show_gpus or rows.show_train or rows.show_cost
+    stacks = [["mem/GPU", "bubble"], ["step", "tokens/s"], ["MFU", "TFLOP/s"]]
+    if third:
+        for stack, extra, shown in zip(stacks, ("GPUs", "train", "cost"),
+                                       (rows.show_gpus, rows.show_train, rows.show_cost)):
+            stack.append(extra if shown else "")
+    t = tables.new()
+    tables.number_column(t, "#")
+    tables.text_column(t, "layout")
+    for stack in stacks:
+        tables.number_column(t, tables.stacked(stack))
+    for n, (i, lay, g) in enumerate(zip(rows.index, rows.layouts, rows.groups), start=1):
+        f = rows.figures(i)
+        f[""] = ""
+        tie = f"×{g.count}" if g.count > 1 else ""
+        t.add_row(tables.stacked([str(n), tie]), lay.short(),
+                  *(tables.stacked(f[k] for k in stack) for stack in stacks))
+    return t
+
+
+def search_table(result, explanation: ex.SearchExplanation, top: int, currency: str = "USD",
+                 gpus_searched: bool = False) -> None:
+    """The ranked table (``top`` rows, one per group of tied layouts) and its explanation;
+    ``gpus_searched`` (--max-gpus): a GPUs column even when every row uses the same count;
+    ``currency``: the code shown with costs."""
+    rows = _Rows(result, explanation.groups[:top], currency, gpus_searched)
+    out.print(tables.pick([lambda: _wide(rows), lambda: _narrow(rows)], out))
+    out.print(explain_text(explanation, rows.capacity, top))
+
+
+def _ordered(fields) -> list:
+    """Layout fields (or (field, ...) tuples) in the order of the layout's short form."""
+    order = list(LAYOUT_KEYS)
+    key = (lambda f: order.index(f[0] if isinstance(f, tuple) else f) if
+           (f[0] if isinstance(f, tuple) else f) in order else len(order))
+    return sorted(fields, key=key)
+
+
+def _differs(differs) -> str:
+    return ", ".join(f"{LAYOUT_KEYS.get(k, k)} {a} -> {b}" for k, a, b in _ordered(differs))
+
+
+def _ties_text(groups: list[ex.TieGroup]) -> list[str]:
+    tied = [(n, g) for n, g in enumerate(groups, start=1) if g.count > 1]
+    if not tied:
+        return []
+    rows = "; ".join(f"#{n} ×{g.count} ({', '.join(LAYOUT_KEYS.get(k, k) for k in _ordered(g.varying))}"
+                     " vary)" for n, g in tied)
+    return [f"Rows that stand for several layouts with the same predicted step time and memory: "
+            f"{rows}."]
+
+
+def explain_text(e: ex.SearchExplanation, capacity: str, top: int) -> str:
+    """Why the winner wins, which of the ``top`` rows stand for tied layouts, what the runner-up
+    loses, and what was pruned, in a few plain lines. ``capacity``: GiB per GPU as shown."""
+    w = e.winner
+    overhead = (f"the largest overhead is {TIME_LABELS[w.largest.term]} "
+                f"({fmt.percent(w.largest.share)})" if w.largest else "overheads are under 0.1% each")
+    lines = [f"Winner: {w.layout.short()}: compute is {fmt.percent(w.compute_share, 0)} of its "
+             f"{fmt.seconds(w.step_s)} step; {overhead}."]
+    lines += _ties_text(e.groups[:top])
+    r = e.runner_up
+    if r is not None and r.ties_on_time:
+        lines.append(f"Runner-up ties on time ({_differs(r.differs)}) and uses "
+                     f"{r.extra_memory / fmt.GIB:+.1f} GiB; ties rank the lower ZeRO stage, then the "
+                     f"smaller memory, first.")
+    elif r is not None:
+        worse = ", ".join(f"{TIME_LABELS[t]} +{fmt.seconds(d)}" for t, d in r.worse) or "no single term"
+        lines.append(f"Runner-up ({_differs(r.differs)}) is {fmt.percent(r.slower_by, 2)} slower: "
+                     f"{worse}.")
+    if e.cp_fallback is not None:
+        lines.append(_cp_text(e.cp_fallback))
+    p = e.pruning
+    pruned = "; ".join(f"{fmt.count(v)} by '{k}'" for k, v in p.pruned.items() if v)
+    if 0 < p.usable < p.capacity:  # --min-memory-headroom in effect
+        pruned += (f" (fit = within {fmt.gib(p.usable)} of the {capacity} GiB, leaving the "
+                   f"--min-memory-headroom free)")
+    lines.append(f"Searched {fmt.count(p.enumerated)} layouts, {fmt.count(p.fitting)} fit. "
+                 f"Pruned: {pruned or 'none'}.")
+    return "\n".join(lines)
+
+
+def _cp_text(f: ex.CpFallback) -> str:
+    if f.row is None:
+        alt = "no layout without it is among those kept (--max-cp 1 pins it off)"
+    elif f.row == 1:
+        alt = (f"#1 also stands for a layout without it ({f.layout.short()}), at the same speed "
+               "(--max-cp 1 pins it off)")
+    else:
+        alt = (f"the best kept layout without it, #{f.row} ({f.layout.short()}), runs "
+               f"{fmt.percent(f.fewer_tokens)} fewer tokens/s (--max-cp 1 pins it off)")
+    return (f"The winner uses context parallelism (cp={f.cp}), whose cost (formulas.md 5.7, ring "
+            f"exposure) no measured run has checked yet; {alt}.")

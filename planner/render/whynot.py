@@ -1,0 +1,48 @@
+"""``--why-not``: the verdict on the user's layout (planner.whynot.WhyNot) against the winner."""
+
+from __future__ import annotations
+
+from . import fmt, tables
+from .console import out
+from .labels import TIME_LABELS
+
+
+def why_not_report(verdict) -> None:
+    """Print a WhyNot verdict: invalid (the rules), no fit (the closest miss), the winner (or a
+    tie with it), or slower (by how much, and the step-time terms side by side)."""
+    if verdict.status == "invalid":
+        out.print(f"[bold red]{verdict.text}: invalid[/] — it breaks: " + "; ".join(verdict.reasons))
+        return
+    if verdict.status == "no-fit":
+        out.print(f"[bold red]{verdict.text}: does not fit[/] — {verdict.reasons[0]}")
+        return
+    mine = verdict.completion
+    out.print(f"{verdict.text}: best completion {mine.candidates.layout(0).short()}")
+    if verdict.status == "winner":
+        _winner(verdict)
+        return
+    out.print(f"[bold]{fmt.percent(verdict.slower_by)} slower than the winner[/] "
+              f"{verdict.winner.candidates.layout(0).short()}: {'; '.join(verdict.reasons)}.")
+    t = tables.new()
+    tables.text_column(t, "term")
+    for col in ("yours", "winner", "difference"):
+        tables.number_column(t, col)
+    for term, d in verdict.deltas:
+        t.add_row(TIME_LABELS[term], fmt.seconds(float(mine.time[term][0])),
+                  fmt.seconds(float(verdict.winner.time[term][0])), fmt.signed_seconds(d))
+    tables.show(t, out)
+
+
+def _winner(verdict) -> None:
+    mine = verdict.completion
+    best = verdict.winner.candidates.layout(0) if verdict.winner is not None else None
+    if best is None or best == mine.candidates.layout(0):
+        out.print("[bold green]It is the winner[/] (no fitting layout beats it).")
+        return
+    ahead = float(mine.throughput["tokens_per_s"][0]) / float(
+        verdict.winner.throughput["tokens_per_s"][0]) - 1.0
+    if ahead > 1e-9:  # the search should have found it: say so rather than call it a tie
+        out.print(f"[bold yellow]It is {fmt.percent(ahead, 2)} faster than the search's pick[/] "
+                  f"{best.short()}: the search did not reach it (please report this).")
+    else:  # e.g. the distributed optimizer against ZeRO-1
+        out.print(f"[bold green]It ties the winner[/] {best.short()} (no fitting layout beats it).")
