@@ -82,6 +82,8 @@ def test_tolerance_and_cpu_only():
         assert check["passed"] is ok and check["tolerance"] == ACT_RTOL
     gpu = dataclasses.replace(run, device="cuda")  # deltas are derived for the CPU kernels only
     assert activation_check(gpu, 0, [{"saved_peak": [0, want]}])["passed"] is None
+    blind = [{"saved_peak": [0, want], "recompute_tracked": False}]  # recomputation not counted
+    assert activation_check(run, 0, blind)["passed"] is None
 
 
 def test_saved_bytes_counts_saved_tensors_views_once_and_recomputation():

@@ -194,7 +194,8 @@ ACTIVE: "SavedBytes | None" = None  # the tracker of the step in progress (recom
 
 
 class _Saved:
-    """What the pack hook hands autograd: the tensor, and a finalizer that un-counts it."""
+    """What the pack hook hands autograd: a detached alias of the saved tensor; a finalizer
+    un-counts it when autograd lets go of this object."""
 
     __slots__ = ("tensor", "__weakref__")
 
@@ -258,9 +259,6 @@ class SavedBytes:
         global ACTIVE
         ACTIVE = None
         return self._hooks.__exit__(*exc)
-
-    def reset_peak(self) -> None:
-        self.peak = self.live
 
     def _track(self, t: torch.Tensor) -> _Saved | None:
         chain = _plain(t)
