@@ -117,3 +117,54 @@ def test_context_parallel_miniature():
     assert checks["comm pp0 pp:send"]["measured"] == [12, 49_152]
     # Dense gradients reduce-scattered over dp*cp = 2 ranks: 60,608 params x 8 B.
     assert checks["comm pp0 dp:reduce_scatter"]["measured"] == [1, 484_864]
+    # Activations checked per pipeline rank. K and V of the whole sequence (the all-gather
+    # form) are saved: 2*b*(s - s/cp)*(g/tp)*d*e = 2*1*16*2*16*8 = 8,192 B more than the ring
+    # per layer per micro-batch, times the layers in flight: rank 0 holds 2*(pp-1) + (vpp-1)*pp
+    # + 1 = 5 chunks of 1 layer, rank 1 holds 3.
+    for pp, layers in ((0, 5), (1, 3)):
+        act = checks[f"activations pp{pp}"]
+        assert act["passed"] and act["tolerance"] == 0.01
+        kv = next(d for d in act["deltas"] if d["name"] == "cp gathered kv")
+        assert (kv["count"], kv["each"], kv["bytes"]) == (layers, 8_192, layers * 8_192)
+
+
+def test_activations_follow_cp_1_to_2_and_fail_on_a_wrong_formula(monkeypatch):
+    """The activation check on the llama2-7b plan with cp 1 and cp 2 (tp 1, dp 2, ZeRO-3, full
+    recompute, micro-batch 2) on 4 ranks: it passes for both, the measured bytes are the hand
+    derivation of test_validate_activations.py, and the measured change from cp 1 to cp 2
+    matches the predicted change. With the formula halved the same records fail it."""
+    import numpy as np
+
+    from planner.cost import memory
+    from planner.validate import run_local
+    from planner.validate.activations import ACT_RTOL
+    from planner.validate.compare import compare
+    from planner.validate.miniature import miniature
+
+    from .test_validate_activations import (CP1_FORMULA, CP1_SAVED, CP2_FORMULA, CP2_SAVED,
+                                            llama2_plan)
+    runs = {}
+    for cp in (1, 2):
+        result, records = run_local(llama2_plan(cp), world=4, steps=2, timeout_s=400)
+        failed = [c for c in result["checks"] if not c["passed"]]
+        assert not failed, failed
+        assert result["run"]["layout"]["cp"] == cp and result["run"]["layout"]["dp"] == 2
+        runs[cp] = (result, records)
+    act = {cp: next(c for c in runs[cp][0]["checks"] if c["name"] == "activations pp0")
+           for cp in (1, 2)}
+    assert (act[1]["measured"], act[2]["measured"]) == (CP1_SAVED, CP2_SAVED)
+    assert (act[1]["formula"], act[2]["formula"]) == (CP1_FORMULA, CP2_FORMULA)
+    measured = act[2]["measured"] / act[1]["measured"] - 1   # -44.0 %
+    predicted = act[2]["predicted"] / act[1]["predicted"] - 1
+    assert abs(measured - predicted) <= ACT_RTOL
+    assert act[2]["formula"] / act[1]["formula"] - 1 == -0.5  # the formula alone: -50 %
+    assert any(n.startswith("activation delta 'cp gathered kv'") for n in runs[2][0]["notes"])
+
+    real = memory.activation_bytes
+    monkeypatch.setattr(memory, "activation_bytes",
+                        lambda *a, **k: np.asarray(real(*a, **k)) / 2)
+    result, records = runs[2]
+    reference = [c["predicted"] for c in result["checks"] if c["name"].startswith("loss")]
+    wrong = compare(miniature(llama2_plan(2), world=4, steps=2), records, reference)
+    failed = [c["name"] for c in wrong["checks"] if not c["passed"]]
+    assert failed == ["activations pp0"] and not wrong["passed"]

@@ -12,6 +12,7 @@ from planner.space import Candidates
 from planner.errors import UsageError
 from planner.specs import Layout, Plan, TrainingSpec
 from planner.render.validate import render
+from planner.validate.activations import predict_saved
 from planner.validate.compare import compare
 from planner.validate.miniature import full_scale, miniature, predict
 
@@ -123,10 +124,12 @@ def test_notes_reach_the_json_result_and_the_table(capsys):
         pred = predict(run, pp)
         records.append({"coord": {"pp": pp, "dp": 0, "cp": cp, "tp": tp}, "losses": [2.5, 2.0],
                         "step_s": [3.0, 1.0], "comm": [{}, dict(pred["comm"])],
-                        "live_peak": [0, 10 ** 7], **pred["memory"]})
+                        "live_peak": [0, 10 ** 7], **pred["memory"],
+                        "saved_peak": [0, predict_saved(run, pp)["predicted"]]})
     result = compare(run.__class__(**{**run.__dict__, "steps": 2}), records, [2.5, 2.0])
     assert result["passed"]
-    assert result["not_exercised"][0]["feature"] == "dp" and result["notes"] == []
+    assert result["not_exercised"][0]["feature"] == "dp"
+    assert all(n.startswith("activation delta '") for n in result["notes"])
     render(result, None)
     out = capsys.readouterr().out
     assert "tp=2 cp=2 pp=2 dp=1" in out and "not exercised: dp: dp' = 1" in out

@@ -9,6 +9,7 @@ import pytest
 from planner import catalog
 from planner.errors import UsageError
 from planner.specs import Layout, Plan, TrainingSpec
+from planner.validate.activations import predict_saved
 from planner.validate.compare import compare
 from planner.validate.miniature import miniature, predict
 
@@ -62,7 +63,8 @@ def _records(run):
         pred = predict(run, pp)
         records.append({"coord": {"pp": pp, "dp": dp, "tp": tp}, "losses": [2.5, 2.0, 1.5],
                         "step_s": [3.0, 1.0, 1.0], "comm": [{}, {}, dict(pred["comm"])],
-                        "live_peak": [0, 0, 10 ** 7], **pred["memory"]})
+                        "live_peak": [0, 0, 10 ** 7], **pred["memory"],
+                        "saved_peak": [0, 0, predict_saved(run, pp)["predicted"]]})
     return records
 
 

@@ -15,6 +15,7 @@ the storages that exist when it starts (``baseline``), and FSDP2's ``resize_`` o
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from collections import defaultdict
 
@@ -183,3 +184,164 @@ class Instrument(TorchDispatchMode):
 
     def reset(self) -> None:
         self.counts.clear()
+
+
+# ------------------------------------------------------------------ saved activations
+ACTIVE: "SavedBytes | None" = None  # the tracker of the step in progress (recompute_context)
+
+
+class _Saved:
+    """What the pack hook hands autograd: a detached alias of the saved tensor; a finalizer
+    un-counts it when autograd lets go of this object."""
+
+    __slots__ = ("tensor", "__weakref__")
+
+    def __init__(self, tensor):
+        self.tensor = tensor
+
+
+def _extent(t: torch.Tensor) -> tuple[int, int]:
+    """Byte interval [start, end) of the storage that view ``t`` can reach."""
+    e = t.element_size()
+    start = t.storage_offset() * e
+    if t.numel() == 0:
+        return start, start
+    span = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+    return start, start + span * e
+
+
+def _plain(t: torch.Tensor) -> list[torch.Tensor]:
+    """``t`` and, through wrapper subclasses (DTensor, funcol's AsyncCollectiveTensor), the
+    plain tensor that holds its local data, last."""
+    chain = [t]
+    while hasattr(type(chain[-1]), "__tensor_flatten__"):
+        chain.append(getattr(chain[-1], chain[-1].__tensor_flatten__()[0][0]))
+    return chain
+
+
+def _is_param(chain: list[torch.Tensor]) -> bool:
+    return any(isinstance(x, torch.nn.Parameter) for t in chain for x in (t, t._base))
+
+
+class SavedBytes:
+    """Bytes of the tensors autograd saves for backward, live over a step, and their peak.
+
+    A ``torch.autograd.graph.saved_tensors_hooks`` pair: every saved tensor that is not a
+    parameter (nor a view of one; FSDP2's unsharded parameters included) counts the bytes of
+    its storage that it can reach, deduplicated by storage (q, k and v views of one buffer
+    count once; a micro-batch view counts its rows, not the whole batch), from the moment it
+    is saved until autograd frees it. DTensors count their local tensor. Recomputation (full
+    or selective, ``torch.utils.checkpoint`` non-reentrant): the checkpoint saves only its
+    inputs, which count here; the tensors its recomputation saves in backward are counted
+    while they are held, through ``recompute_context`` (``checkpoint(context_fn=...)``).
+    ``live`` and ``peak`` are bytes; ``recompute_tracked`` is False where this torch lacks
+    the (private) hook stack accessor, so recomputed tensors are not counted.
+    """
+
+    def __init__(self):
+        self.live = 0
+        self.peak = 0
+        self.recompute_tracked = hasattr(torch._C._autograd, "_top_saved_tensors_default_hooks")
+        self._spans: dict[int, dict[tuple[int, int], int]] = {}
+        self._bytes: dict[int, int] = {}
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
+
+    def __enter__(self):
+        global ACTIVE
+        ACTIVE = self
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        global ACTIVE
+        ACTIVE = None
+        return self._hooks.__exit__(*exc)
+
+    def _track(self, t: torch.Tensor) -> _Saved | None:
+        chain = _plain(t)
+        local = chain[-1]
+        if _is_param(chain) or isinstance(local, FakeTensor) or local.device.type == "meta":
+            return None
+        st = local.untyped_storage()
+        if st.nbytes() == 0:
+            return None
+        key, span = st.data_ptr() or id(st), _extent(local)
+        spans = self._spans.setdefault(key, {})
+        spans[span] = spans.get(span, 0) + 1
+        self._recount(key)
+        holder = _Saved(t.detach())  # no grad_fn: an output's node would hold itself
+        weakref.finalize(holder, self._drop, key, span)
+        return holder
+
+    def _pack(self, t):
+        holder = self._track(t)
+        return t if holder is None else holder
+
+    def _drop(self, key: int, span: tuple[int, int]) -> None:
+        spans = self._spans[key]
+        spans[span] -= 1
+        if not spans[span]:
+            del spans[span]
+        self._recount(key)
+
+    def _recount(self, key: int) -> None:
+        total, end = 0, -1
+        for lo, hi in sorted(self._spans.get(key, ())):
+            total += max(0, hi - max(lo, end))
+            end = max(end, hi)
+        self.live += total - self._bytes.get(key, 0)
+        if total:
+            self._bytes[key] = total
+        else:
+            self._bytes.pop(key, None)
+            self._spans.pop(key, None)
+        self.peak = max(self.peak, self.live)
+
+    def recompute_hooks(self) -> "_RecomputeHooks":
+        """A context to enter inside a checkpoint's recomputation: each tensor the
+        recomputation saves is counted until the checkpoint lets go of it."""
+        return _RecomputeHooks(self)
+
+
+class _RecomputeHooks:
+    """Pushes, on top of the checkpoint's own recomputation hook (read when entered), a hook
+    that counts each saved tensor and hands an alias of it on; the count lasts as long as the
+    alias, which the checkpoint keeps until the backward that needs it has used it."""
+
+    def __init__(self, saved: SavedBytes):
+        self.saved = saved
+        self.inner = contextlib.nullcontext()
+
+    def __enter__(self):
+        top = torch._C._autograd._top_saved_tensors_default_hooks(False) \
+            if self.saved.recompute_tracked else None
+        if top is not None:
+            outer_pack, outer_unpack = top
+
+            def pack(x):
+                if _is_param(_plain(x)):  # FSDP2's unsharded parameters, views of weights
+                    return outer_pack(x)
+                alias = x.detach()
+                holder = self.saved._track(alias)
+                if holder is not None:
+                    holder.tensor = None  # no cycle: the alias owns the holder
+                    alias._plan3d_saved = holder
+                return outer_pack(alias)
+
+            self.inner = torch.autograd.graph.saved_tensors_hooks(pack, outer_unpack)
+        return self.inner.__enter__()
+
+    def __exit__(self, *exc):
+        return self.inner.__exit__(*exc)
+
+
+def _unpack(packed):
+    return packed.tensor if isinstance(packed, _Saved) else packed
+
+
+def recompute_context():
+    """``context_fn`` for torch.utils.checkpoint: (forward context, recomputation context);
+    the second counts what the recomputation saves in the step's SavedBytes, if any."""
+    if ACTIVE is None:
+        return contextlib.nullcontext(), contextlib.nullcontext()
+    return contextlib.nullcontext(), ACTIVE.recompute_hooks()

@@ -222,9 +222,7 @@ def predict(run: Run, pp_rank: int) -> dict:
     mem = {"params_bytes": float(weights[0]) * e / 2,
            "grads_bytes": float(states["gradients"][0]) * e / run.training.grad_bytes,
            "optimizer_bytes": float(states["optimizer"][0]) * k / memory.OPTIMIZER_BYTES_PER_PARAM}
-    act_stage = "last" if pp_rank == lay.pp - 1 and pp_rank > 0 else "first"
-    act = float(memory.activation_bytes(run.model, run.training, c, act_stage)[0]) * e / 2
     comm = step_volumes(run.model, run.training, lay, pp_rank, impl="torch", act_bytes=e,
                         weight_bytes=e, grad_bytes=e)
-    return {"memory": mem, "activations": act,
+    return {"memory": mem,
             "comm": {f"{g}:{k_}": [c_, b_] for (g, k_), (c_, b_) in comm.items()}}

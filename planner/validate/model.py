@@ -120,7 +120,10 @@ class Attention(nn.Module):
         q_per = cfg.heads // cfg.kv_heads
         groups = width // ((q_per + 2) * cfg.head_dim)
         x = qkv.view(b, s, groups, q_per + 2, cfg.head_dim)
-        q = x[:, :, :, :q_per].reshape(b, s, groups * q_per, cfg.head_dim).transpose(1, 2)
+        # q, K and V are copies (K, V by repeat_interleave), never views of the fused QKV
+        # output: a view would keep that whole buffer alive in the attention's saved tensors
+        q = x[:, :, :, :q_per].reshape(b, s, groups * q_per, cfg.head_dim).contiguous()
+        q = q.transpose(1, 2)
         k = x[:, :, :, q_per].transpose(1, 2)
         v = x[:, :, :, q_per + 1].transpose(1, 2)
         if cfg.positions == "rope":
@@ -142,7 +145,9 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         qkv = self.qkv(x)
         if self.cfg.recompute == "selective":  # Korthikanti's core-attention recomputation
-            out = torch.utils.checkpoint.checkpoint(self.core, qkv, use_reentrant=False)
+            from .instrument import recompute_context
+            out = torch.utils.checkpoint.checkpoint(self.core, qkv, use_reentrant=False,
+                                                    context_fn=recompute_context)
         else:
             out = self.core(qkv)
         return self.o(out)

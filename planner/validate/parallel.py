@@ -75,10 +75,13 @@ def apply_tp(chunk: Chunk, tp_mesh, sp: bool) -> None:
 
 
 def apply_full_recompute(chunk: Chunk) -> None:
-    """Wrap each layer in a non-reentrant activation checkpoint (recompute = full)."""
+    """Wrap each layer in a non-reentrant activation checkpoint (recompute = full); what its
+    recomputation saves is counted by instrument.SavedBytes (recompute_context)."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    from .instrument import recompute_context
     for name in list(chunk.layers.keys()):
-        chunk.layers[name] = checkpoint_wrapper(chunk.layers[name])
+        chunk.layers[name] = checkpoint_wrapper(chunk.layers[name], context_fn=recompute_context)
 
 
 def apply_fsdp(chunk: Chunk, dp_mesh, zero: int) -> None:

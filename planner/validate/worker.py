@@ -2,8 +2,9 @@
 
 ``run_rank(cfg)`` is what each rank executes (forked by launch.py or started by torchrun). It
 writes ``rank{R}.json`` in cfg["out_dir"]: per-step losses (last stage), step times, collective
-counts per step {"dim:kind": [calls, bytes]}, live-bytes baseline/peak, and the bytes of
-parameters, gradients and optimizer states it holds.
+counts per step {"dim:kind": [calls, bytes]}, live-bytes baseline/peak, the peak of the bytes
+saved for backward per step (instrument.SavedBytes), and the bytes of parameters, gradients and
+optimizer states it holds.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from .instrument import Instrument
+from .instrument import Instrument, SavedBytes
 from .model import GPT, GPTConfig, cp_positions, loss_fn, set_context_parallel
 from .parallel import (FlatOptimizer, apply_fsdp, apply_full_recompute, apply_tp, build_chunks,
                        embedding_groups, local, reduce_partial_grads)
@@ -137,7 +138,8 @@ def run_rank(cfg: dict) -> dict:
     cols = cp_positions(cp_rank, cp, cfg["model"]["seq"]) if cp > 1 else slice(None)
     record = {"rank": rank, "coord": {"pp": pp_rank, "dp": dp_rank, "cp": cp_rank,
                                       "tp": mesh["tp"].get_local_rank()},
-              "losses": [], "step_s": [], "comm": [], "live_baseline": [], "live_peak": []}
+              "losses": [], "step_s": [], "comm": [], "live_baseline": [], "live_peak": [],
+              "saved_peak": []}
     for step in range(cfg["steps"]):
         ids, targets = batches(cfg, step)
         rows = slice(dp_rank * m * cfg["mbs"], (dp_rank + 1) * m * cfg["mbs"])
@@ -153,7 +155,8 @@ def run_rank(cfg: dict) -> dict:
             inst.track_existing(params + [p.grad for p in params] + _opt_tensors(opt, flat))
             baseline = inst.live
             args = (ids,) if has_first else ()
-            schedule.step(*args, target=targets if has_last else None, losses=losses)
+            with SavedBytes() as saved:
+                schedule.step(*args, target=targets if has_last else None, losses=losses)
             reduce_partial_grads(params)
             if tied:  # all-reduce the two copies' gradients between first and last stage
                 w = tok_w if tok_w is not None else out_w
@@ -171,6 +174,8 @@ def run_rank(cfg: dict) -> dict:
         record["comm"].append(inst.snapshot())
         record["live_baseline"].append(baseline)
         record["live_peak"].append(inst.peak)
+        record["saved_peak"].append(saved.peak)
+        record["recompute_tracked"] = saved.recompute_tracked
         if has_last:
             record["losses"].append(sum(float(x.detach()) for x in losses) / len(losses))
     record["params_bytes"] = _nbytes(params)
