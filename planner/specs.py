@@ -178,6 +178,14 @@ class TrainingSpec(_Strict):
     # Overlap of the backward TP collectives with the weight-gradient GEMMs (Megatron's async
     # tensor-parallel all-reduce / SP all-gather); off for the synchronous f/g of 2019-21 Megatron.
     tp_backward_overlap: bool = True
+    # Mixture of experts: the busiest EP rank's routed load over the mean (>= 1; 1 = balanced,
+    # as the published benchmark runs force it: Megatron-Bridge performance-summary footnote
+    # "token routing is force-balanced and token-dropless"); it scales the busiest rank's
+    # received tokens, expert GEMMs, activations and all-to-all time (moe.md 4.2, 6).
+    moe_imbalance: float = Field(default=1.0, ge=1.0, le=64.0)
+    # Token dispatcher (Megatron-Core --moe-token-dispatcher-type): alltoall (the default for
+    # expert parallelism) or allgather (moe.md 4.1-4.3).
+    moe_dispatcher: Literal["alltoall", "allgather"] = "alltoall"
 
 
 class Layout(LayoutDegrees, _Strict):

@@ -10,7 +10,7 @@ from planner.cost.collectives import Links
 from planner.cost.comm import ring_times
 from planner.cost.compute import LayerTimes
 from planner.cost.context_parallel import kv_chunk_bytes
-from planner.cost.volumes import Elements, layer_collectives
+from planner.cost.volumes import Elements, block_collectives
 from planner.cost.step import TIME_TERMS, estimate_layout
 from planner.errors import UsageError
 from planner.search import SearchOptions, search
@@ -50,7 +50,7 @@ def test_ring_exposed_time_by_hand(llama8b):
     def ring(c, attention):
         zero = np.zeros(1)
         layer = LayerTimes(zero, np.array([attention]), np.array([attention]), zero, 0.5)
-        exposed, link = ring_times(c, layer_collectives(m, tr, c, Elements.of(tr)), links, layer)
+        exposed, link = ring_times(c, block_collectives(m, tr, c, Elements.of(tr))["attention"], links, layer)
         return float(exposed[0]), float(link[0])
 
     c = _one(cp=4)  # tp*cp = 8 <= 8 GPUs per node: the ring stays on NVLink

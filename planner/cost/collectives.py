@@ -85,21 +85,29 @@ _PHASE_FACTOR = {"all_reduce": 2.0, "reduce_scatter": 1.0, "all_gather": 1.0}
 
 def collective_time(op: str, size_bytes: np.ndarray, n_local: np.ndarray, n_nodes: np.ndarray,
                     links: Links) -> np.ndarray:
-    """Seconds for ``op`` (all_reduce | reduce_scatter | all_gather) of S bytes per rank.
+    """Seconds for ``op`` (all_reduce | reduce_scatter | all_gather | all_to_all) of S bytes per
+    rank on a group of n_local ranks per NVLink domain on n_nodes domains.
 
-    S is the buffer per rank for all-reduce and the total (gathered/unscattered) size for
-    reduce-scatter and all-gather. Two-phase (hierarchical) ring cost, formulas.md 5.2:
+    S is the buffer per rank for all-reduce, the total (gathered/unscattered) size for
+    reduce-scatter and all-gather, and what one rank sends for all-to-all. Two-phase
+    (hierarchical) ring cost, formulas.md 5.2:
       k*(n_l-1)/n_l * S/B_nvl + k*(n_r-1)/n_r * (S/n_l)/B_ib  (k = 2 for all-reduce, else 1)
-    plus one latency per phase that is used. A group of one rank costs 0.
+    plus one latency per phase that is used. All-to-all (formulas.md 5.8): a rank sends
+    (n_l - 1)/n of S over NVLink and (n - n_l)/n over its NIC share at the same time, so
+    max(S*(n_l-1)/n / B_nvl, S*(n-n_l)/n / B_ib) plus the latencies. A group of one rank costs 0.
     """
-    k = _PHASE_FACTOR[op]
     n_local = np.asarray(n_local, dtype=np.float64)
     n_nodes = np.asarray(n_nodes, dtype=np.float64)
     size = np.asarray(size_bytes, dtype=np.float64)
-    intra = k * (n_local - 1) / n_local * size / links.intra_bw
-    inter = k * (n_nodes - 1) / n_nodes * (size / n_local) / links.inter_bw
     latency = np.where(n_local > 1, links.intra_latency, 0.0) + \
         np.where(n_nodes > 1, links.inter_latency, 0.0)
+    if op == "all_to_all":
+        n = n_local * n_nodes
+        return np.maximum(size * (n_local - 1) / n / links.intra_bw,
+                          size * (n - n_local) / n / links.inter_bw) + latency
+    k = _PHASE_FACTOR[op]
+    intra = k * (n_local - 1) / n_local * size / links.intra_bw
+    inter = k * (n_nodes - 1) / n_nodes * (size / n_local) / links.inter_bw
     return intra + inter + latency
 
 

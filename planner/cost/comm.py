@@ -31,7 +31,7 @@ from ..specs import ModelSpec, TrainingSpec
 from .collectives import Links, collective_time, group_span, p2p_crosses, p2p_time
 from .compute import LayerTimes
 from .memory import rank_index
-from .volumes import (Collective, Elements, dp_collectives, edge_collectives, layer_collectives,
+from .volumes import (Collective, Elements, block_collectives, dp_collectives, edge_collectives,
                       p2p_collectives)
 
 
@@ -57,29 +57,65 @@ class _Timer:
 
 
 @dataclass(frozen=True)
-class LayerComm:
-    """Per layer per micro-batch on one GPU: exposed and link seconds of TP and CP."""
+class BlockComm:
+    """Per block per micro-batch on one GPU: exposed and link seconds of its TP, CP and EP
+    collectives (broadcast arrays; 0.0 where the block has none)."""
 
-    tp_exposed: np.ndarray  # forward + backward, exposed
-    tp_recompute: np.ndarray  # the forward's collectives repeated by full recompute
-    tp_link: np.ndarray
-    cp_exposed: np.ndarray  # forward + backward + recompute, exposed
-    cp_link: np.ndarray
+    tp_exposed: object  # forward + backward, exposed
+    tp_recompute: object  # the forward's collectives repeated by full recompute
+    tp_link: object
+    cp_exposed: object = 0.0  # forward + backward + recompute, exposed
+    cp_link: object = 0.0
+    ep_exposed: object = 0.0  # dispatch and combine forward + backward, exposed
+    ep_recompute: object = 0.0  # repeated by full recompute
+    ep_link: object = 0.0
 
 
-def layer_comm(model: ModelSpec, training: TrainingSpec, c, links: Links, layer: LayerTimes,
-               elem: Elements) -> LayerComm:
-    """Time of layer_collectives: TP on the tp group, the CP ring between CP neighbours."""
-    colls = layer_collectives(model, training, c, elem)
-    tp = [x for x in colls if x.group == "tp"]
-    timer = _Timer(links, group_span(c.tp, 1, links.domain))
-    hidden = timer.total(tp, phase="backward", overlap="wgrad")
-    window = 2 * layer.column_parallel_share * layer.gemm_forward if training.tp_backward_overlap else 0.0
-    exposed = timer.total(tp, phase="forward") + timer.total(tp, phase="backward", overlap="") \
-        + np.maximum(0.0, hidden - window)
-    recompute = timer.total(tp, phase="recompute")
-    cp_exposed, cp_link = ring_times(c, colls, links, layer)
-    return LayerComm(exposed, recompute, timer.total(tp), cp_exposed, cp_link)
+def block_comm(model: ModelSpec, training: TrainingSpec, c, links: Links,
+               times: dict[str, LayerTimes], elem: Elements) -> dict[str, BlockComm]:
+    """Time of volumes.block_collectives, per block kind: TP on the tp group (the backward's
+    hidden collectives under 2 x the block's column-parallel GEMM time), the CP ring between CP
+    neighbours, the expert dispatch on the EP group (ep ranks etp apart) and the expert-TP
+    group (etp ranks), all-to-all times scaled by training.moe_imbalance (the busiest rank
+    receives that much more, moe.md 4.2). {kind: BlockComm}"""
+    tp = _Timer(links, group_span(c.tp, 1, links.domain))
+    out = {}
+    for kind, colls in block_collectives(model, training, c, elem).items():
+        layer = times[kind]
+        tps = [x for x in colls if x.group == "tp"]
+        hidden = tp.total(tps, phase="backward", overlap="wgrad")
+        window = 2 * layer.column_parallel_share * layer.gemm_forward if training.tp_backward_overlap else 0.0
+        exposed = tp.total(tps, phase="forward") + tp.total(tps, phase="backward", overlap="") \
+            + np.maximum(0.0, hidden - window)
+        parts = dict(tp_exposed=exposed, tp_recompute=tp.total(tps, phase="recompute"), tp_link=tp.total(tps))
+        if any(x.group == "cp" for x in colls):
+            parts["cp_exposed"], parts["cp_link"] = ring_times(c, colls, links, layer)
+        if any(x.group in ("ep", "etp") for x in colls):
+            parts.update(_expert_times(training, c, links, colls))
+        out[kind] = BlockComm(**parts)
+    return out
+
+
+def _expert_times(training: TrainingSpec, c, links: Links, colls: list[Collective]) -> dict:
+    """Exposed, recompute and link seconds of an MoE block's dispatch and combine: the ep group
+    (moe.ep_group) and the expert-TP group; nothing hides them (Megatron-Core overlaps them only
+    with --overlap-moe-expert-parallel-comm, not modelled)."""
+    from .moe import ep_group
+    size, stride = ep_group(c, training)
+    timers = {"ep": _Timer(links, group_span(size, stride, links.domain)),
+              "etp": _Timer(links, group_span(c.etp, 1, links.domain))}
+    gamma = training.moe_imbalance
+
+    def total(**match):
+        t = 0.0
+        for x in colls:
+            if x.group in timers and all(getattr(x, k) == v for k, v in match.items()):
+                t = t + timers[x.group](x) * (gamma if x.kind == "all_to_all" else 1.0)
+        return t
+    forward_backward = total(phase="forward") + total(phase="backward")
+    recompute = total(phase="recompute")
+    return {"ep_exposed": forward_backward, "ep_recompute": recompute,
+            "ep_link": forward_backward + recompute}
 
 
 def ring_times(c, colls: list[Collective], links: Links, layer: LayerTimes) -> tuple[np.ndarray, np.ndarray]:
@@ -107,7 +143,7 @@ class RankComm:
     """Seconds of one pipeline rank kind's collectives beyond its layers (broadcast arrays)."""
 
     is_last: np.ndarray
-    layers: np.ndarray
+    blocks: dict  # the rank's blocks: {kind: count} (blocks.rank_blocks)
     edge_tp: np.ndarray  # per micro-batch: embedding, output layer, cross entropy (exposed)
     p2p_per_microbatch: np.ndarray  # blocking p2p, per micro-batch
     p2p_fill: np.ndarray  # overlapped interleaved p2p: fill and drain, once per step
@@ -116,20 +152,25 @@ class RankComm:
     norm_exposed: np.ndarray  # the SP norm-gradient all-reduce, once per step
     links: dict  # link seconds: edge_tp, norm (tp); p2p (pp, per micro-batch); dp_mb, dp_step
 
-    def link_per_step(self, group: str, layer: LayerComm, m) -> np.ndarray:
-        """Link seconds of ``group`` (tp, cp, pp, dp) on this rank in one step."""
+    def link_per_step(self, group: str, comms: dict, m) -> np.ndarray:
+        """Link seconds of ``group`` (tp, cp, ep, pp, dp) on this rank in one step; ``comms``:
+        block_comm's {kind: BlockComm}."""
         lk = self.links
-        return {"tp": m * (self.layers * layer.tp_link + lk["edge_tp"]) + lk["norm"],
-                "cp": m * self.layers * layer.cp_link,
-                "pp": m * lk["p2p"],
-                "dp": m * lk["dp_mb"] + lk["dp_step"]}[group]
+        if group in ("tp", "cp", "ep"):
+            per_mb = sum(self.blocks[k] * getattr(comms[k], f"{group}_link") for k in self.blocks)
+            if group == "tp":
+                return m * (per_mb + lk["edge_tp"]) + lk["norm"]
+            return m * per_mb
+        return {"pp": m * lk["p2p"], "dp": m * lk["dp_mb"] + lk["dp_step"]}[group]
 
 
-def rank_comm(model: ModelSpec, training: TrainingSpec, c, links: Links, layer: LayerTimes,
-              elem: Elements, kind: str, n_layers, output_gemm) -> RankComm:
+def rank_comm(model: ModelSpec, training: TrainingSpec, c, links: Links, times: dict,
+              elem: Elements, kind: str, counts: dict, output_gemm) -> RankComm:
     """Time of the edge, p2p, DP/ZeRO, norm and tied-embedding collectives of a rank kind
-    (memory.rank_index) holding ``n_layers`` layers; ``output_gemm`` (compute.output_gemm_time)
-    is the weight-gradient GEMM the output layer's backward TP collective hides under."""
+    (memory.rank_index) holding ``counts`` blocks (blocks.rank_blocks; ``times``: their
+    compute.block_times, the forward and backward that DP/ZeRO traffic hides under);
+    ``output_gemm`` (compute.output_gemm_time) is the weight-gradient GEMM the output layer's
+    backward TP collective hides under."""
     rank = rank_index(c, kind)
     tp = _Timer(links, group_span(c.tp, 1, links.domain))
     edges = edge_collectives(model, training, c, rank, elem)
@@ -144,10 +185,11 @@ def rank_comm(model: ModelSpec, training: TrainingSpec, c, links: Links, layer: 
     overlapped = (np.asarray(c.vpp) > 1) & training.overlap_p2p_comm
     per_mb = np.where(on & ~overlapped, 2 * np.asarray(c.vpp) * t_p2p, 0.0)
     fill = np.where(on & overlapped, 2 * (np.asarray(c.pp) - 1) * t_p2p, 0.0)
-    dp = _dp_times(training, c, links, [x for x in dp_colls if x.group == "dp"])
+    dp = _dp_times(training, c, links, [x for x in dp_colls if x.group in ("dp", "edp")])
     tied = _Timer(links, group_span(2, (np.asarray(c.pp) - 1) * c.stage_gpus, links.domain))
     tied_t = tied.total([x for x in dp_colls if x.group == "embd"])
-    window_f, window_b = n_layers * layer.forward, n_layers * layer.backward
+    window_f = sum(counts[k] * times[k].forward for k in counts)
+    window_b = sum(counts[k] * times[k].backward for k in counts)
     if training.overlap_grad_reduce:
         mb = np.maximum(0.0, dp["microbatch", "forward"] - window_f) + \
             np.maximum(0.0, dp["microbatch", "backward"] - window_b)
@@ -159,20 +201,22 @@ def rank_comm(model: ModelSpec, training: TrainingSpec, c, links: Links, layer: 
     links_out = {"edge_tp": edge_link, "norm": norm_t, "p2p": p2p.calls * t_p2p,
                  "dp_mb": dp["microbatch", "forward"] + dp["microbatch", "backward"],
                  "dp_step": dp["step", "forward"] + dp["step", "backward"] + tied_t}
-    return RankComm(rank == np.asarray(c.pp) - 1, n_layers, edge_tp, per_mb, fill, mb,
+    return RankComm(rank == np.asarray(c.pp) - 1, counts, edge_tp, per_mb, fill, mb,
                     step + tied_t, norm_t, links_out)
 
 
 def _dp_times(training: TrainingSpec, c, links: Links, colls: list[Collective]) -> dict:
     """Link seconds of the DP/ZeRO collectives by (per, phase), on the dp*cp group (ranks tp
-    apart). With ``training.zero3_throughput`` (an implementation-bound ZeRO-3, TrainingSpec)
+    apart) for dense parameters and the edp group (ranks etp*ep apart) for experts. With ``training.zero3_throughput`` (an implementation-bound ZeRO-3, TrainingSpec)
     a ZeRO-3 collective takes at least the bytes each GPU receives, (n-1)/n of its payload,
     over that rate."""
-    n = np.asarray(c.grad_group, dtype=np.float64)
-    timer = _Timer(links, group_span(c.grad_group, c.tp, links.domain))
+    groups = {"dp": (c.grad_group, c.tp), "edp": (c.edp, c.etp * c.ep)}
+    timers = {g: _Timer(links, group_span(size, stride, links.domain)) for g, (size, stride) in groups.items()
+              if any(x.group == g for x in colls)}
     out = {(per, phase): 0.0 for per in ("microbatch", "step") for phase in ("forward", "backward")}
     for x in colls:
-        t = timer(x)
+        t = timers[x.group](x)
+        n = np.asarray(groups[x.group][0], dtype=np.float64)
         if training.zero3_throughput is not None and x.what.startswith("ZeRO-3"):
             t = np.maximum(t, x.calls * x.payload * (n - 1) / n / training.zero3_throughput)
         out[x.per, x.phase] = out[x.per, x.phase] + t

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..specs import HardwareProfile, ModelSpec, TrainingSpec
-from . import flops
+from . import blocks, flops
 
 SOFTMAX_BYTES_PER_SCORE = 9.0  # fused scale-mask-softmax read 2 + write 2, dropout read 2 + write 2 + mask 1
 CROSS_ENTROPY_BYTES_PER_LOGIT = 20.0  # bf16 logits read, fp32 cast write/read, exp write/read, grad write
@@ -37,7 +37,7 @@ class LayerTimes:
     attention_forward: np.ndarray
     attention_backward: np.ndarray
     memory_forward: np.ndarray
-    column_parallel_share: float  # share of GEMM work in QKV and fc1 (whose backward hides TP comm)
+    column_parallel_share: object  # share of the GEMM time in QKV / fc1 (whose backward hides TP comm)
 
     @property
     def forward(self) -> np.ndarray:
@@ -58,46 +58,78 @@ def achieved_hbm(hw: HardwareProfile) -> float:
     return hw.gpu.hbm_bandwidth * hw.efficiency.hbm
 
 
-def layer_times(model: ModelSpec, training: TrainingSpec, hw: HardwareProfile, c) -> LayerTimes:
-    """Compute and memory-bound time of one transformer layer for one micro-batch on one GPU.
+def block_times(model: ModelSpec, training: TrainingSpec, hw: HardwareProfile, c) -> dict[str, LayerTimes]:
+    """Compute and memory-bound seconds of one block of each kind (blocks.block_kinds: attention,
+    windowed attention, dense MLP, MoE) for one micro-batch on one GPU. {kind: LayerTimes}
 
-    A GPU of a stage processes tokens = s*b/cp (LayoutDegrees.tokens_per_microbatch) through
-    its 1/tp share of the GEMMs, and 1/(tp*cp) of the micro-batch's attention (Megatron's CP
-    cuts every sequence into 2*cp chunks so that causal attention is balanced, formulas.md 5.7).
-    Broadcast arrays, seconds."""
-    s, h, a = training.seq_length, model.hidden_size, model.num_attention_heads
+    A GPU of a stage processes tokens = s*b/cp (LayoutDegrees.tokens_per_microbatch) through its
+    1/tp share of the GEMMs (blocks.gemm_flops_per_token), at the efficiency of the block's mean
+    GEMM size (two GEMMs per block: QKV and out-proj, fc1 and fc2; an MoE block's routed experts
+    at the size of one local expert's GEMM, blocks.moe_rows' per_expert rows, moe.md 6), and
+    1/(tp*cp) of the micro-batch's attention core (Megatron's CP cuts every sequence into 2*cp
+    chunks so causal attention is balanced, formulas.md 5.7). Broadcast arrays, seconds."""
+    peak, hbm = peak_flops(hw, training), achieved_hbm(hw)
+    tokens = c.tokens_per_microbatch(training.seq_length)
+    gemms = blocks.gemm_flops_per_token(model, c)
+    elementwise = blocks.elementwise_bytes_per_token(model, c, training)
+    zero = np.zeros(np.shape(tokens))
+    out = {}
+    for kind in blocks.block_kinds(model):
+        flops_per_token, share = gemms[kind]
+        t_mem = tokens * elementwise[kind] / hbm
+        if kind == blocks.MOE:
+            routed = tokens * share  # gemm_flops_per_token gives the routed experts' FLOPs here
+            shared = tokens * flops_per_token
+            t_shared = shared / (peak * gemm_efficiency(shared / 2, hw))
+            t_gemm = t_shared + training.moe_imbalance * routed / \
+                (peak * gemm_efficiency(_expert_gemm_flops(model, c, training), hw))
+            out[kind] = LayerTimes(t_gemm, zero, zero, t_mem, _shared_fc1_share(model, t_shared, t_gemm))
+            continue
+        gemm = tokens * flops_per_token
+        t_gemm = gemm / (peak * gemm_efficiency(gemm / 2, hw))
+        t_f = t_b = zero
+        if kind in (blocks.ATTENTION, blocks.WINDOW):
+            t_f, t_b = _attention_core_times(model, training, hw, c, kind == blocks.WINDOW)
+        out[kind] = LayerTimes(t_gemm, t_f, t_b, t_mem, share)
+    return out
+
+
+def _expert_gemm_flops(model: ModelSpec, c, training: TrainingSpec) -> np.ndarray:
+    """FLOPs of one GEMM of one local expert (the mean of fc1 and fc2): the per-expert rows x
+    h x (glu*F/etp)/2 x 2 FLOPs (moe.md 6)."""
+    rows = blocks.moe_rows(model, c, training)["per_expert"] / training.moe_imbalance
+    glu = 3 if model.activation == "swiglu" else 2
+    return rows * model.hidden_size * glu * model.moe.ffn_hidden_size / np.asarray(c.etp, dtype=np.float64)
+
+
+def _shared_fc1_share(model: ModelSpec, t_shared, t_gemm):
+    """The MoE block's TP window as a share of its GEMM time: its shared experts' fc1 (the
+    shared experts are the block's only TP-sharded GEMMs; 0 without them)."""
+    if not model.moe.shared_experts:
+        return 0.0
+    glu = 3 if model.activation == "swiglu" else 2
+    return (glu - 1) / glu * t_shared / np.maximum(t_gemm, 1e-300)
+
+
+def _attention_core_times(model: ModelSpec, training: TrainingSpec, hw: HardwareProfile, c,
+                          windowed: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(forward, backward) seconds of the attention core of one layer for one micro-batch on
+    one GPU: with flash attention its causal FLOPs (over the window for windowed layers) at the
+    ``attention`` efficiency, backward 2.5x forward (5 vs 2 score-sized GEMMs, formulas.md 7.1);
+    without, the full s^2 batched GEMMs plus the memory-bound softmax and dropout on the score
+    matrix (SOFTMAX_BYTES_PER_SCORE per score), backward 2x."""
+    s, a = training.seq_length, model.num_attention_heads
     b = np.asarray(c.micro_batch_size, dtype=np.float64)
     tp = np.asarray(c.tp, dtype=np.float64)
-    tokens = c.tokens_per_microbatch(s)
     peak = peak_flops(hw, training)
-    hbm = achieved_hbm(hw)
-
-    gemm = tokens * flops.gemm_flops_per_token_layer(model, c.tp)
-    t_gemm = gemm / (peak * gemm_efficiency(gemm / 4, hw))  # QKV, out-proj, fc1 (or gate+up), fc2
-
-    attn = b * flops.attention_flops_per_sequence_layer(model, s, causal=training.flash_attention) / (tp * c.cp)
+    attn = b * blocks.attention_flops_per_sequence(model, training, windowed) / (tp * c.cp)
     if training.flash_attention:
-        t_attn_f = attn / (peak * hw.efficiency.attention)
-        t_attn_b = 2.5 * t_attn_f
-    else:
-        scores = b * a / tp * s * s  # without flash attention there is no CP (space rule)
-        t_gemm_attn = attn / (peak * gemm_efficiency(attn / 2, hw))
-        t_softmax = scores * SOFTMAX_BYTES_PER_SCORE / hbm
-        t_attn_f = t_gemm_attn + t_softmax
-        t_attn_b = 2 * t_gemm_attn + 2 * t_softmax
-
-    # Elementwise bytes per token: two norms (read 2h, write 2h each) and two bias-dropout-add
-    # (read 4h, write 2h, mask h each) ~ 22h, sharded by SP; activation function 4f (GeLU) or
-    # 6f (SwiGLU: read gate and up, write the product), sharded by TP.
-    sp_div = c.sp_divisor
-    act = (6.0 if model.activation == "swiglu" else 4.0) * model.ffn
-    t_mem = tokens * (22.0 * h / sp_div + act / tp) / hbm
-
-    d, g = model.kv_channels, model.kv_heads
-    qkv = 2 * h * d * (a + g)
-    fc1 = (2 if model.activation == "swiglu" else 1) * h * model.ffn
-    share = (qkv - a * d * h + fc1) / (flops.attention_weights(model) + flops.mlp_weights(model))
-    return LayerTimes(t_gemm, t_attn_f, t_attn_b, t_mem, float(share))
+        t_f = attn / (peak * hw.efficiency.attention)
+        return t_f, 2.5 * t_f
+    scores = b * a / tp * s * s  # without flash attention there is no CP (space rule)
+    t_gemm = attn / (peak * gemm_efficiency(attn / 2, hw))
+    t_softmax = scores * SOFTMAX_BYTES_PER_SCORE / achieved_hbm(hw)
+    return t_gemm + t_softmax, 2 * t_gemm + 2 * t_softmax
 
 
 def output_gemm_time(model: ModelSpec, training: TrainingSpec, hw: HardwareProfile, c) -> np.ndarray:

@@ -15,11 +15,12 @@ import numpy as np
 from ..specs import HardwareProfile, ModelSpec, TrainingSpec
 from .context_parallel import ring_buffer_bytes
 from . import memory
-from .memory import RANK_KINDS, activation_bytes_by_stage, model_state_bytes, stage_params
+from .memory import RANK_KINDS, activation_bytes_by_stage, model_state_bytes
 
 MEMORY_TERMS = ("weights", "gradients", "optimizer", "activations", "other")
-TIME_TERMS = ("compute", "recompute", "tp_comm", "cp_comm", "pp_comm", "dp_comm", "bubble", "optimizer")
-LINK_GROUPS = ("tp", "cp", "pp", "dp")
+TIME_TERMS = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm", "bubble",
+              "optimizer")
+LINK_GROUPS = ("tp", "cp", "ep", "pp", "dp")
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,7 @@ class Estimate:
     bubble over the busiest stage's work in the step (m x its per-micro-batch compute,
     recomputation and exposed communication), Narayanan's (pp-1)/(vpp*m) for equal stages.
     ``link`` (seconds per step on the busiest stage): time the collectives of each group
-    (tp, cp, pp, dp) spend on their links, overlapped or not; time[X_comm] is what is exposed.
+    (tp, cp, ep with expert-TP, pp, dp with edp) spend on their links, overlapped or not; time[X_comm] is what is exposed.
     throughput: tokens_per_s, model_tflops_per_gpu, mfu, hfu (fractions of the dense peak).
     """
 
@@ -98,7 +99,8 @@ def memory_by_rank(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec
     activations = activation_bytes_by_stage(model, training, c, kinds)
     out = {}
     for kind in kinds:
-        terms = model_state_bytes(stage_params(model, c, kind), c, training)
+        p = memory.rank_params(model, c, memory.rank_index(c, kind))
+        terms = model_state_bytes(p["dense"] + p["embedding"] + p["head"], c, training, p["experts"])
         terms["activations"] = activations[kind]
         terms["other"] = other
         terms["total"] = (terms["weights"] + terms["gradients"] + terms["optimizer"] + other) \

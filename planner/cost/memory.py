@@ -24,55 +24,73 @@ def rank_index(c, kind: str):
 
 
 def rank_params(model: ModelSpec, c, rank) -> dict[str, np.ndarray]:
-    """Parameters on one GPU of pipeline rank ``rank``, as the parts FSDP units hold. {part: array}
+    """Parameters on one GPU of pipeline rank ``rank``, by part. {part: array}
 
-    ``layer``: one transformer layer (TP-sharded + replicated, flops.layer_params_per_gpu);
-    ``layers``: how many the rank holds (LayoutDegrees.rank_layers); ``embedding``: the
-    vocab-parallel word embedding V_p*h/tp plus learned positions (replicated), on rank 0;
-    ``head``: the final norm and the output layer V_p*h/tp, on the last rank; the output layer
-    exists even for tied embeddings when pp > 1 (Megatron keeps a copy, formulas.md 1.3).
+    ``dense``: the rank's blocks (blocks.rank_blocks x blocks.block_params: TP-sharded +
+    replicated), reduced and sharded over the dp*cp group; ``experts``: its routed experts
+    (E*P_e/(ep*etp) per MoE block), over the expert-data-parallel group (edp); ``layers``: its
+    decoder layers and ``layer`` their mean dense parameters (FSDP units); ``embedding``: the
+    vocab-parallel word embedding V_p*h/tp plus learned positions, on rank 0; ``head``: the final
+    norm and the output layer V_p*h/tp, on the last rank (the output layer also for tied
+    embeddings when pp > 1: Megatron keeps a copy, formulas.md 1.3), and the MTP modules'
+    projection 2h*h/tp and norms (Megatron puts MTP on the last stage; their layers are blocks).
     """
+    from . import blocks
     h = model.hidden_size
-    sharded, replicated = flops.layer_params_per_gpu(model, c.tp)
     rank = np.asarray(rank)
+    counts = blocks.rank_blocks(model, c, rank)
+    per_block = blocks.block_params(model, c)
+    dense = sum(counts[k] * (per_block[k][0] + per_block[k][1]) for k in counts)
+    experts = sum(counts[k] * per_block[k][2] for k in counts)
+    layers = c.rank_layers(model.num_layers, rank)
     vocab = flops.padded_vocab(model.vocab_size, c.tp).astype(np.float64)
     word = vocab * h / c.tp
     positions = float((model.max_position_embeddings or 0) * h) \
         if model.position_embedding == "learned" else 0.0
+    last = rank == np.asarray(c.pp) - 1
     output = np.where((np.asarray(c.pp) > 1) | (not model.tie_embeddings), word, 0.0)
-    return {"layer": sharded + replicated, "layers": c.rank_layers(model.num_layers, rank),
+    mtp = model.mtp_layers * (2.0 * h * h / np.asarray(c.tp, dtype=np.float64)
+                              + 3 * flops.norm_params(model))
+    return {"dense": dense, "experts": experts, "layers": layers,
+            "layer": dense / np.maximum(layers, 1),
             "embedding": np.where(rank == 0, word + positions, 0.0),
-            "head": np.where(rank == np.asarray(c.pp) - 1, flops.norm_params(model) + output, 0.0)}
+            "head": np.where(last, flops.norm_params(model) + output + mtp, 0.0)}
 
 
 def stage_params(model: ModelSpec, c, kind: str) -> np.ndarray:
     """Parameters held by one GPU of the ``first``, ``middle`` or ``last`` pipeline rank."""
     p = rank_params(model, c, rank_index(c, kind))
-    return p["layer"] * p["layers"] + p["embedding"] + p["head"]
+    return p["dense"] + p["experts"] + p["embedding"] + p["head"]
 
 
-def zero_divisors(c) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def zero_divisors(c, group: str = "dense") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """What weights, gradients and optimizer states are divided by on one GPU (formulas.md 2.1):
-    n = dp*cp (the gradient group, LayoutDegrees.grad_group) for the states the ZeRO stage
-    shards (LayoutDegrees.sharding_stage: the distributed optimizer is stage 1), else 1.
-    stage 1: optimizer; 2: + gradients; 3: + weights. Float arrays (weights, grads, optimizer)."""
-    n = np.asarray(c.grad_group, dtype=np.float64)
+    the sharding group n for the states the ZeRO stage shards (LayoutDegrees.sharding_stage:
+    the distributed optimizer is stage 1), else 1: stage 1 the optimizer; 2 + gradients; 3 +
+    weights. n = dp*cp (LayoutDegrees.grad_group) for dense parameters, edp for ``group=
+    "expert"`` (Megatron-Core reduces and shards expert parameters over the expert-data-parallel
+    group, moe.md 3.3). Float arrays (weights, grads, optimizer)."""
+    n = np.asarray(c.grad_group if group == "dense" else c.edp, dtype=np.float64)
     z = c.sharding_stage
     return np.where(z >= 3, n, 1.0), np.where(z >= 2, n, 1.0), np.where(z >= 1, n, 1.0)
 
 
-def model_state_bytes(params: np.ndarray, c, training: TrainingSpec) -> dict[str, np.ndarray]:
-    """Weights, gradients and optimizer states in bytes for ``params`` held per GPU (formulas.md 2.1).
+def model_state_bytes(params: np.ndarray, c, training: TrainingSpec,
+                      experts=0.0) -> dict[str, np.ndarray]:
+    """Weights, gradients and optimizer states in bytes for ``params`` dense and ``experts``
+    expert parameters held per GPU (formulas.md 2.1; moe.md 5.1).
 
     bf16 weights (2 B), main grads ``grad_bytes`` (4 B fp32 by default in Megatron), optimizer
-    12 B (fp32 master + Adam m, v), each divided by zero_divisors: stage 0 2 + g + 12 (Megatron
-    DDP: 18 B); stage 1 (distributed optimizer) 2 + g + 12/n; stage 2 2 + (g + 12)/n; stage 3
-    (FSDP) (2 + g + 12)/n.
+    12 B (fp32 master + Adam m, v), each divided by zero_divisors of its group: stage 0
+    2 + g + 12 (Megatron DDP: 18 B); stage 1 (distributed optimizer) 2 + g + 12/n; stage 2
+    2 + (g + 12)/n; stage 3 (FSDP) (2 + g + 12)/n.
     """
     w, g, o = zero_divisors(c)
-    return {"weights": params * 2.0 / w,
-            "gradients": params * float(training.grad_bytes) / g,
-            "optimizer": params * OPTIMIZER_BYTES_PER_PARAM / o}
+    we, ge, oe = zero_divisors(c, "expert") if np.any(np.asarray(experts) > 0) else (1.0, 1.0, 1.0)
+    grad = float(training.grad_bytes)
+    return {"weights": params * 2.0 / w + experts * 2.0 / we,
+            "gradients": params * grad / g + experts * grad / ge,
+            "optimizer": (params / o + experts / oe) * OPTIMIZER_BYTES_PER_PARAM}
 
 
 def layer_activation_terms(model: ModelSpec, training: TrainingSpec) -> tuple[float, float, float]:
@@ -95,54 +113,68 @@ def layer_activation_terms(model: ModelSpec, training: TrainingSpec) -> tuple[fl
 
 
 def activation_per_layer(model: ModelSpec, training: TrainingSpec, c,
-                         recompute_mode: np.ndarray | None = None) -> np.ndarray:
-    """Bytes saved by ONE layer for ONE micro-batch on one GPU, by recompute mode. Broadcast array.
+                         recompute_mode: np.ndarray | None = None, rank=None) -> np.ndarray:
+    """Bytes saved by ONE layer for ONE micro-batch on one GPU, by recompute code (0 none, 1
+    selective, 2 full, 3 selective with layernorm/moe_act/mla_up_proj). Broadcast array.
 
-    tokens = s*b/cp (LayoutDegrees.tokens_per_microbatch); none: tokens*(R/sp + (S + scores)/t)
-    with sp = t under SP, else 1; selective: the same without the attention-score term
-    (Korthikanti's core-attention recompute); full: only the layer input, 2*h per token (/t with
-    SP). Scores: scores_per_s * s per token without flash attention (CP needs flash attention),
-    the fp32 log-sum-exp 4*a per token with it.
+    tokens = s*b/cp (LayoutDegrees.tokens_per_microbatch) x the bytes per token of an attention
+    block and an MLP block (blocks.activation_bytes_per_token; for a dense MHA/GQA layer this is
+    tokens*(R/sp + (S + scores)/t), Korthikanti's s*b*h*(34 + 5*a*s/h) for MHA + GeLU + dropout,
+    formulas.md 3.2); a model of mixed layers (MoE, windows, MTP) takes the mean layer of
+    pipeline rank ``rank`` (blocks.rank_blocks; default: of the whole model's layers).
     """
-    s = training.seq_length
-    tokens = c.tokens_per_microbatch(s)
-    tp = np.asarray(c.tp, dtype=np.float64)
+    from . import blocks
     rc = c.recompute if recompute_mode is None else recompute_mode
-    rep, shard, scores_per_s = layer_activation_terms(model, training)
-    if training.flash_attention:
-        scores = 4.0 * model.num_attention_heads
+    per_token = blocks.activation_bytes_per_token(model, training, c, rc)
+    tokens = c.tokens_per_microbatch(training.seq_length)
+    if rank is None and set(per_token) == {blocks.ATTENTION, blocks.MLP}:
+        return tokens * (per_token[blocks.ATTENTION] + per_token[blocks.MLP])
+    if rank is None:
+        mix = {k: float(v) for k, v in zip(("attention", "attention_window", "mlp", "moe"),
+                                           _model_mix(model))}
+        layers = float(model.num_layers)
     else:
-        scores = np.where(rc >= 1, 0.0, scores_per_s * s)
-    replicated_div = c.sp_divisor
-    stored = tokens * (rep / replicated_div + (shard + scores) / tp)
-    full = tokens * 2.0 * model.hidden_size / replicated_div
-    return np.where(rc == 2, full, stored)
+        mix = blocks.rank_blocks(model, c, rank)
+        layers = np.maximum(c.rank_layers(model.num_layers, rank), 1)
+    return tokens * sum(mix[k] * per_token[k] for k in per_token) / layers
+
+
+def _model_mix(model: ModelSpec) -> tuple[int, int, int, int]:
+    """(full-attention, windowed, dense-MLP, MoE) blocks among the model's decoder layers."""
+    from . import model_counts as mc
+    windowed = int(mc.window_layer_mask(model).sum())
+    dense, moe = mc.layer_kind_counts(model)
+    return model.num_layers - windowed, windowed, dense, moe
 
 
 def activation_bytes_by_stage(model: ModelSpec, training: TrainingSpec, c,
                               kinds: tuple[str, ...] = ("first", "last")) -> dict[str, np.ndarray]:
     """Peak activation bytes on the ``first``, ``middle`` and ``last`` pipeline ranks. {kind: array}
 
-    in-flight layers (pipeline.inflight_layers, the rank's own chunk sizes) x per-layer bytes;
-    with full recompute add the working set of one layer recomputed in backward (formulas.md
-    3.3). Edge buffers (3.6): rank 0, per micro-batch in flight on its first chunk, 8 B/token of
-    ids (+ 1 B/token*h embedding dropout mask, /sp); the last rank, for the micro-batch in
-    backward: final-norm and output-layer inputs 2*2*h per token (/sp), bf16 logits 2*V_p/t and
-    fp32 softmax 4*V_p/t per token. Per-layer terms shared by the ranks are computed once.
+    in-flight layers (pipeline.inflight_layers, the rank's own chunk sizes) x the rank's mean
+    per-layer bytes (activation_per_layer); with full recompute add the working set of one layer
+    recomputed in backward (formulas.md 3.3). Edge buffers (3.6): rank 0, per micro-batch in
+    flight on its first chunk, 8 B/token of ids (+ 1 B/token*h embedding dropout mask, /sp); the
+    last rank, for the micro-batch in backward: final-norm and output-layer inputs 2*2*h per
+    token (/sp), bf16 logits 2*V_p/t and fp32 softmax 4*V_p/t per token (once per output head:
+    the MTP modules add theirs). Per-layer terms shared by the ranks are computed once.
     """
+    from .blocks import block_kinds
     h = model.hidden_size
     tokens = c.tokens_per_microbatch(training.seq_length)
     m = c.num_microbatches(training.global_batch_size)
-    per_layer = activation_per_layer(model, training, c)
-    working = np.where(c.recompute == 2,
-                       activation_per_layer(model, training, c, np.zeros_like(c.recompute)), 0.0)
+    uniform = block_kinds(model) == ("attention", "mlp")
+    per_layer = activation_per_layer(model, training, c) if uniform else None
     sp_div = c.sp_divisor
     vocab = flops.padded_vocab(model.vocab_size, c.tp).astype(np.float64)
-    last_edge = tokens * (4.0 * h / sp_div + 6.0 * vocab / c.tp)
+    last_edge = tokens * (4.0 * h / sp_div + 6.0 * vocab / c.tp) * (1 + model.mtp_layers)
     out = {}
     for kind in kinds:
         rank = rank_index(c, kind)
-        total = pipeline.inflight_layers(c, model.num_layers, m, rank) * per_layer + working
+        layer = per_layer if uniform else activation_per_layer(model, training, c, rank=rank)
+        working = np.where(c.recompute == 2, activation_per_layer(
+            model, training, c, np.zeros_like(c.recompute), None if uniform else rank), 0.0)
+        total = pipeline.inflight_layers(c, model.num_layers, m, rank) * layer + working
         held_first = pipeline.inflight_first_chunk(c, m, rank)
         first_edge = held_first * tokens * (8.0 + (h / sp_div if model.dropout > 0 else 0.0))
         is_first = rank == 0
@@ -166,11 +198,21 @@ def transient_bytes(model: ModelSpec, training: TrainingSpec, c) -> np.ndarray:
     (``zero3_gather_unit = "layer"``) or the largest single module for DeepSpeed ZeRO-3, which
     fetches parameters per submodule (``"module"``; DeepSpeed's own estimator,
     ``estimate_zero3_model_states_mem_needs``, charges 4 B x the largest layer's parameters).
+    An MoE model adds the token dispatch buffers of one MoE block (moe.md 5.2, transient): the
+    permuted copy and the all-to-all send and receive buffers, 3 x 2*T*k*h bytes on the SP shard
+    T (x moe_imbalance on the receive side, counted once).
     """
+    from . import blocks
     h = model.hidden_size
-    gather = np.where(c.sequence_parallel, 2.0 * c.tokens_per_microbatch(training.seq_length) * h, 0.0)
-    sharded, replicated = flops.layer_params_per_gpu(model, c.tp)
-    unit = sharded + replicated
+    tokens = c.tokens_per_microbatch(training.seq_length)
+    gather = np.where(c.sequence_parallel, 2.0 * tokens * h, 0.0)
+    per_block = blocks.block_params(model, c)
+    attention = per_block[blocks.ATTENTION][0] + per_block[blocks.ATTENTION][1]
+    unit = attention + np.maximum.reduce([sum(per_block[k]) for k in per_block
+                                          if k in (blocks.MLP, blocks.MOE)])
+    if model.moe is not None:
+        rows = blocks.moe_rows(model, c, training)
+        gather = gather + 2.0 * h * (2.0 * rows["sent"] + rows["received"] / np.asarray(c.etp, dtype=np.float64))
     if training.zero3_gather_unit == "module":
         # largest GEMM weight per GPU: fused QKV h*d_h*(a+2g)/t, or fc1 h*f/t (GeLU) /
         # fused gate+up 2*h*f/t (SwiGLU)

@@ -18,33 +18,41 @@ import numpy as np
 from ..specs import HardwareProfile, Layout, ModelSpec, TrainingSpec
 from . import compute, flops, pipeline
 from .collectives import Links
-from .comm import LayerComm, RankComm, layer_comm, rank_comm
+from .blocks import rank_blocks
+from .comm import BlockComm, RankComm, block_comm, rank_comm
 from .estimate import (LINK_GROUPS, MEMORY_TERMS, TIME_TERMS, Estimate, memory_by_rank,  # noqa: F401
                        memory_total, peak_memory, rank_kinds)
-from .memory import RANK_KINDS, stage_params, zero_divisors
+from .memory import RANK_KINDS, rank_index, zero_divisors
 from .volumes import Elements
 
 
 @dataclass(frozen=True)
 class LayerCost:
-    """Seconds of ONE layer for ONE micro-batch on one GPU, by term (broadcast arrays)."""
+    """Seconds of ONE block for ONE micro-batch on one GPU, by term (broadcast arrays)."""
 
     compute: np.ndarray  # forward + backward kernels
-    recompute: np.ndarray  # full: the forward again with its TP collectives; selective: attention
+    recompute: np.ndarray  # full: the forward again with its collectives; selective: attention core
     tp: np.ndarray  # exposed TP/SP communication (forward + backward)
-    cp: np.ndarray  # exposed CP ring communication (forward + backward + recompute)
+    cp: object  # exposed CP ring communication (forward + backward + recompute)
+    ep: object  # exposed expert dispatch and combine (forward + backward)
 
     @property
     def total(self) -> np.ndarray:
-        return self.compute + self.recompute + self.tp + self.cp
+        return self.compute + self.recompute + self.tp + self.cp + self.ep
 
 
-def layer_cost(layer: compute.LayerTimes, comm: LayerComm, c) -> LayerCost:
-    """The layer's terms from its compute times and its exposed communication (comm.layer_comm)."""
+def block_cost(times: compute.LayerTimes, comm: BlockComm, c) -> LayerCost:
+    """A block's terms from its compute times and its exposed communication (comm.block_comm).
+    Full recompute runs the block's forward again, with its TP and EP collectives; selective
+    recompute (core attention) runs the attention core forward again; the selective modules
+    (code 3: layernorm, moe_act, mla_up_proj) add elementwise work and MLA's up-projections,
+    priced as the block's memory-bound forward."""
     rc = np.asarray(c.recompute)
-    recompute = np.where(rc == 2, layer.forward + comm.tp_recompute,
-                         np.where(rc == 1, layer.attention_forward, 0.0))
-    return LayerCost(layer.forward + layer.backward, recompute, comm.tp_exposed, comm.cp_exposed)
+    recompute = np.where(rc == 2, times.forward + comm.tp_recompute + comm.ep_recompute,
+                         np.where((rc == 1) | (rc == 3), times.attention_forward, 0.0)
+                         + np.where(rc == 3, times.memory_forward, 0.0))
+    return LayerCost(times.forward + times.backward, recompute, comm.tp_exposed, comm.cp_exposed,
+                     comm.ep_exposed)
 
 
 def rank_extra(kind: str, edges: dict, rc: RankComm) -> dict[str, np.ndarray]:
@@ -54,41 +62,56 @@ def rank_extra(kind: str, edges: dict, rc: RankComm) -> dict[str, np.ndarray]:
             "dp_comm": rc.dp_per_microbatch}
 
 
-def _stage_times(cost: LayerCost, layers: dict, extra: dict) -> dict[str, np.ndarray]:
-    """Per-micro-batch seconds of each rank kind: layers x the layer's terms + its extras."""
-    return {kind: layers[kind] * cost.total + sum(extra[kind].values()) for kind in extra}
+def _stage_work(costs: dict[str, LayerCost], counts: dict, term: str | None = None):
+    """Per-micro-batch seconds of a rank's blocks: sum over kinds of count x the block's total
+    (or one ``term`` of it)."""
+    return sum(counts[k] * (costs[k].total if term is None else getattr(costs[k], term)) for k in counts)
 
 
-def pipeline_makespan(cost: LayerCost, layers: dict, extra: dict, c, m) -> tuple:
+def _stage_times(costs, counts: dict, extra: dict) -> dict[str, np.ndarray]:
+    """Per-micro-batch seconds of each rank kind: its blocks + its extras."""
+    return {kind: _stage_work(costs, counts[kind]) + sum(extra[kind].values()) for kind in extra}
+
+
+def pipeline_makespan(costs, counts: dict, extra: dict, c, m, uniform: bool) -> tuple:
     """(makespan, bubble, stage totals) of the forward and backward passes of one step.
 
-    Even splits use pipeline.even_pipeline_time (the first and last rank hold a middle rank's
-    layers plus their extras, computed on small shapes); uneven ones the general schedule
-    pipeline.pipeline_time over the ranks' totals (formulas.md 6), so that a layout's numbers
-    do not depend on what else is evaluated with it."""
-    per_layer = cost.total
-    middle = layers["middle"] * per_layer + sum(extra["middle"].values())
+    ``uniform`` (every rank holds the same mix of blocks per layer and the split is even): the
+    first and last rank hold a middle rank's blocks plus their extras, and
+    pipeline.even_pipeline_time runs on small shapes; otherwise the general schedule
+    pipeline.pipeline_time over the ranks' totals (formulas.md 6), for the uneven splits only
+    where the search mixes them, so that a layout's numbers do not depend on what else is
+    evaluated with it."""
+    middle = _stage_work(costs, counts["middle"]) + sum(extra["middle"].values())
     extra_first = sum(extra["first"].values()) - sum(extra["middle"].values())
     extra_last = sum(extra["last"].values()) - sum(extra["middle"].values())
     t_pipe, bubble = pipeline.even_pipeline_time(middle, extra_first, extra_last, c.pp, c.vpp, m)
     totals = {"first": middle + extra_first, "middle": middle, "last": middle + extra_last}
-    uneven = c.uneven()
-    if np.any(uneven):
-        general = _stage_times(cost, layers, extra)
+    general_rows = c.uneven() if uniform else np.ones(np.shape(c.pp), dtype=bool)
+    if np.any(general_rows):
+        general = _stage_times(costs, counts, extra)
         t_general, bubble_general = pipeline.pipeline_time(general["first"], general["middle"],
                                                            general["last"], c.pp, c.vpp, m)
-        t_pipe = np.where(uneven, t_general, t_pipe)
-        bubble = np.where(uneven, bubble_general, bubble)
-        totals = {k: np.where(uneven, general[k], totals[k]) for k in totals}
+        t_pipe = np.where(general_rows, t_general, t_pipe)
+        bubble = np.where(general_rows, bubble_general, bubble)
+        totals = {k: np.where(general_rows, general[k], totals[k]) for k in totals}
     return t_pipe, bubble, totals
 
 
 def optimizer_time(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c) -> np.ndarray:
     """The optimizer step on the rank with the most parameters (compute.optimizer_time): its
-    optimizer shard is updated, its whole (ZeRO-1) or sharded (ZeRO-2/3) gradient buffer zeroed."""
-    params = np.maximum.reduce([stage_params(model, c, kind) for kind in rank_kinds(c)])
+    optimizer shard is updated, its whole (ZeRO-1) or sharded (ZeRO-2/3) gradient buffer zeroed;
+    dense parameters sharded over dp*cp, expert ones over edp (memory.zero_divisors)."""
+    from .memory import rank_params
     _, grad_div, opt_div = zero_divisors(c)
-    return compute.optimizer_time(params / opt_div, hw, training, params / grad_div)
+    _, grad_div_e, opt_div_e = zero_divisors(c, "expert") if model.moe is not None else (1.0, 1.0, 1.0)
+    updated, buffer = [], []
+    for kind in rank_kinds(c):
+        p = rank_params(model, c, rank_index(c, kind))
+        dense = p["dense"] + p["embedding"] + p["head"]
+        updated.append(dense / opt_div + p["experts"] / opt_div_e)
+        buffer.append(dense / grad_div + p["experts"] / grad_div_e)
+    return compute.optimizer_time(np.maximum.reduce(updated), hw, training, np.maximum.reduce(buffer))
 
 
 def evaluate(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c,
@@ -103,36 +126,34 @@ def evaluate(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c,
     """
     links, elem = Links.of(hw), Elements.of(training)
     m = c.num_microbatches(training.global_batch_size)
-    lf, lm, ll = c.stage_layers(model.num_layers)
-    layers = {"first": lf, "middle": lm, "last": ll}
-    layer = compute.layer_times(model, training, hw, c)                  # kernels, per layer
-    lcomm = layer_comm(model, training, c, links, layer, elem)            # TP, CP per layer
-    cost = layer_cost(layer, lcomm, c)
-    output = compute.output_layer_time(model, training, hw, c)            # output GEMM + loss
+    counts = {kind: rank_blocks(model, c, rank_index(c, kind)) for kind in RANK_KINDS}  # blocks per rank
+    times = compute.block_times(model, training, hw, c)                  # kernels, per block
+    comms = block_comm(model, training, c, links, times, elem)            # TP, CP, EP per block
+    costs = {k: block_cost(times[k], comms[k], c) for k in times}
+    output = compute.output_layer_time(model, training, hw, c) * (1 + model.mtp_layers)
     output_gemm = compute.output_gemm_time(model, training, hw, c)
-    comms = {kind: rank_comm(model, training, c, links, layer, elem, kind, layers[kind], output_gemm)
+    ranks = {kind: rank_comm(model, training, c, links, times, elem, kind, counts[kind], output_gemm)
              for kind in RANK_KINDS}                                       # edges, p2p, DP
-    edges = {kind: np.where(comms[kind].is_last, output, 0.0) for kind in RANK_KINDS}
-    extra = {kind: rank_extra(kind, edges, comms[kind]) for kind in RANK_KINDS}
-    t_pipe, bubble, totals = pipeline_makespan(cost, layers, extra, c, m)
-    dp_once = np.maximum.reduce([comms[k].dp_step_exposed for k in RANK_KINDS])  # slowest rank
-    norm_once = np.maximum.reduce([comms[k].norm_exposed for k in RANK_KINDS])
-    once = dp_once + norm_once
-    p2p_fill = comms["middle"].p2p_fill
+    edges = {kind: np.where(ranks[kind].is_last, output, 0.0) for kind in RANK_KINDS}
+    extra = {kind: rank_extra(kind, edges, ranks[kind]) for kind in RANK_KINDS}
+    uniform = set(times) == {"attention", "mlp"} and model.mtp_layers == 0
+    t_pipe, bubble, totals = pipeline_makespan(costs, counts, extra, c, m, uniform)
+    dp_once = np.maximum.reduce([ranks[k].dp_step_exposed for k in RANK_KINDS])  # slowest rank
+    norm_once = np.maximum.reduce([ranks[k].norm_exposed for k in RANK_KINDS])
+    p2p_fill = ranks["middle"].p2p_fill
     t_opt = optimizer_time(model, hw, training, c)
-    step = t_pipe + (p2p_fill + once + t_opt)
+    step = t_pipe + (p2p_fill + dp_once + norm_once + t_opt)
     tokens = training.global_batch_size * training.seq_length
     if summary:
         return Estimate(c, {}, {"step": step}, {"tokens_per_s": tokens / step})
     slowest = _slowest(totals, c)
-    time = _breakdown(slowest, cost, layers, extra, m, totals)
+    time = _breakdown(slowest, costs, counts, extra, m)
     time["pp_comm"] = time["pp_comm"] + p2p_fill
     time["tp_comm"] = time["tp_comm"] + norm_once
     time["dp_comm"] = time["dp_comm"] + dp_once
-    time["bubble"], time["optimizer"] = bubble, t_opt
+    time["bubble"], time["optimizer"], time["step"] = bubble, t_opt, step
     time["bubble_fraction"] = bubble / (m * np.maximum(_pick(slowest, totals), 1e-30))
-    time["step"] = step
-    link = {g: _pick(slowest, {k: comms[k].link_per_step(g, lcomm, m) for k in RANK_KINDS})
+    link = {g: _pick(slowest, {k: ranks[k].link_per_step(g, comms, m) for k in RANK_KINDS})
             for g in LINK_GROUPS}
     per_rank = memory_by_rank(model, hw, training, c, RANK_KINDS)
     mem = peak_memory({k: per_rank[k] for k in rank_kinds(c)}, c, float(hw.gpu.hbm_capacity))
@@ -158,14 +179,18 @@ def _pick(slowest: dict, values: dict) -> np.ndarray:
     return np.where(slowest["first"], f, np.where(slowest["last"], la, mid))
 
 
-def _breakdown(slowest, cost: LayerCost, layers, extra, m, totals) -> dict[str, np.ndarray]:
+def _breakdown(slowest, costs, counts, extra, m) -> dict[str, np.ndarray]:
     """The per-micro-batch terms of the slowest rank, times m: compute, recompute and the
-    exposed TP, CP, p2p and DP communication (the once-per-step terms are added by evaluate)."""
-    per_layer = {"compute": cost.compute, "recompute": cost.recompute, "tp_comm": cost.tp,
-                 "cp_comm": cost.cp}
-    return {name: m * _pick(slowest, {k: layers[k] * per_layer.get(name, 0.0)
-                                      + extra[k].get(name, 0.0) for k in extra})
-            for name in ("compute", "recompute", "tp_comm", "cp_comm", "pp_comm", "dp_comm")}
+    exposed TP, CP, EP, p2p and DP communication (the once-per-step terms are added by evaluate)."""
+    per_block = {"compute": "compute", "recompute": "recompute", "tp_comm": "tp", "cp_comm": "cp",
+                 "ep_comm": "ep"}
+    out = {}
+    for name in ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm"):
+        term = per_block.get(name)
+        values = {k: (_stage_work(costs, counts[k], term) if term else 0.0) + extra[k].get(name, 0.0)
+                  for k in extra}
+        out[name] = m * _pick(slowest, values)
+    return out
 
 
 def _throughput(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c, step,

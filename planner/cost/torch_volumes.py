@@ -101,7 +101,7 @@ def _params(model, c, rank) -> dict[str, float]:
 def flat_buffer_padding(colls, c, elem, model, rank, **_):
     p = _params(model, c, rank)
     n = float(np.asarray(c.grad_group).ravel()[0])
-    padded = -(-(p["layer"] * p["layers"] + p["embedding"] + p["head"]) // n) * n
+    padded = -(-(p["dense"] + p["embedding"] + p["head"]) // n) * n
     return [replace(x, payload=padded * (elem.weight if x.kind == "all_gather" else elem.grad))
             if x.group == "dp" and x.per == "step" else x for x in colls]
 
@@ -137,9 +137,9 @@ def cp_all_gather(colls, c, elem, model, training, **_):
     again = np.where(np.asarray(c.recompute) >= 1, 1.0, 0.0)
     out = _drop(colls, lambda x: x.group == "cp")
     return out + [Collective("cp", "all_gather", "layer", "forward", "", on * (1 + again), cp * x_kv,
-                             "CP all-gather of the stacked K and V (and its recompute)"),
+                             "CP all-gather of the stacked K and V (and its recompute)", "attention"),
                   Collective("cp", "reduce_scatter", "layer", "backward", "", on, cp * x_kv,
-                             "CP reduce-scatter of dK and dV")]
+                             "CP reduce-scatter of dK and dV", "attention")]
 
 
 TORCH_DELTA = (sp_backward_keeps_gathered_input, checkpoint_stops_early, embedding_all_reduce,

@@ -40,7 +40,7 @@ Megatron-Core as modelled (formulas.md 5.4-5.7):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -70,7 +70,7 @@ class Elements:
 class Collective:
     """One kind of collective call of one GPU (see the module docstring).
 
-    ``per``: layer (per layer per micro-batch) | microbatch | step. ``phase``: forward |
+    ``per``: layer (per block of kind ``block`` per micro-batch) | microbatch | step. ``phase``: forward |
     backward | recompute | step. ``overlap``: what may hide it: "" (nothing: exposed), "wgrad"
     (the TP backward window of the weight-gradient and input-gradient GEMMs), "attention" (the
     attention of the block in hand), "forward"/"backward" (the stage's compute of that phase:
@@ -85,6 +85,7 @@ class Collective:
     calls: object
     payload: object
     what: str
+    block: str = ""  # per == "layer": the block kind it belongs to (blocks.block_kinds)
 
 
 def _x_bytes(model: ModelSpec, training: TrainingSpec, c, elem: Elements):
@@ -92,38 +93,65 @@ def _x_bytes(model: ModelSpec, training: TrainingSpec, c, elem: Elements):
     return c.tokens_per_microbatch(training.seq_length) * model.hidden_size * elem.act
 
 
-def layer_collectives(model: ModelSpec, training: TrainingSpec, c, elem: Elements) -> list[Collective]:
-    """The collectives of ONE transformer layer for ONE micro-batch on one GPU (every pipeline
-    rank alike): TP/SP and the CP ring. List of Collective."""
+def _tp_block(x, on_tp, sp, full, what: str) -> list[Collective]:
+    """The TP/SP collectives of one TP-sharded block (attention, or an MLP: dense or the shared
+    experts) for one micro-batch: without SP an all-reduce of its output forward and of its
+    input gradient backward (hidden under the weight-gradient GEMMs); with SP an all-gather of
+    the input and a reduce-scatter of the output forward, and backward a reduce-scatter of the
+    input gradient and a re-gather of the stored input (both hidden) and an all-gather of the
+    output gradient; full recompute repeats the forward's."""
+    no_sp, with_sp = np.where(sp, 0.0, 1.0) * on_tp, np.where(sp, 1.0, 0.0) * on_tp
+    out = []
+    for phase, calls in (("forward", 1.0), ("recompute", np.where(full, 1.0, 0.0))):
+        out += [Collective("tp", "all_reduce", "layer", phase, "", no_sp * calls, x, f"{what} output all-reduce"),
+                Collective("tp", "all_gather", "layer", phase, "", with_sp * calls, x, f"SP all-gather of the {what} input"),
+                Collective("tp", "reduce_scatter", "layer", phase, "", with_sp * calls, x,
+                           f"SP reduce-scatter of the {what} output")]
+    return out + [
+        Collective("tp", "all_reduce", "layer", "backward", "wgrad", no_sp, x, f"{what} input-gradient all-reduce"),
+        Collective("tp", "reduce_scatter", "layer", "backward", "wgrad", with_sp, x,
+                   f"SP input-gradient reduce-scatter of the {what}"),
+        Collective("tp", "all_gather", "layer", "backward", "wgrad", with_sp, x,
+                   f"SP re-gather of the stored {what} input for the weight gradients"),
+        Collective("tp", "all_gather", "layer", "backward", "", with_sp, x,
+                   f"SP all-gather of the {what} output gradient")]
+
+
+def _cp_ring(model: ModelSpec, training: TrainingSpec, c, elem: Elements, full) -> list[Collective]:
+    """The CP ring of one attention block for one micro-batch: cp-1 sends of X_kv forward,
+    2(cp-1) backward (K/V and its gradient), repeated by full recompute."""
+    cp = np.asarray(c.cp, dtype=np.float64)
+    steps = (cp - 1) * (cp > 1)
+    x_kv = kv_chunk_bytes(model, training, c, elem.act)
+    out = []
+    for phase, calls in (("forward", steps), ("backward", 2 * steps), ("recompute", np.where(full, steps, 0.0))):
+        for kind in ("send", "recv"):
+            out.append(Collective("cp", kind, "layer", phase, "attention", calls, x_kv,
+                                  "CP ring K/V block" + (" and its gradient" if phase == "backward" else "")))
+    return out
+
+
+def block_collectives(model: ModelSpec, training: TrainingSpec, c, elem: Elements) -> dict[str, list[Collective]]:
+    """The collectives of ONE block of each kind (blocks.block_kinds) for ONE micro-batch on one
+    GPU (every pipeline rank alike): {kind: [Collective]}. Attention blocks: TP/SP and the CP
+    ring; a dense MLP: TP/SP; an MoE block: the shared experts' TP/SP and the token dispatch
+    and combine (moe.expert_collectives). A layer is an attention block and an MLP block."""
+    from . import blocks, moe
     x = _x_bytes(model, training, c, elem)
     on_tp = (np.asarray(c.tp) > 1).astype(np.float64)
     sp = np.asarray(c.sequence_parallel)
     full = np.asarray(c.recompute) == 2
-    no_sp, with_sp = np.where(sp, 0.0, 2.0) * on_tp, np.where(sp, 2.0, 0.0) * on_tp
-    out = []
-    for phase, calls in (("forward", 1.0), ("recompute", np.where(full, 1.0, 0.0))):
-        out += [Collective("tp", "all_reduce", "layer", phase, "", no_sp * calls, x,
-                           "attention and MLP output all-reduce"),
-                Collective("tp", "all_gather", "layer", phase, "", with_sp * calls, x,
-                           "SP all-gather of the attention and MLP inputs"),
-                Collective("tp", "reduce_scatter", "layer", phase, "", with_sp * calls, x,
-                           "SP reduce-scatter of the attention and MLP outputs")]
-    out += [Collective("tp", "all_reduce", "layer", "backward", "wgrad", no_sp, x,
-                       "input-gradient all-reduce of QKV and fc1"),
-            Collective("tp", "reduce_scatter", "layer", "backward", "wgrad", with_sp, x,
-                       "SP input-gradient reduce-scatter of QKV and fc1"),
-            Collective("tp", "all_gather", "layer", "backward", "wgrad", with_sp, x,
-                       "SP re-gather of the stored inputs for the weight gradients"),
-            Collective("tp", "all_gather", "layer", "backward", "", with_sp, x,
-                       "SP all-gather of the output gradients")]
-    cp = np.asarray(c.cp, dtype=np.float64)
-    steps = (cp - 1) * (cp > 1)
-    x_kv = kv_chunk_bytes(model, training, c, elem.act)
-    for phase, calls in (("forward", steps), ("backward", 2 * steps),
-                         ("recompute", np.where(full, steps, 0.0))):
-        for kind in ("send", "recv"):
-            out.append(Collective("cp", kind, "layer", phase, "attention", calls, x_kv,
-                                  "CP ring K/V block" + (" and its gradient" if phase == "backward" else "")))
+    attention = _tp_block(x, on_tp, sp, full, "attention") + _cp_ring(model, training, c, elem, full)
+    out = {}
+    for kind in blocks.block_kinds(model):
+        if kind in (blocks.ATTENTION, blocks.WINDOW):
+            out[kind] = attention
+        elif kind == blocks.MLP:
+            out[kind] = _tp_block(x, on_tp, sp, full, "MLP")
+        else:
+            shared = on_tp * (model.moe.shared_experts > 0)
+            out[kind] = _tp_block(x, shared, sp, full, "shared experts") + \
+                moe.expert_collectives(model, training, c, elem, full)
     return out
 
 
@@ -175,26 +203,9 @@ def dp_collectives(model: ModelSpec, training: TrainingSpec, c, rank, elem: Elem
     """Dense-gradient and ZeRO traffic of rank ``rank`` over the dp*cp group (formulas.md 5.6),
     the SP norm-gradient all-reduce and the tied-embedding all-reduce. List of Collective."""
     p = rank_params(model, c, rank)
-    params = p["layer"] * p["layers"] + p["embedding"] + p["head"]
-    grad, weight = params * elem.grad, params * elem.weight
-    on = (np.asarray(c.grad_group) > 1).astype(np.float64)
-    z = c.sharding_stage
-    zs = {k: np.where(z == k, on, 0.0) for k in range(4)}
-    out = [
-        Collective("dp", "all_reduce", "step", "backward", "backward", zs[0], grad, "gradient all-reduce"),
-        Collective("dp", "reduce_scatter", "step", "backward", "backward", zs[1], grad,
-                   "gradient reduce-scatter (distributed optimizer / ZeRO-1)"),
-        Collective("dp", "all_gather", "step", "forward", "forward", zs[1] + zs[2], weight,
-                   "updated-parameter all-gather"),
-        Collective("dp", "reduce_scatter", "microbatch", "backward", "backward", zs[2], grad,
-                   "ZeRO-2 gradient reduce-scatter"),
-        Collective("dp", "all_gather", "microbatch", "forward", "forward", zs[3], weight,
-                   "ZeRO-3 parameter all-gather for the forward"),
-        Collective("dp", "all_gather", "microbatch", "backward", "backward", zs[3], weight,
-                   "ZeRO-3 parameter all-gather for the backward"),
-        Collective("dp", "reduce_scatter", "microbatch", "backward", "backward", zs[3], grad,
-                   "ZeRO-3 gradient reduce-scatter"),
-    ]
+    out = _dp_group(p["dense"] + p["embedding"] + p["head"], c.grad_group, "dp", c, elem)
+    if model.moe is not None:
+        out += _dp_group(p["experts"], c.edp, "edp", c, elem, "expert ")
     rank = np.asarray(rank)
     pp = np.asarray(c.pp)
     last = rank == pp - 1
@@ -212,19 +223,50 @@ def dp_collectives(model: ModelSpec, training: TrainingSpec, c, rank, elem: Elem
     return out
 
 
+def _dp_group(params, size, group: str, c, elem: Elements, what: str = "") -> list[Collective]:
+    """The DP/ZeRO collectives of ``params`` per GPU reduced and sharded over a group of
+    ``size`` ranks (dense: dp*cp; experts: edp), by the ZeRO stage that applies."""
+    grad, weight = params * elem.grad, params * elem.weight
+    on = (np.asarray(size) > 1).astype(np.float64)
+    z = c.sharding_stage
+    zs = {k: np.where(z == k, on, 0.0) for k in range(4)}
+    out = [
+        Collective(group, "all_reduce", "step", "backward", "backward", zs[0], grad, what + "gradient all-reduce"),
+        Collective(group, "reduce_scatter", "step", "backward", "backward", zs[1], grad,
+                   what + "gradient reduce-scatter (distributed optimizer / ZeRO-1)"),
+        Collective(group, "all_gather", "step", "forward", "forward", zs[1] + zs[2], weight,
+                   what + "updated-parameter all-gather"),
+        Collective(group, "reduce_scatter", "microbatch", "backward", "backward", zs[2], grad,
+                   what + "ZeRO-2 gradient reduce-scatter"),
+        Collective(group, "all_gather", "microbatch", "forward", "forward", zs[3], weight,
+                   "ZeRO-3 parameter all-gather for the forward"),
+        Collective(group, "all_gather", "microbatch", "backward", "backward", zs[3], weight,
+                   "ZeRO-3 parameter all-gather for the backward"),
+        Collective(group, "reduce_scatter", "microbatch", "backward", "backward", zs[3], grad,
+                   "ZeRO-3 gradient reduce-scatter"),
+    ]
+    return out
+
+
 def rank_collectives(model: ModelSpec, training: TrainingSpec, c, rank,
                      elem: Elements | None = None) -> list[Collective]:
     """Every collective of pipeline rank ``rank`` (Megatron-Core): the per-layer ones
-    (layer_collectives) and the rank's edges, p2p, DP/ZeRO, norm and tied-embedding ones."""
+    (block_collectives, each marked with its block) and the rank's edges, p2p, DP/ZeRO, norm and
+    tied-embedding ones."""
     elem = Elements.of(training) if elem is None else elem
-    return (layer_collectives(model, training, c, elem) + edge_collectives(model, training, c, rank, elem)
+    layer = [replace(x, block=kind) for kind, colls in block_collectives(model, training, c, elem).items()
+             for x in colls]
+    return (layer + edge_collectives(model, training, c, rank, elem)
             + p2p_collectives(model, training, c, rank, elem) + dp_collectives(model, training, c, rank, elem))
 
 
 def per_step(model: ModelSpec, training: TrainingSpec, c, rank, coll: Collective):
-    """(calls, bytes) of ``coll`` in one optimizer step on rank ``rank``: layer ones times the
-    rank's layers and the micro-batches, micro-batch ones times the micro-batches."""
+    """(calls, bytes) of ``coll`` in one optimizer step on rank ``rank``: per-block ones times
+    the rank's blocks of that kind (blocks.rank_blocks) and the micro-batches, micro-batch ones
+    times the micro-batches."""
+    from .blocks import rank_blocks
     m = c.num_microbatches(training.global_batch_size)
-    times = {"layer": m * c.rank_layers(model.num_layers, rank), "microbatch": m, "step": 1}[coll.per]
+    times = {"layer": lambda: m * rank_blocks(model, c, rank)[coll.block], "microbatch": lambda: m,
+             "step": lambda: 1}[coll.per]()
     calls = coll.calls * times
     return calls, calls * coll.payload

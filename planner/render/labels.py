@@ -7,6 +7,7 @@ TIME_LABELS = {
     "recompute": "activation recomputation",
     "tp_comm": "TP/SP communication (exposed)",
     "cp_comm": "CP ring communication (exposed)",
+    "ep_comm": "expert dispatch/combine (exposed)",
     "pp_comm": "pipeline p2p (exposed)",
     "dp_comm": "DP/ZeRO communication (exposed)",
     "bubble": "pipeline bubble",
@@ -18,6 +19,7 @@ MEMORY_LABELS = {"weights": "weights", "gradients": "gradients", "optimizer": "o
 
 # Layout field -> its key in the layout's short form and in --why-not
 LAYOUT_KEYS = {"tp": "tp", "cp": "cp", "pp": "pp", "dp": "dp", "zero_stage": "zero",
+               "ep": "ep", "etp": "etp",
                "distributed_optimizer": "distopt", "micro_batch_size": "mbs", "vpp": "vpp",
                "recompute": "recompute", "sequence_parallel": "sp",
                "first_stage_layers": "first stage layers", "last_stage_layers": "last stage layers"}

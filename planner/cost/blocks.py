@@ -1,0 +1,283 @@
+"""A decoder layer as blocks, per GPU: attention (full or sliding window), dense MLP, MoE MLP.
+
+A layer is an attention block followed by an MLP block, dense or mixture-of-experts; a pipeline
+rank holds counts of each (``rank_blocks``). For each block kind this module gives, on one GPU
+of a stage: parameters (sharded over TP, replicated, or expert parameters sharded over ETP x EP),
+forward GEMM FLOPs per token, attention-core FLOPs, elementwise bytes and saved activation bytes
+per token. Tokens are those of one micro-batch on a GPU, s*b/cp (LayoutDegrees.
+tokens_per_microbatch); TP shards weights, SP the replicated activations, and an MoE block sees
+the SP shard of tokens, s*b/(cp*tp) (Megatron-Core requires SP with MoE and tp > 1).
+
+Sources: Korthikanti et al. 2022 Sec. 4 (saved activations, formulas.md 3.1-3.2); moe.md 1.1
+(parameters), 5.2 (what an MoE block saves), 5.4 (MLA), 6 (grouped GEMM rows per expert), from
+Megatron-LM @ d98e8a64ddf3 (moe/experts.py, moe/token_dispatcher.py, transformer/
+multi_latent_attention.py). All values are float arrays broadcast over candidates.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..specs import ModelSpec, TrainingSpec
+from . import model_counts as mc
+from . import model_flops as mf
+
+ATTENTION, WINDOW, MLP, MOE = "attention", "attention_window", "mlp", "moe"
+ROUTER_BYTES_PER_SCORE = 12.0  # fp32 logits, scores, probs + routing map per (token, expert): moe.md 5.2 estimate
+MAP_BYTES_PER_ROW = 12.0  # fp32 permuted prob + int64 row index per routed row (moe.md 5.2)
+PERMUTE_BYTES_PER_ROW_H = 8.0  # permute write + read, unpermute read + scatter-add, bf16: 4 passes x 2 B x h
+
+
+def block_kinds(model: ModelSpec) -> tuple[str, ...]:
+    """The block kinds the model has: attention (and windowed attention), MLP and/or MoE."""
+    kinds = [ATTENTION]
+    if model.sliding_window is not None:
+        kinds.append(WINDOW)
+    if model.moe is None or model.moe.first_dense_layers or model.moe.layer_freq > 1:
+        kinds.append(MLP)
+    if model.moe is not None:
+        kinds.append(MOE)
+    return tuple(kinds)
+
+
+def _glu_in(model: ModelSpec) -> int:
+    """Column outputs of fc1 per unit of width: 2 (gate and up) for SwiGLU, 1 otherwise."""
+    return 2 if model.activation == "swiglu" else 1
+
+
+# ----------------------------------------------------------------------------- layer counts
+
+
+def rank_blocks(model: ModelSpec, c, rank) -> dict[str, np.ndarray]:
+    """Blocks held by pipeline rank ``rank``: {kind: count}, float arrays. Rank r holds layers
+    [start, start + rank_layers) (the uneven split's edges and middles, LayoutDegrees); each
+    layer is one attention block (windowed or not, model_counts.window_layer_mask) and one MLP
+    block (dense or MoE, model_counts.moe_layer_mask). The last rank also holds the MTP
+    modules' layers (of the last layer's kind: Megatron places MTP on the last stage)."""
+    layers = c.rank_layers(model.num_layers, rank)
+    kinds = block_kinds(model)
+    if kinds == (ATTENTION, MLP):  # a plain dense model: every layer the same
+        return {ATTENTION: layers, MLP: layers}
+    first, middle, _ = c.stage_layers(model.num_layers)
+    rank = np.asarray(rank)
+    last = rank == np.asarray(c.pp) - 1
+    start = np.where(rank == 0, 0.0, np.where(last, model.num_layers - layers, first + (rank - 1) * middle))
+    start, stop = np.rint(start).astype(np.int64), np.rint(start + layers).astype(np.int64)
+    counts = mc.layer_counts_in_range(model, np.clip(start, 0, model.num_layers),
+                                      np.clip(stop, 0, model.num_layers))
+    mtp_moe, mtp_window = mc.mtp_layer_kind(model)
+    mtp = np.where(last, float(model.mtp_layers), 0.0)
+    out = {ATTENTION: counts["layers"] - counts["window"] + mtp * (not mtp_window),
+           MLP: counts["dense"] + mtp * (not mtp_moe)}
+    if WINDOW in kinds:
+        out[WINDOW] = counts["window"] + mtp * mtp_window
+    if MOE in kinds:
+        out[MOE] = counts["moe"] + mtp * mtp_moe
+    return {k: np.asarray(v, dtype=np.float64) for k, v in out.items() if k in kinds}
+
+
+# ----------------------------------------------------------------------------- parameters
+
+
+def block_params(model: ModelSpec, c) -> dict[str, tuple]:
+    """Per-GPU parameters of one block of each kind: {kind: (tp_sharded, replicated, expert)}.
+
+    Attention (formulas.md 1.3, 11.1): MHA/GQA weights 2*h*d*(n + g')/t with g' = max(g, t) (one
+    KV head per TP rank when g < t), column biases and sinks /t; replicated: the layer's input
+    norm, the row-parallel bias, QK norms. MLA: the up-projections and o_proj /t; the down-
+    projections h*(r_q + r_kv + d_r) and the latent norms replicated (Megatron-Core's MLA runs
+    them duplicated across TP). Dense MLP: glu*h*f/t (+ column biases /t); replicated: norm and
+    row bias. MoE: shared experts /t; router h*E (+ bias) and the norm replicated; the E routed
+    experts E*P_e/(ep*etp) as expert parameters (moe.md 5.1)."""
+    tp = np.asarray(c.tp, dtype=np.float64)
+    h = model.hidden_size
+    norm = mc._norm_width(model, h)
+    out = {}
+    out[ATTENTION] = _attention_params(model, tp, norm)
+    if WINDOW in block_kinds(model):
+        out[WINDOW] = out[ATTENTION]
+    f, glu = model.ffn, mc.glu_factor(model)
+    col_bias = (_glu_in(model) * f) if model.bias else 0
+    out[MLP] = ((glu * h * f + col_bias) / tp, np.broadcast_to(norm + (h if model.bias else 0.0), tp.shape), 0.0)
+    if model.moe is not None:
+        experts = mc.routed_expert_params_per_layer(model) / (np.asarray(c.ep, dtype=np.float64) * c.etp)
+        shared = mc.shared_expert_params(model) / tp
+        out[MOE] = (shared, np.broadcast_to(float(norm + mc.router_params(model)), tp.shape), experts)
+    return out
+
+
+def _attention_params(model: ModelSpec, tp, norm) -> tuple:
+    h, n = model.hidden_size, model.num_attention_heads
+    if model.attention_kind == "mla":
+        m = model.mla
+        qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+        down = h * (m.kv_lora_rank + m.qk_rope_head_dim) + mc._norm_width(model, m.kv_lora_rank)
+        up = m.kv_lora_rank * n * (m.qk_nope_head_dim + m.v_head_dim) + n * m.v_head_dim * h
+        if m.q_lora_rank is None:
+            up += h * n * qk
+        else:
+            down += h * m.q_lora_rank + mc._norm_width(model, m.q_lora_rank)
+            up += m.q_lora_rank * n * qk
+        return up / tp, np.broadcast_to(float(down + norm), tp.shape), 0.0
+    d, g = model.kv_channels, model.kv_heads
+    kv = np.maximum(g, tp)
+    sharded = (2 * h * d * n + 2 * h * d * kv) / tp
+    replicated = float(norm)
+    if model.bias:
+        sharded = sharded + (n * d + 2 * d * kv) / tp
+        replicated += h
+    if model.attention_sinks:
+        sharded = sharded + n / tp
+    if model.qk_norm == "per_head":
+        replicated += 2 * mc._norm_width(model, d)
+    elif model.qk_norm == "full":
+        replicated += mc._norm_width(model, n * d) + mc._norm_width(model, g * d)
+    return sharded, np.broadcast_to(replicated, tp.shape), 0.0
+
+
+# ----------------------------------------------------------------------------- compute
+
+
+def tokens_on_gpu(c, training: TrainingSpec) -> np.ndarray:
+    """Tokens of one micro-batch on one GPU: s*b/cp (TP ranks share them: GEMMs split weights)."""
+    return c.tokens_per_microbatch(training.seq_length)
+
+
+def moe_rows(model: ModelSpec, c, training: TrainingSpec) -> dict[str, np.ndarray]:
+    """Routed rows of one MoE block per micro-batch on one GPU (moe.md 4.2, 6), balanced:
+    T = s*b/(cp*tp) tokens (the SP shard), ``sent`` = T*k rows dispatched, ``received`` =
+    T*k*etp rows its local experts compute (times training.moe_imbalance on the busiest rank),
+    ``per_expert`` = T*k*etp*ep/E rows per local expert (the grouped GEMM's M)."""
+    k, E = model.moe.router_topk, model.moe.num_experts
+    T = tokens_on_gpu(c, training) / np.asarray(c.tp, dtype=np.float64)
+    gamma = training.moe_imbalance
+    return {"tokens": T, "sent": T * k, "received": gamma * T * k * c.etp,
+            "per_expert": gamma * T * k * c.etp * c.ep / E}
+
+
+def gemm_flops_per_token(model: ModelSpec, c) -> dict[str, np.ndarray]:
+    """Forward GEMM FLOPs per token (of the s*b/cp on the GPU) of one block of each kind, and the
+    share of them in the column-parallel GEMMs whose backward hides TP collectives:
+    {kind: (flops, column_share)}. Attention: 2 x its weights (MLA: replicated down-projections
+    in full, the rest /t); dense MLP 2*glu*h*f/t; MoE: the shared experts 2*glu*h*F_sh/t, the
+    router 2*h*E/t (on the SP shard) and the routed experts 2*glu*h*F*k*gamma/t (each GPU
+    computes its etp share of the rows its ep experts receive: etp and ep cancel)."""
+    tp = np.asarray(c.tp, dtype=np.float64)
+    h = model.hidden_size
+    out = {}
+    if model.attention_kind == "mla":
+        sharded, replicated, _ = _attention_params(model, tp, 0.0)
+        attn = 2.0 * (sharded + replicated)
+        share = 0.5
+    else:
+        d, n, g = model.kv_channels, model.num_attention_heads, model.kv_heads
+        qkv = 2 * h * d * (n + np.maximum(g, tp)) - n * d * h
+        attn = 2.0 * (qkv + n * d * h) / tp
+        share = qkv / (qkv + n * d * h)
+    out[ATTENTION] = (attn, share)
+    if WINDOW in block_kinds(model):
+        out[WINDOW] = out[ATTENTION]
+    glu = mc.glu_factor(model)
+    out[MLP] = (2.0 * glu * h * model.ffn / tp, _glu_in(model) / glu)
+    if model.moe is not None:
+        shared = mf.shared_expert_flops_per_token(model) / tp
+        routed = model.moe.router_topk * mf.expert_flops_per_token(model) / tp
+        out[MOE] = (shared + mf.router_flops_per_token(model) / tp, routed)
+    return out
+
+
+def attention_flops_per_sequence(model: ModelSpec, training: TrainingSpec, windowed: bool) -> float:
+    """Forward attention-core FLOPs of one layer for one sequence as the kernels run them:
+    causal (half the square) with flash attention, the full square without; over the window
+    for windowed layers (model_flops.attention_core_flops_per_sequence)."""
+    return mf.attention_core_flops_per_sequence(model, training.seq_length, windowed,
+                                                causal=training.flash_attention)
+
+
+def elementwise_bytes_per_token(model: ModelSpec, c, training: TrainingSpec) -> dict[str, np.ndarray]:
+    """HBM bytes per token (of s*b/cp) of the memory-bound kernels of one block, forward (backward
+    moves twice as much): a norm (read 2h, write 2h) and a bias-dropout-add (read 4h, write 2h,
+    mask h) = 11h per block, split by SP; the activation function 4f (GeLU) or 6f (SwiGLU: read
+    gate and up, write the product) /t; MoE: the router's softmax and top-k on E scores per
+    token, the permutation of the routed rows (PERMUTE_BYTES_PER_ROW_H x h each) and the
+    activation on them, on the SP shard."""
+    tp = np.asarray(c.tp, dtype=np.float64)
+    h = model.hidden_size
+    sp = c.sp_divisor
+    act = 6.0 if model.activation == "swiglu" else 4.0
+    out = {ATTENTION: 11.0 * h / sp}
+    if WINDOW in block_kinds(model):
+        out[WINDOW] = out[ATTENTION]
+    out[MLP] = 11.0 * h / sp + act * model.ffn / tp
+    if model.moe is not None:
+        m = model.moe
+        rows = training.moe_imbalance * m.router_topk / tp
+        out[MOE] = (11.0 * h / sp + ROUTER_BYTES_PER_SCORE * m.num_experts / tp
+                    + rows * (PERMUTE_BYTES_PER_ROW_H * h + act * m.ffn_hidden_size)
+                    + act * m.shared_experts * m.shared_ffn / tp)
+    return out
+
+
+# ----------------------------------------------------------------------------- activations
+
+
+def activation_bytes_per_token(model: ModelSpec, training: TrainingSpec, c, recompute) -> dict[str, np.ndarray]:
+    """Bytes one block saves for the backward per token (of s*b/cp on the GPU), by recompute
+    code (0 none, 1 selective: core attention, 2 full, 3 selective with layernorm, moe_act and
+    mla_up_proj too: Megatron-Core's --recompute-modules). {kind: array}
+
+    Replicated terms R are split by SP, sharded ones S by TP (formulas.md 3.2):
+    attention: R = 2h norm input + 2h QKV input (dropped by layernorm) + h dropout mask;
+      S = Q, K, V 2*d*(n + 2g') + out-proj input 2*n*d + the fp32 log-sum-exp 4n (flash) or the
+      scores (2 + 3 with dropout)*n*s (no flash; dropped by core_attn). MLA (moe.md 5.4):
+      R = 2h norm input + 2h down-projection input (layernorm) + latents 4*r_q + 4*r_kv + 2*d_r;
+      S = q, k, v 2n(2(d_n + d_r) + d_v) (dropped by mla_up_proj) + output 2n*d_v + 4n.
+    dense MLP: R = 2h norm input + 2h fc1 input (layernorm) + h mask; S = 2*glu_in*f + 2f.
+    MoE (moe.md 5.2, on the SP shard T = tokens/t): R = 2h norm input + 2h MoE input
+      (layernorm); per token of T: router state 12E, dispatched tokens 2*k*g*etp*h, fc1 output
+      2*k*g*glu_in*F, fc2 input 2*k*g*F (dropped by moe_act), probs and maps 12*k*g*etp, shared
+      experts 2*(glu_in + 1)*F_sh (g = moe_imbalance on the busiest rank).
+    Full recompute keeps the layer input, 2h/sp on the attention block, nothing on the MLP.
+    """
+    h, tp, sp = model.hidden_size, np.asarray(c.tp, dtype=np.float64), c.sp_divisor
+    rc = np.asarray(recompute)
+    light = rc == 3  # layernorm, moe_act, mla_up_proj dropped
+    core = (rc == 1) | light
+    full = rc == 2
+    mask = float(h) if model.dropout > 0 else 0.0
+    norm_out = np.where(light, 0.0, 2.0 * h)
+    out = {}
+    rep, shard = _attention_saved(model, training, tp, norm_out, core, light)
+    out[ATTENTION] = np.where(full, 2.0 * h / sp, rep / sp + shard / tp)
+    if WINDOW in block_kinds(model):
+        out[WINDOW] = out[ATTENTION]
+    f = model.ffn
+    mlp = (2.0 * h + norm_out + mask) / sp + (2.0 * _glu_in(model) * f + 2.0 * f) / tp
+    out[MLP] = np.where(full, 0.0, mlp)
+    if model.moe is not None:
+        m, g = model.moe, training.moe_imbalance
+        glu_in, F = _glu_in(model), m.ffn_hidden_size
+        per_row = 2.0 * c.etp * h + 2.0 * glu_in * F + np.where(light, 0.0, 2.0 * F) + MAP_BYTES_PER_ROW * c.etp
+        shard_t = ROUTER_BYTES_PER_SCORE * m.num_experts + m.router_topk * g * per_row \
+            + 2.0 * (glu_in + 1) * m.shared_experts * m.shared_ffn
+        out[MOE] = np.where(full, 0.0, (2.0 * h + norm_out) / sp + shard_t / tp)
+    return out
+
+
+def _attention_saved(model: ModelSpec, training: TrainingSpec, tp, norm_out, core, light):
+    """(R, S) bytes per token the attention block saves (see activation_bytes_per_token)."""
+    h, n = model.hidden_size, model.num_attention_heads
+    if model.attention_kind == "mla":
+        m = model.mla
+        latents = 4.0 * (m.q_lora_rank or 0) + 4.0 * m.kv_lora_rank + 2.0 * m.qk_rope_head_dim
+        qkv = 2.0 * n * (2 * (m.qk_nope_head_dim + m.qk_rope_head_dim) + m.v_head_dim)
+        shard = np.where(light, 0.0, qkv) + 2.0 * n * m.v_head_dim + 4.0 * n
+        return 2.0 * h + norm_out + latents, shard
+    d, g = model.kv_channels, np.maximum(model.kv_heads, tp)  # one KV head per rank when g < t
+    dropout = model.dropout > 0
+    shard = 2.0 * d * (n + 2 * g) + 2.0 * n * d
+    if training.flash_attention:
+        scores = 4.0 * n
+    else:
+        scores = np.where(core, 0.0, (5.0 if dropout else 2.0) * n * training.seq_length)
+    return 2.0 * h + norm_out + (h if dropout else 0.0), shard + scores

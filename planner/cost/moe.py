@@ -1,0 +1,88 @@
+"""Expert parallelism: token dispatch and combine of an MoE block (moe.md 3-4).
+
+Experts fold over a pipeline stage's tp*cp*dp GPUs as etp x ep x edp (Megatron-Core parallel
+folding; LayoutDegrees.edp). An MoE block receives the SP shard of the tokens, T = s*b/(cp*tp)
+per GPU (blocks.moe_rows), routes each to router_topk experts and, with Megatron-Core's
+alltoall dispatcher (Megatron-LM @ d98e8a64ddf3 moe/token_dispatcher.py L375-908, moe.md 4.1):
+  dispatch: an all-to-all over the ep group of the T*k routed rows (h activations + the fp32
+  routing probability each); with etp > 1 an all-gather of them over the etp group;
+  combine: with etp > 1 a reduce-scatter over etp in the probabilities' dtype (fp32); an
+  all-to-all of the T*k rows back over ep.
+The backward mirrors each (all-to-all <-> all-to-all, all-gather <-> reduce-scatter); full
+recompute repeats the forward's. The allgather dispatcher (moe.md 4.3) instead all-gathers the
+T tokens, their probabilities and routing map over the etp*ep group and reduce-scatters the
+result. Payload S is what one GPU sends (all-to-all) or the unsharded tensor (all-gather
+output, reduce-scatter input), formulas.md 5.1; the busiest rank receives moe_imbalance times
+the balanced share, which cost.comm applies to the all-to-all time.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..specs import ModelSpec, TrainingSpec
+from .blocks import moe_rows
+from .volumes import Collective, Elements
+
+PROB_BYTES = 4.0  # routing probabilities in fp32 (Megatron-Core --moe-router-dtype fp32; moe.md 4.1, 8.6)
+
+
+def expert_collectives(model: ModelSpec, training: TrainingSpec, c, elem: Elements, full) -> list[Collective]:
+    """The expert-parallel collectives of ONE MoE block for ONE micro-batch on one GPU (see the
+    module docstring): calls and payloads as arrays; groups ``ep`` and ``etp`` (zero calls where
+    the group has one rank)."""
+    rows = moe_rows(model, c, training)
+    h, act = model.hidden_size, elem.act
+    on_ep = (np.asarray(c.ep) > 1) * 1.0
+    on_etp = (np.asarray(c.etp) > 1) * 1.0
+    etp = np.asarray(c.etp, dtype=np.float64)
+    again = np.where(full, 1.0, 0.0)
+    if training.moe_dispatcher == "allgather":
+        return _allgather(model, c, rows, act, again)
+    sent = rows["sent"]
+    out = []
+    for phase, n in (("forward", 1.0), ("recompute", again)):
+        out += [Collective("ep", "all_to_all", "layer", phase, "", on_ep * n, sent * (act * h + PROB_BYTES),
+                           "token dispatch (rows and their routing probabilities)"),
+                Collective("ep", "all_to_all", "layer", phase, "", on_ep * n, sent * act * h, "token combine"),
+                Collective("etp", "all_gather", "layer", phase, "", on_etp * n, etp * sent * (act * h + PROB_BYTES),
+                           "expert-TP all-gather of the dispatched rows"),
+                Collective("etp", "reduce_scatter", "layer", phase, "", on_etp * n, etp * sent * PROB_BYTES * h,
+                           "expert-TP reduce-scatter of the expert outputs (fp32)")]
+    out += [Collective("ep", "all_to_all", "layer", "backward", "", on_ep, sent * act * h,
+                       "gradient of the token combine"),
+            Collective("ep", "all_to_all", "layer", "backward", "", on_ep, sent * (act * h + PROB_BYTES),
+                       "gradient of the token dispatch"),
+            Collective("etp", "all_gather", "layer", "backward", "", on_etp, etp * sent * PROB_BYTES * h,
+                       "expert-TP all-gather of the output gradients (fp32)"),
+            Collective("etp", "reduce_scatter", "layer", "backward", "", on_etp, etp * sent * act * h,
+                       "expert-TP reduce-scatter of the dispatched rows' gradients")]
+    return out
+
+
+def _allgather(model: ModelSpec, c, rows, act: float, again) -> list[Collective]:
+    """The allgather dispatcher (moe.md 4.3): over the etp*ep group G, an all-gather of the T
+    tokens (h activations), their probabilities and routing map (E fp32 + E bool each) and a
+    reduce-scatter of the G*T outputs in the probabilities' dtype; the backward mirrors both."""
+    E, h = model.moe.num_experts, model.hidden_size
+    g = np.asarray(c.etp * c.ep, dtype=np.float64)
+    on = (g > 1) * 1.0
+    T = rows["tokens"]
+    gather = g * T * (act * h + PROB_BYTES * E + E)
+    scatter = g * T * PROB_BYTES * h
+    out = []
+    for phase, n in (("forward", 1.0), ("recompute", again)):
+        out += [Collective("ep", "all_gather", "layer", phase, "", on * n, gather, "allgather dispatch"),
+                Collective("ep", "reduce_scatter", "layer", phase, "", on * n, scatter, "allgather combine (fp32)")]
+    return out + [Collective("ep", "all_gather", "layer", "backward", "", on, scatter, "combine gradient"),
+                  Collective("ep", "reduce_scatter", "layer", "backward", "", on, g * T * (act * h + PROB_BYTES * E),
+                             "dispatch gradient")]
+
+
+def ep_group(c, training: TrainingSpec) -> tuple:
+    """(size, stride) of the group the dispatch runs on: ep ranks etp apart (alltoall), or the
+    etp*ep ranks of an expert-TP x EP block (allgather). Megatron-Core's expert rank order is
+    etp-ep-edp-pp (moe.md 3.1)."""
+    if training.moe_dispatcher == "allgather":
+        return c.etp * c.ep, np.ones_like(np.asarray(c.ep))
+    return c.ep, c.etp
