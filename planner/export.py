@@ -61,11 +61,9 @@ def read_checked_plan(path: Path) -> Plan:
     """read_plan, then the layout rules every consumer relies on (search.check_layout): a plan
     edited by hand into an invalid layout is a UsageError here, before anything is exported or
     run. TP across nodes is allowed (it is slow, not invalid)."""
-    from .cost.support import refuse_unmodelled
     from .search import check_layout
     plan = read_plan(path)
     try:
-        refuse_unmodelled(plan.model)
         check_layout(plan.model, plan.hardware, plan.training, plan.gpus, plan.layout.model_dump(),
                      allow_cross_node_tp=True)
     except UsageError as exc:

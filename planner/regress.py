@@ -152,9 +152,7 @@ def flatten_estimate(d: dict, prefix: str = "", with_layout: bool = False) -> di
 def _evaluate(case: Case) -> dict[str, Scalar]:
     from .catalog import resolve_hardware, resolve_model, validate
     from .specs import TrainingSpec
-    from .cost.support import refuse_unmodelled
     model = resolve_model(case.model)
-    refuse_unmodelled(model)
     hw = resolve_hardware(case.hardware)
     training = validate(TrainingSpec, {"seq_length": model.training.seq_length,
                                        "global_batch_size": model.training.global_batch_size,

@@ -55,12 +55,15 @@ class SearchOptions:
     sequence_parallel: bool | None = None
     vpp: int | None = None
     cp: int | None = None
+    ep: int | None = None
+    etp: int | None = None
     distributed_optimizer: bool | None = None
     max_tp: int | None = None
     max_pp: int | None = None
     max_micro_batch_size: int = 64
     max_vpp: int = 16
     max_cp: int = 16
+    max_ep: int | None = None
     allow_cross_node_tp: bool = False
     objective: str = "throughput"
     tokens: float | None = None
@@ -73,7 +76,8 @@ class SearchOptions:
     def __post_init__(self) -> None:
         for pin, bound, name in ((self.tp, self.max_tp, "tp"), (self.pp, self.max_pp, "pp"),
                                  (self.micro_batch_size, self.max_micro_batch_size, "micro-batch-size"),
-                                 (self.vpp, self.max_vpp, "vpp"), (self.cp, self.max_cp, "cp")):
+                                 (self.vpp, self.max_vpp, "vpp"), (self.cp, self.max_cp, "cp"),
+                                 (self.ep, self.max_ep, "ep")):
             if pin is not None and bound is not None and pin > bound:
                 raise UsageError(f"--{name} {pin} contradicts --max-{name} {bound}")
 
@@ -127,7 +131,7 @@ def build_grid(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gp
     with ``max_gpus`` every divisor of the global batch (no other dp splits it) such that
     tp*cp*pp*dp is whole nodes within the budget;
     zero_stage 0-3; micro_batch_size: divisors of the global batch up to
-    ``max_micro_batch_size``; recompute none/selective/full; SP on/off; vpp: divisors of the
+    ``max_micro_batch_size``; recompute none/selective/selective+/full; SP on/off; vpp: divisors of the
     layer count up to ``max_vpp``, and those an uneven split interleaves with
     (space.uneven_vpp_options); distributed optimizer off unless pinned.
     """
@@ -148,17 +152,45 @@ def build_grid(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gp
     if opts.dp is not None:
         keep = split["dp"] == opts.dp
         split = {k: v[keep] for k, v in split.items()}
+    if model.moe is not None:
+        split = expert_mesh(split, model.moe.num_experts, opts)
     knobs = dict(
         zero_stage=_axis(np.arange(4), opts.zero_stage),
         micro_batch_size=_axis(divisors(training.global_batch_size), opts.micro_batch_size,
                                opts.max_micro_batch_size),
-        recompute=_axis(np.arange(3), None if opts.recompute is None else RECOMPUTE_CODES[opts.recompute]),
+        recompute=_axis(np.arange(4), None if opts.recompute is None else RECOMPUTE_CODES[opts.recompute]),
         sequence_parallel=np.array([False, True]) if opts.sequence_parallel is None
         else np.array([opts.sequence_parallel]),
         vpp=_axis(_vpp_values(L, pps, opts.max_vpp), opts.vpp, opts.max_vpp),
         distributed_optimizer=np.array([bool(opts.distributed_optimizer)]),
     )
     return Grid(split, knobs)
+
+
+def expert_mesh(split: dict[str, np.ndarray], num_experts: int, opts: SearchOptions) -> dict[str, np.ndarray]:
+    """The split rows, each repeated once per expert mesh (ep, etp) its stage can fold
+    (Megatron-Core parallel folding: etp*ep divides tp*cp*dp, ep divides the experts): ep over
+    the powers of two up to ``max_ep`` (default: the experts), etp 1 (Megatron's guidance for
+    fine-grained experts, moe.md 6) or tp (its default, arguments.py L587-588); a pinned ep or
+    etp is taken as given. Rows in (etp choice, ep) order."""
+    ep_axis = 2 ** np.arange(0, int(np.log2(num_experts)) + 1)
+    ep_axis = _axis(ep_axis[num_experts % ep_axis == 0], opts.ep, opts.max_ep)
+    stage = split["tp"] * split["cp"] * split["dp"]
+    if opts.etp is not None:
+        choices = [np.full_like(split["tp"], opts.etp)]
+    else:  # etp = 1, and etp = tp where that is another mesh
+        choices = [np.ones_like(split["tp"]), np.where(split["tp"] > 1, split["tp"], 0)]
+    rows, eps, etps = [], [], []
+    for etp in choices:
+        for ep in ep_axis.tolist():
+            idx = np.flatnonzero((etp > 0) & (stage % np.maximum(etp * ep, 1) == 0))
+            rows.append(idx)
+            eps.append(np.full(idx.size, ep, dtype=np.int64))
+            etps.append(etp[idx])
+    order = np.concatenate(rows)
+    out = {k: v[order] for k, v in split.items()}
+    out["ep"], out["etp"] = np.concatenate(eps), np.concatenate(etps)
+    return out
 
 
 def enumerate_space(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: int,

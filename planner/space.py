@@ -139,7 +139,29 @@ def constraint_masks(model: ModelSpec, training: TrainingSpec, nvlink_domain: in
         "distributed optimizer replaces ZeRO (zero_stage 0 only)":
             ~c.distributed_optimizer | (c.zero_stage == 0),
         UNEVEN_RULE: _uneven_ok(L, c),
+        **expert_rules(model, c),
     }
+
+
+EXPERT_RULE = "experts divisible by ep, etp*ep dividing tp*cp*dp"
+
+
+def expert_rules(model: ModelSpec, c) -> dict[str, np.ndarray]:
+    """Named rules of the expert mesh (Megatron-Core, moe.md 3.2): a dense model has ep = etp = 1;
+    an MoE model needs num_experts divisible by ep and etp*ep dividing the stage's tp*cp*dp GPUs
+    (parallel folding: edp = tp*cp*dp/(etp*ep)), the expert FFN width divisible by etp, sequence
+    parallelism when tp > 1 (MoELayer raises without it in training), and etp = 1 with biased
+    experts (add_bias_linear with MoE, transformer_config.py L2612-2615)."""
+    ep, etp = np.asarray(c.ep), np.asarray(c.etp)
+    if model.moe is None:
+        return {"expert parallelism needs an MoE model (ep = etp = 1)": (ep == 1) & (etp == 1)}
+    m = model.moe
+    rules = {EXPERT_RULE: (m.num_experts % ep == 0) & (c.stage_gpus % (etp * ep) == 0),
+             "expert ffn_hidden_size divisible by etp": m.ffn_hidden_size % etp == 0,
+             "MoE with tp > 1 needs sequence parallelism": (np.asarray(c.tp) == 1) | c.sequence_parallel}
+    if model.bias:
+        rules["MoE with biases needs etp = 1"] = etp == 1
+    return rules
 
 
 def _uneven_ok(num_layers: int, c) -> np.ndarray:

@@ -144,8 +144,13 @@ class ModelSpec(_Strict):
 
 # ----------------------------------------------------------------------------- training + layout
 
-Recompute = Literal["none", "selective", "full"]
-RECOMPUTE_CODES: dict[str, int] = {"none": 0, "selective": 1, "full": 2}
+# Activation recomputation: none; selective = Megatron-Core's --recompute-modules core_attn (its
+# default, Korthikanti et al. 2022's selective recomputation); selective+ = --recompute-modules
+# layernorm moe_act mla_up_proj (the light modules that apply to the model, as Megatron-Bridge's
+# MoE recipes set them; moe.md 5.3); full = every layer (--recompute-granularity full).
+Recompute = Literal["none", "selective", "full", "selective+"]
+RECOMPUTE_CODES: dict[str, int] = {"none": 0, "selective": 1, "full": 2, "selective+": 3}
+SELECTIVE_PLUS_MODULES = ("layernorm", "moe_act", "mla_up_proj")
 
 
 class TrainingSpec(_Strict):
@@ -186,6 +191,12 @@ class TrainingSpec(_Strict):
     # Token dispatcher (Megatron-Core --moe-token-dispatcher-type): alltoall (the default for
     # expert parallelism) or allgather (moe.md 4.1-4.3).
     moe_dispatcher: Literal["alltoall", "allgather"] = "alltoall"
+    # Megatron-Core's EP communication overlap (--overlap-moe-expert-parallel-comm with
+    # --delay-wgrad-compute, pipeline_parallel/combined_1f1b.py): the dispatch and combine of one
+    # micro-batch run under another's compute. Off by default, as in Megatron-Core; it needs
+    # ep > 1, no full recompute and, with pp > 1, interleaving (transformer_config.py
+    # L3003-3050), and is off for the layouts that break that.
+    moe_a2a_overlap: bool = False
 
 
 class Layout(LayoutDegrees, _Strict):

@@ -22,7 +22,8 @@ from .render import fmt
 from .space import UNEVEN_RULE, constraint_masks, default_uneven_split, uneven_vpp_options
 from .specs import RECOMPUTE_CODES, HardwareProfile, ModelSpec, TrainingSpec
 
-_KEYS = {"tp": "tp", "cp": "cp", "pp": "pp", "dp": "dp", "distopt": "distributed_optimizer",
+_KEYS = {"tp": "tp", "cp": "cp", "pp": "pp", "dp": "dp", "ep": "ep", "etp": "etp",
+         "distopt": "distributed_optimizer",
          "distributed_optimizer": "distributed_optimizer", "zero": "zero_stage", "zero_stage": "zero_stage",
          "mbs": "micro_batch_size", "micro_batch_size": "micro_batch_size", "vpp": "vpp",
          "recompute": "recompute", "sp": "sequence_parallel", "sequence_parallel": "sequence_parallel"}
@@ -35,7 +36,7 @@ def parse_layout(text: str) -> dict[str, object]:
     """``"tp=4,pp=16,sp=1,recompute=full"`` -> SearchOptions pins. UsageError on anything odd.
 
     Keys: tp, cp, pp, dp, zero (zero_stage), distopt (distributed_optimizer: 1/0), mbs
-    (micro_batch_size), vpp, recompute (none/selective/full), sp (sequence_parallel: 1/0).
+    (micro_batch_size), vpp, recompute (none/selective/selective+/full), sp (sequence_parallel: 1/0).
     """
     pins: dict[str, object] = {}
     spaced = re.sub(r"\s*=\s*", "=", text.strip())  # "tp = 8" reads as "tp=8"
@@ -51,7 +52,7 @@ def parse_layout(text: str) -> dict[str, object]:
                              "give each dimension once")
         if name == "recompute":
             if value not in RECOMPUTE_CODES:
-                raise UsageError(f"--why-not: recompute must be none, selective or full, got {value!r}")
+                raise UsageError(f"--why-not: recompute must be none, selective, selective+ or full, got {value!r}")
             pins[name] = value
         elif name in ("sequence_parallel", "distributed_optimizer"):
             if value not in _TRUE | _FALSE:

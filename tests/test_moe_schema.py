@@ -9,7 +9,6 @@ from typer.testing import CliRunner
 
 from planner import catalog
 from planner.cli import app
-from planner.cost.support import refuse_unmodelled
 from planner.errors import UsageError
 from planner.specs import ModelSpec
 
@@ -102,20 +101,6 @@ def test_new_catalog_entries_have_sources_and_training_defaults():
         assert "RoPE base" in m.source and m.rope_theta, name
     assert catalog.resolve_model("mistral-7b").sliding_window == 4096
     assert catalog.resolve_model("deepseek-v3").training.tokens == 14.8e12
-
-
-def test_refusal_is_one_function_and_one_line():
-    runner = CliRunner()
-    for argv in (["search", "--model", "mixtral-8x7b", "--gpus", "8"],
-                 ["estimate", "--model", "deepseek-v3", "--gpus", "64"],
-                 ["sweep", "--model", "qwen3-30b-a3b", "--gpus", "8:16"]):
-        res = runner.invoke(app, argv)
-        assert res.exit_code == 2, res.output
-        lines = res.stderr.strip().splitlines()
-        assert len(lines) == 1 and "expert parallelism is not modelled yet" in lines[0]
-    with pytest.raises(UsageError, match="MLA attention, MTP modules"):
-        refuse_unmodelled(catalog.resolve_model("deepseek-v3"))
-    refuse_unmodelled(catalog.resolve_model("mistral-7b"))  # dense with a window: costed
 
 
 def test_models_lists_total_and_active():

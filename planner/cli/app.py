@@ -36,6 +36,7 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
 class RecomputeChoice(str, Enum):
     none = "none"
     selective = "selective"
+    selective_plus = "selective+"
     full = "full"
 
 

@@ -8,7 +8,6 @@ from typing import Optional
 import typer
 
 from .. import catalog
-from ..cost.support import refuse_unmodelled
 from ..errors import UsageError
 from ..render import console
 from .app import (GBS, GPUS, HARDWARE, HEADROOM, JSON, MODEL, SEQ, RecomputeChoice, _check_count,
@@ -34,6 +33,9 @@ def search(
                                                      help="Pin sequence parallelism."),
     vpp: Optional[int] = typer.Option(None, "--vpp", help="Pin virtual pipeline stages per rank."),
     cp: Optional[int] = typer.Option(None, "--cp", help="Pin context-parallel size."),
+    ep: Optional[int] = typer.Option(None, "--ep", help="Pin expert-parallel size (MoE models)."),
+    etp: Optional[int] = typer.Option(None, "--etp", help="Pin expert-tensor-parallel size (MoE)."),
+    max_ep: Optional[int] = typer.Option(None, "--max-ep", help="Upper bound on ep."),
     distributed_optimizer: Optional[bool] = typer.Option(
         None, "--distributed-optimizer/--no-distributed-optimizer",
         help="Pin Megatron's distributed optimizer (costed as ZeRO-1; off unless pinned)."),
@@ -63,13 +65,12 @@ def search(
     from ..search import SearchOptions
     from ..search import search as run_search
     m = catalog.resolve_model(_require(model, "--model"))
-    refuse_unmodelled(m)
     hw = catalog.resolve_hardware(hardware)
     training = _training(m, global_batch_size, seq_length)
     _check_positive(top=top, tp=tp, pp=pp, dp=dp, micro_batch_size=micro_batch_size, vpp=vpp,
                     max_tp=max_tp, max_pp=max_pp, max_micro_batch_size=max_micro_batch_size,
-                    max_vpp=max_vpp, cp=cp, max_cp=max_cp, max_gpus=max_gpus,
-                    price_per_gpu_hour=price_per_gpu_hour, tokens=tokens)
+                    max_vpp=max_vpp, cp=cp, max_cp=max_cp, max_gpus=max_gpus, ep=ep, etp=etp,
+                    max_ep=max_ep, price_per_gpu_hour=price_per_gpu_hour, tokens=tokens)
     if zero_stage is not None and zero_stage not in (0, 1, 2, 3):
         raise UsageError(f"--zero-stage must be 0, 1, 2 or 3, got {zero_stage}")
     _check_search_flags(export, force, why_not, gpus, max_gpus)
@@ -81,6 +82,7 @@ def search(
                          sequence_parallel=sequence_parallel, vpp=vpp, max_tp=max_tp, max_pp=max_pp,
                          max_micro_batch_size=max_micro_batch_size, max_vpp=max_vpp,
                          cp=cp, distributed_optimizer=distributed_optimizer, max_cp=max_cp,
+                         ep=ep, etp=etp, max_ep=max_ep,
                          allow_cross_node_tp=allow_cross_node_tp, objective=objective, tokens=tokens,
                          price_per_gpu_hour=price_per_gpu_hour, max_gpus=max_gpus,
                          headroom_bytes=headroom_bytes, headroom_fraction=headroom_fraction)
@@ -185,7 +187,6 @@ def sweep(
     """Best layout, tokens/s, MFU and scaling efficiency at each GPU count."""
     from .sweep import run
     m = catalog.resolve_model(_require(model, "--model"))
-    refuse_unmodelled(m)
     hw = catalog.resolve_hardware(hardware)
     training = _training(m, None, seq_length)
     run(m, hw, training, _require(gpus, "--gpus"), json_out, plot, force, min_memory_headroom,
@@ -212,6 +213,8 @@ def estimate(
                                                      help="Sequence parallelism \\[default: off]."),
     vpp: Optional[int] = typer.Option(None, "--vpp", help="Virtual pipeline stages per rank \\[default: 1]."),
     cp: Optional[int] = typer.Option(None, "--cp", help="Context-parallel size \\[default: 1]."),
+    ep: Optional[int] = typer.Option(None, "--ep", help="Expert-parallel size (MoE) \\[default: 1]."),
+    etp: Optional[int] = typer.Option(None, "--etp", help="Expert-tensor-parallel size (MoE) \\[default: 1]."),
     distributed_optimizer: Optional[bool] = typer.Option(
         None, "--distributed-optimizer/--no-distributed-optimizer",
         help="Megatron's distributed optimizer, the ZeRO-1 alternative: implies --zero-stage 0 "
@@ -233,7 +236,7 @@ def estimate(
              "--global-batch-size": global_batch_size, "--seq-length": seq_length, "--tp": tp,
              "--pp": pp, "--dp": dp, "--zero-stage": zero_stage, "--micro-batch-size": micro_batch_size,
              "--recompute": recompute, "--sequence-parallel": sequence_parallel, "--vpp": vpp,
-             "--cp": cp, "--distributed-optimizer": distributed_optimizer,
+             "--cp": cp, "--ep": ep, "--etp": etp, "--distributed-optimizer": distributed_optimizer,
              "--first-stage-layers": first_stage_layers, "--last-stage-layers": last_stage_layers,
              "--allow-cross-node-tp": allow_cross_node_tp or None}
     if plan is not None:
@@ -244,23 +247,22 @@ def estimate(
                              "them (edit the plan, or estimate from flags without --plan)")
         p = read_plan(plan)
         m, hw, training, layout, n = p.model, p.hardware, p.training, p.layout, p.gpus
-        refuse_unmodelled(m)
         # as every plan consumer (export.read_checked_plan): TP across nodes is slow, not invalid
         check_layout(m, hw, training, n, layout.model_dump(), allow_cross_node_tp=True)
     else:
         # Checked as given, before the defaults: `--tp 0` is an error, not tp=1.
-        _check_positive(tp=tp, pp=pp, dp=dp, cp=cp, micro_batch_size=micro_batch_size, vpp=vpp)
+        _check_positive(tp=tp, pp=pp, dp=dp, cp=cp, micro_batch_size=micro_batch_size, vpp=vpp,
+                        ep=ep, etp=etp)
         _check_count(first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers)
         zero_stage = _zero_stage(zero_stage, distributed_optimizer)
         m = catalog.resolve_model(_require(model, "--model"))
-        refuse_unmodelled(m)
         hw = catalog.resolve_hardware(hardware or "dgx-h100")
         training = _training(m, global_batch_size, seq_length)
         n = _require(gpus, "--gpus")
         layout = _layout(m, hw, training, n, tp or 1, pp or 1, dp, zero_stage, micro_batch_size or 1,
                          (recompute or RecomputeChoice.none).value, bool(sequence_parallel), vpp or 1,
                          cp=cp or 1, distributed_optimizer=bool(distributed_optimizer),
-                         first_stage_layers=first_stage_layers or 0,
+                         ep=ep or 1, etp=etp or 1, first_stage_layers=first_stage_layers or 0,
                          last_stage_layers=last_stage_layers or 0,
                          allow_cross_node_tp=allow_cross_node_tp)
     est = estimate_layout(m, hw, training, layout)
@@ -300,13 +302,13 @@ def _with_gpus(entry: dict) -> dict:
 
 
 def _layout(m, hw, training, gpus, tp, pp, dp, zero_stage, micro_batch_size, recompute, sp, vpp,
-            cp=1, distributed_optimizer=False, first_stage_layers=0, last_stage_layers=0,
+            cp=1, distributed_optimizer=False, ep=1, etp=1, first_stage_layers=0, last_stage_layers=0,
             allow_cross_node_tp=False):
     """Validate one user layout against the same rules the search applies (UsageError)."""
     from ..search import check_layout
     _check_positive(tp=tp, pp=pp, dp=dp, micro_batch_size=micro_batch_size, vpp=vpp, cp=cp)
     fields = dict(tp=tp, pp=pp, zero_stage=zero_stage, micro_batch_size=micro_batch_size,
-                  recompute=recompute, sequence_parallel=sp, vpp=vpp, cp=cp,
+                  recompute=recompute, sequence_parallel=sp, vpp=vpp, cp=cp, ep=ep, etp=etp,
                   distributed_optimizer=distributed_optimizer,
                   first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers)
     if dp is not None:

@@ -98,7 +98,8 @@ def block_params(model: ModelSpec, c) -> dict[str, tuple]:
         out[WINDOW] = out[ATTENTION]
     f, glu = model.ffn, mc.glu_factor(model)
     col_bias = (_glu_in(model) * f) if model.bias else 0
-    out[MLP] = ((glu * h * f + col_bias) / tp, np.broadcast_to(norm + (h if model.bias else 0.0), tp.shape), 0.0)
+    if MLP in block_kinds(model):
+        out[MLP] = ((glu * h * f + col_bias) / tp, np.broadcast_to(norm + (h if model.bias else 0.0), tp.shape), 0.0)
     if model.moe is not None:
         experts = mc.routed_expert_params_per_layer(model) / (np.asarray(c.ep, dtype=np.float64) * c.etp)
         shared = mc.shared_expert_params(model) / tp
@@ -178,7 +179,8 @@ def gemm_flops_per_token(model: ModelSpec, c) -> dict[str, np.ndarray]:
     if WINDOW in block_kinds(model):
         out[WINDOW] = out[ATTENTION]
     glu = mc.glu_factor(model)
-    out[MLP] = (2.0 * glu * h * model.ffn / tp, _glu_in(model) / glu)
+    if MLP in block_kinds(model):
+        out[MLP] = (2.0 * glu * h * model.ffn / tp, _glu_in(model) / glu)
     if model.moe is not None:
         shared = mf.shared_expert_flops_per_token(model) / tp
         routed = model.moe.router_topk * mf.expert_flops_per_token(model) / tp
@@ -208,7 +210,8 @@ def elementwise_bytes_per_token(model: ModelSpec, c, training: TrainingSpec) -> 
     out = {ATTENTION: 11.0 * h / sp}
     if WINDOW in block_kinds(model):
         out[WINDOW] = out[ATTENTION]
-    out[MLP] = 11.0 * h / sp + act * model.ffn / tp
+    if MLP in block_kinds(model):
+        out[MLP] = 11.0 * h / sp + act * model.ffn / tp
     if model.moe is not None:
         m = model.moe
         rows = training.moe_imbalance * m.router_topk / tp
@@ -223,8 +226,8 @@ def elementwise_bytes_per_token(model: ModelSpec, c, training: TrainingSpec) -> 
 
 def activation_bytes_per_token(model: ModelSpec, training: TrainingSpec, c, recompute) -> dict[str, np.ndarray]:
     """Bytes one block saves for the backward per token (of s*b/cp on the GPU), by recompute
-    code (0 none, 1 selective: core attention, 2 full, 3 selective with layernorm, moe_act and
-    mla_up_proj too: Megatron-Core's --recompute-modules). {kind: array}
+    code (0 none, 1 selective: core attention, 2 full, 3 selective+: layernorm, moe_act and
+    mla_up_proj, Megatron-Core's --recompute-modules). {kind: array}
 
     Replicated terms R are split by SP, sharded ones S by TP (formulas.md 3.2):
     attention: R = 2h norm input + 2h QKV input (dropped by layernorm) + h dropout mask;
@@ -242,7 +245,7 @@ def activation_bytes_per_token(model: ModelSpec, training: TrainingSpec, c, reco
     h, tp, sp = model.hidden_size, np.asarray(c.tp, dtype=np.float64), c.sp_divisor
     rc = np.asarray(recompute)
     light = rc == 3  # layernorm, moe_act, mla_up_proj dropped
-    core = (rc == 1) | light
+    core = rc == 1
     full = rc == 2
     mask = float(h) if model.dropout > 0 else 0.0
     norm_out = np.where(light, 0.0, 2.0 * h)
@@ -253,7 +256,8 @@ def activation_bytes_per_token(model: ModelSpec, training: TrainingSpec, c, reco
         out[WINDOW] = out[ATTENTION]
     f = model.ffn
     mlp = (2.0 * h + norm_out + mask) / sp + (2.0 * _glu_in(model) * f + 2.0 * f) / tp
-    out[MLP] = np.where(full, 0.0, mlp)
+    if MLP in block_kinds(model):
+        out[MLP] = np.where(full, 0.0, mlp)
     if model.moe is not None:
         m, g = model.moe, training.moe_imbalance
         glu_in, F = _glu_in(model), m.ffn_hidden_size
@@ -281,3 +285,15 @@ def _attention_saved(model: ModelSpec, training: TrainingSpec, tp, norm_out, cor
     else:
         scores = np.where(core, 0.0, (5.0 if dropout else 2.0) * n * training.seq_length)
     return 2.0 * h + norm_out + (h if dropout else 0.0), shard + scores
+
+
+def mla_up_share(model: ModelSpec) -> float:
+    """Share of an MLA attention block's GEMM FLOPs in its q and kv up-projections, which
+    mla_up_proj recomputation runs again (0 for MHA/GQA): (r_q*n*(d_n + d_r) + r_kv*n*(d_n +
+    d_v)) over the block's projections (model_counts.mla_attention_params)."""
+    if model.attention_kind != "mla":
+        return 0.0
+    m, n = model.mla, model.num_attention_heads
+    up = (m.q_lora_rank or 0) * n * (m.qk_nope_head_dim + m.qk_rope_head_dim) + \
+        m.kv_lora_rank * n * (m.qk_nope_head_dim + m.v_head_dim)
+    return up / mc.mla_attention_params(model)

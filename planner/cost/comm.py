@@ -91,15 +91,18 @@ def block_comm(model: ModelSpec, training: TrainingSpec, c, links: Links,
         if any(x.group == "cp" for x in colls):
             parts["cp_exposed"], parts["cp_link"] = ring_times(c, colls, links, layer)
         if any(x.group in ("ep", "etp") for x in colls):
-            parts.update(_expert_times(training, c, links, colls))
+            parts.update(_expert_times(training, c, links, colls, times))
         out[kind] = BlockComm(**parts)
     return out
 
 
-def _expert_times(training: TrainingSpec, c, links: Links, colls: list[Collective]) -> dict:
+def _expert_times(training: TrainingSpec, c, links: Links, colls: list[Collective], times: dict) -> dict:
     """Exposed, recompute and link seconds of an MoE block's dispatch and combine: the ep group
-    (moe.ep_group) and the expert-TP group; nothing hides them (Megatron-Core overlaps them only
-    with --overlap-moe-expert-parallel-comm, not modelled)."""
+    (moe.ep_group) and the expert-TP group. Exposed in full, or with Megatron-Core's EP overlap
+    (training.moe_a2a_overlap, where the layout allows it: no full recompute, interleaving when
+    pp > 1) only what exceeds the compute of one MoE layer (its attention and MoE blocks,
+    forward and backward), the other micro-batch's work that the combined 1F1B schedule runs
+    beside it (pipeline_parallel/combined_1f1b.py)."""
     from .moe import ep_group
     size, stride = ep_group(c, training)
     timers = {"ep": _Timer(links, group_span(size, stride, links.domain)),
@@ -114,8 +117,14 @@ def _expert_times(training: TrainingSpec, c, links: Links, colls: list[Collectiv
         return t
     forward_backward = total(phase="forward") + total(phase="backward")
     recompute = total(phase="recompute")
-    return {"ep_exposed": forward_backward, "ep_recompute": recompute,
-            "ep_link": forward_backward + recompute}
+    exposed = forward_backward
+    if training.moe_a2a_overlap:
+        allowed = (np.asarray(c.ep) > 1) & (np.asarray(c.recompute) != 2) & \
+            ((np.asarray(c.pp) == 1) | (np.asarray(c.vpp) > 1))
+        layer = times["attention"].forward + times["attention"].backward + \
+            times["moe"].forward + times["moe"].backward
+        exposed = np.where(allowed, np.maximum(0.0, forward_backward - layer), forward_backward)
+    return {"ep_exposed": exposed, "ep_recompute": recompute, "ep_link": forward_backward + recompute}
 
 
 def ring_times(c, colls: list[Collective], links: Links, layer: LayerTimes) -> tuple[np.ndarray, np.ndarray]:

@@ -38,6 +38,7 @@ class LayerTimes:
     attention_backward: np.ndarray
     memory_forward: np.ndarray
     column_parallel_share: object  # share of the GEMM time in QKV / fc1 (whose backward hides TP comm)
+    light_recompute: object = 0.0  # forward seconds selective+ runs again (norms, activations, MLA up-projections)
 
     @property
     def forward(self) -> np.ndarray:
@@ -83,14 +84,16 @@ def block_times(model: ModelSpec, training: TrainingSpec, hw: HardwareProfile, c
             t_shared = shared / (peak * gemm_efficiency(shared / 2, hw))
             t_gemm = t_shared + training.moe_imbalance * routed / \
                 (peak * gemm_efficiency(_expert_gemm_flops(model, c, training), hw))
-            out[kind] = LayerTimes(t_gemm, zero, zero, t_mem, _shared_fc1_share(model, t_shared, t_gemm))
+            out[kind] = LayerTimes(t_gemm, zero, zero, t_mem, _shared_fc1_share(model, t_shared, t_gemm), t_mem)
             continue
         gemm = tokens * flops_per_token
         t_gemm = gemm / (peak * gemm_efficiency(gemm / 2, hw))
         t_f = t_b = zero
+        light = t_mem
         if kind in (blocks.ATTENTION, blocks.WINDOW):
             t_f, t_b = _attention_core_times(model, training, hw, c, kind == blocks.WINDOW)
-        out[kind] = LayerTimes(t_gemm, t_f, t_b, t_mem, share)
+            light = t_mem + t_gemm * blocks.mla_up_share(model)
+        out[kind] = LayerTimes(t_gemm, t_f, t_b, t_mem, share, light)
     return out
 
 

@@ -44,13 +44,13 @@ class LayerCost:
 def block_cost(times: compute.LayerTimes, comm: BlockComm, c) -> LayerCost:
     """A block's terms from its compute times and its exposed communication (comm.block_comm).
     Full recompute runs the block's forward again, with its TP and EP collectives; selective
-    recompute (core attention) runs the attention core forward again; the selective modules
-    (code 3: layernorm, moe_act, mla_up_proj) add elementwise work and MLA's up-projections,
-    priced as the block's memory-bound forward."""
+    recompute (core attention) runs the attention core forward again; selective+ (layernorm,
+    moe_act, mla_up_proj) the block's memory-bound forward (norms, activation functions) and
+    MLA's up-projection GEMMs (LayerTimes.light_recompute)."""
     rc = np.asarray(c.recompute)
     recompute = np.where(rc == 2, times.forward + comm.tp_recompute + comm.ep_recompute,
-                         np.where((rc == 1) | (rc == 3), times.attention_forward, 0.0)
-                         + np.where(rc == 3, times.memory_forward, 0.0))
+                         np.where(rc == 1, times.attention_forward,
+                                  np.where(rc == 3, times.light_recompute, 0.0)))
     return LayerCost(times.forward + times.backward, recompute, comm.tp_exposed, comm.cp_exposed,
                      comm.ep_exposed)
 

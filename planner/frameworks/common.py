@@ -84,3 +84,14 @@ def rope_note(plan: Plan, where: str, default: str) -> str | None:
                 f"check it against the model you mean to train{partial}")
     return (f"RoPE base: this plan's model uses rope_theta {theta_text(model.rope_theta)}; set it in "
             f"{where}, or {default} applies{partial}")
+
+
+def recompute_modules(model) -> list[str]:
+    """Megatron-Core --recompute-modules for recompute=selective+: layernorm, moe_act for a model
+    with experts, mla_up_proj for MLA (transformer_config.py L1940-2026: moe_act needs MoE layers,
+    mla_up_proj MLA; moe.md 5.3)."""
+    from ..specs import SELECTIVE_PLUS_MODULES
+    skip = {"moe_act"} if model.moe is None else set()
+    if model.attention_kind != "mla":
+        skip.add("mla_up_proj")
+    return [m for m in SELECTIVE_PLUS_MODULES if m not in skip]

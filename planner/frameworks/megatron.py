@@ -19,6 +19,8 @@ Mapping (plan field -> flag):
                          optim_grads_params (Megatron-FSDP; plain pretrain_gpt DDP has no ZeRO-2/3)
   recompute full         --recompute-granularity full --recompute-method uniform --recompute-num-layers 1
   recompute selective    --recompute-granularity selective (Megatron's default module: core_attn)
+  recompute selective+   --recompute-granularity selective --recompute-modules layernorm
+                         (+ moe_act with experts, mla_up_proj with MLA; common.recompute_modules)
   batch                  --micro-batch-size b --global-batch-size B --seq-length s
   model shape            --num-layers, --hidden-size, --ffn-hidden-size, --num-attention-heads,
                          --group-query-attention --num-query-groups g (GQA/MQA), --kv-channels
@@ -38,7 +40,7 @@ from __future__ import annotations
 from ..errors import UsageError
 from ..cost.flops import padded_vocab
 from ..specs import Plan
-from .common import (RANK_ORDER_NOTE, Export, describe, layers_per_virtual_stage, microbatches,
+from .common import (RANK_ORDER_NOTE, recompute_modules, Export, describe, layers_per_virtual_stage, microbatches,
                      theta_text)
 
 SOURCE = "NVIDIA/Megatron-LM commit d98e8a64ddf3 (2026-08-22), megatron/training/arguments.py"
@@ -82,6 +84,9 @@ def megatron_args(plan: Plan) -> list[tuple[str, str | None]]:
                  ("--recompute-num-layers", "1")]
     elif lay.recompute == "selective":
         args.append(("--recompute-granularity", "selective"))
+    elif lay.recompute == "selective+":
+        args += [("--recompute-granularity", "selective"),
+                 ("--recompute-modules", " ".join(recompute_modules(model)))]
     args += [
         ("--micro-batch-size", str(lay.micro_batch_size)),
         ("--global-batch-size", str(tr.global_batch_size)),

@@ -19,7 +19,7 @@ import yaml
 
 from ..errors import UsageError
 from ..specs import Plan
-from .common import RANK_ORDER_NOTE, Export, describe, microbatches, rope_note
+from .common import RANK_ORDER_NOTE, Export, describe, microbatches, recompute_modules, rope_note
 
 SOURCE = ("NVIDIA-NeMo/Megatron-Bridge docs/megatron-lm-to-megatron-bridge.md @167ba2ad3210, "
           "src/megatron/bridge/recipes/llama/llama3.py @6f6f95e09fc9")
@@ -36,6 +36,7 @@ def nemo_fields(plan: Plan) -> dict[str, dict[str, object]]:
                          "Megatron-Bridge fields plan3d writes cannot express; export --to megatron")
     recompute = {"none": (None, None, None, None),
                  "selective": ("selective", None, None, ["core_attn"]),
+                 "selective+": ("selective", None, None, recompute_modules(plan.model)),
                  "full": ("full", "uniform", 1, None)}[lay.recompute]
     fsdp = lay.zero_stage >= 2
     return {

@@ -106,7 +106,11 @@ def torchtitan_settings(plan: Plan, fmt: str) -> tuple[dict[str, dict[str, objec
     par["context_parallel_degree"] = lay.cp
     training = {"local_batch_size": local, "global_batch_size": tr.global_batch_size,
                 "seq_len": tr.seq_length, "mixed_precision_param": "bfloat16"}
-    ac: dict[str, object] = {"mode": lay.recompute}
+    ac: dict[str, object] = {"mode": "selective" if lay.recompute == "selective+" else lay.recompute}
+    if lay.recompute == "selective+":
+        notes.append("recompute=selective+ (Megatron's core_attn, layernorm, moe_act and mla_up_proj "
+                     "modules) has no torchtitan equivalent: written as per-op selective AC, which "
+                     "saves other tensors than the estimate assumed")
     if lay.recompute == "selective":
         if fmt == "toml":
             ac["selective_ac_option"] = "op"
