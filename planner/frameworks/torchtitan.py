@@ -125,14 +125,21 @@ def torchtitan_settings(plan: Plan, fmt: str) -> tuple[dict[str, dict[str, objec
                      "training option for it)", "the flavour's rope_theta")
     if rope:
         notes.append(rope)
+    notes += _model_notes(plan)
+    return {"training": training, "parallelism": par, "activation_checkpoint": ac}, notes
+
+
+def _model_notes(plan: Plan) -> list[str]:
+    """The architecture the flavour must have (every model field, by name) and bf16 reduction."""
+    out = []
     arch = unwritten_note(plan, "torchtitan", (), "the model flavour fixes the architecture: "
                           "pick or write one with these values")
     if arch:
-        notes.append(arch)
-    if tr.grad_bytes == 2:
-        notes.append("grad_bytes 2 (bf16 gradient reduction): torchtitan reduces in float32 "
-                     "(training.mixed_precision_reduce); not set")
-    return {"training": training, "parallelism": par, "activation_checkpoint": ac}, notes
+        out.append(arch)
+    if plan.training.grad_bytes == 2:
+        out.append("grad_bytes 2 (bf16 gradient reduction): torchtitan reduces in float32 "
+                   "(training.mixed_precision_reduce); not set")
+    return out
 
 
 def expert_parallel(plan: Plan, fmt: str, dp_shard: int) -> int:
