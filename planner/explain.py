@@ -208,3 +208,31 @@ def _cp_fallback(est: Estimate, groups: list[TieGroup]) -> CpFallback | None:
     row = next(n for n, g in enumerate(groups, start=1) if i in g.members)
     tps = est.throughput["tokens_per_s"]
     return CpFallback(int(cp[0]), row, est.candidates.layout(i), float(1 - tps[i] / tps[0]))
+
+
+def model_notes(model) -> list[str]:
+    """What a reader of a search or an export should know about ``model``'s architecture, one
+    sentence each: the sliding window (which layers; the per-GPU attention time counts full
+    causal attention, model FLOPs the window: cost.support), biases (all linear layers, or Q/K/V
+    only), QK norms, attention sinks, the norm epsilon when unknown, then the model's own
+    ``notes`` (provenance, what the counts leave out, defaults taken on import)."""
+    from .cost.model_counts import window_layer_mask
+    out = []
+    if model.sliding_window is not None:
+        n = int(window_layer_mask(model).sum())
+        out.append(f"sliding window of {model.sliding_window} tokens on {n} of {model.num_layers} "
+                   f"layers ({model.window_layers or 'all'}); per-GPU attention time counts full "
+                   "causal attention, model FLOPs (MFU) the window")
+    if model.bias:
+        out.append("biases on every linear layer" + (" (experts and router too)" if model.moe else ""))
+    elif model.qkv_bias:
+        out.append("biases on the Q/K/V projections only (qkv_bias)")
+    if model.qk_norm != "none":
+        out.append(f"QK norm: {model.qk_norm.replace('_', '-')}")
+    if model.attention_sinks:
+        out.append("a learned attention sink per head")
+    if model.norm_epsilon is None:
+        out.append("norm epsilon not known (norm_epsilon): exports leave the framework's default")
+    if model.notes:
+        out.append(" ".join(model.notes.split()))
+    return [f"{model.name}: {n}" for n in out]

@@ -17,11 +17,13 @@ the model's notes list every default taken.
 What plan3d's schema cannot represent exactly is either an error naming the field (a MoE field
 in a dense family, OPT's word_embed_proj_dim != hidden_size, an unknown activation, a MoE layer
 pattern the moe block cannot express) or, when the difference is only a few parameters or a
-runtime detail, a sentence in ``notes`` (Qwen2's QKV biases, OPT's two extra position rows,
+runtime detail, a sentence in ``notes`` (OPT's two extra position rows,
 BLOOM's embedding LayerNorm, Falcon-7B's single LayerNorm per layer, RoPE scaling, Llama 4's
 chunked attention and vision encoder). The RoPE base is read from ``rope_theta`` (GPT-NeoX:
 ``rotary_emb_base``) into ``ModelSpec.rope_theta``, ``rotary_pct`` / ``partial_rotary_factor``
-into ``ModelSpec.rotary_percent``.
+into ``ModelSpec.rotary_percent``. Qwen2's Q/K/V biases (Qwen2Attention: q/k/v bias=True, o
+bias=False) are ``qkv_bias``; the norms' epsilon ``rms_norm_eps`` / ``layer_norm_epsilon`` /
+``layer_norm_eps`` is ``norm_epsilon`` (absent: None and a note).
 
 Training defaults (a config.json has none): seq_length = min(max_position_embeddings, 8192)
 (2048 when the model has no position limit, e.g. ALiBi); global_batch_size = 2^22 tokens /
@@ -205,10 +207,27 @@ def _bias(f: HFFields, mt: str, a: int, kv: int | None, d: int, L: int, notes: l
     mlp = bool(f.get("mlp_bias")) if mt == "llama" else bool(f.cfg.get("mlp_bias"))
     if attn != mlp:
         notes.append("attention_bias and mlp_bias differ: biases not modeled")
-    if mt == "qwen2":
-        notes.append(f"Qwen2's Q/K/V biases ({(a + 2 * (kv or a)) * d * L:,} "
-                     "parameters) are not modeled")
     return attn and mlp
+
+
+EPS_KEY = {"gpt2": "layer_norm_epsilon", "bloom": "layer_norm_epsilon", "falcon": "layer_norm_epsilon",
+           "gpt_neox": "layer_norm_eps", "opt": None}
+
+
+def _norm_epsilon(f: HFFields, mt: str, notes: list[str]) -> float | None:
+    """The norms' epsilon: ``rms_norm_eps`` (gated families), ``layer_norm_epsilon`` (GPT-2,
+    BLOOM, Falcon) or ``layer_norm_eps`` (GPT-NeoX). Absent (or OPT, whose config has no such
+    field): None, with a note that the training framework's default applies (no class default
+    is taken: it is a training setting the checkpoint fixes). UsageError outside (0, 1)."""
+    key = EPS_KEY.get(mt, "rms_norm_eps")
+    value = _float(f.origin, key, f.cfg.get(key)) if key else None
+    if value is None:
+        notes.append(f"norm epsilon not in config.json ({key or 'OPTConfig has no field'}): "
+                     "exports leave the training framework's default")
+        return None
+    if not 0 < value < 1:
+        raise UsageError(f"{f.origin}: {key} must be in (0, 1), got {value!r}")
+    return value
 
 
 def _positions(f: HFFields, mt: str, h: int, notes: list[str]) -> tuple[str, int | None]:
@@ -284,6 +303,7 @@ def from_hf_dict(cfg: dict, origin: str, name: str) -> ModelSpec:
         "tie_embeddings": bool(f.get("tie_word_embeddings")),
         "norm": "rmsnorm" if mt in GATED else "layernorm",
         "bias": _bias(f, mt, a, kv, head_dim or h // a, L, notes), "position_embedding": position,
+        "qkv_bias": mt == "qwen2" or None, "norm_epsilon": _norm_epsilon(f, mt, notes),
         "max_position_embeddings": max_pos, "rope_theta": rope_theta, "rotary_percent": rotary,
         "dropout": _dropout(f, mt, notes),
     }

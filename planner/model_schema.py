@@ -135,7 +135,7 @@ def _check_attention(m) -> None:
         if m.num_kv_heads not in (None, m.num_attention_heads):
             raise ValueError("num_kv_heads does not apply to MLA (every head has its own "
                              "keys and values); remove it")
-        for field, bad in (("head_dim", m.head_dim is not None), ("bias", m.bias),
+        for field, bad in (("head_dim", m.head_dim is not None), ("bias", m.bias or m.qkv_bias),
                            ("qk_norm", m.qk_norm != "none"), ("attention_sinks", m.attention_sinks)):
             if bad:
                 raise ValueError(f"{field} is not supported with attention_type mla (the mla "

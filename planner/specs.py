@@ -68,6 +68,12 @@ class ModelSpec(_Strict):
       shape num_attention_heads; Megatron ``softmax_type="learnable"``).
     - ``bias`` with ``moe``: experts (2F + h each for swiglu, F + h for gelu) and the router (E)
       have biases too, as GPT-OSS (HF ``gate_up_proj_bias``, ``down_proj_bias``, router bias).
+    - ``qkv_bias``: only the Q, K, V projections have biases ((a + 2g)*d per layer) while
+      ``bias`` is false (Qwen2: HF Qwen2Attention q/k/v ``bias=True``, o ``bias=False``;
+      Megatron-LM ``--add-qkv-bias``). Implied by ``bias``; default false.
+    - ``norm_epsilon``: the epsilon of every norm (HF ``rms_norm_eps`` / ``layer_norm_epsilon``
+      / ``layer_norm_eps``, Megatron-LM ``--norm-epsilon``); no cost effect, exports carry it;
+      None = not known (exports then say the framework's default applies).
     """
 
     name: str = Field(pattern=NAME_PATTERN)
@@ -97,6 +103,8 @@ class ModelSpec(_Strict):
     window_layers: WindowLayers | None = None
     qk_norm: Literal["none", "per_head", "full"] = "none"
     attention_sinks: bool = False
+    qkv_bias: bool = False
+    norm_epsilon: float | None = Field(default=None, gt=0, lt=1)
     training: TrainingDefaults
     notes: str | None = None
 
@@ -114,6 +122,9 @@ class ModelSpec(_Strict):
         if self.rope_theta is not None and self.position_embedding != "rope":
             raise ValueError(f"rope_theta is set ({self.rope_theta:g}) but position_embedding is "
                              f"{self.position_embedding}, not rope; remove rope_theta")
+        if self.qkv_bias and self.bias:
+            raise ValueError("qkv_bias is implied by bias: true (every linear layer has biases); "
+                             "remove qkv_bias")
         if self.rotary_percent != 1.0 and self.position_embedding != "rope":
             raise ValueError(f"rotary_percent is {self.rotary_percent:g} but position_embedding is "
                              f"{self.position_embedding}, not rope; remove rotary_percent")

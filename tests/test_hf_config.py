@@ -71,11 +71,11 @@ def test_mistral_and_gpt_neox_counts():
 
 
 def test_counts_with_noted_differences():
-    # Qwen2-7B: 233,053,184 * 28 + 3,584 + 2*152064*3584 = 7,615,487,488; the Q/K/V biases
-    # (28 + 2*4) * 128 * 28 = 129,024 are named in the notes: sum = 7,615,616,512 (published)
+    # Qwen2-7B: 233,053,184 * 28 + 3,584 + 2*152064*3584 = 7,615,487,488, plus the Q/K/V biases
+    # (qkv_bias) (28 + 2*4) * 128 * 28 = 129,024: 7,615,616,512 (published)
     qwen = load("qwen2-7b.json")
-    assert total_params(qwen) == 7_615_487_488
-    assert "129,024" in qwen.notes
+    assert qwen.qkv_bias and not qwen.bias
+    assert total_params(qwen) == 7_615_616_512
     assert qwen.kv_heads == 4 and qwen.training.seq_length == 8192  # min(131072, 8192)
     # OPT-125m: GPT-2's layer (ReLU counted as GeLU) * 12 + 1,536 + 50272*768 + 2048*768
     # = 125,237,760; the 2 offset rows 2*768 = 1,536 are noted: 125,239,296 (published)

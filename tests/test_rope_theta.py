@@ -76,8 +76,7 @@ def test_megatron_unknown_base_is_a_comment_and_fractional_base_an_error():
 def test_other_targets_name_the_base():
     plan = make("llama3-8b", 8, tp=1, pp=1, dp=8, zero_stage=3, micro_batch_size=1)
     nemo = export_plan(plan, "nemo")
-    assert "# RoPE base: this plan's model uses rope_theta 500000; set it in the recipe's model " \
-           "provider" in nemo.text
+    assert "  rotary_base: 500000\n" in nemo.text  # a provider field (Megatron-Core rotary_base)
     titan = export_plan(plan, "torchtitan")
     assert "# RoPE base: this plan's model uses rope_theta 500000; set it in the model flavour" \
         in titan.text

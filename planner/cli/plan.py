@@ -160,11 +160,14 @@ def _search_output(m, hw, training, n, result, top: int, json_out: bool, currenc
         console.print_json([{**_with_gpus(best.to_dict(g.first)), **extra, "ties": tie_dict(best, g)}
                             for g in groups[:top]])
         return
+    from ..explain import model_notes
     from ..render.breakdown import breakdown_report
     from ..render.search import header, search_table
     header(m, hw, training, n)
     search_table(result, explanation, top, currency, gpus_searched=gpus_searched)
     breakdown_report(result)
+    for line in model_notes(m):
+        console.note(f"note: {line}")
     if export is not None:
         console.out.print(f"Wrote the best plan to {export}", markup=False)
 

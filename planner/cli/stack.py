@@ -32,7 +32,8 @@ def export_cmd(
         check_destination(output, force, "--output", "config.txt")
     result = export_plan(read_checked_plan(plan), target,
                          (torchtitan_format or "overrides").strip().lower())
-    for note in result.notes:
+    from ..explain import model_notes
+    for note in result.notes + model_notes(read_checked_plan(plan).model):
         console.note(f"note: {note}")
     if output is None:
         import sys

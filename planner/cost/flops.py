@@ -32,11 +32,12 @@ def mlp_weights(model: ModelSpec) -> int:
 
 
 def layer_biases(model: ModelSpec) -> int:
-    """Bias parameters of one layer if ``bias``: QKV (a+2g)*d_h, O h, MLP f+h (GeLU) or 2f+h."""
-    if not model.bias:
-        return 0
+    """Bias parameters of one layer if ``bias``: QKV (a+2g)*d_h, O h, MLP f+h (GeLU) or 2f+h;
+    with ``qkv_bias`` only the QKV ones."""
     h, d, a, g, f = (model.hidden_size, model.kv_channels, model.num_attention_heads,
                      model.kv_heads, model.ffn)
+    if not model.bias:
+        return (a + 2 * g) * d if model.qkv_bias else 0
     return (a + 2 * g) * d + h + (2 * f if model.activation == "swiglu" else f) + h
 
 
@@ -82,6 +83,8 @@ def layer_params_per_gpu(model: ModelSpec, tp: np.ndarray) -> tuple[np.ndarray, 
         column_bias = (a * d + 2 * d * kv + (2 * f if model.activation == "swiglu" else f)) / tp
         gemm = gemm + column_bias
         replicated += 2 * h
+    elif model.qkv_bias:
+        gemm = gemm + (a * d + 2 * d * kv) / tp
     return gemm, np.broadcast_to(replicated, tp.shape).astype(np.float64)
 
 

@@ -113,14 +113,15 @@ def stage_layer_counts(model: ModelSpec, layers_per_stage) -> dict[str, np.ndarr
 def gqa_attention_params(model: ModelSpec) -> int:
     """MHA/GQA/MQA attention of one layer (formulas.md 11.1).
 
-    Q, K, V, O weights 2*h*d*(n + g); + biases (n + 2g)*d + h with ``bias`` (GPT-OSS: q, k, v, o);
+    Q, K, V, O weights 2*h*d*(n + g); + biases (n + 2g)*d + h with ``bias`` (GPT-OSS: q, k, v, o),
+    (n + 2g)*d with ``qkv_bias`` (Qwen2: q, k, v);
     + n sink logits with ``attention_sinks``; + QK norms: per_head 2 norms of d (Qwen3),
     full norms of n*d and g*d (OLMoE).
     """
     h, d, n, g = model.hidden_size, model.kv_channels, model.num_attention_heads, model.kv_heads
     p = 2 * h * d * (n + g)
-    if model.bias:
-        p += (n + 2 * g) * d + h
+    if model.bias or model.qkv_bias:
+        p += (n + 2 * g) * d + (h if model.bias else 0)
     if model.attention_sinks:
         p += n
     if model.qk_norm == "per_head":

@@ -30,6 +30,15 @@ section 6, tests/test_validate*.py):
   layer per micro-batch one all-gather of the stacked K and V over cp (payload cp*X_kv, the whole
   sequence's), repeated by recompute (full, or selective: the attention core), and one
   reduce-scatter of dK, dV in backward.
+
+Experts (planner.validate.moe, predicted by cost.moe_dispatch.moe_dispatch_volumes with
+impl="torch" from the routing the ranks recorded; planner.validate.moe_plan corrects the dense
+collectives for MoE layers): the torch dispatcher sends no router probabilities (the weights are
+applied on the source rank after the combine; Megatron sends the fp32 probs with one more
+all-to-all each way), pads the ETP all-gather and reduce-scatter to the largest peer (gloo has
+no uneven all-gather; Megatron gathers exact sizes and reduce-scatters in the probs dtype),
+all-gathers the per-expert counts over ETP x EP as int64, and all-reduces each router gradient
+over TP once per step (Megatron: with the SP norm gradients, coalesced).
 """
 
 from __future__ import annotations

@@ -95,3 +95,36 @@ def recompute_modules(model) -> list[str]:
     if model.attention_kind != "mla":
         skip.add("mla_up_proj")
     return [m for m in SELECTIVE_PLUS_MODULES if m not in skip]
+
+
+# ModelSpec fields that describe the architecture (the rest are its name, provenance and
+# training defaults: the plan's own training settings are exported instead)
+ARCHITECTURE_FIELDS = tuple(f for f in Plan.model_fields["model"].annotation.model_fields
+                            if f not in ("name", "aliases", "source", "training", "notes"))
+
+
+def field_values(plan: Plan, fields) -> str:
+    """``field=value`` for each of ``fields`` that differs from ModelSpec's default, in schema
+    order (nested blocks as field.key=value): one comment's worth, naming each field."""
+    model = plan.model
+    spec = type(model).model_fields
+    out = []
+    for f in ARCHITECTURE_FIELDS:
+        value = getattr(model, f)
+        if f not in fields or (not spec[f].is_required() and value == spec[f].default):
+            continue
+        if hasattr(value, "model_dump"):
+            out += [f"{f}.{k}={v}" for k, v in value.model_dump().items()]
+        else:
+            out.append(f"{f}={value}")
+    return ", ".join(out)
+
+
+def unwritten_note(plan: Plan, target: str, written, where: str) -> str | None:
+    """The comment naming the model fields ``target`` has no option for (all ARCHITECTURE_FIELDS
+    not in ``written``), with this plan's values, and ``where`` they are set instead; None if
+    every field that differs from its default is written."""
+    rest = field_values(plan, [f for f in ARCHITECTURE_FIELDS if f not in set(written)])
+    if not rest:
+        return None
+    return f"model fields {target} has no option for ({where}): {rest}"

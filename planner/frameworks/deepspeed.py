@@ -14,7 +14,9 @@ The JSON has no field for TP or PP sizes: PP is ``deepspeed.pipe.PipelineModule(
 Megatron-DeepSpeed's ``--tensor-model-parallel-size``). Those go to ``Export.notes`` (stderr),
 since JSON has no comments. DeepSpeed's PipelineEngine asserts ZeRO stage < 2
 (deepspeed/runtime/pipe/engine.py: "ZeRO-2 and ZeRO-3 are incompatible with pipeline
-parallelism"), so pp > 1 with ZeRO-2/3 is a UsageError.
+parallelism"), so pp > 1 with ZeRO-2/3 is a UsageError. A mixture-of-experts model is a
+UsageError too: DeepSpeed's MoE is a layer of the model code (deepspeed/moe/layer.py ``MoE``
+with ``ep_size``), not a ds_config key.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import json
 
 from ..errors import UsageError
 from ..specs import Plan
-from .common import RANK_ORDER_NOTE, Export, describe, microbatches, rope_note
+from .common import RANK_ORDER_NOTE, Export, describe, microbatches, rope_note, unwritten_note
 
 SOURCE = "deepspeedai/DeepSpeed @088be892c749 deepspeed/runtime/constants.py, runtime/zero/config.py"
 
@@ -36,6 +38,10 @@ def ds_config(plan: Plan) -> dict:
         raise UsageError("the plan splits the pipeline unevenly (first/last stage "
                          f"{lay.first_stage_layers}/{lay.last_stage_layers} layers); DeepSpeed "
                          "partitions PipelineModule layers in code, not in ds_config")
+    if plan.model.moe is not None:
+        raise UsageError(f"{plan.model.name} is a mixture of experts: DeepSpeed's MoE lives in "
+                         "the model code (deepspeed.moe.layer.MoE, ep_size), not in ds_config; "
+                         "export --to megatron, nemo or torchtitan")
     if lay.cp > 1:
         raise UsageError(f"DeepSpeed has no Megatron-style context parallelism (ring attention "
                          f"over cp ranks); this plan has cp={lay.cp}")
@@ -89,5 +95,8 @@ def export_deepspeed(plan: Plan) -> Export:
         notes.append(rope)
     if plan.training.grad_bytes == 2:
         notes.append("grad_bytes 2 (bf16 gradient reduction) is not set here")
+    arch = unwritten_note(plan, "ds_config", (), "the model code sets the architecture")
+    if arch:
+        notes.append(arch)
     text = json.dumps(cfg, indent=2) + "\n"
     return Export("deepspeed", text, notes=notes, keys=_flatten(cfg))

@@ -32,7 +32,9 @@ Mapping (plan field -> flag):
   training               --bf16 / --fp16, --grad-reduce-in-bf16 (grad_bytes 2),
                          --overlap-grad-reduce (+ --overlap-param-gather with a sharded optimizer),
                          --attention-backend unfused (plan without flash attention)
-ALiBi has no Megatron-LM GPT position embedding: UsageError.
+MoE, expert parallelism (ep, etp), MLA, MTP, sliding windows, QK norms, sinks, Q/K/V biases and
+the norm epsilon: planner.frameworks.megatron_model. ALiBi has no Megatron-LM GPT position
+embedding: UsageError.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from ..cost.flops import padded_vocab
 from ..specs import Plan
 from .common import (RANK_ORDER_NOTE, recompute_modules, Export, describe, layers_per_virtual_stage, microbatches,
                      theta_text)
+from .megatron_model import model_args
 
 SOURCE = "NVIDIA/Megatron-LM commit d98e8a64ddf3 (2026-08-22), megatron/training/arguments.py"
 FSDP_STRATEGY = {2: "optim_grads", 3: "optim_grads_params"}
@@ -128,7 +131,7 @@ def megatron_args(plan: Plan) -> list[tuple[str, str | None]]:
             args.append(("--overlap-param-gather", None))
     if not tr.flash_attention:
         args.append(("--attention-backend", "unfused"))
-    return args
+    return args + model_args(plan)[0]
 
 
 def export_megatron(plan: Plan) -> Export:
@@ -140,7 +143,7 @@ def export_megatron(plan: Plan) -> Export:
         f"Megatron-LM pretrain_gpt.py arguments for {describe(plan)}",
         f"flag names: {SOURCE}",
         RANK_ORDER_NOTE,
-        f"vocabulary: {model.vocab_size} from your tokenizer (--tokenizer-type ...; --vocab-size with "
+        f"vocabulary (vocab_size {model.vocab_size}): from your tokenizer (--tokenizer-type ...; --vocab-size with "
         f"NullTokenizer); Megatron pads it to a multiple of 128*tp = {128 * lay.tp}: {vp}",
         "not set here: data, tokenizer, optimizer and LR schedule, --train-iters/--train-samples, "
         "checkpointing, logging",
@@ -157,6 +160,7 @@ def export_megatron(plan: Plan) -> Export:
         comments.append(f"RoPE base: not set for {model.name} (rope_theta unknown), so Megatron-LM's "
                         "default --rotary-base 10000 applies; check it against the model you mean "
                         "to train")
+    comments += model_args(plan)[1]
     if not plan.training.flash_attention:
         comments.append("the plan assumed attention without flash attention (scores stored): "
                         "--attention-backend unfused")

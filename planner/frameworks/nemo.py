@@ -9,8 +9,9 @@ NVIDIA-NeMo/Megatron-Bridge:
   cfg.model.sequence_parallel, cfg.model.recompute_granularity, cfg.train.*_batch_size,
   cfg.dataset.seq_length, cfg.ddp.use_distributed_optimizer / use_megatron_fsdp /
   data_parallel_sharding_strategy / overlap_grad_reduce / overlap_param_gather / grad_reduce_in_fp32).
-The model shape itself comes from the recipe's model provider (e.g. ``AutoBridge.from_hf_pretrained``)
-and is not written here.
+The model's architecture goes to the provider's fields (``model.num_layers``, MoE, MLA, MTP,
+windows, biases, norm epsilon, RoPE base, expert-parallel degrees): planner.frameworks.nemo_model,
+checked against the same field list.
 """
 
 from __future__ import annotations
@@ -19,10 +20,15 @@ import yaml
 
 from ..errors import UsageError
 from ..specs import Plan
-from .common import RANK_ORDER_NOTE, Export, describe, microbatches, recompute_modules, rope_note
+from ..cost.flops import padded_vocab
+from .common import (ARCHITECTURE_FIELDS, RANK_ORDER_NOTE, Export, describe, microbatches,
+                     recompute_modules, rope_note, unwritten_note)
+from .megatron_model import moe_args
+from .nemo_model import model_comments, model_fields
 
 SOURCE = ("NVIDIA-NeMo/Megatron-Bridge docs/megatron-lm-to-megatron-bridge.md @167ba2ad3210, "
-          "src/megatron/bridge/recipes/llama/llama3.py @6f6f95e09fc9")
+          "src/megatron/bridge/recipes/llama/llama3.py @6f6f95e09fc9; model provider fields: "
+          "@067f987df03b conversion/model_bridge.py CONFIG_MAPPING, gpt_provider.py")
 SHARDING = {2: "optim_grads", 3: "optim_grads_params"}  # Megatron-FSDP strategies
 
 
@@ -34,6 +40,7 @@ def nemo_fields(plan: Plan) -> dict[str, dict[str, object]]:
         raise UsageError("the plan splits the pipeline unevenly (first/last stage "
                          f"{lay.first_stage_layers}/{lay.last_stage_layers} layers), which the "
                          "Megatron-Bridge fields plan3d writes cannot express; export --to megatron")
+    moe_args(plan)  # the same Megatron-Core rules as the Megatron-LM export (UsageError)
     recompute = {"none": (None, None, None, None),
                  "selective": ("selective", None, None, ["core_attn"]),
                  "selective+": ("selective", None, None, recompute_modules(plan.model)),
@@ -51,6 +58,7 @@ def nemo_fields(plan: Plan) -> dict[str, dict[str, object]]:
             "recompute_method": recompute[1],
             "recompute_num_layers": recompute[2],
             "recompute_modules": recompute[3],
+            **model_fields(plan, int(padded_vocab(plan.model.vocab_size, lay.tp))),
         },
         "train": {"micro_batch_size": lay.micro_batch_size,
                   "global_batch_size": tr.global_batch_size},
@@ -75,7 +83,7 @@ def _overrides(fields: dict[str, object]) -> list[str]:
         if isinstance(value, dict):
             for k, v in value.items():
                 text = "null" if v is None else (str(v).lower() if isinstance(v, bool) else
-                                                 "[" + ",".join(v) + "]" if isinstance(v, list) else str(v))
+                                                 "[" + ",".join(str(x) for x in v) + "]" if isinstance(v, list) else str(v))
                 out.append(f"{section}.{k}={text}")
         else:
             out.append(f"{section}={value}")
@@ -90,19 +98,25 @@ def export_nemo(plan: Plan) -> Export:
         f"Megatron-Bridge (NeMo) recipe fields for {describe(plan)}",
         f"field names: {SOURCE}",
         RANK_ORDER_NOTE + " (Megatron-Core, unless dist.use_tp_pp_dp_mapping is set)",
-        "model shape: from your recipe's model provider; this plan's model is "
-        f"{plan.model.name} ({plan.model.num_layers} layers, hidden {plan.model.hidden_size})",
+        f"model: {plan.model.name} as provider fields (they override the recipe's provider)",
         "as run_recipe.py overrides:",
         "  " + " ".join(overrides),
     ]
     if plan.model.position_embedding == "alibi":
         comments.append("the model uses ALiBi, which Megatron-Core GPT models do not implement: "
                         "the recipe needs a model provider with ALiBi")
-    rope = rope_note(plan, "the recipe's model provider (Megatron-Core rotary_base; not written "
-                     "here: not in the Megatron-Bridge field list plan3d is checked against)",
-                     "the provider's rotary base")
-    if rope:
-        comments.append(rope)
+    theta = plan.model.rope_theta
+    if plan.model.position_embedding == "rope" and (theta is None or not float(theta).is_integer()):
+        comments.append(rope_note(plan, "the recipe's model provider (rotary_base is an int "
+                                  "field)", "the provider's rotary base"))
+    comments += model_comments(plan)
+    skipped = {"max_position_embeddings"} | ({"activation"} if plan.model.activation == "swiglu"
+                                             else set()) | ({"qk_norm"} if plan.model.qk_norm == "full" else set())
+    note = unwritten_note(plan, "Megatron-Bridge", set(ARCHITECTURE_FIELDS) - skipped,
+                          "set them in the provider's Python or layer spec; the learned position "
+                          "table has seq_length rows")
+    if note:
+        comments.append(note)
     if plan.layout.zero_stage >= 2:
         comments.append(f"ZeRO-{plan.layout.zero_stage} = Megatron-FSDP with "
                         f"data_parallel_sharding_strategy {SHARDING[plan.layout.zero_stage]}")

@@ -28,13 +28,17 @@ Recompute: none/full -> activation_checkpoint.mode none/full; selective -> "sele
 torchtitan is per-op SAC (0.2.x selective_ac_option "op"), not Megatron's core-attention
 recomputation: a comment says so. torchtitan's TP always uses sequence parallelism in 0.2.x
 (norms sharded on the sequence); 0.3 has enable_sequence_parallel.
+Experts: ep -> expert_parallel_degree, where torchtitan's mesh can hold it (expert_parallel).
+The architecture comes from the model flavour (--module/--config): no option sets it, so a
+comment names every model field with this plan's value.
 """
 
 from __future__ import annotations
 
 from ..errors import UsageError
 from ..specs import Plan
-from .common import Export, describe, layers_per_virtual_stage, microbatches, rope_note
+from .common import (Export, describe, layers_per_virtual_stage, microbatches, rope_note,
+                     unwritten_note)
 
 SOURCE_03 = "pytorch/torchtitan @0014ac2ca45a torchtitan/config/configs.py"
 SOURCE_02 = "pytorch/torchtitan @000204a4a8bf torchtitan/config/job_config.py (+ PR #1416)"
@@ -104,6 +108,8 @@ def torchtitan_settings(plan: Plan, fmt: str) -> tuple[dict[str, dict[str, objec
     else:
         local = lay.micro_batch_size
     par["context_parallel_degree"] = lay.cp
+    if plan.model.moe is not None:
+        par["expert_parallel_degree"] = expert_parallel(plan, fmt, par["data_parallel_shard_degree"])
     training = {"local_batch_size": local, "global_batch_size": tr.global_batch_size,
                 "seq_len": tr.seq_length, "mixed_precision_param": "bfloat16"}
     ac: dict[str, object] = {"mode": "selective" if lay.recompute == "selective+" else lay.recompute}
@@ -123,10 +129,51 @@ def torchtitan_settings(plan: Plan, fmt: str) -> tuple[dict[str, dict[str, objec
                      "training option for it)", "the flavour's rope_theta")
     if rope:
         notes.append(rope)
-    if tr.grad_bytes == 2:
-        notes.append("grad_bytes 2 (bf16 gradient reduction): torchtitan reduces in float32 "
-                     "(training.mixed_precision_reduce); not set")
+    notes += _model_notes(plan)
     return {"training": training, "parallelism": par, "activation_checkpoint": ac}, notes
+
+
+def _model_notes(plan: Plan) -> list[str]:
+    """The architecture the flavour must have (every model field, by name) and bf16 reduction."""
+    out = []
+    arch = unwritten_note(plan, "torchtitan", (), "the model flavour fixes the architecture: "
+                          "pick or write one with these values")
+    if arch:
+        out.append(arch)
+    if plan.training.grad_bytes == 2:
+        out.append("grad_bytes 2 (bf16 gradient reduction): torchtitan reduces in float32 "
+                   "(training.mixed_precision_reduce); not set")
+    return out
+
+
+def expert_parallel(plan: Plan, fmt: str, dp_shard: int) -> int:
+    """``parallelism.expert_parallel_degree`` = ep, or UsageError naming what torchtitan lacks.
+
+    0.3 (configs.py L240-248; distributed/parallel_dims.py: sparse mesh [pp, dp_replicate,
+    efsdp, ep] with efsdp = dp_shard*cp*tp/ep): EP borrows ranks from FSDP, CP and TP, and the
+    experts are not tensor-parallel (etp = 1). 0.2.x (job_config.py L344-350, parallel_dims.py
+    L56-58: ep % cp == 0 and dp_shard*cp % ep == 0; experiments/llama4/infra/parallelize.py:
+    ExpertTensorParallel / TensorParallel on the experts when tp > 1): EP borrows from FSDP and
+    CP only, and the experts are sharded over the attention TP (etp = tp)."""
+    lay = plan.layout
+    if fmt == "toml":
+        if lay.etp != lay.tp:
+            raise UsageError(f"torchtitan 0.2.x shards experts over the attention TP (etp = tp = "
+                             f"{lay.tp}); this plan has etp={lay.etp}: use the overrides (0.3) "
+                             "or a plan with etp = tp")
+        if lay.ep % lay.cp or (dp_shard * lay.cp) % lay.ep:
+            raise UsageError(f"torchtitan 0.2.x needs ep % cp == 0 and (FSDP degree * cp) % ep "
+                             f"== 0; this plan has ep={lay.ep} cp={lay.cp} FSDP degree {dp_shard}")
+        return lay.ep
+    if lay.etp != 1:
+        raise UsageError(f"torchtitan 0.3 has no expert tensor parallelism (ParallelismConfig has "
+                         f"expert_parallel_degree only; experts are not TP-sharded); this plan "
+                         f"has etp={lay.etp}")
+    if (dp_shard * lay.cp * lay.tp) % lay.ep:
+        raise UsageError(f"torchtitan 0.3 takes expert parallel ranks from FSDP x CP x TP = "
+                         f"{dp_shard * lay.cp * lay.tp} (data_parallel_shard_degree {dp_shard}); "
+                         f"ep={lay.ep} does not divide it (ZeRO-0 replicas cannot hold experts)")
+    return lay.ep
 
 
 def _value(v: object, toml: bool) -> str:

@@ -212,7 +212,8 @@ def activation_check(run, pp_rank: int, ranks: list[dict]) -> dict:
     (record "saved_peak") against predict_saved, relative tolerance ACT_RTOL. The deltas are
     derived for the CPU kernels in float64/float32; on a GPU or in bfloat16 (fp32 LSE and
     loss) they do not hold, and where a rank could not count recomputed tensors
-    (SavedBytes.recompute_tracked False) the measurement is short: the check then comes back
+    (SavedBytes.recompute_tracked False) the measurement is short; an MoE model's routed
+    activations are not in memory.activation_bytes (formulas.md 3) yet: the check then comes back
     with ``"passed": None`` and compare reports it instead of checking it."""
     pred = predict_saved(run, pp_rank)
     want = pred["predicted"]
@@ -220,7 +221,8 @@ def activation_check(run, pp_rank: int, ranks: list[dict]) -> dict:
     worst = max(seen, key=lambda v: abs(v - want))
     rel = abs(worst - want) / max(want, 1.0)
     checked = (run.device == "cpu" and run.dtype in ("float64", "float32")
-               and all(r.get("recompute_tracked", True) for r in ranks))
+               and all(r.get("recompute_tracked", True) for r in ranks)
+               and run.model.moe is None)  # MoE activations: not in the plan formula yet
     return {"name": f"activations pp{pp_rank}", "measured": worst, "predicted": want,
             "passed": rel <= ACT_RTOL if checked else None,
             "tolerance": ACT_RTOL, "rel_diff": rel, "formula": pred["formula"],

@@ -5,7 +5,10 @@ Checks (each {"name", "measured", "predicted", "passed"}):
 - ``loss step i``: the mean over DP ranks of the last stage's mean micro-batch loss against the
   single-process reference; relative tolerance by dtype (fp64 1e-12, fp32 1e-5, bf16 2e-2).
 - ``comm pp<r> <group>:<kind>``: [calls, payload bytes] of the last (warm) step on every rank of
-  pipeline rank r, which must all agree and equal planner.cost.volumes exactly.
+  pipeline rank r, which must equal planner.cost.volumes exactly; for an MoE run the expert
+  groups (ep, etp, tp_ep, edp) too, each rank's token dispatch predicted from the per-expert
+  counts its group recorded (cost.moe_dispatch; moe_plan.routed_volumes), shown summed over the
+  ranks where they differ.
 - ``<params|grads|optimizer>_bytes pp<r>``: bytes held per rank, within 2% of planner.cost.memory.
 - ``activations pp<r>``: the peak of the bytes saved for backward on every rank of pipeline
   rank r against the plan's activation formula + named torch deltas (activations.py), within
@@ -31,6 +34,31 @@ def _check(name: str, measured, predicted, passed: bool) -> dict:
     return {"name": name, "measured": measured, "predicted": predicted, "passed": bool(passed)}
 
 
+def _comm_checks(pp_rank: int, base: dict, ranks: list[dict], routed: dict) -> list[dict]:
+    """One check per collective key of pipeline rank ``pp_rank``: every rank's [calls, bytes]
+    of the last step equals its prediction (the same for every rank, plus, for expert
+    collectives, the volumes of the routing the rank's group recorded). Where the prediction
+    differs between ranks (routed traffic) the check shows the sums over the ranks."""
+    def want(r, key):
+        a, b = base.get(key, [0, 0]), routed.get(r.get("rank"), {}).get(key, [0, 0])
+        return [a[0] + b[0], a[1] + b[1]]
+    keys = sorted(set(base) | {k for r in ranks for k in routed.get(r.get("rank"), {})}
+                  | {k for r in ranks for k in r["comm"][-1]})
+    out = []
+    for key in keys:
+        wants = [want(r, key) for r in ranks]
+        seen = [r["comm"][-1].get(key, [0, 0]) for r in ranks]
+        ok = all(s == w for s, w in zip(seen, wants))
+        if all(w == wants[0] for w in wants):
+            odd = next((s for s in seen if s != wants[0]), seen[0])
+            out.append(_check(f"comm pp{pp_rank} {key}", odd, wants[0], ok))
+        else:
+            total = [sum(s[i] for s in seen) for i in (0, 1)]
+            out.append(_check(f"comm pp{pp_rank} {key} (sum of {len(ranks)} ranks)", total,
+                              [sum(w[i] for w in wants) for i in (0, 1)], ok))
+    return out
+
+
 def compare(run: Run, records: list[dict], reference: list[float] | None) -> dict:
     """The result object of ``plan3d validate --json``: run, checks, reported, passed.
 
@@ -50,15 +78,14 @@ def compare(run: Run, records: list[dict], reference: list[float] | None) -> dic
         rel = abs(got - reference[i]) / max(abs(reference[i]), 1e-300)
         checks.append({**_check(f"loss step {i}", got, reference[i], rel <= LOSS_RTOL[run.dtype]),
                        "rel_diff": rel, "rtol": LOSS_RTOL[run.dtype]})
+    routed = {}
+    if run.model.moe is not None:
+        from .moe_plan import routed_volumes
+        routed = routed_volumes(run, records)
     for pp_rank in range(lay.pp):
         pred = predict(run, pp_rank)
         ranks = [r for r in records if r["coord"]["pp"] == pp_rank]
-        keys = sorted(set(pred["comm"]) | {k for r in ranks for k in r["comm"][-1]})
-        for key in keys:
-            want = pred["comm"].get(key, [0, 0])
-            seen = [r["comm"][-1].get(key, [0, 0]) for r in ranks]
-            odd = next((s for s in seen if s != want), seen[0])
-            checks.append(_check(f"comm pp{pp_rank} {key}", odd, want, all(s == want for s in seen)))
+        checks += _comm_checks(pp_rank, pred["comm"], ranks, routed)
         for term, want in pred["memory"].items():
             seen = [r[term] for r in ranks]
             worst = max(seen, key=lambda v: abs(v - want))

@@ -7,7 +7,9 @@ DTensor is among the types (so DTensor unwraps and the collectives it issues com
 the mode), and it unboxes the c10d ProcessGroup ScriptObject to learn the group.
 
 Payload convention (validator_notes.md section 6): all-reduce input, all-gather OUTPUT
-(unsharded), reduce-scatter INPUT (unsharded), the p2p tensor. This is the S of formulas.md 5.1.
+(unsharded), reduce-scatter INPUT (unsharded), the p2p tensor, the all-to-all OUTPUT (what the
+rank receives, its own slot included). This is the S of formulas.md 5.1. An all-to-all is also
+counted as ``all_to_all_offrank``: the bytes it sends to other ranks (input less its own slot).
 
 Live bytes: a weakref-finalized count per untyped storage created while the mode is on, plus
 the storages that exist when it starts (``baseline``), and FSDP2's ``resize_`` of storages.
@@ -80,6 +82,18 @@ def _payload(pkg: str, name: str, kind: str, args, kwargs, out) -> int:
     if kind == "reduce_scatter":
         return _nbytes(args[1])  # input tensor(s), unsharded
     return _nbytes(args[0])
+
+
+def _offrank(args) -> int:
+    """Bytes an all_to_all_single sends to OTHER ranks: its input less this rank's own slot
+    (c10d alltoall_base_(output, input, process_group, output_split_sizes, input_split_sizes))."""
+    inp, splits = args[1], list(args[4])
+    me = dist.ProcessGroup.unbox(args[2]).rank()
+    n = dist.ProcessGroup.unbox(args[2]).size()
+    rows = inp.shape[0] if inp.dim() else 0
+    row_bytes = _nbytes(inp) // max(rows, 1)
+    own = splits[me] if splits else rows // max(n, 1)
+    return _nbytes(inp) - own * row_bytes
 
 
 class Instrument(TorchDispatchMode):
@@ -164,6 +178,10 @@ class Instrument(TorchDispatchMode):
                 entry = self.counts[(dim, kind)]
                 entry[0] += 1
                 entry[1] += _payload(pkg, name, kind, args, kwargs, out)
+                if name == "alltoall_base_":
+                    off = self.counts[(dim, "all_to_all_offrank")]
+                    off[0] += 1
+                    off[1] += _offrank(args)
         self._track_outputs(out)
         return out
 

@@ -73,14 +73,50 @@ class Run:
                           activation=m.activation, norm=m.norm, bias=m.bias,
                           positions=m.position_embedding, tie_embeddings=m.tie_embeddings,
                           mlp_groups=lay.tp, recompute=lay.recompute,
-                          max_positions=m.max_position_embeddings or 0),
+                          max_positions=m.max_position_embeddings or 0, qkv_bias=m.qkv_bias,
+                          **_moe_config(m)),
             "tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "cp": lay.cp, "vpp": lay.vpp,
+            "ep": lay.ep, "etp": lay.etp,
             "zero": lay.zero_stage, "stage_layers": self.stage_layers(),
             "sp": lay.sequence_parallel, "recompute": lay.recompute, "mbs": lay.micro_batch_size,
             "gbs": self.training.global_batch_size, "steps": self.steps, "dtype": self.dtype,
             "device": self.device, "seed": self.seed, "lr": self.lr, "out_dir": out_dir,
             "timeout_s": timeout_s,
         }
+
+
+def _moe_config(m: ModelSpec) -> dict:
+    """The MoE fields of the validator's GPTConfig (planner.validate.model)."""
+    if m.moe is None:
+        return {}
+    return dict(num_experts=m.moe.num_experts, topk=m.moe.router_topk,
+                expert_ffn=m.moe.ffn_hidden_size,
+                shared_ffn=m.moe.shared_experts * m.moe.shared_ffn,
+                first_dense=m.moe.first_dense_layers)
+
+
+def _moe_layout(plan: Plan, d: dict, hidden: int) -> tuple[dict, dict, list[str], list[dict]]:
+    """(model updates, layout updates, notes, not exercised) of an MoE plan's miniature
+    (planner.validate.moe_plan)."""
+    from .moe_plan import moe_degrees, moe_miniature
+    lay, m = plan.layout, plan.model
+    ep, etp, dropped = moe_degrees(lay, d["tp"] * d["cp"] * d["dp"], m.bias)
+    update, left = moe_miniature(m, hidden)
+    layout = dict(ep=ep, etp=etp)
+    notes = [f"experts: {m.moe.num_experts} run as 4 (top-{update['moe'].router_topk}, width "
+             f"{hidden // 2}) on ep' = {ep}, etp' = {etp}"]
+    if lay.recompute == "full":
+        layout["recompute"] = "none"
+        left.append({"feature": "full recompute", "reason": "run as none with experts: the "
+                     "recomputed MoE layer's collectives depend on where the checkpoint stops"})
+    if lay.zero_stage >= 2:
+        layout["zero_stage"] = 1
+        left.append({"feature": f"ZeRO-{lay.zero_stage}", "reason": "run as ZeRO-1 with experts "
+                     "(expert parameters are not FSDP-wrapped over edp)"})
+    if d["tp"] > 1 and not lay.sequence_parallel:
+        layout["sequence_parallel"] = True
+        notes.append("SP on: Megatron-Core's MoE layer requires it with tp > 1")
+    return update, layout, notes, dropped + left
 
 
 def _mapped(lay: Layout) -> tuple[Layout, list[str]]:
@@ -156,22 +192,30 @@ def miniature(plan: Plan, world: int, dtype: str = "float64", steps: int = 3,
                          f"{lay.last_stage_layers} layers: run as {first}+{last} on pp' = 2")
     layers = first + last if first else pp * vpp * k
     heads = 2 * max(tp, 2)
-    kv = heads if m.kv_heads == m.num_attention_heads else max(tp, 1)
+    kv = heads if m.kv_heads == m.num_attention_heads or m.attention_kind == "mla" else max(tp, 1)
     hidden = 16 * heads
     ffn = 4 * hidden if m.activation == "gelu" else 2 * hidden
     seq = 32
+    moe_update, moe_layout = {}, {}
+    if m.moe is not None:
+        moe_update, moe_layout, more, left = _moe_layout(plan, d, hidden)
+        notes += more
+        dropped += left
+        if moe_update["moe"].first_dense_layers and layers < 2:
+            layers = 2  # the dense first layer and an MoE layer
     mini = m.model_copy(update=dict(
         name=f"{m.name}-miniature", num_layers=layers, hidden_size=hidden,
         num_attention_heads=heads, num_kv_heads=kv, head_dim=16, ffn_hidden_size=ffn,
         vocab_size=128 * tp, max_position_embeddings=seq if m.position_embedding == "learned" else None,
-        dropout=0.0))
+        dropout=0.0, **moe_update))
     mbs = min(lay.micro_batch_size, 2)
     micro = 2 * pp
     training = plan.training.model_copy(update=dict(seq_length=seq,
                                                     global_batch_size=dp * mbs * micro))
-    layout = Layout(tp=tp, cp=cp, pp=pp, dp=dp, zero_stage=mapped.zero_stage, micro_batch_size=mbs,
-                    recompute=lay.recompute, sequence_parallel=lay.sequence_parallel and tp > 1,
-                    vpp=vpp, first_stage_layers=first, last_stage_layers=last)
+    layout = Layout(**{**dict(tp=tp, cp=cp, pp=pp, dp=dp, zero_stage=mapped.zero_stage,
+                              micro_batch_size=mbs, recompute=lay.recompute,
+                              sequence_parallel=lay.sequence_parallel and tp > 1, vpp=vpp,
+                              first_stage_layers=first, last_stage_layers=last), **moe_layout})
     return Run(mini, training, layout, dtype=dtype, steps=steps, device=device,
                notes=tuple(notes), not_exercised=tuple(dropped + _no_dropout(m)))
 
@@ -211,6 +255,9 @@ def predict(run: Run, pp_rank: int) -> dict:
     With context parallel the sharding group is dp*cp (formulas.md 5.7; LayoutDegrees.grad_group).
     """
     lay, e = run.layout, run.elem
+    if run.model.moe is not None:
+        from .moe_plan import base_volumes, memory_bytes
+        return {"memory": memory_bytes(run, pp_rank), "comm": base_volumes(run, pp_rank, e)}
     c = Candidates.from_layouts([lay])
     p = memory.rank_params(run.model, c, pp_rank)
     params = p["layer"] * p["layers"] + p["embedding"] + p["head"]

@@ -44,6 +44,12 @@ class GPTConfig:
     mlp_groups: int = 1
     recompute: str = "none"         # none | selective | full (full is applied by the parallelizer)
     max_positions: int = 0          # learned position table size (0: the sequence length)
+    qkv_bias: bool = False          # biases on the QKV projection only (Qwen2)
+    num_experts: int = 0            # MoE (planner.validate.moe): routed experts, 0 = dense
+    topk: int = 0
+    expert_ffn: int = 0             # width of one routed expert
+    shared_ffn: int = 0             # width of the shared expert(s), 0 = none
+    first_dense: int = 0            # leading dense layers; every later layer is MoE
 
 
 def make_norm(cfg: GPTConfig) -> nn.Module:
@@ -110,7 +116,8 @@ class Attention(nn.Module):
         self.q_pos: torch.Tensor | None = None
         self.k_pos: torch.Tensor | None = None
         per_group = cfg.heads // cfg.kv_heads + 2
-        self.qkv = nn.Linear(cfg.hidden, cfg.kv_heads * per_group * cfg.head_dim, bias=cfg.bias)
+        self.qkv = nn.Linear(cfg.hidden, cfg.kv_heads * per_group * cfg.head_dim,
+                             bias=cfg.bias or cfg.qkv_bias)
         self.o = nn.Linear(cfg.heads * cfg.head_dim, cfg.hidden, bias=cfg.bias)
 
     def core(self, qkv: torch.Tensor) -> torch.Tensor:
@@ -177,10 +184,14 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """Pre-norm transformer layer: x + attn(norm(x)), then x + mlp(norm(x))."""
 
-    def __init__(self, cfg: GPTConfig):
+    def __init__(self, cfg: GPTConfig, index: int = 0):
         super().__init__()
         self.ln1, self.attn = make_norm(cfg), Attention(cfg)
-        self.ln2, self.mlp = make_norm(cfg), MLP(cfg)
+        if cfg.num_experts and index >= cfg.first_dense:
+            from .moe import MoE
+            self.ln2, self.mlp = make_norm(cfg), MoE(cfg)
+        else:
+            self.ln2, self.mlp = make_norm(cfg), MLP(cfg)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln1(x))
@@ -224,7 +235,7 @@ class GPT(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.embed = Embedding(cfg)
-        self.layers = nn.ModuleDict({str(i): Block(cfg) for i in range(cfg.num_layers)})
+        self.layers = nn.ModuleDict({str(i): Block(cfg, i) for i in range(cfg.num_layers)})
         self.head = Head(cfg)
         self.reset_parameters()
         if cfg.tie_embeddings:

@@ -43,16 +43,30 @@ def build_chunks(model: GPT, pp_rank: int, pp: int, vpp: int,
     return chunks
 
 
-def tp_plan_block(sp: bool) -> dict:
-    """Megatron-style TP plan of one layer; with SP the norms run on sequence shards."""
+def tp_plan_block(sp: bool, mlp: str | None = "mlp") -> dict:
+    """Megatron-style TP plan of one layer; with SP the norms run on sequence shards. ``mlp``:
+    the TP-sharded MLP's path ("mlp"; "mlp.shared" for an MoE layer's shared expert; None for
+    an MoE layer without one: its routed experts are sharded by expert parallelism instead and
+    run on this rank's sequence shard, as Megatron-Core's MoE layer under SP)."""
     if not sp:
-        return {"attn.qkv": ColwiseParallel(), "attn.o": RowwiseParallel(),
-                "mlp.fc1": ColwiseParallel(), "mlp.fc2": RowwiseParallel()}
+        plan = {"attn.qkv": ColwiseParallel(), "attn.o": RowwiseParallel()}
+        return plan if mlp is None else {**plan, f"{mlp}.fc1": ColwiseParallel(),
+                                         f"{mlp}.fc2": RowwiseParallel()}
     gather = dict(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
-    return {"ln1": SequenceParallel(), "attn": PrepareModuleInput(**gather),
+    plan = {"ln1": SequenceParallel(), "attn": PrepareModuleInput(**gather),
             "attn.qkv": ColwiseParallel(), "attn.o": RowwiseParallel(output_layouts=Shard(1)),
-            "ln2": SequenceParallel(), "mlp": PrepareModuleInput(**gather),
-            "mlp.fc1": ColwiseParallel(), "mlp.fc2": RowwiseParallel(output_layouts=Shard(1))}
+            "ln2": SequenceParallel()}
+    if mlp is None:
+        return plan
+    return {**plan, mlp: PrepareModuleInput(**gather), f"{mlp}.fc1": ColwiseParallel(),
+            f"{mlp}.fc2": RowwiseParallel(output_layouts=Shard(1))}
+
+
+def mlp_path(layer) -> str | None:
+    """The TP-sharded MLP of a layer: "mlp", "mlp.shared" (MoE with a shared expert) or None."""
+    if not hasattr(layer.mlp, "router"):
+        return "mlp"
+    return "mlp.shared" if layer.mlp.shared is not None else None
 
 
 def apply_tp(chunk: Chunk, tp_mesh, sp: bool) -> None:
@@ -65,7 +79,7 @@ def apply_tp(chunk: Chunk, tp_mesh, sp: bool) -> None:
                 output_layouts=(Replicate(),), desired_output_layouts=(Shard(1),),
                 use_local_output=True))
     for layer in chunk.layers.values():
-        parallelize_module(layer, tp_mesh, tp_plan_block(sp))
+        parallelize_module(layer, tp_mesh, tp_plan_block(sp, mlp_path(layer)))
     if chunk.head is not None:
         plan = {"out": ColwiseParallel(input_layouts=Shard(1) if sp else Replicate(),
                                        output_layouts=Replicate())}
@@ -134,13 +148,18 @@ class FlatOptimizer:
     ZeRO-0: all-reduce the flat gradients (payload P_l*e), Adam on the full master copy.
     ZeRO-1: reduce-scatter them (payload P_l*e, padded to a multiple of dp), Adam on this
     rank's 1/dp shard of the master copy, all-gather the updated parameters (payload the same).
-    Gradients are averaged over DP (sum, then / dp), as DDP and FSDP do.
+    Gradients are averaged over DP (sum, then / dp), as DDP and FSDP do. Expert parameters get
+    their own instance over the EDP group with ``divisor`` dp*cp: each EP group's ranks hold the
+    gradient of the tokens routed to them from dp*cp/edp data shards, so the sum over EDP
+    divided by dp*cp is the mean (Megatron-Core's expert gradient scaling, moe.md 3.3).
     """
 
-    def __init__(self, params: list[nn.Parameter], group, zero: int, lr: float):
+    def __init__(self, params: list[nn.Parameter], group, zero: int, lr: float,
+                 divisor: int | None = None):
         self.params = params
         self.group = group
         self.n = dist.get_world_size(group) if group is not None else 1
+        self.divisor = divisor or self.n  # experts: summed over edp, averaged over dp*cp
         self.zero = zero
         self.numels = [local(p).numel() for p in params]
         total = sum(self.numels)
@@ -169,7 +188,7 @@ class FlatOptimizer:
                 grads = shard
             else:
                 dist.all_reduce(grads, group=self.group)
-            grads.div_(self.n)
+        grads.div_(self.divisor)
         self.master.grad = grads
         self.adam.step()
         self.master.grad = None

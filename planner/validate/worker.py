@@ -105,6 +105,7 @@ def run_rank(cfg: dict) -> dict:
         model.head.out.weight = torch.nn.Parameter(model.embed.tok.weight.detach().clone())
     chunks = build_chunks(model, pp_rank, pp, vpp, cfg.get("stage_layers"))
     del model
+    moes, comm = _experts(cfg, chunks, pp_rank, dims)
     for _, chunk in chunks:
         if tp > 1:
             apply_tp(chunk, mesh["tp"], cfg["sp"])
@@ -115,12 +116,7 @@ def run_rank(cfg: dict) -> dict:
         if dp * cp > 1 and cfg["zero"] >= 2:
             apply_fsdp(chunk, grad_mesh, cfg["zero"])
     params = [p for _, c in chunks for p in c.parameters()]
-    if cfg["zero"] >= 2 and dp * cp > 1:
-        opt = torch.optim.Adam(params, lr=cfg["lr"], foreach=False)
-        flat = None
-    else:
-        flat = FlatOptimizer(params, grad_group, cfg["zero"], cfg["lr"])
-        opt = None
+    opt, flat, flat_e = _optimizers(cfg, params, moes, comm, grad_group)
 
     n_stages = pp * vpp
     m = cfg["gbs"] // (dp * cfg["mbs"])
@@ -139,7 +135,9 @@ def run_rank(cfg: dict) -> dict:
     record = {"rank": rank, "coord": {"pp": pp_rank, "dp": dp_rank, "cp": cp_rank,
                                       "tp": mesh["tp"].get_local_rank()},
               "losses": [], "step_s": [], "comm": [], "live_baseline": [], "live_peak": [],
-              "saved_peak": []}
+              "saved_peak": [], "moe_counts": []}
+    if comm is not None:
+        record["coord"].update(etp=comm.etp_rank, ep=comm.ep_rank, edp=comm.edp_rank)
     for step in range(cfg["steps"]):
         ids, targets = batches(cfg, step)
         rows = slice(dp_rank * m * cfg["mbs"], (dp_rank + 1) * m * cfg["mbs"])
@@ -152,7 +150,8 @@ def run_rank(cfg: dict) -> dict:
         losses: list = []
         with inst:
             inst.reset()
-            inst.track_existing(params + [p.grad for p in params] + _opt_tensors(opt, flat))
+            inst.track_existing(params + [p.grad for p in params] + _opt_tensors(opt, flat)
+                                + (_opt_tensors(None, flat_e) if flat_e else []))
             baseline = inst.live
             args = (ids,) if has_first else ()
             with SavedBytes() as saved:
@@ -161,7 +160,13 @@ def run_rank(cfg: dict) -> dict:
             if tied:  # all-reduce the two copies' gradients between first and last stage
                 w = tok_w if tok_w is not None else out_w
                 dist.all_reduce(local(w.grad), group=embd)
+            if tp > 1:  # replicated router weights see only this rank's sequence shard
+                for mod in moes:
+                    for p in mod.router.parameters():
+                        dist.all_reduce(p.grad, group=mesh.get_group("tp"))
             grads_held = _nbytes(p.grad for p in params)
+            if flat_e is not None:
+                flat_e.step()
             if flat is not None:
                 flat.step()
             else:
@@ -176,12 +181,16 @@ def run_rank(cfg: dict) -> dict:
         record["live_peak"].append(inst.peak)
         record["saved_peak"].append(saved.peak)
         record["recompute_tracked"] = saved.recompute_tracked
+        record["moe_counts"].append([mod.records[:] for mod in moes])
+        for mod in moes:
+            mod.records.clear()
         if has_last:
             record["losses"].append(sum(float(x.detach()) for x in losses) / len(losses))
     record["params_bytes"] = _nbytes(params)
     record["grads_bytes"] = grads_held
-    record["optimizer_bytes"] = flat.state_bytes() if flat is not None else sum(
-        _nbytes(v for k, v in st.items() if k != "step") for st in opt.state.values())
+    record["optimizer_bytes"] = (flat.state_bytes() if flat is not None else sum(
+        _nbytes(v for k, v in st.items() if k != "step") for st in opt.state.values())) + \
+        (flat_e.state_bytes() if flat_e is not None else 0)
     if device.type == "cuda":
         record["cuda_max_allocated"] = torch.cuda.max_memory_allocated()
     if cfg.get("gather"):  # torchrun: rank 0 collects every record (ranks may be on other nodes)
@@ -194,6 +203,44 @@ def run_rank(cfg: dict) -> dict:
     dist.barrier()
     dist.destroy_process_group()
     return record
+
+
+def _optimizers(cfg: dict, params: list, moes: list, comm, grad_group) -> tuple:
+    """(Adam for FSDP2, dense FlatOptimizer over dp*cp, expert FlatOptimizer over edp): the
+    ones this run uses, None for the others. Expert gradients are summed over EDP and divided
+    by dp*cp (parallel.FlatOptimizer)."""
+    dp, cp = cfg["dp"], cfg.get("cp", 1)
+    expert = {id(p) for mod in moes for p in mod.expert_params()}
+    opt = flat = flat_e = None
+    if cfg["zero"] >= 2 and dp * cp > 1:
+        opt = torch.optim.Adam(params, lr=cfg["lr"], foreach=False)
+    else:
+        flat = FlatOptimizer([p for p in params if id(p) not in expert], grad_group, cfg["zero"],
+                             cfg["lr"])
+    if moes:
+        edp = comm.edp_group if comm.edp_group.size() > 1 else None
+        flat_e = FlatOptimizer([p for mod in moes for p in mod.expert_params()], edp,
+                               cfg["zero"], cfg["lr"], divisor=dp * cp)
+    return opt, flat, flat_e
+
+
+def _experts(cfg: dict, chunks, pp_rank: int, dims: dict) -> tuple[list, object]:
+    """This rank's MoE modules (in layer order), sharded to its experts, and its ExpertComm
+    (None for a dense model); the expert groups are added to ``dims`` (ep, etp, tp_ep, edp)."""
+    moes = [layer.mlp for _, c in chunks for layer in c.layers.values()
+            if hasattr(layer.mlp, "router")]
+    if not cfg["model"].get("num_experts"):
+        return moes, None
+    from .moe import expert_groups
+    stage = cfg["tp"] * cfg.get("cp", 1) * cfg["dp"]
+    comm = expert_groups(cfg["pp"], stage, cfg["etp"], cfg["ep"], pp_rank,
+                         dist.get_rank() - pp_rank * stage)
+    for name in ("ep", "etp", "tp_ep", "edp"):
+        g = getattr(comm, f"{name}_group")
+        dims[g.group_name] = name
+    for m in moes:
+        m.shard(comm)
+    return moes, comm
 
 
 def _opt_tensors(opt, flat) -> list:

@@ -1,0 +1,172 @@
+"""Megatron-LM arguments for the architecture beyond a dense GPT: mixture-of-experts, expert
+parallelism, MLA, MTP, sliding windows, QK norms, attention sinks, Q/K/V biases, norm epsilon.
+
+Flag names and value formats are those of NVIDIA/Megatron-LM commit d98e8a64ddf3 (2026-08-22):
+megatron/training/arguments.py (``--moe-layer-freq`` and ``--window-attn-skip-freq`` take
+``moe_freq_type``: an int N or a Python list expression of digits, ``[ ] ( ) + *`` and commas,
+evaluated by ``_eval_pattern``; ``--window-size`` takes ``tuple_type``, "a,b"); the other flags
+are generated from megatron/core/transformer/transformer_config.py fields (num_moe_experts is
+``--num-experts``; layernorm_epsilon is ``--norm-epsilon``).
+
+Mapping (ModelSpec / Layout field -> flag):
+  moe.num_experts, router_topk      --num-experts E, --moe-router-topk k
+  moe.ffn_hidden_size               --moe-ffn-hidden-size F
+  moe.shared_experts x shared width --moe-shared-expert-intermediate-size (one fused shared MLP)
+  moe.first_dense_layers, layer_freq --moe-layer-freq: "1" when every layer is MoE, else the
+                                    0/1 list (1 = MoE). Megatron's integer N means layers 0, N,
+                                    2N, ... (gpt_layer_specs.py: i % N == 0), not plan3d's
+                                    layer_freq (layers k-1, 2k-1, ... after the dense lead), so
+                                    every other pattern is written as a list
+  (plan)                            --moe-grouped-gemm, --moe-token-dispatcher-type alltoall
+                                    (what the cost model assumes; moe.md 4.1)
+  layout ep, etp                    --expert-model-parallel-size, --expert-tensor-parallel-size
+                                    (always written: Megatron silently sets etp = tp otherwise,
+                                    arguments.py L587-588)
+  attention_type mla + mla block    --multi-latent-attention, --q-lora-rank (not when null),
+                                    --kv-lora-rank, --qk-head-dim (qk_nope_head_dim),
+                                    --qk-pos-emb-head-dim (qk_rope_head_dim), --v-head-dim,
+                                    --qk-layernorm (MLA's q/kv latent norms, which model_counts
+                                    counts; Megatron-Bridge's DeepSeek-V3 provider sets
+                                    qk_layernorm = True), --rope-type rope --no-rope-fusion
+                                    (MLA defaults to YaRN, and RoPE fusion with MLA needs YaRN:
+                                    transformer_config.py MLATransformerConfig.__post_init__)
+  mtp_layers                        --mtp-num-layers
+  sliding_window w, window_layers   --window-size w-1,0 (Megatron-Bridge maps GPT-OSS's 128 to
+                                    (127, 0)); --window-attn-skip-freq 2 for "even" (layer i is
+                                    windowed iff (i+1) % 2 != 0, core/transformer/utils.py
+                                    is_layer_window_attention), else the 0/1 list (1 = window)
+  qk_norm per_head                  --qk-layernorm (per-head norm of head_dim); "full" (OLMoE)
+                                    has no flag: a comment
+  attention_sinks                   --softmax-type learnable
+  qkv_bias                          --add-qkv-bias
+  norm_epsilon                      --norm-epsilon (None: a comment that 1e-5 applies)
+Refused (UsageError): E not divisible by ep (arguments.py L1655-1658); biases in MoE with
+etp > 1 (transformer_config.py L2612-2615); attention TP > 1 without sequence parallelism in an
+MoE model (moe/moe_layer.py L636-640 raises in training).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..cost.model_counts import moe_layer_mask, window_layer_mask
+from ..errors import UsageError
+from ..specs import Plan
+
+Args = list[tuple[str, str | None]]
+
+
+def layer_pattern(mask) -> str:
+    """A 0/1 per-layer mask as the run-length Python list expression Megatron's
+    ``_eval_pattern`` accepts: [F, F, F, T, T] -> "[0]*3+[1]*2" (single runs: "[0]+[1]*2")."""
+    bits = [int(b) for b in np.asarray(mask, dtype=bool)]
+    runs: list[tuple[int, int]] = []
+    for b in bits:
+        if runs and runs[-1][0] == b:
+            runs[-1] = (b, runs[-1][1] + 1)
+        else:
+            runs.append((b, 1))
+    return "+".join(f"[{b}]" if n == 1 else f"[{b}]*{n}" for b, n in runs)
+
+
+def _quoted(pattern: str) -> str:
+    """A list expression quoted for the shell ([, ] and * are glob characters)."""
+    return f"'{pattern}'"
+
+
+def moe_args(plan: Plan) -> tuple[Args, list[str]]:
+    """(flags, comments) of the MoE layers and the expert-parallel degrees; ([], []) for a
+    dense model with ep = etp = 1. UsageError where Megatron would refuse the plan."""
+    model, lay = plan.model, plan.layout
+    if model.moe is None:
+        if lay.ep > 1 or lay.etp > 1:
+            raise UsageError(f"{model.name} has no MoE layers but the plan has ep={lay.ep} "
+                             f"etp={lay.etp}; Megatron-LM needs --num-experts for expert parallelism")
+        return [], []
+    moe = model.moe
+    if moe.num_experts % lay.ep:
+        raise UsageError(f"Megatron-LM needs num_experts % expert-model-parallel-size == 0; "
+                         f"{model.name} has {moe.num_experts} experts and the plan ep={lay.ep}")
+    if model.bias and lay.etp > 1:
+        raise UsageError(f"Megatron-Core supports biases in MoE layers only with expert tensor "
+                         f"parallel 1 ({model.name} has biases; the plan has etp={lay.etp})")
+    if lay.tp > 1 and not lay.sequence_parallel:
+        raise UsageError("Megatron-Core's MoE layer refuses tensor parallelism without sequence "
+                         f"parallelism in training; the plan has tp={lay.tp} without SP")
+    mask = moe_layer_mask(model)
+    freq = "1" if mask.all() else _quoted(layer_pattern(mask))
+    args: Args = [("--num-experts", str(moe.num_experts)), ("--moe-router-topk", str(moe.router_topk)),
+                  ("--moe-ffn-hidden-size", str(moe.ffn_hidden_size)), ("--moe-layer-freq", freq)]
+    if moe.shared_experts:
+        args.append(("--moe-shared-expert-intermediate-size", str(moe.shared_experts * moe.shared_ffn)))
+    args += [("--moe-grouped-gemm", None), ("--moe-token-dispatcher-type", "alltoall"),
+             ("--expert-model-parallel-size", str(lay.ep)),
+             ("--expert-tensor-parallel-size", str(lay.etp))]
+    comments = [
+        f"experts: {moe.num_experts} over ep={lay.ep} x etp={lay.etp} (edp={lay.edp}); dropless "
+        "alltoall dispatch with grouped GEMM, as the estimate assumed",
+        "routing not in plan3d's model schema, set from the model card: --moe-router-score-function, "
+        "--moe-router-enable-expert-bias, --moe-router-num-groups/--moe-router-group-topk, "
+        "--moe-router-topk-scaling-factor, --moe-aux-loss-coeff, --moe-router-dtype"]
+    if moe.router_topk == 1:
+        args.append(("--moe-router-pre-softmax", None))
+        comments.append("top-1 routing: Megatron-Core requires --moe-router-pre-softmax with its "
+                        "default softmax score function (transformer_config.py L2661-2669)")
+    return args, comments
+
+
+def attention_args(plan: Plan) -> tuple[Args, list[str]]:
+    """(flags, comments) of MLA, QK norms, sinks, Q/K/V biases, sliding windows and MTP."""
+    model = plan.model
+    args: Args = []
+    comments: list[str] = []
+    if model.attention_kind == "mla":
+        m = model.mla
+        args.append(("--multi-latent-attention", None))
+        if m.q_lora_rank is not None:
+            args.append(("--q-lora-rank", str(m.q_lora_rank)))
+        args += [("--kv-lora-rank", str(m.kv_lora_rank)), ("--qk-head-dim", str(m.qk_nope_head_dim)),
+                 ("--qk-pos-emb-head-dim", str(m.qk_rope_head_dim)), ("--v-head-dim", str(m.v_head_dim)),
+                 ("--qk-layernorm", None), ("--rope-type", "rope"), ("--no-rope-fusion", None)]
+        comments.append("MLA: --qk-layernorm adds the q/kv latent norms; plain RoPE (--rope-type "
+                        "rope, which needs --no-rope-fusion with MLA); a YaRN context extension "
+                        "is set with --rope-type yarn and its factors")
+    if model.qk_norm == "per_head":
+        args.append(("--qk-layernorm", None))
+    elif model.qk_norm == "full":
+        comments.append("QK norm over the whole q and k projections (qk_norm: full, OLMoE) has "
+                        "no Megatron-LM flag (--qk-layernorm normalizes each head): it needs a "
+                        "custom layer spec, as Megatron-Bridge's OLMoE provider")
+    if model.attention_sinks:
+        args.append(("--softmax-type", "learnable"))
+    if model.qkv_bias:
+        args.append(("--add-qkv-bias", None))
+    if model.sliding_window is not None:
+        args.append(("--window-size", f"{model.sliding_window - 1},0"))
+        which = model.window_layers or "all"
+        if which == "even":
+            args.append(("--window-attn-skip-freq", "2"))
+        elif which != "all":
+            args.append(("--window-attn-skip-freq", _quoted(layer_pattern(window_layer_mask(model)))))
+    if model.mtp_layers:
+        args.append(("--mtp-num-layers", str(model.mtp_layers)))
+        comments.append(f"MTP: {model.mtp_layers} module(s) on the last pipeline stage")
+    return args, comments
+
+
+def model_args(plan: Plan) -> tuple[Args, list[str]]:
+    """Every architecture flag of this module for ``plan`` (flags, comments), duplicates dropped."""
+    a1, c1 = attention_args(plan)
+    a2, c2 = moe_args(plan)
+    args: Args = []
+    for flag, value in a1 + a2:
+        if all(flag != f for f, _ in args):
+            args.append((flag, value))
+    eps = plan.model.norm_epsilon
+    if eps is not None:
+        args.append(("--norm-epsilon", f"{eps:g}"))
+    comments = c1 + c2
+    if eps is None:
+        comments.append(f"norm epsilon: not known for {plan.model.name} (norm_epsilon), so "
+                        "Megatron-LM's default --norm-epsilon 1e-5 applies")
+    return args, comments

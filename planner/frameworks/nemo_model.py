@@ -1,0 +1,114 @@
+"""The model fields of a Megatron-Bridge model provider for a plan's model (``model.*``).
+
+Megatron-Bridge's providers (``GPTModelProvider``, and ``MLAModelProvider`` for MLA) are
+Megatron-Core ``TransformerConfig`` dataclasses, so a provider field has the TransformerConfig
+name. Field names were checked in NVIDIA-NeMo/Megatron-Bridge @ 067f987df03b
+src/megatron/bridge/models/conversion/model_bridge.py ``CONFIG_MAPPING`` (num_layers,
+hidden_size, ffn_hidden_size, num_attention_heads, num_query_groups, kv_channels, vocab_size,
+layernorm_epsilon, attention_dropout, hidden_dropout, share_embeddings_and_output_weights,
+add_qkv_bias, add_bias_linear, qk_layernorm, rotary_base, rotary_percent, num_moe_experts,
+moe_router_topk, moe_ffn_hidden_size, q_lora_rank, kv_lora_rank, qk_head_dim,
+qk_pos_emb_head_dim, v_head_dim, mtp_num_layers), src/megatron/bridge/models/gpt_provider.py
+(normalization, position_embedding_type, moe_grouped_gemm) and the DeepSeek-V3 and GPT-OSS
+bridges (deepseek/deepseek_v3_bridge.py: gated_linear_unit, multi_latent_attention,
+moe_token_dispatcher_type, moe_layer_freq as a 0/1 list, moe_shared_expert_intermediate_size,
+apply_rope_fusion; gpt_oss/gpt_oss_bridge.py: softmax_type "learnable", window_size
+(w - 1, 0), window_attn_skip_freq 2), with Megatron-Core's layer-pattern semantics
+(megatron_model's docstring). Layout: expert_model_parallel_size, expert_tensor_parallel_size.
+
+Not expressible as a YAML field: the activation function (a callable; SwiGLU = gated_linear_unit
+with activation_func F.silu set in the provider's Python) and full-width QK norms (a layer spec):
+comments.
+"""
+
+from __future__ import annotations
+
+from ..cost.model_counts import moe_layer_mask, window_layer_mask
+from ..specs import Plan
+
+POSITION = {"rope": "rope", "learned": "learned_absolute"}
+
+
+def _moe_fields(plan: Plan) -> dict[str, object]:
+    moe, lay = plan.model.moe, plan.layout
+    out: dict[str, object] = {"expert_model_parallel_size": lay.ep,
+                              "expert_tensor_parallel_size": lay.etp}
+    if moe is None:
+        return out
+    mask = moe_layer_mask(plan.model)
+    out.update({"num_moe_experts": moe.num_experts, "moe_router_topk": moe.router_topk,
+                "moe_ffn_hidden_size": moe.ffn_hidden_size,
+                "moe_layer_freq": 1 if mask.all() else [int(b) for b in mask],
+                "moe_shared_expert_intermediate_size":
+                    moe.shared_experts * moe.shared_ffn if moe.shared_experts else None,
+                "moe_grouped_gemm": True, "moe_token_dispatcher_type": "alltoall"})
+    if moe.router_topk == 1:
+        out["moe_router_pre_softmax"] = True
+    return out
+
+
+def _attention_fields(plan: Plan) -> dict[str, object]:
+    m = plan.model
+    out: dict[str, object] = {}
+    if m.attention_kind == "mla":
+        out.update({"multi_latent_attention": True, "q_lora_rank": m.mla.q_lora_rank,
+                    "kv_lora_rank": m.mla.kv_lora_rank, "qk_head_dim": m.mla.qk_nope_head_dim,
+                    "qk_pos_emb_head_dim": m.mla.qk_rope_head_dim, "v_head_dim": m.mla.v_head_dim,
+                    "qk_layernorm": True, "rope_type": "rope", "apply_rope_fusion": False})
+    else:
+        out.update({"num_query_groups": m.kv_heads, "kv_channels": m.kv_channels,
+                    "qk_layernorm": m.qk_norm == "per_head"})
+    if m.attention_sinks:
+        out["softmax_type"] = "learnable"
+    if m.sliding_window is not None:
+        out["window_size"] = [m.sliding_window - 1, 0]
+        which = m.window_layers or "all"
+        out["window_attn_skip_freq"] = (None if which == "all" else 2 if which == "even"
+                                        else [int(b) for b in window_layer_mask(m)])
+    if m.mtp_layers:
+        out["mtp_num_layers"] = m.mtp_layers
+    return out
+
+
+def model_fields(plan: Plan, vocab: int) -> dict[str, object]:
+    """{provider field: value} of the plan's model and expert-parallel degrees (None = unset);
+    ``vocab`` is the padded vocabulary the plan was costed with."""
+    m = plan.model
+    out: dict[str, object] = {
+        "num_layers": m.num_layers, "hidden_size": m.hidden_size, "ffn_hidden_size": m.ffn,
+        "num_attention_heads": m.num_attention_heads, "vocab_size": vocab,
+        "normalization": "RMSNorm" if m.norm == "rmsnorm" else "LayerNorm",
+        "gated_linear_unit": m.activation == "swiglu", "add_bias_linear": m.bias,
+        "add_qkv_bias": m.bias or m.qkv_bias, "layernorm_epsilon": m.norm_epsilon,
+        "share_embeddings_and_output_weights": m.tie_embeddings,
+        "attention_dropout": m.dropout, "hidden_dropout": m.dropout,
+    }
+    if m.position_embedding in POSITION:
+        out["position_embedding_type"] = POSITION[m.position_embedding]
+    if m.position_embedding == "rope":
+        out["rotary_base"] = int(m.rope_theta) if m.rope_theta is not None and \
+            float(m.rope_theta).is_integer() else None
+        out["rotary_percent"] = m.rotary_percent
+    out.update(_attention_fields(plan))
+    out.update(_moe_fields(plan))
+    return out
+
+
+def model_comments(plan: Plan) -> list[str]:
+    """What the provider fields cannot say (written as comments)."""
+    m = plan.model
+    out = []
+    if m.activation == "swiglu":
+        out.append("SwiGLU: gated_linear_unit true with activation_func = F.silu, a callable set "
+                   "in the provider's Python (not a YAML field)")
+    if m.qk_norm == "full":
+        out.append("QK norm over the whole q and k projections (qk_norm: full, OLMoE): a custom "
+                   "layer spec, as Megatron-Bridge's OLMoE provider")
+    if m.norm_epsilon is None:
+        out.append(f"norm epsilon: not known for {m.name}; the provider's layernorm_epsilon "
+                   "(Megatron-Core default 1e-5) applies")
+    if m.moe is not None:
+        out.append("routing not in plan3d's model schema, set from the model card: "
+                   "moe_router_score_function, moe_router_enable_expert_bias, "
+                   "moe_router_num_groups/moe_router_group_topk, moe_aux_loss_coeff")
+    return out
