@@ -24,12 +24,16 @@ class NoFitError(PlannerError):
     that found no fit at any count):
     - ``closest``: the closest miss, a planner.cost.Estimate of one layout (index 0), the
       layout that needs the least memory per GPU;
-    - ``usable``: bytes per GPU a layout may use (HBM capacity less any --min-memory-headroom).
+    - ``usable``: bytes per GPU a layout may use (HBM capacity less any --min-memory-headroom);
+    - ``to_fit``: the smallest GPU count above this one on which a layout fits, with the best
+      layout there (planner.refusal.FitHint), None when no count up to the limit fits.
     """
 
     exit_code = 1
 
-    def __init__(self, message: str, closest: Any = None, usable: float | None = None) -> None:
+    def __init__(self, message: str, closest: Any = None, usable: float | None = None,
+                 to_fit: Any = None) -> None:
         super().__init__(message)
         self.closest = closest
         self.usable = usable
+        self.to_fit = to_fit

@@ -58,14 +58,17 @@ def read_plan(path: Path) -> Plan:
 
 
 def read_checked_plan(path: Path) -> Plan:
-    """read_plan, then the layout rules every consumer relies on (search.check_layout): a plan
-    edited by hand into an invalid layout is a UsageError here, before anything is exported or
+    """read_plan, then the checks every command applies (planner.inputs.check_training: the
+    training against the model; search.check_layout: the layout rules): a plan edited by hand
+    into an invalid one is a UsageError here, before anything is estimated, exported, placed or
     run. TP across nodes is allowed (it is slow, not invalid)."""
     from .cost.support import refuse_unmodelled
+    from .inputs import check_training, field_of
     from .search import check_layout
     plan = read_plan(path)
     try:
         refuse_unmodelled(plan.model)
+        check_training(plan.model, plan.training, field_of("training"))
         check_layout(plan.model, plan.hardware, plan.training, plan.gpus, plan.layout.model_dump(),
                      allow_cross_node_tp=True)
     except UsageError as exc:

@@ -33,7 +33,8 @@ def test_search_json_and_export_round_trip(tmp_path):
     assert len(ranked) == 2
     best = ranked[0]
     gpus = best.pop("gpus")  # search --json only: tp*cp*pp*dp beside the layout
-    assert set(best) == {"layout", "memory", "time", "throughput", "stages", "ties"}
+    assert set(best) == {"layout", "memory", "time", "throughput", "stages", "ties", "to_fit"}
+    assert best["to_fit"] is None and best["memory"]["shortfall_bytes"] == 0  # it fits
     assert best.pop("ties") == {"count": 1, "varying": [], "layouts": []}  # no tie at the top
     assert {"weights", "gradients", "optimizer", "activations", "other", "total", "capacity",
             "fits"} <= set(best["memory"])
@@ -90,7 +91,7 @@ def test_estimate_from_flags_matches_hand_checks():
     (["estimate", "--plan", "nosuch.yaml"], 2, "cannot read nosuch.yaml"),
     (["frobnicate"], 2, "No such command"),
     (["search", "--model", "175b", "--gpus", "512", "--tp", "8", "--pp", "8", "--dp", "16"], 2,
-     "tp*pp*dp = 1024 but --gpus is 512"),
+     "tp*pp*dp = 8*8*16 = 1024 > 512 GPUs"),
     (["search", "--model", "175b", "--gpus", "512", "--micro-batch-size", "5"], 2,
      "--micro-batch-size 5 does not divide the per-replica batch"),
     (["search", "--model", "175b", "--gpus", "512", "--tp", "8", "--max-tp", "4"], 2,

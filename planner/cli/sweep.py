@@ -15,19 +15,16 @@ def run(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: str
         plot_path: Path | None, force: bool, headroom: str | None, batches: str | None = None) -> None:
     """``plan3d sweep``: UsageError on bad input (GPU counts, batches, an existing --plot file
     without --force, no matplotlib), NoFitError when no count has a fitting layout."""
-    from ..objective import check_headroom
+    from ..inputs import search_options
     from ..render import console
     from ..render.search import header
     from ..render.sweep import progress, sweep_table
-    from ..search import SearchOptions
     from ..sweep import parse_batch_sizes, parse_gpu_counts, sweep_batches
     counts = parse_gpu_counts(gpus, hw)
     sizes = [b or training.global_batch_size for b in parse_batch_sizes(batches)]
     if plot_path is not None:
         _check_plot(plot_path, force)
-    headroom_bytes, headroom_fraction = check_headroom(
-        headroom, float(hw.gpu.hbm_capacity), float(hw.framework_overhead), hw.gpu.name)
-    opts = SearchOptions(headroom_bytes=headroom_bytes, headroom_fraction=headroom_fraction)
+    opts = search_options(hw, {}, headroom)
     with progress() as bar:
         task = bar.add_task("Sweeping GPU counts", total=len(counts) * len(sizes))
         rows = sweep_batches(model, hw, training, counts, sizes, opts,

@@ -57,7 +57,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..catalog import read_yaml, resolve_hardware, validate
+from ..degrees import split_problem
 from ..errors import UsageError
+from ..inputs import field_of, training_spec
 from ..specs import NAME_PATTERN, HardwareProfile, Layout, ModelSpec, TrainingDefaults, TrainingSpec
 from .schema import check_fields, notes_tags
 
@@ -304,7 +306,7 @@ def _case(row: dict) -> RunCase:
     # fp16 Megatron-LM before 2022 reduced fp16 gradients (--accumulate-allreduce-grads-in-fp32 off).
     fp16_grads = "mixed 16-bit" in notes_text and year is not None and year < 2022
     pure_bf16 = "(PURE)" in notes_text
-    case.training = validate(TrainingSpec, dict(
+    case.training = training_spec(case.model, dict(
         seq_length=int(seq), global_batch_size=int(lay["global_batch"]),
         dtype="fp16" if "mixed 16-bit" in notes_text else "bf16",
         grad_bytes=2 if (deepspeed or pure_bf16 or fp16_grads) else 4,
@@ -313,11 +315,14 @@ def _case(row: dict) -> RunCase:
         overlap_p2p_comm=not pre_2023, p2p_scatter_gather=pre_2023,
         zero3_gather_unit="module" if deepspeed else "layer",
         zero3_throughput=DEEPSPEED_2021_ZERO3_THROUGHPUT if deepspeed_2021 else None,
-        tp_backward_overlap=year is None or year >= 2022), f"run {case.id} training")
+        tp_backward_overlap=year is None or year >= 2022), field_of("training"),
+        f"run {case.id} training")
     if pre_2023:
         assume("no flash-attn (<2023)")
     if deepspeed_2021:
         assume("DeepSpeed<=0.4 ZeRO-3: 21 GB/s, no overlap")
-    if case.layout.gpus != case.gpus:
-        raise UsageError(f"tp*pp*dp = {case.layout.gpus} but gpus = {case.gpus}")
+    problem = split_problem(case.gpus, {k: getattr(case.layout, k) for k in ("tp", "pp", "dp")},
+                            exact=True)
+    if problem:
+        raise UsageError(problem)
     return case
