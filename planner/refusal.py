@@ -62,8 +62,11 @@ def no_split_reason(model: ModelSpec, hw: HardwareProfile, gpus: int | None,
              "cp": f"cp a power of two up to {opts.max_cp}",
              "pp": f"pp a divisor of the {L} layers, or a power of two with an uneven split"
                    + (f", up to {opts.max_pp}" if opts.max_pp else "")}
-    lead = (f"{'*'.join(given)} = {'*'.join(map(str, given.values()))} leaves {rest:,} of "
-            f"{gpus:,} GPUs for {'*'.join(free)}") if given else f"{gpus:,} GPUs"
+    product = gpus // rest
+    named = f"{'*'.join(given)} = {'*'.join(map(str, given.values()))} = {product}" \
+        if len(given) > 1 else f"{'*'.join(given)}={product}"
+    lead = f"{named} leaves {rest:,} of {gpus:,} GPUs for {'*'.join(free)}" if given else \
+        f"{gpus:,} GPUs"
     return (f"{lead}, and no {'*'.join(free)} makes {rest:,} "
             f"({'; '.join(rules[k] for k in free if k in rules)})")
 

@@ -56,10 +56,12 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..catalog import read_yaml, resolve_hardware, validate
+from pydantic import ValidationError
+
+from ..catalog import describe_validation_error, read_yaml, resolve_hardware, validate
 from ..degrees import split_problem
 from ..errors import UsageError
-from ..inputs import field_of, training_spec
+from ..inputs import check_integers, field_of, training_spec
 from ..specs import NAME_PATTERN, HardwareProfile, Layout, ModelSpec, TrainingDefaults, TrainingSpec
 from .schema import check_fields, notes_tags
 
@@ -136,6 +138,8 @@ def load_runs(path: Path | None = None) -> list[RunCase]:
             cases.append(_case(row))
         except KeyError as exc:
             raise UsageError(f"{path}: run {row['id']}: missing field {exc}") from None
+        except ValidationError as exc:  # one line naming the field, as catalog.validate words it
+            raise UsageError(f"{path}: run {row['id']}: {describe_validation_error(exc)}") from None
         except (TypeError, ValueError) as exc:
             raise UsageError(f"{path}: run {row['id']}: malformed ({exc})") from None
         except UsageError as exc:
@@ -246,6 +250,9 @@ def _case(row: dict) -> RunCase:
         return case
     if lay.get("global_batch") is None:
         raise UsageError("missing field 'layout.global_batch'")
+    # the batch and sequence as every command checks them (planner.inputs)
+    check_integers({"global_batch_size": lay["global_batch"]}, label=lambda _: "layout.global_batch")
+    check_integers({"seq_length": model_row.get("seq_len")}, label=lambda _: "model.seq_len")
     case.hardware = resolve_hardware(profile)
     assume = case.assumptions.append
     year = _year(source)
