@@ -23,7 +23,8 @@ def search(
     global_batch_size: Optional[int] = GBS, seq_length: Optional[int] = SEQ,
     top: int = typer.Option(10, "--top", help="How many layouts to show."),
     json_out: bool = JSON,
-    export: Optional[Path] = typer.Option(None, "--export", help="Write the best layout as a plan YAML."),
+    export: Optional[Path] = typer.Option(None, "--export", help="Write the best layout as a plan YAML "
+                                          "(- for stdout; the table then goes to stderr)."),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing --export file."),
     tp: Optional[int] = typer.Option(None, "--tp", help="Pin tensor-parallel size."),
     pp: Optional[int] = typer.Option(None, "--pp", help="Pin pipeline-parallel size."),
@@ -61,14 +62,14 @@ def search(
 ) -> None:
     """Rank the TP/PP/DP/ZeRO layouts that fit, by predicted throughput (or --objective)."""
     from ..export import make_plan, write_plan
-    from ..search import SearchOptions
+    from ..outputs import is_stdout, report_to_stderr
     from ..search import search as run_search
     m = catalog.resolve_model(_require(model, "--model"))
     refuse_unmodelled(m)
     hw = catalog.resolve_hardware(hardware)
     training = _training(m, global_batch_size, seq_length)
     check_numbers({"top": top})
-    _check_search_flags(export, force, why_not, gpus, max_gpus)
+    _check_search_flags(export, force, why_not, gpus, max_gpus, json_out)
     opts = search_options(hw, dict(
         tp=tp, pp=pp, dp=dp, zero_stage=zero_stage, micro_batch_size=micro_batch_size,
         recompute=recompute.value if recompute else None, sequence_parallel=sequence_parallel,
@@ -86,20 +87,23 @@ def search(
     best = result.ranked
     if export is not None:
         write_plan(make_plan(m, hw, training, best.candidates.layout(0), best.to_dict(0)), export, force)
-    _search_output(m, hw, training, n, result, top, json_out, money, max_gpus is not None, export)
+    with report_to_stderr(is_stdout(export)):  # --export -: stdout holds the plan alone
+        _search_output(m, hw, training, n, result, top, json_out, money, max_gpus is not None, export)
 
 
 def _check_search_flags(export: Optional[Path], force: bool, why_not: Optional[str],
-                        gpus: Optional[int], max_gpus: Optional[int]) -> None:
+                        gpus: Optional[int], max_gpus: Optional[int], json_out: bool) -> None:
     """UsageError for flags that cannot go together (--export with --why-not, --gpus with
-    --max-gpus), neither --gpus nor --max-gpus, or an --export file that exists (no --force)."""
-    from ..export import check_destination
+    --max-gpus, --export - with --json), neither --gpus nor --max-gpus, or an --export file
+    that exists (no --force)."""
+    from ..outputs import check_destination, refuse_json_too
     if export is not None and why_not is not None:
         raise UsageError("--export writes the search's best plan and --why-not judges your "
                          "layout instead: use one at a time (to export your layout, pin it, e.g. "
                          "--tp 8 --pp 8 --export plan.yaml)")
     if export is not None:
         check_destination(export, force)
+        refuse_json_too(export, "--export", json_out)
     if gpus is not None and max_gpus is not None:
         raise UsageError("give --gpus (a fixed count) or --max-gpus (a budget), not both")
     if max_gpus is None:
@@ -150,13 +154,14 @@ def _search_output(m, hw, training, n, result, top: int, json_out: bool, currenc
         console.print_json([{**_with_gpus(best.to_dict(g.first, result.usable)), **extra, "ties": tie_dict(best, g)}
                             for g in groups[:top]])
         return
+    from ..outputs import shown
     from ..render.breakdown import breakdown_report
     from ..render.search import header, search_table
     header(m, hw, training, n)
     search_table(result, explanation, top, currency, gpus_searched=gpus_searched)
     breakdown_report(result)
     if export is not None:
-        console.out.print(f"Wrote the best plan to {export}", markup=False)
+        console.out.print(f"Wrote the best plan to {shown(export)}", markup=False)
 
 
 @app.command()
@@ -170,7 +175,7 @@ def sweep(
     seq_length: Optional[int] = SEQ,
     json_out: bool = JSON,
     plot: Optional[Path] = typer.Option(None, "--plot", help="Draw tokens/s (log-log, with ideal "
-                                        "linear scaling) and MFU vs GPUs to a PNG."),
+                                        "linear scaling) and MFU vs GPUs to a PNG (- for stdout)."),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing --plot file."),
     min_memory_headroom: Optional[str] = HEADROOM,
 ) -> None:

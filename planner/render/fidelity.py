@@ -180,7 +180,7 @@ def calibration_report(result, hw_name: str, path: str, loo: bool = True) -> Non
     if result.loo_errors:
         lmean, lworst = result.loo_stats
         out.print(f"Leave-one-out: mean |err| {fmt.percent(lmean)}, max {fmt.percent(lworst)}")
-    out.print(f"Wrote {path}", markup=False)
+    out.print(f"Wrote the calibrated profile to {path}", markup=False)
 
 
 def calibration_notes(unused: dict[str, str], used: int, factors: int, hw_name: str) -> None:
