@@ -100,7 +100,9 @@ def test_estimate_from_flags_matches_hand_checks():
      "exceeds the 2048 learned position embeddings"),
     (["search", "--model", "175b", "--gpus", "512", "--seq-length", "100000000"], 2,
      "beyond what plan3d models"),
-    (["search", "--model", "175b", "--gpus", "512", "--export", "-"], 2, "--export needs a file name"),
+    # '-' is stdout (tests/test_outputs_and_setup.py), where --json writes too
+    (["search", "--model", "175b", "--gpus", "512", "--export", "-", "--json"], 2,
+     "--export - and --json both write to stdout"),
     (["search", "--model", "175b", "--gpus", "512", "--export", "."], 2, "--export needs a file name"),
     (["search", "--model", "175b", "--gpus", "512", "--export", "nodir/plan.yaml"], 2,
      "directory nodir does not exist"),

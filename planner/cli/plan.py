@@ -297,8 +297,9 @@ def _to_fit(m, hw, training, n: int):
         best = search(m, hw, training, n, SearchOptions(keep=1)).ranked
     except NoFitError as exc:
         return exc.to_fit
-    except UsageError:  # no layout can use n GPUs at all (e.g. the batch): nothing to propose
-        return None
+    except UsageError:  # no layout can use n GPUs at all (e.g. the batch): the next count that fits
+        from ..refusal import fit_hint
+        return fit_hint(m, hw, training, n, SearchOptions())
     return FitHint(n, best.take(np.array([0])))
 
 

@@ -256,7 +256,6 @@ def _case(row: dict) -> RunCase:
     case.hardware = resolve_hardware(profile)
     assume = case.assumptions.append
     year = _year(source)
-    pre_2023 = year is not None and year < 2023
 
     seq, vocab = model_row.get("seq_len"), model_row.get("vocab")
     if seq is None:
@@ -283,11 +282,23 @@ def _case(row: dict) -> RunCase:
         training=TrainingDefaults(seq_length=int(seq), global_batch_size=int(lay["global_batch"]))),
         f"run {case.id} model")
 
+    _run_layout(case, lay, convention)
+    _run_training(case, int(seq), int(lay["global_batch"]), notes_text, year)
+    problem = split_problem(case.gpus, {k: getattr(case.layout, k) for k in ("tp", "pp", "dp")},
+                            exact=True)
+    if problem:
+        raise UsageError(problem)
+    return case
+
+
+def _run_layout(case: RunCase, lay: dict, convention: str) -> None:
+    """``case.layout`` from the row's layout, each unstated value a stated default (listed in
+    ``case.assumptions`` unless it cannot change the prediction)."""
     tp, pp, dp = lay.get("tp"), lay.get("pp"), lay.get("dp")
     if tp is None or pp is None:
         mp = case.gpus // int(dp)
         tp, pp = 8, mp // 8
-        assume(f"tp=8,pp={pp} (tp*pp={mp})")
+        case.assumptions.append(f"tp=8,pp={pp} (tp*pp={mp})")
     dp = int(dp) if dp is not None else case.gpus // (int(tp) * int(pp))
     # Narayanan's FLOP formula assumes full recomputation, so a source counting with it ran it.
     defaults = {"micro_batch": 1, "vpp": 1,
@@ -300,7 +311,7 @@ def _case(row: dict) -> RunCase:
             value[key] = default
             moot = (key == "vpp" and int(pp) == 1) or (key == "zero_stage" and dp == 1)
             if not moot:  # a default that cannot change the prediction is not an assumption
-                assume(f"{key}={default}")
+                case.assumptions.append(f"{key}={default}")
         else:
             value[key] = raw
     case.layout = validate(Layout, dict(
@@ -308,13 +319,19 @@ def _case(row: dict) -> RunCase:
         micro_batch_size=int(value["micro_batch"]), recompute=value["recompute"],
         sequence_parallel=bool(value["sequence_parallel"]), vpp=int(value["vpp"])), f"run {case.id} layout")
 
+
+def _run_training(case: RunCase, seq: int, batch: int, notes_text: str, year: int | None) -> None:
+    """``case.training`` of the run (planner.inputs.training_spec, the check every command
+    applies): precision, gradient bytes, overlaps and ZeRO-3 style from the source's year and
+    notes."""
+    pre_2023 = year is not None and year < 2023
     deepspeed = "deepspeed" in notes_text.lower()
     deepspeed_2021 = deepspeed and year is not None and year <= 2021 and case.layout.zero_stage == 3
     # fp16 Megatron-LM before 2022 reduced fp16 gradients (--accumulate-allreduce-grads-in-fp32 off).
     fp16_grads = "mixed 16-bit" in notes_text and year is not None and year < 2022
     pure_bf16 = "(PURE)" in notes_text
     case.training = training_spec(case.model, dict(
-        seq_length=int(seq), global_batch_size=int(lay["global_batch"]),
+        seq_length=seq, global_batch_size=batch,
         dtype="fp16" if "mixed 16-bit" in notes_text else "bf16",
         grad_bytes=2 if (deepspeed or pure_bf16 or fp16_grads) else 4,
         flash_attention=not pre_2023,
@@ -325,11 +342,6 @@ def _case(row: dict) -> RunCase:
         tp_backward_overlap=year is None or year >= 2022), field_of("training"),
         f"run {case.id} training")
     if pre_2023:
-        assume("no flash-attn (<2023)")
+        case.assumptions.append("no flash-attn (<2023)")
     if deepspeed_2021:
-        assume("DeepSpeed<=0.4 ZeRO-3: 21 GB/s, no overlap")
-    problem = split_problem(case.gpus, {k: getattr(case.layout, k) for k in ("tp", "pp", "dp")},
-                            exact=True)
-    if problem:
-        raise UsageError(problem)
-    return case
+        case.assumptions.append("DeepSpeed<=0.4 ZeRO-3: 21 GB/s, no overlap")

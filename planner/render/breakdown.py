@@ -108,8 +108,8 @@ def _no_fit_lines(est, mem: dict, to_fit) -> None:
               f"{fmt.gib(mem['shortfall_bytes'], 2)} more than the {fmt.capacity(mem['capacity'])} "
               f"GiB it has; a layout that cannot run has no step time, tokens/s or MFU.")
     if to_fit is None:
-        out.print(f"To fit: no count of GPUs plan3d models has a layout of this model that fits "
-                  f"at this sequence length and batch; use GPUs with more memory.")
+        out.print("To fit: no count of GPUs plan3d models has a layout of this model that fits "
+                  "at this sequence length and batch; use GPUs with more memory.")
     elif to_fit.gpus == gpus:
         lay = to_fit.estimate.candidates.layout(0)
         out.print(f"To fit on these {gpus:,} GPUs: {lay.short()} "
