@@ -243,3 +243,37 @@ def test_why_not_json_has_the_same_keys_for_every_verdict():
         assert set(d) == keys, text
     assert keys == {"layout", "status", "reasons", "completion", "winner", "slower_by",
                     "time_deltas_s", "to_fit"}
+
+
+# ---------------------------------------------------------------- invariant: the fewest GPUs
+
+
+from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+
+from planner.refusal import fewest_gpus  # noqa: E402
+from tests.conftest import gpt  # noqa: E402
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(layers=st.sampled_from([24, 40, 48, 60, 80]), hidden=st.sampled_from([6144, 8192, 12288]),
+       batch=st.sampled_from([96, 256, 768, 1536]), start=st.sampled_from([8, 16, 24]),
+       headroom=st.sampled_from([0.0, 0.1]))
+def test_fewest_gpus_is_the_first_count_a_search_fits(layers, hidden, batch, start, headroom):
+    # brute force: a search at every whole-node count above `start`, up to the first that
+    # has a fitting layout, must agree with the memory-only pass over the budget grid
+    m = gpt("t", layers, hidden, 64 if hidden % 64 == 0 else 32, batch=batch)
+    hw = catalog.resolve_hardware("dgx-a100-40g")
+    tr = training_spec(m, {})
+    opts = SearchOptions(headroom_fraction=headroom)
+    found = fewest_gpus(m, hw, tr, start, opts, limit=512)
+    first = next((n for n in range(start + 8, 513, 8) if _fits_at(m, hw, tr, n, opts)), None)
+    assert found == first
+
+
+def _fits_at(m, hw, tr, n, opts) -> bool:
+    from dataclasses import replace
+    try:
+        search(m, hw, tr, n, replace(opts, keep=1))
+    except (NoFitError, UsageError):
+        return False
+    return True
