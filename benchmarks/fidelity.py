@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from planner.errors import UsageError
-from planner.export import check_destination
+from planner.outputs import check_destination, write
 from planner.fidelity.compare import Comparison, compare_all, summarize
 from planner.fidelity.runs import RunCase, load_runs
 from planner.render import fmt
@@ -77,11 +77,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.out:  # before the (slow) comparison, so a bad destination fails at once
             check_destination(args.out, args.force, "--out", "fidelity.md")
         text = markdown(*run(args.runs))
-        if args.out:
-            try:
-                args.out.write_text(text, encoding="utf-8")
-            except OSError as exc:
-                raise UsageError(f"cannot write {args.out}: {exc.strerror or exc}") from None
+        if args.out:  # a file, or stdout for '-' / /dev/stdout (planner.outputs)
+            write(args.out, text, args.force, "--out", "fidelity.md")
         else:
             sys.stdout.write(text)
     except UsageError as exc:

@@ -15,6 +15,8 @@ replicas.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 
@@ -119,3 +121,30 @@ class LayoutDegrees:
         form_b = self.embedding_loss_split(num_layers) & ((rank == 0) | (rank == pp - 1))
         short = np.where(form_b, np.where(rank == 0, 0, np.asarray(self.vpp) - 1), -1)
         return (layers + form_b) / np.asarray(self.vpp, dtype=np.float64), short
+
+
+SPLIT_DEGREES = ("tp", "cp", "pp", "dp")
+
+
+def split_problem(gpus: int, degrees: dict, exact: bool, count: str | None = None) -> str | None:
+    """Why the given split degrees cannot use ``gpus`` GPUs, naming their product; None if they can.
+
+    ``degrees``: the degrees the user gave (tp, cp, pp, dp; None or absent = not given).
+    ``exact``: the product must equal ``gpus`` (every degree given, or the others fixed at 1),
+    else it must divide it (the degrees not given make up the rest). ``count`` words the GPU
+    count (default "N GPUs"). E.g. tp=2, dp=8 on 8 GPUs: 'tp*dp = 2*8 = 16 > 8 GPUs'; tp=5 on
+    512: 'tp=5 does not divide 512 GPUs'.
+    """
+    given = [(k, int(degrees[k])) for k in SPLIT_DEGREES if degrees.get(k) is not None]
+    if not given:
+        return None
+    product = math.prod(v for _, v in given)
+    names = "*".join(k for k, _ in given)
+    expr = f"{names}={product}" if len(given) == 1 else \
+        f"{names} = {'*'.join(str(v) for _, v in given)} = {product}"
+    where = count or f"{gpus:,} GPUs"
+    if exact:
+        return None if product == gpus else f"{expr} != {where}"
+    if product > gpus:
+        return f"{expr} > {where}"
+    return f"{expr} does not divide {where}" if gpus % product else None

@@ -4,6 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
+# The optional extras of pyproject.toml, worded the same in every message and in the README
+# (tests/test_outputs_and_setup.py checks the README carries these commands).
+TORCH_CPU = "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
+PLOT_EXTRA = ("--plot needs matplotlib, plan3d's optional extra 'plot': pip install -e '.[plot]' "
+              "in the plan3d source tree (or pip install 'matplotlib>=3.6')")
+VALIDATE_EXTRA = ("plan3d validate needs PyTorch 2.13, plan3d's optional extra 'validate': on a "
+                  f"machine without a GPU first {TORCH_CPU} (PyPI's default is a CUDA build), "
+                  "then pip install -e '.[validate]' in the plan3d source tree")
+
 
 class PlannerError(Exception):
     """Base class. ``exit_code`` is what the CLI exits with."""
@@ -24,12 +33,16 @@ class NoFitError(PlannerError):
     that found no fit at any count):
     - ``closest``: the closest miss, a planner.cost.Estimate of one layout (index 0), the
       layout that needs the least memory per GPU;
-    - ``usable``: bytes per GPU a layout may use (HBM capacity less any --min-memory-headroom).
+    - ``usable``: bytes per GPU a layout may use (HBM capacity less any --min-memory-headroom);
+    - ``to_fit``: the smallest GPU count above this one on which a layout fits, with the best
+      layout there (planner.refusal.FitHint), None when no count up to the limit fits.
     """
 
     exit_code = 1
 
-    def __init__(self, message: str, closest: Any = None, usable: float | None = None) -> None:
+    def __init__(self, message: str, closest: Any = None, usable: float | None = None,
+                 to_fit: Any = None) -> None:
         super().__init__(message)
         self.closest = closest
         self.usable = usable
+        self.to_fit = to_fit

@@ -9,6 +9,7 @@ import yaml
 from . import __version__
 from .catalog import read_yaml, validate
 from .errors import UsageError
+from .outputs import check_destination, write  # noqa: F401 (check_destination re-exported)
 from .specs import HardwareProfile, Layout, ModelSpec, Plan, TrainingSpec
 
 
@@ -28,28 +29,10 @@ def plan_to_yaml(plan: Plan) -> str:
     return header + yaml.safe_dump(data, sort_keys=False, width=100, allow_unicode=True)
 
 
-def check_destination(path: Path, force: bool, flag: str = "--export",
-                      example: str = "plan.yaml") -> None:
-    """UsageError unless ``path`` can be written: a file name (not '', '.', '-' or a directory)
-    in an existing directory, and not an existing file unless ``force``. ``flag`` and
-    ``example`` only word the message."""
-    if str(path) in ("", ".", "-"):
-        raise UsageError(f"{flag} needs a file name, got {str(path)!r}")
-    if path.is_dir():
-        raise UsageError(f"{path} is a directory; give a file name such as {path / example}")
-    if path.exists() and not force:
-        raise UsageError(f"{path} exists; pass --force to overwrite it")
-    if not path.parent.is_dir():
-        raise UsageError(f"cannot write {path}: directory {path.parent} does not exist")
-
-
 def write_plan(plan: Plan, path: Path, force: bool = False) -> None:
-    """Write plan.yaml; an existing file is kept unless ``force`` (UsageError)."""
-    check_destination(path, force)
-    try:
-        path.write_text(plan_to_yaml(plan), encoding="utf-8")
-    except OSError as exc:
-        raise UsageError(f"cannot write {path}: {exc.strerror or exc}") from None
+    """Write plan.yaml (or to stdout for '-', planner.outputs); an existing file is kept unless
+    ``force`` (UsageError)."""
+    write(path, plan_to_yaml(plan), force)
 
 
 def read_plan(path: Path) -> Plan:
@@ -58,12 +41,15 @@ def read_plan(path: Path) -> Plan:
 
 
 def read_checked_plan(path: Path) -> Plan:
-    """read_plan, then the layout rules every consumer relies on (search.check_layout): a plan
-    edited by hand into an invalid layout is a UsageError here, before anything is exported or
+    """read_plan, then the checks every command applies (planner.inputs.check_training: the
+    training against the model; search.check_layout: the layout rules): a plan edited by hand
+    into an invalid one is a UsageError here, before anything is estimated, exported, placed or
     run. TP across nodes is allowed (it is slow, not invalid)."""
+    from .inputs import check_training, field_of
     from .search import check_layout
     plan = read_plan(path)
     try:
+        check_training(plan.model, plan.training, field_of("training"))
         check_layout(plan.model, plan.hardware, plan.training, plan.gpus, plan.layout.model_dump(),
                      allow_cross_node_tp=True)
     except UsageError as exc:

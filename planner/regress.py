@@ -150,36 +150,33 @@ def flatten_estimate(d: dict, prefix: str = "", with_layout: bool = False) -> di
 
 
 def _evaluate(case: Case) -> dict[str, Scalar]:
-    from .catalog import resolve_hardware, resolve_model, validate
-    from .specs import TrainingSpec
+    """The case's flat terms; its inputs go through the checks every command applies
+    (planner.inputs: training, search options; search.check_layout: the layout). UsageError."""
+    from .catalog import resolve_hardware, resolve_model
+    from .inputs import field_of, search_options, training_spec
     model = resolve_model(case.model)
     hw = resolve_hardware(case.hardware)
-    training = validate(TrainingSpec, {"seq_length": model.training.seq_length,
-                                       "global_batch_size": model.training.global_batch_size,
-                                       "tokens": model.training.tokens, **case.training}, "training")
+    training = training_spec(model, case.training, field_of("training"))
     if case.layout is not None:
         from .cost.step import estimate_layout
         from .search import check_layout
         layout = check_layout(model, hw, training, case.gpus, case.layout, case.allow_cross_node_tp)
-        return flatten_estimate(estimate_layout(model, hw, training, layout).to_dict(0))
-    from .search import SearchOptions, search
+        return flatten_estimate(estimate_layout(model, hw, training, layout).to_dict(0, raw=True))
+    from .search import search
     opts = dict(case.search or {})
     top = opts.pop("top", 5)
-    known = {f.name for f in dataclasses.fields(SearchOptions)} - {"allow_cross_node_tp"}
-    unknown = sorted(set(opts) - known)
-    if unknown:
-        raise UsageError(f"search: unknown option {unknown[0]!r} (known: top, {', '.join(sorted(known))})")
     if not isinstance(top, int) or isinstance(top, bool) or top <= 0:
         raise UsageError(f"search: top must be a positive integer, got {top!r}")
-    result = search(model, hw, training, case.gpus,
-                    SearchOptions(**opts, allow_cross_node_tp=case.allow_cross_node_tp))
+    opts["allow_cross_node_tp"] = case.allow_cross_node_tp
+    result = search(model, hw, training, case.gpus, search_options(hw, opts, label=field_of("search")))
     ranked = result.ranked
     values: dict[str, Scalar] = {"search.enumerated": int(result.enumerated),
                                  "search.fitting": int(result.fitting)}
     values.update({f"search.pruned.{rule}": int(n) for rule, n in result.pruned.items()})
     width = len(str(top))
     for i in range(min(top, len(ranked))):
-        values.update(flatten_estimate(ranked.to_dict(i), f"rank{i + 1:0{width}d}.", with_layout=True))
+        values.update(flatten_estimate(ranked.to_dict(i, raw=True), f"rank{i + 1:0{width}d}.",
+                                       with_layout=True))
     return values
 
 

@@ -7,6 +7,7 @@ layouts; each block keeps only its best. No Python loop over candidates.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,16 +17,17 @@ import numpy as np
 from . import objective
 from .cost import Estimate, evaluate
 from .cost.collectives import nvlink_domain
+from .degrees import SPLIT_DEGREES, split_problem
 from .errors import NoFitError, UsageError
 from .grid import Grid, parallel_splits
+from .inputs import MAX_GPUS, gpu_count  # noqa: F401 (MAX_GPUS re-exported)
+from .refusal import fit_hint, no_fit_message, no_split_reason
 from .scan import CHUNK, FIT_RULE, FLAT_COST, Scan, scan  # noqa: F401 (re-exported)
 from .space import (LAYERS_RULE, TP_RULE, UNEVEN_RULE, Candidates, constraint_masks,
                     default_uneven_split, divisors, uneven_problem, uneven_splits,
                     uneven_vpp_options)
 from .specs import RECOMPUTE_CODES, HardwareProfile, Layout, ModelSpec, TrainingSpec
-from .units import format_gib
 
-MAX_GPUS = 1_000_000
 CROSS_NODE_HINT = "pass --allow-cross-node-tp to let tp span nodes"
 
 
@@ -201,15 +203,9 @@ def enumerate_space(model: ModelSpec, hw: HardwareProfile, training: TrainingSpe
 
 
 def check_inputs(gpus: int, hw: HardwareProfile, flag: str = "--gpus") -> None:
-    """Reject GPU counts that are non-positive, absurd, or not whole nodes (UsageError)."""
-    if gpus <= 0:
-        raise UsageError(f"{flag} must be positive, got {gpus}")
-    if gpus > MAX_GPUS:
-        raise UsageError(f"{flag} {gpus} is beyond what plan3d models (at most {MAX_GPUS:,})")
-    g = hw.gpus_per_node
-    if gpus > g and gpus % g:
-        raise UsageError(f"{flag} {gpus} is not a whole number of {g}-GPU nodes of {hw.name}; "
-                         f"use a multiple of {g}")
+    """Reject GPU counts that are non-positive, absurd, or not whole nodes (UsageError;
+    planner.inputs.gpu_count, the one check)."""
+    gpu_count(gpus, hw, flag)
 
 
 def search(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: int | None,
@@ -236,7 +232,7 @@ def search(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: 
         check_inputs(gpus, hw)
     grid = build_grid(model, hw, training, gpus, opts)
     if grid.size == 0:
-        raise UsageError(_no_split_message(model, hw, gpus or opts.max_gpus, opts))
+        raise UsageError(no_split_reason(model, hw, gpus, opts))
     usable = objective.usable_memory(float(hw.gpu.hbm_capacity), opts.headroom_bytes,
                                      opts.headroom_fraction)
     passed = scan(model, hw, training, grid, opts, usable, tokens)
@@ -246,8 +242,10 @@ def search(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: 
             raise UsageError(_nothing_valid_message(model, training, gpus or opts.max_gpus, rule,
                                                     grid))
         miss = evaluate(model, hw, training, grid.flat(np.array([passed.miss_index])))
-        raise NoFitError(_no_fit_message(model, hw, miss.candidates.layout(0).gpus, miss, usable),
-                         closest=miss, usable=usable)
+        n = miss.candidates.layout(0).gpus
+        hint = fit_hint(model, hw, training, opts.max_gpus or n, opts)
+        raise NoFitError(no_fit_message(model, hw, n, miss, usable, hint), closest=miss,
+                         usable=usable, to_fit=hint)
     scores, index = np.concatenate(passed.pool_score), np.concatenate(passed.pool_index)
     # The best ``keep`` and every exact tie at the cut (the pool's order depends on the scan's
     # path, the grid index does not), at most TIE_LIMIT x keep; the tie rule below picks.
@@ -268,24 +266,6 @@ def search(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: 
                         seconds=time.perf_counter() - started, usable=usable)
 
 
-def _no_split_message(model: ModelSpec, hw: HardwareProfile, gpus: int, opts: SearchOptions) -> str:
-    if None not in (opts.tp, opts.pp, opts.dp):
-        n = opts.tp * opts.pp * opts.dp * (opts.cp or 1)
-        if opts.cp is not None and n != gpus:
-            return f"tp*cp*pp*dp = {n} but --gpus is {gpus}"
-        if opts.cp is None and n != gpus:
-            more = "" if n > gpus else f" (and no cp up to {opts.max_cp} makes up the rest)"
-            return f"tp*pp*dp = {n} but --gpus is {gpus}{more}"
-    if opts.dp is not None and gpus % opts.dp:
-        return f"--dp {opts.dp} does not divide {gpus} GPUs"
-    pins = ", ".join(f"{k}={getattr(opts, k)}" for k in ("tp", "cp", "pp", "dp")
-                     if getattr(opts, k) is not None)
-    pinned = f" with {pins}" if pins else ""
-    return (f"no layout of {model.name} can use {gpus} GPUs{pinned}: tp (a power of two up to "
-            f"{nvlink_domain(hw)}) times cp times pp (a divisor of {model.num_layers} layers) must "
-            f"divide {gpus}")
-
-
 def _nothing_valid_message(model: ModelSpec, training: TrainingSpec, gpus: int, rule: str,
                            grid: Grid) -> str:
     if rule == "global batch divisible by dp*micro_batch_size":
@@ -301,64 +281,34 @@ def _nothing_valid_message(model: ModelSpec, training: TrainingSpec, gpus: int, 
     return f"no layout of {model.name} on {gpus} GPUs passes the rule '{rule}'{hint}"
 
 
-def _no_fit_message(model: ModelSpec, hw: HardwareProfile, gpus: int, miss: Estimate,
-                    usable: float | None = None) -> str:
-    """The closest miss, its largest memory term, and the remedy that targets that term.
-    ``usable``: the bytes a layout may use (capacity less the --min-memory-headroom)."""
-    gib = 2.0**30
-    mem = {k: float(v[0]) for k, v in miss.memory.items()}
-    total, cap = mem["total"], mem["capacity"]
-    usable = cap if usable is None else usable
-    of = f"{format_gib(cap)} GiB" if usable == cap else \
-        f"{usable / gib:.1f} GiB usable (of {format_gib(cap)} GiB, after the headroom)"
-    layout = miss.candidates.layout(0)
-    states = mem["weights"] + mem["gradients"] + mem["optimizer"]
-    if states >= mem["activations"]:
-        # States shrink ~1/N with ZeRO-3 over more GPUs; round the need up to whole nodes.
-        # Only a sane count is named: none when the rest alone fills the usable memory, or
-        # when the count is beyond what plan3d models.
-        g, room = hw.gpus_per_node, usable - (total - states)
-        need = np.ceil(gpus * states / room / g) * g if room > 0 else np.inf
-        count = f" (roughly {int(need):,} or more by memory alone)" if need <= MAX_GPUS else ""
-        remedy = (f"model states ({states / gib:.1f} GiB) dominate: use more GPUs{count} or GPUs "
-                  f"with more memory")
-        if room <= 0:
-            remedy = (f"even without model states, the rest ({(total - states) / gib:.1f} GiB) "
-                      f"exceeds the usable {usable / gib:.1f} GiB: "
-                      f"{'leave less headroom or ' if usable < cap else ''}use GPUs with more memory")
-    else:
-        remedy = (f"activations ({mem['activations'] / gib:.1f} GiB) dominate: use a shorter "
-                  f"sequence, more tensor/pipeline parallelism (more GPUs) or GPUs with more memory")
-    return (f"no layout of {model.name} fits on {gpus} x {hw.gpu.name}: the closest, "
-            f"{layout.short()}, needs {total / gib:.1f} GiB of {of} per GPU "
-            f"({(total - usable) / gib:.1f} GiB over); {remedy}")
-
-
 def check_layout(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: int,
                  fields: dict[str, Any], allow_cross_node_tp: bool = False) -> Layout:
     """The Layout of ``fields`` if it is valid for this model, system and batch (UsageError if not).
 
-    The checks ``plan3d estimate``, ``--plan`` and ``regress`` apply: whole nodes (search.check_inputs), tp*cp*pp*dp = gpus
-    (dp defaults to gpus/(tp*cp*pp)), the Layout schema, and every rule of space.constraint_masks,
+    The checks ``plan3d estimate``, ``--plan`` and ``regress`` apply: whole nodes (search.check_inputs),
+    tp*cp*pp*dp = gpus (tp, cp, pp default to 1, dp to gpus/(tp*cp*pp); an error names the
+    product of the degrees given, degrees.split_problem), the Layout schema, and every rule of space.constraint_masks,
     with the "tp within the NVLink domain" rule waived when ``allow_cross_node_tp``.
     """
     from .catalog import validate
     check_inputs(gpus, hw)
     data = dict(fields)
-    tp, pp, cp = data.get("tp", 1), data.get("pp", 1), data.get("cp", 1)
-    if (all(isinstance(x, int) and x > 0 for x in (tp, pp, cp))) and "dp" not in data:
-        what = "tp*pp" if cp == 1 else "tp*cp*pp"
-        if gpus % (tp * cp * pp):
-            raise UsageError(f"{what} = {tp * cp * pp} does not divide {gpus} GPUs")
-        data["dp"] = gpus // (tp * cp * pp)
+    given = {k: data[k] for k in SPLIT_DEGREES if data.get(k) is not None}
+    if all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in given.values()):
+        # the degrees not given are 1, except dp, which takes what the others leave
+        problem = split_problem(gpus, given, exact="dp" in given)
+        if problem:
+            raise UsageError(problem)
+        if "dp" not in given:
+            data["dp"] = gpus // math.prod(given.values())
+        data.update({k: 1 for k in ("tp", "cp", "pp") if k not in given})
     layout = validate(Layout, data, "layout")
+    if layout.gpus != gpus:  # e.g. dp absent and a degree of another type: the schema passed it
+        raise UsageError(split_problem(gpus, layout.model_dump(), exact=True))
     per_stage = model.num_layers // layout.pp
     if layout.first_stage_layers and model.num_layers % (layout.pp * layout.vpp) == 0 and \
             layout.first_stage_layers == layout.last_stage_layers == per_stage:
         layout = layout.model_copy(update=dict(first_stage_layers=0, last_stage_layers=0))  # even
-    if layout.gpus != gpus:
-        what = "tp*pp*dp" if layout.cp == 1 else "tp*cp*pp*dp"
-        raise UsageError(f"layout {what} = {layout.gpus} but gpus is {gpus}")
     masks = constraint_masks(model, training, nvlink_domain(hw), Candidates.from_layouts([layout]),
                              allow_cross_node_tp)
     broken = [rule for rule, ok in masks.items() if not ok[0]]

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from .degrees import LayoutDegrees
+from .degrees import LayoutDegrees, split_problem
 from .hardware_spec import (Efficiency, GPUSpec, HardwareProfile, HostLink,  # noqa: F401 (re-export)
                             HostMemory, InterNode, IntraNode, Storage, StorageLink)
 from .quantities import NAME_PATTERN, Bandwidth, Bytes, Fraction, Seconds, _Strict  # noqa: F401
@@ -278,6 +278,7 @@ class Plan(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> "Plan":
-        if self.layout.gpus != self.gpus:
-            raise ValueError(f"layout tp*cp*pp*dp = {self.layout.gpus} but gpus = {self.gpus}")
+        problem = split_problem(self.gpus, self.layout.model_dump(), exact=True)
+        if problem:
+            raise ValueError(f"layout {problem}")
         return self

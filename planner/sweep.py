@@ -13,6 +13,7 @@ from dataclasses import replace
 from typing import Callable
 
 from .errors import NoFitError, PlannerError, UsageError
+from .inputs import check_numbers, training_spec
 from .search import MAX_GPUS, SearchOptions, check_inputs, search
 from .specs import HardwareProfile, ModelSpec, TrainingSpec
 
@@ -53,43 +54,72 @@ def sweep(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, counts:
           on_step: Callable[[int], None] | None = None) -> list[dict]:
     """Search at each count; one row per count (SI units), ``error`` set where none fits/splits.
 
-    Row keys: gpus, global_batch_size, layout (dict), layout_short, tokens_per_s, mfu, step_s,
-    memory_bytes, scaling_efficiency (None for the base and for errors), error (None or one line).
+    Row keys (every row has all of them, ROW_KEYS): gpus, global_batch_size, layout (dict),
+    layout_short, tokens_per_s, mfu, step_s, memory_bytes, scaling_efficiency (None for the base
+    and for errors), error (None or one line: the search's, with the count that would fit); a
+    row with an error has None for the figures. NoFitError when no count has a fit (some had
+    valid layouts), UsageError when no count has a valid layout.
     """
+    rows, no_fit = _rows(model, hw, training, counts, opts, on_step)
+    _raise_if_none(model, counts, rows, no_fit)
+    return rows
+
+
+def _rows(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, counts: list[int],
+          opts: SearchOptions, on_step: Callable[[int], None] | None) -> tuple[list[dict], bool]:
+    """(rows of ``sweep``, whether some count had valid layouts of which none fit)."""
     rows: list[dict] = []
     base: tuple[int, float] | None = None
-    no_fit = False  # some count had valid layouts, none fitting: the failure is a NoFitError
+    no_fit = False
     small = replace(opts, keep=min(opts.keep, 8), max_gpus=None)
     for n in counts:
         try:
             best = search(model, hw, training, n, small).ranked
         except PlannerError as exc:
             no_fit |= isinstance(exc, NoFitError)
-            rows.append({"gpus": n, "global_batch_size": training.global_batch_size,
-                         "error": str(exc), "scaling_efficiency": None})
+            rows.append(row(n, training.global_batch_size, error=str(exc)))
         else:
             tps = float(best.throughput["tokens_per_s"][0])
             eff = None if base is None else (tps / n) / (base[1] / base[0])
             if base is None:
                 base = (n, tps)
-            lay = best.candidates.layout(0)
-            rows.append({"gpus": n, "global_batch_size": training.global_batch_size,
-                         "layout": lay.model_dump(), "layout_short": lay.short(),
-                         "tokens_per_s": tps, "mfu": float(best.throughput["mfu"][0]),
-                         "step_s": float(best.time["step"][0]),
-                         "memory_bytes": float(best.memory["total"][0]),
-                         "scaling_efficiency": eff, "error": None})
+            rows.append(row(n, training.global_batch_size, best, eff))
         if on_step is not None:
             on_step(n)
-    if base is None:  # exit 1 (like search) when layouts exist but none fits, else 2
+    return rows, no_fit
+
+
+def _raise_if_none(model: ModelSpec, counts: list[int], rows: list[dict], no_fit: bool) -> None:
+    """When no row has a layout: NoFitError (like search, exit 1) if layouts existed but none
+    fitted, else UsageError, naming the last count's reason."""
+    if all(r["error"] for r in rows):
         raise (NoFitError if no_fit else UsageError)(
             f"no GPU count in {counts[0]}..{counts[-1]} has a layout of {model.name} that fits: "
             f"{rows[-1]['error']}")
-    return rows
+
+
+ROW_KEYS = ("gpus", "global_batch_size", "layout", "layout_short", "tokens_per_s", "mfu",
+            "step_s", "memory_bytes", "scaling_efficiency", "error")
+
+
+def row(gpus: int, batch: int, best=None, efficiency: float | None = None,
+        error: str | None = None) -> dict:
+    """One sweep row with every key of ROW_KEYS: the best layout (``best``, an Estimate, index
+    0) and its figures, or None for each where ``error`` (one line) says why there is none."""
+    out = dict.fromkeys(ROW_KEYS)
+    out.update(gpus=gpus, global_batch_size=batch, scaling_efficiency=efficiency, error=error)
+    if best is not None:
+        lay = best.candidates.layout(0)
+        out.update(layout=lay.model_dump(), layout_short=lay.short(),
+                   tokens_per_s=float(best.throughput["tokens_per_s"][0]),
+                   mfu=float(best.throughput["mfu"][0]), step_s=float(best.time["step"][0]),
+                   memory_bytes=float(best.memory["total"][0]))
+    return out
 
 
 def parse_batch_sizes(text: str | None) -> list[int | None]:
-    """``"1536"`` -> [1536]; ``"768,1536,3072"`` -> that list; None -> [None] (the model's)."""
+    """``"1536"`` -> [1536]; ``"768,1536,3072"`` -> that list; None -> [None] (the model's).
+    Each size is checked as --global-batch-size is everywhere (planner.inputs.check_numbers)."""
     if text is None:
         return [None]
     try:
@@ -97,8 +127,10 @@ def parse_batch_sizes(text: str | None) -> list[int | None]:
     except ValueError:
         raise UsageError(f"--global-batch-size {text!r}: write a number or a comma list, "
                          "e.g. 1536 or 768,1536,3072") from None
-    if not sizes or any(b <= 0 for b in sizes):
+    if not sizes:
         raise UsageError(f"--global-batch-size {text!r}: sizes must be positive")
+    for b in sizes:
+        check_numbers({"global_batch_size": b})
     return list(dict.fromkeys(sizes))
 
 
@@ -106,21 +138,19 @@ def sweep_batches(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec,
                   counts: list[int], batches: list[int], opts: SearchOptions = SearchOptions(),
                   on_step: Callable[[int], None] | None = None) -> list[dict]:
     """``sweep`` at each global batch size (rows in batch, then GPU order); scaling efficiency
-    is relative to the first count with a fit at the same batch. When no batch has a fit: the
-    first batch's error (NoFitError if any batch had valid layouts that did not fit, else
-    UsageError)."""
+    is relative to the first count with a fit at the same batch. Each batch's TrainingSpec is
+    checked as every command checks one (planner.inputs.training_spec). When no batch has a
+    fit: the first batch's error (NoFitError if any batch had valid layouts that did not fit,
+    else UsageError)."""
     rows: list[dict] = []
-    errors: list[PlannerError] = []
+    failed: list[tuple[list[dict], bool]] = []  # batches without a fit at any count
     for b in batches:
-        try:
-            rows += sweep(model, hw, training.model_copy(update={"global_batch_size": b}), counts,
-                          opts, on_step)
-        except PlannerError as exc:
-            errors.append(exc)
-            rows += [{"gpus": n, "global_batch_size": b, "error": "no fit at this batch",
-                      "scaling_efficiency": None} for n in counts]
-    if len(errors) == len(batches):
-        kind = NoFitError if any(isinstance(e, NoFitError) for e in errors) else UsageError
-        raise kind(str(errors[0]))
+        spec = training_spec(model, {**training.model_dump(), "global_batch_size": b},
+                             where="--global-batch-size")
+        found, no_fit = _rows(model, hw, spec, counts, opts, on_step)
+        rows += found
+        if all(r["error"] for r in found):
+            failed.append((found, no_fit))
+    if len(failed) == len(batches):
+        _raise_if_none(model, counts, failed[0][0], any(f for _, f in failed))
     return rows
-

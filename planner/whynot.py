@@ -19,6 +19,7 @@ from .explain import term_deltas
 from .search import MAX_GPUS, SearchOptions, build_grid, search
 from .cost.collectives import nvlink_domain
 from .render import fmt
+from .refusal import no_split_reason
 from .space import UNEVEN_RULE, constraint_masks, default_uneven_split, uneven_vpp_options
 from .specs import RECOMPUTE_CODES, HardwareProfile, ModelSpec, TrainingSpec
 
@@ -84,16 +85,22 @@ class WhyNot:
     winner: Estimate | None = None
     slower_by: float = 0.0  # fraction: score(winner)/score(completion) - 1 for throughput
     deltas: list[tuple[str, float]] = field(default_factory=list)
+    usable: float | None = None  # bytes a layout may use per GPU (HBM less the headroom)
+    to_fit: object = None  # refusal.FitHint: the fewest GPUs on which a completion fits
 
     def to_dict(self) -> dict:
-        out: dict = {"layout": self.text, "status": self.status, "reasons": self.reasons}
-        if self.completion is not None:
-            out["completion"] = self.completion.to_dict(0)
-        if self.winner is not None:
-            out["winner"] = self.winner.to_dict(0)
-            out["slower_by"] = self.slower_by
-            out["time_deltas_s"] = dict(self.deltas)
-        return out
+        """JSON with the same keys for every verdict (None where one does not apply): layout,
+        status, reasons, completion and winner (estimate objects; a completion that does not
+        fit has no times), slower_by, time_deltas_s, to_fit (refusal.FitHint.to_dict: the
+        fewest GPUs on which a completion fits, for a no-fit verdict)."""
+        slower = self.winner is not None
+        return {"layout": self.text, "status": self.status, "reasons": self.reasons,
+                "completion": None if self.completion is None else
+                self.completion.to_dict(0, usable=self.usable),
+                "winner": None if self.winner is None else self.winner.to_dict(0),
+                "slower_by": self.slower_by if slower else None,
+                "time_deltas_s": dict(self.deltas) if slower else None,
+                "to_fit": None if self.to_fit is None else self.to_fit.to_dict()}
 
 
 def broken_rules(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: int | None,
@@ -102,9 +109,7 @@ def broken_rules(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, 
     can be met alone but not together, the rule after which nothing remained. [] when valid."""
     grid = build_grid(model, hw, training, gpus, opts)
     if grid.size == 0:
-        pins = " * ".join(f"{k}={getattr(opts, k)}" for k in ("tp", "cp", "pp") if getattr(opts, k))
-        where = f"{gpus} GPUs" if gpus is not None else f"at most {opts.max_gpus} GPUs in whole nodes"
-        return [f"{pins} does not divide {where}" if pins else f"no tp * cp * pp split uses {where}"]
+        return [no_split_reason(model, hw, gpus, opts)]
     masks = constraint_masks(model, training, nvlink_domain(hw), grid.candidates(),
                              opts.allow_cross_node_tp)
     broken = [rule for rule, ok in masks.items() if not np.any(ok)]
@@ -163,9 +168,16 @@ def why_not(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus:
     except NoFitError as exc:
         try:  # only if other layouts fit is the verdict about this one alone
             search(model, hw, training, gpus, opts)
-        except NoFitError:
-            return WhyNot(text, "no-fit", [str(exc)])
-        return WhyNot(text, "no-fit", [_closest_miss(exc)], exc.closest)
+        except NoFitError as none:  # nothing fits at all: say so, and what fits with the pins
+            reasons = [str(none)]
+            if exc.to_fit is None and none.to_fit is not None:
+                reasons.append("with these values no count of GPUs has a completion that fits")
+            elif exc.to_fit is not None and (none.to_fit is None or _layout(none.to_fit) !=
+                                             _layout(exc.to_fit)):
+                reasons.append(f"with these values, {exc.to_fit.text()}")
+            return WhyNot(text, "no-fit", reasons, usable=exc.usable, to_fit=exc.to_fit)
+        return WhyNot(text, "no-fit", [_closest_miss(exc)], exc.closest, usable=exc.usable,
+                      to_fit=exc.to_fit)
     best = search(model, hw, training, gpus, opts).ranked.take(np.array([0]))
     t_mine, t_best = float(mine.time["step"][0]), float(best.time["step"][0])
     tps_mine = float(mine.throughput["tokens_per_s"][0])
@@ -204,13 +216,20 @@ def _uneven_detail(model: ModelSpec, opts: SearchOptions, rule: str) -> str:
             f"vpp {', '.join(map(str, works))} would do)")
 
 
+def _layout(hint):
+    return hint.estimate.candidates.layout(0)
+
+
 def _closest_miss(exc: NoFitError) -> str:
-    """'its closest completion, <layout>, needs X GiB of Y GiB per GPU (Z GiB over)', from the
-    closest miss (Estimate) and usable bytes of the search's NoFitError."""
+    """'its closest completion, <layout>, needs X GiB of Y GiB per GPU (Z GiB over), while
+    other layouts fit; with these values, <the fewest GPUs on which one fits>', from the
+    search's NoFitError (closest miss, usable bytes, to_fit)."""
     total = float(exc.closest.memory["total"][0])
     cap = float(exc.closest.memory["capacity"][0])
     of = f"{fmt.capacity(cap)} GiB" if exc.usable == cap else \
         f"{fmt.gib(exc.usable)} usable (of {fmt.capacity(cap)} GiB, after the headroom)"
+    hint = f"; with these values, {exc.to_fit.text()}" if exc.to_fit is not None else \
+        "; with these values no count of GPUs has a completion that fits"
     return (f"its closest completion, {exc.closest.candidates.layout(0).short()}, needs "
             f"{fmt.gib(total)} of {of} per GPU ({fmt.gib(total - exc.usable)} over), "
-            "while other layouts fit")
+            f"while other layouts fit{hint}")

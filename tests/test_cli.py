@@ -33,7 +33,8 @@ def test_search_json_and_export_round_trip(tmp_path):
     assert len(ranked) == 2
     best = ranked[0]
     gpus = best.pop("gpus")  # search --json only: tp*cp*pp*dp beside the layout
-    assert set(best) == {"layout", "memory", "time", "throughput", "stages", "ties"}
+    assert set(best) == {"layout", "memory", "time", "throughput", "stages", "ties", "to_fit"}
+    assert best["to_fit"] is None and best["memory"]["shortfall_bytes"] == 0  # it fits
     assert best.pop("ties") == {"count": 1, "varying": [], "layouts": []}  # no tie at the top
     assert {"weights", "gradients", "optimizer", "activations", "other", "total", "capacity",
             "fits"} <= set(best["memory"])
@@ -90,7 +91,7 @@ def test_estimate_from_flags_matches_hand_checks():
     (["estimate", "--plan", "nosuch.yaml"], 2, "cannot read nosuch.yaml"),
     (["frobnicate"], 2, "No such command"),
     (["search", "--model", "175b", "--gpus", "512", "--tp", "8", "--pp", "8", "--dp", "16"], 2,
-     "tp*pp*dp = 1024 but --gpus is 512"),
+     "tp*pp*dp = 8*8*16 = 1024 > 512 GPUs"),
     (["search", "--model", "175b", "--gpus", "512", "--micro-batch-size", "5"], 2,
      "--micro-batch-size 5 does not divide the per-replica batch"),
     (["search", "--model", "175b", "--gpus", "512", "--tp", "8", "--max-tp", "4"], 2,
@@ -99,7 +100,9 @@ def test_estimate_from_flags_matches_hand_checks():
      "exceeds the 2048 learned position embeddings"),
     (["search", "--model", "175b", "--gpus", "512", "--seq-length", "100000000"], 2,
      "beyond what plan3d models"),
-    (["search", "--model", "175b", "--gpus", "512", "--export", "-"], 2, "--export needs a file name"),
+    # '-' is stdout (tests/test_outputs_and_setup.py), where --json writes too
+    (["search", "--model", "175b", "--gpus", "512", "--export", "-", "--json"], 2,
+     "--export - and --json both write to stdout"),
     (["search", "--model", "175b", "--gpus", "512", "--export", "."], 2, "--export needs a file name"),
     (["search", "--model", "175b", "--gpus", "512", "--export", "nodir/plan.yaml"], 2,
      "directory nodir does not exist"),

@@ -62,22 +62,40 @@ def test_headroom_leaving_no_room_is_refused_up_front(command, gpus, headroom, l
                    "H100-SXM5-80GB, no more than its 3.0 GiB framework allowance: no layout can fit\n")
 
 
-def test_no_fit_with_a_large_headroom_names_no_absurd_gpu_count():
-    # 76 GiB headroom leaves 81,559 MiB - 76 GiB = 79.65 - 76 = 3.65 GiB (printed 3.6); the
-    # closest miss needs more than that for activations and buffers alone, so no count of GPUs
-    # helps and none is named
+def test_no_fit_with_a_large_headroom_names_a_count_that_works_or_none():
+    # 76 GiB headroom leaves 81,559 MiB - 76 GiB = 79.65 - 76 = 3.65 GiB (printed 3.6) per GPU.
+    # The count named must be one on which the same search (same headroom) finds that layout.
     code, out, err = cli("search", "--model", "175b", "--gpus", "512", "--min-memory-headroom", "76GiB")
     assert code == 1 and out == "" and err.count("\n") == 1
     assert "of 3.6 GiB usable (of 79.6 GiB, after the headroom)" in err
-    assert "roughly" not in err
-    assert re.search(r"even without model states, the rest \([0-9.]+ GiB\) exceeds the usable "
-                     r"3\.6 GiB: leave less headroom or use GPUs with more memory\n$", err), err
-    # 74 GiB leaves 79.65 - 74 = 5.65 GiB, more than the rest: a count is named again, and it is
-    # one plan3d can model
-    code, _, err = cli("search", "--model", "175b", "--gpus", "512", "--min-memory-headroom", "74GiB")
-    assert code == 1
-    need = int(re.search(r"roughly ([0-9,]+) or more", err).group(1).replace(",", ""))
+    found = re.search(r"the fewest GPUs on which a layout fits are ([0-9,]+) \((tp=[^,]+), ", err)
+    need, layout = int(found.group(1).replace(",", "")), found.group(2)
     assert 512 < need <= MAX_GPUS and need % 8 == 0
+    code, out, err = cli("search", "--model", "175b", "--gpus", str(need), "--min-memory-headroom",
+                         "76GiB", "--top", "1", "--json")
+    assert code == 0, err
+    assert json.loads(out)[0]["layout"] == _layout_dict(layout)
+    # 76.5 GiB leaves 79.65 - 76.5 = 3.15 GiB, 0.15 GiB beyond the 3 GiB framework allowance:
+    # no count has a layout that small, and none is named
+    code, out, err = cli("search", "--model", "175b", "--gpus", "512", "--min-memory-headroom",
+                         "76.5GiB")
+    assert code == 1 and "fewest" not in err
+    assert err.endswith("no count of GPUs up to 1,000,000 has a layout that fits: use less "
+                        "headroom or GPUs with more memory\n"), err
+
+
+def _layout_dict(short: str) -> dict:
+    """The Layout fields of a short form 'tp=8 cp=16 pp=96 dp=64 zero=2 mbs=1 vpp=1 recompute=full sp'."""
+    names = {"zero": "zero_stage", "mbs": "micro_batch_size"}
+    fields = dict(cp=1, ep=1, etp=1, distributed_optimizer=False, first_stage_layers=0,
+                  last_stage_layers=0, sequence_parallel=False)
+    for part in short.split():
+        key, _, value = part.partition("=")
+        if key == "sp":
+            fields["sequence_parallel"] = True
+        else:
+            fields[names.get(key, key)] = value if key == "recompute" else int(value)
+    return fields
 
 
 def test_sweep_without_any_fit_exits_1_like_search():
@@ -123,7 +141,10 @@ def test_why_not_no_fit_speaks_of_this_layout(gpt3_h100):
     (reason,) = verdict.reasons
     # 174.6e9 parameters unsharded (tp=pp=1, no ZeRO) cannot fit 81,559 MiB = 79.65 GiB (printed
     # 79.6), yet the search has fits
-    assert reason.startswith("its closest completion, tp=1 ") and reason.endswith(", while other layouts fit")
+    # and with tp=pp=1 and ZeRO-0 every GPU holds all 174.6e9 x 18 B of model states, whatever
+    # the count: no count makes it fit, and the reason says so
+    assert reason.startswith("its closest completion, tp=1 ") and reason.endswith(
+        ", while other layouts fit; with these values no count of GPUs has a completion that fits")
     assert "no layout of" not in reason
     total = float(verdict.completion.memory["total"][0])
     cap = 81_559 * 2**20
@@ -134,7 +155,8 @@ def test_search_json_has_gpus_and_max_gpus_table_shows_them():
     code, out, err = cli("search", "--model", "175b", "--max-gpus", "1024", "--top", "3", "--json")
     assert code == 0, err
     for entry in json.loads(out):
-        assert set(entry) == {"layout", "gpus", "memory", "time", "throughput", "stages", "ties"}
+        assert set(entry) == {"layout", "gpus", "memory", "time", "throughput", "stages", "ties",
+                              "to_fit"}
         lay = entry["layout"]
         assert entry["gpus"] == lay["tp"] * lay["cp"] * lay["pp"] * lay["dp"] <= 1024
     with wide_console():  # one column per dimension and figure

@@ -77,61 +77,16 @@ SEQ = typer.Option(None, "--seq-length", help="Tokens per sequence (default: the
 JSON = typer.Option(False, "--json", help="Print JSON (SI units: bytes, seconds) instead of tables.")
 HEADROOM = typer.Option(None, "--min-memory-headroom",
                         help="Memory to leave free per GPU: '4GiB' or '10%'.")
-MAX_SEQ_LENGTH = 10_000_000
-MAX_BATCH = 100_000_000
-
-
 def _training(model, global_batch_size, seq_length):
-    from ..catalog import validate
-    from ..specs import TrainingSpec
-    for name, value, top in (("--global-batch-size", global_batch_size, MAX_BATCH),
-                             ("--seq-length", seq_length, MAX_SEQ_LENGTH)):
-        if value is not None and value <= 0:
-            raise UsageError(f"{name} must be positive, got {value}")
-        if value is not None and value > top:
-            raise UsageError(f"{name} {value:,} is beyond what plan3d models (at most {top:,})")
-    limit = model.max_position_embeddings
-    if seq_length and model.position_embedding == "learned" and limit and seq_length > limit:
-        raise UsageError(f"--seq-length {seq_length} exceeds the {limit} learned position "
-                         f"embeddings of {model.name}")
-    data = {"seq_length": seq_length or model.training.seq_length,
-            "global_batch_size": global_batch_size or model.training.global_batch_size,
-            "tokens": model.training.tokens}
-    return validate(TrainingSpec, data, "training")
+    """The TrainingSpec of the flags (planner.inputs.training_spec, the one check)."""
+    from ..inputs import training_spec
+    return training_spec(model, {"global_batch_size": global_batch_size, "seq_length": seq_length})
 
 
 def _require(value, flag: str):
     if value is None:
         raise UsageError(f"missing option {flag}")
     return value
-
-
-def _check_bounds(allow_zero: bool, values: dict) -> None:
-    """UsageError unless each given value is a finite number > 0 (>= 0 with ``allow_zero``);
-    integers at most search.MAX_GPUS (no size, degree or count plan3d models is larger; a
-    larger one would overflow the cost model's int64 arrays)."""
-    import math
-    from ..search import MAX_GPUS
-    for name, value in values.items():
-        if value is None:
-            continue
-        flag = f"--{name.replace('_', '-')}"
-        if isinstance(value, float) and not math.isfinite(value):
-            raise UsageError(f"{flag} must be a finite number, got {value}")
-        if value < 0 or (value == 0 and not allow_zero):
-            raise UsageError(f"{flag} must be {'0 or more' if allow_zero else 'positive'}, got {value}")
-        if isinstance(value, int) and value > MAX_GPUS:
-            raise UsageError(f"{flag} {value:,} is beyond what plan3d models (at most {MAX_GPUS:,})")
-
-
-def _check_positive(**values) -> None:
-    """Sizes, degrees, counts, prices and token budgets: > 0 (see _check_bounds)."""
-    _check_bounds(False, values)
-
-
-def _check_count(**values) -> None:
-    """Counts where 0 is allowed (e.g. the even-split default of --first-stage-layers)."""
-    _check_bounds(True, values)
 
 
 def main() -> None:

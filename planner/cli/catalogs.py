@@ -41,8 +41,8 @@ def models(json_out: bool = JSON,
         sys.stdout.write(yaml.safe_dump(data, sort_keys=False, width=100, allow_unicode=True))
         return
     entries = catalog.models().values()
-    if json_out:
-        console.print_json([_model_dict(m) for m in entries])
+    if json_out:  # every field of the schema in every row, null where a model has none
+        console.print_json([m.model_dump(mode="json") for m in entries])
         return
     from ..render.catalog import models_table
     models_table(entries)

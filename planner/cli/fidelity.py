@@ -63,14 +63,15 @@ def accuracy(
 def calibrate(
     runs: Path = typer.Argument(..., help="Measured runs YAML (published_runs.yaml schema)."),
     hardware: str = typer.Option(..., "--hardware", help="Hardware profile to calibrate (name or YAML)."),
-    output: Path = typer.Option(..., "--output", "-o", help="Where to write the calibrated profile YAML."),
+    output: Path = typer.Option(..., "--output", "-o", help="Where to write the calibrated profile "
+                                "YAML (- for stdout; the report then goes to stderr)."),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing output file."),
     loo: bool = typer.Option(True, "--loo/--no-loo", help="Also report the leave-one-out error."),
     exclude: list[str] = typer.Option([], "--exclude", help="Leave out runs whose id matches this glob (repeatable)."),
     min_trust: Optional[str] = typer.Option(None, "--min-trust", help="Fit only on runs whose notes tag trust as at least this: high, medium or low."),
 ) -> None:
     """Fit a hardware profile's efficiency factors to measured runs; write a new profile."""
-    from ..export import check_destination
+    from ..outputs import check_destination, is_stdout, report_to_stderr, shown
     from ..fidelity.calibrate import FACTORS, fit, partition, source_text, with_factors
     from ..fidelity.profile_io import write_profile
     from ..render.fidelity import calibration_notes, calibration_report
@@ -99,4 +100,5 @@ def calibrate(
     name = hw.name if hw.name.endswith("-calibrated") else f"{hw.name}-calibrated"
     fitted = fitted.model_copy(update={"name": name, "aliases": []})
     write_profile(fitted, output, force, calibrated_from=hw.name)
-    calibration_report(result, hw.name, str(output), loo=loo)
+    with report_to_stderr(is_stdout(output)):  # -o -: stdout holds the profile alone
+        calibration_report(result, hw.name, shown(output), loo=loo)

@@ -10,8 +10,9 @@ import typer
 from .. import catalog
 from ..errors import UsageError
 from ..render import console
-from .app import (GBS, GPUS, HARDWARE, HEADROOM, JSON, MODEL, SEQ, RecomputeChoice, _check_count,
-                  _check_positive, _require, _training, app, handle_errors)
+from ..inputs import check_integers, check_numbers, search_options
+from .app import (GBS, GPUS, HARDWARE, HEADROOM, JSON, MODEL, SEQ, RecomputeChoice, _require,
+                  _training, app, handle_errors)
 
 
 @app.command()
@@ -21,7 +22,8 @@ def search(
     global_batch_size: Optional[int] = GBS, seq_length: Optional[int] = SEQ,
     top: int = typer.Option(10, "--top", help="How many layouts to show."),
     json_out: bool = JSON,
-    export: Optional[Path] = typer.Option(None, "--export", help="Write the best layout as a plan YAML."),
+    export: Optional[Path] = typer.Option(None, "--export", help="Write the best layout as a plan YAML "
+                                          "(- for stdout; the table then goes to stderr)."),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing --export file."),
     tp: Optional[int] = typer.Option(None, "--tp", help="Pin tensor-parallel size."),
     pp: Optional[int] = typer.Option(None, "--pp", help="Pin pipeline-parallel size."),
@@ -62,30 +64,21 @@ def search(
 ) -> None:
     """Rank the TP/PP/DP/ZeRO layouts that fit, by predicted throughput (or --objective)."""
     from ..export import make_plan, write_plan
-    from ..search import SearchOptions
+    from ..outputs import is_stdout, report_to_stderr
     from ..search import search as run_search
     m = catalog.resolve_model(_require(model, "--model"))
     hw = catalog.resolve_hardware(hardware)
     training = _training(m, global_batch_size, seq_length)
-    _check_positive(top=top, tp=tp, pp=pp, dp=dp, micro_batch_size=micro_batch_size, vpp=vpp,
-                    max_tp=max_tp, max_pp=max_pp, max_micro_batch_size=max_micro_batch_size,
-                    max_vpp=max_vpp, cp=cp, max_cp=max_cp, max_gpus=max_gpus, ep=ep, etp=etp,
-                    max_ep=max_ep, price_per_gpu_hour=price_per_gpu_hour, tokens=tokens)
-    if zero_stage is not None and zero_stage not in (0, 1, 2, 3):
-        raise UsageError(f"--zero-stage must be 0, 1, 2 or 3, got {zero_stage}")
-    _check_search_flags(export, force, why_not, gpus, max_gpus)
-    from ..objective import check_headroom
-    headroom_bytes, headroom_fraction = check_headroom(
-        min_memory_headroom, float(hw.gpu.hbm_capacity), float(hw.framework_overhead), hw.gpu.name)
-    opts = SearchOptions(tp=tp, pp=pp, dp=dp, zero_stage=zero_stage, micro_batch_size=micro_batch_size,
-                         recompute=recompute.value if recompute else None,
-                         sequence_parallel=sequence_parallel, vpp=vpp, max_tp=max_tp, max_pp=max_pp,
-                         max_micro_batch_size=max_micro_batch_size, max_vpp=max_vpp,
-                         cp=cp, distributed_optimizer=distributed_optimizer, max_cp=max_cp,
-                         ep=ep, etp=etp, max_ep=max_ep,
-                         allow_cross_node_tp=allow_cross_node_tp, objective=objective, tokens=tokens,
-                         price_per_gpu_hour=price_per_gpu_hour, max_gpus=max_gpus,
-                         headroom_bytes=headroom_bytes, headroom_fraction=headroom_fraction)
+    check_numbers({"top": top})
+    _check_search_flags(export, force, why_not, gpus, max_gpus, json_out)
+    opts = search_options(hw, dict(
+        tp=tp, pp=pp, dp=dp, zero_stage=zero_stage, micro_batch_size=micro_batch_size,
+        recompute=recompute.value if recompute else None, sequence_parallel=sequence_parallel,
+        vpp=vpp, max_tp=max_tp, max_pp=max_pp, max_micro_batch_size=max_micro_batch_size,
+        max_vpp=max_vpp, cp=cp, distributed_optimizer=distributed_optimizer, max_cp=max_cp,
+        ep=ep, etp=etp, max_ep=max_ep,
+        allow_cross_node_tp=allow_cross_node_tp, objective=objective, tokens=tokens,
+        price_per_gpu_hour=price_per_gpu_hour, max_gpus=max_gpus), min_memory_headroom)
     n = gpus if gpus is not None else f"at most {max_gpus}"
     money = _currency(currency, price_per_gpu_hour)
     if why_not is not None:
@@ -96,20 +89,23 @@ def search(
     best = result.ranked
     if export is not None:
         write_plan(make_plan(m, hw, training, best.candidates.layout(0), best.to_dict(0)), export, force)
-    _search_output(m, hw, training, n, result, top, json_out, money, max_gpus is not None, export)
+    with report_to_stderr(is_stdout(export)):  # --export -: stdout holds the plan alone
+        _search_output(m, hw, training, n, result, top, json_out, money, max_gpus is not None, export)
 
 
 def _check_search_flags(export: Optional[Path], force: bool, why_not: Optional[str],
-                        gpus: Optional[int], max_gpus: Optional[int]) -> None:
+                        gpus: Optional[int], max_gpus: Optional[int], json_out: bool) -> None:
     """UsageError for flags that cannot go together (--export with --why-not, --gpus with
-    --max-gpus), neither --gpus nor --max-gpus, or an --export file that exists (no --force)."""
-    from ..export import check_destination
+    --max-gpus, --export - with --json), neither --gpus nor --max-gpus, or an --export file
+    that exists (no --force)."""
+    from ..outputs import check_destination, refuse_json_too
     if export is not None and why_not is not None:
         raise UsageError("--export writes the search's best plan and --why-not judges your "
                          "layout instead: use one at a time (to export your layout, pin it, e.g. "
                          "--tp 8 --pp 8 --export plan.yaml)")
     if export is not None:
         check_destination(export, force)
+        refuse_json_too(export, "--export", json_out)
     if gpus is not None and max_gpus is not None:
         raise UsageError("give --gpus (a fixed count) or --max-gpus (a budget), not both")
     if max_gpus is None:
@@ -157,10 +153,11 @@ def _search_output(m, hw, training, n, result, top: int, json_out: bool, currenc
                      f"that fit (the search keeps {len(best):,})")
     if json_out:
         extra = {"currency": currency} if "cost" in best.throughput else {}
-        console.print_json([{**_with_gpus(best.to_dict(g.first)), **extra, "ties": tie_dict(best, g)}
+        console.print_json([{**_with_gpus(best.to_dict(g.first, result.usable)), **extra, "ties": tie_dict(best, g)}
                             for g in groups[:top]])
         return
     from ..explain import model_notes
+    from ..outputs import shown
     from ..render.breakdown import breakdown_report
     from ..render.search import header, search_table
     header(m, hw, training, n)
@@ -169,7 +166,7 @@ def _search_output(m, hw, training, n, result, top: int, json_out: bool, currenc
     for line in model_notes(m):
         console.note(f"note: {line}")
     if export is not None:
-        console.out.print(f"Wrote the best plan to {export}", markup=False)
+        console.out.print(f"Wrote the best plan to {shown(export)}", markup=False)
 
 
 @app.command()
@@ -183,7 +180,7 @@ def sweep(
     seq_length: Optional[int] = SEQ,
     json_out: bool = JSON,
     plot: Optional[Path] = typer.Option(None, "--plot", help="Draw tokens/s (log-log, with ideal "
-                                        "linear scaling) and MFU vs GPUs to a PNG."),
+                                        "linear scaling) and MFU vs GPUs to a PNG (- for stdout)."),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing --plot file."),
     min_memory_headroom: Optional[str] = HEADROOM,
 ) -> None:
@@ -233,7 +230,6 @@ def estimate(
     json_out: bool = JSON,
 ) -> None:
     """Memory and step-time breakdown of one layout (from flags or --plan). Exits 1 if it does not fit."""
-    from ..cost.step import estimate_layout
     from ..search import check_layout
     flags = {"--model": model, "--gpus": gpus, "--hardware": hardware,
              "--global-batch-size": global_batch_size, "--seq-length": seq_length, "--tp": tp,
@@ -243,44 +239,74 @@ def estimate(
              "--first-stage-layers": first_stage_layers, "--last-stage-layers": last_stage_layers,
              "--allow-cross-node-tp": allow_cross_node_tp or None}
     if plan is not None:
-        from ..export import read_plan
+        from ..export import read_checked_plan
         given = [flag for flag, value in flags.items() if value is not None]
         if given:
             raise UsageError(f"--plan cannot be combined with {', '.join(given)}: the plan fixes "
                              "them (edit the plan, or estimate from flags without --plan)")
-        p = read_plan(plan)
+        p = read_checked_plan(plan)  # the checks of every plan consumer
         m, hw, training, layout, n = p.model, p.hardware, p.training, p.layout, p.gpus
-        # as every plan consumer (export.read_checked_plan): TP across nodes is slow, not invalid
-        check_layout(m, hw, training, n, layout.model_dump(), allow_cross_node_tp=True)
     else:
         # Checked as given, before the defaults: `--tp 0` is an error, not tp=1.
-        _check_positive(tp=tp, pp=pp, dp=dp, cp=cp, micro_batch_size=micro_batch_size, vpp=vpp,
-                        ep=ep, etp=etp)
-        _check_count(first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers)
+        check_integers(dict(tp=tp, pp=pp, dp=dp, cp=cp, micro_batch_size=micro_batch_size, vpp=vpp,
+                            ep=ep, etp=etp))
+        check_integers(dict(first_stage_layers=first_stage_layers,
+                            last_stage_layers=last_stage_layers), allow_zero=True)
         zero_stage = _zero_stage(zero_stage, distributed_optimizer)
         m = catalog.resolve_model(_require(model, "--model"))
         hw = catalog.resolve_hardware(hardware or "dgx-h100")
         training = _training(m, global_batch_size, seq_length)
         n = _require(gpus, "--gpus")
-        layout = _layout(m, hw, training, n, tp or 1, pp or 1, dp, zero_stage, micro_batch_size or 1,
-                         (recompute or RecomputeChoice.none).value, bool(sequence_parallel), vpp or 1,
-                         cp=cp or 1, distributed_optimizer=bool(distributed_optimizer),
-                         ep=ep or 1, etp=etp or 1, first_stage_layers=first_stage_layers or 0,
-                         last_stage_layers=last_stage_layers or 0,
-                         allow_cross_node_tp=allow_cross_node_tp)
+        fields = dict(tp=tp, cp=cp, pp=pp, dp=dp, zero_stage=zero_stage,
+                      micro_batch_size=micro_batch_size or 1,
+                      recompute=(recompute or RecomputeChoice.none).value,
+                      sequence_parallel=bool(sequence_parallel), vpp=vpp or 1,
+                      distributed_optimizer=bool(distributed_optimizer), ep=ep or 1, etp=etp or 1,
+                      first_stage_layers=first_stage_layers or 0,
+                      last_stage_layers=last_stage_layers or 0)
+        # tp, cp, pp default to 1 and dp to what they leave (search.check_layout)
+        layout = check_layout(m, hw, training, n, {k: v for k, v in fields.items() if v is not None},
+                              allow_cross_node_tp)
+    _estimate_output(m, hw, training, n, layout, json_out, p if plan is not None else None)
+
+
+def _estimate_output(m, hw, training, n: int, layout, json_out: bool, plan) -> None:
+    """estimate's JSON or tables; a layout that does not fit gets no step time or throughput,
+    its shortfall per GPU and the fewest GPUs on which a layout fits (``to_fit``). Exit 1 then."""
+    from ..cost.step import estimate_layout
+    from ..render.breakdown import estimate_report, plan_drift
     est = estimate_layout(m, hw, training, layout)
     result = est.to_dict(0)
-    from ..render.breakdown import estimate_report, plan_drift
+    fits = result["memory"]["fits"]
+    hint = None if fits else _to_fit(m, hw, training, n)
     if json_out:
-        console.print_json(result)
+        console.print_json({**result, "to_fit": hint.to_dict() if hint else None})
     else:
         from ..render.search import header
         header(m, hw, training, n)
-        estimate_report(est)
+        estimate_report(est, hint)
     if plan is not None:
-        plan_drift(p, result)
-    if not result["memory"]["fits"]:
+        plan_drift(plan, est.to_dict(0, raw=True))
+    if not fits:
         raise typer.Exit(1)
+
+
+def _to_fit(m, hw, training, n: int):
+    """What would make a layout on ``n`` GPUs fit: the best layout that fits on these GPUs,
+    else the fewest GPUs on which one fits (refusal.FitHint); None when no count fits."""
+    import numpy as np
+
+    from ..errors import NoFitError
+    from ..refusal import FitHint
+    from ..search import SearchOptions, search
+    try:
+        best = search(m, hw, training, n, SearchOptions(keep=1)).ranked
+    except NoFitError as exc:
+        return exc.to_fit
+    except UsageError:  # no layout can use n GPUs at all (e.g. the batch): the next count that fits
+        from ..refusal import fit_hint
+        return fit_hint(m, hw, training, n, SearchOptions())
+    return FitHint(n, best.take(np.array([0])))
 
 
 def _zero_stage(zero_stage: Optional[int], distributed_optimizer: Optional[bool]) -> int:
@@ -298,22 +324,9 @@ def _zero_stage(zero_stage: Optional[int], distributed_optimizer: Optional[bool]
 
 
 def _with_gpus(entry: dict) -> dict:
-    """A search --json entry with ``gpus`` (tp*cp*pp*dp) beside ``layout``, the rest unchanged."""
+    """A search --json entry: ``gpus`` beside ``layout``, then the estimate's keys and, as in
+    ``estimate --json``, ``to_fit`` (None: every listed layout fits)."""
+    from ..specs import Layout
     lay = entry["layout"]
-    return {"layout": lay, "gpus": lay["tp"] * lay["cp"] * lay["pp"] * lay["dp"],
-            **{k: v for k, v in entry.items() if k != "layout"}}
-
-
-def _layout(m, hw, training, gpus, tp, pp, dp, zero_stage, micro_batch_size, recompute, sp, vpp,
-            cp=1, distributed_optimizer=False, ep=1, etp=1, first_stage_layers=0, last_stage_layers=0,
-            allow_cross_node_tp=False):
-    """Validate one user layout against the same rules the search applies (UsageError)."""
-    from ..search import check_layout
-    _check_positive(tp=tp, pp=pp, dp=dp, micro_batch_size=micro_batch_size, vpp=vpp, cp=cp)
-    fields = dict(tp=tp, pp=pp, zero_stage=zero_stage, micro_batch_size=micro_batch_size,
-                  recompute=recompute, sequence_parallel=sp, vpp=vpp, cp=cp, ep=ep, etp=etp,
-                  distributed_optimizer=distributed_optimizer,
-                  first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers)
-    if dp is not None:
-        fields["dp"] = dp
-    return check_layout(m, hw, training, gpus, fields, allow_cross_node_tp)
+    return {"layout": lay, "gpus": Layout(**lay).gpus,
+            **{k: v for k, v in entry.items() if k != "layout"}, "to_fit": None}

@@ -17,14 +17,16 @@ from .app import JSON, app, handle_errors
 def export_cmd(
     plan: Path = typer.Argument(..., help="Plan YAML written by `plan3d search --export`."),
     to: str = typer.Option(..., "--to", help="Target: megatron, nemo, deepspeed or torchtitan."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write to FILE instead of stdout."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write to FILE instead of "
+                                          "stdout (- or /dev/stdout: stdout)."),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing --output file."),
     torchtitan_format: Optional[str] = typer.Option(None, "--torchtitan-format",
                                                     help="overrides (torchtitan 0.3, default) or toml (0.2.x)."),
 ) -> None:
     """Write a plan as a training framework's arguments or config."""
-    from ..export import check_destination, read_checked_plan
+    from ..export import read_checked_plan
     from ..frameworks import export_plan
+    from ..outputs import check_destination, is_stdout, write
     target = to.strip().lower()
     if torchtitan_format is not None and target != "torchtitan":
         raise UsageError(f"--torchtitan-format applies to --to torchtitan only, not --to {target}")
@@ -35,15 +37,9 @@ def export_cmd(
     from ..explain import model_notes
     for note in result.notes + model_notes(read_checked_plan(plan).model):
         console.note(f"note: {note}")
-    if output is None:
-        import sys
-        sys.stdout.write(result.text)
-        return
-    try:
-        output.write_text(result.text, encoding="utf-8")
-    except OSError as exc:
-        raise UsageError(f"cannot write {output}: {exc.strerror or exc}") from None
-    console.note(f"Wrote {to} configuration to {output}")
+    write(output or Path("-"), result.text, force, "--output", "config.txt")
+    if output is not None and not is_stdout(output):
+        console.note(f"Wrote {to} configuration to {output}")
 
 
 @app.command()
@@ -76,7 +72,9 @@ def validate(
     steps: int = typer.Option(3, "--steps", help="Training steps (step 0 is warm-up)."),
     dtype: str = typer.Option("float64", "--dtype", help="float64 (exact checks) or float32."),
     layers_per_stage: int = typer.Option(1, "--layers-per-stage", help="Layers per pipeline chunk."),
-    out: Path = typer.Option(Path("measured.json"), "--out", help="Where to write the measurements."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Where to write the measurements (- for "
+                                       "stdout) \\[default: measured.json, or measured-2.json, ... "
+                                       "if that exists]."),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing --out file."),
     timeout: float = typer.Option(600.0, "--timeout", help="Wall-clock limit of the run, seconds."),
     json_out: bool = JSON,
@@ -90,22 +88,25 @@ def validate(
     if device != "cpu":
         raise UsageError(f"--local runs on cpu (forked gloo ranks), got --device {device}; "
                          "use torchrun for GPUs")
-    from ..export import check_destination, read_checked_plan
-    from ..validate import run_local, write_measured
+    from ..export import read_checked_plan
+    from ..outputs import is_stdout, report_to_stderr, shown
+    from ..validate import measured_destination, run_local, write_measured
     from ..render.validate import render
     for flag, value in (("--world", world), ("--steps", steps), ("--layers-per-stage", layers_per_stage),
                         ("--timeout", timeout)):
         if value <= 0:
             raise UsageError(f"{flag} must be positive, got {value:g}")
     p = read_checked_plan(plan)
-    check_destination(out, force, "--out", "measured.json")
+    out = measured_destination(out, force, json_out)
     with console.err.status("Running the miniature on forked ranks...", spinner="dots"):
         result, records = run_local(p, world=world, dtype=dtype, steps=steps,
                                     layers_per_stage=layers_per_stage, timeout_s=timeout)
     write_measured(out, result, records, force=True)
     if json_out:
         console.print_json(result)
+        console.note(f"Wrote the measurements to {out}")
     else:
-        render(result, str(out))
+        with report_to_stderr(is_stdout(out)):  # --out -: stdout holds the measurements alone
+            render(result, shown(out, 'the measurements'))
     if not result["passed"]:
         raise typer.Exit(1)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import UsageError
+from ..errors import PLOT_EXTRA, UsageError
 from ..specs import HardwareProfile, ModelSpec, TrainingSpec
 
 
@@ -15,19 +15,17 @@ def run(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: str
         plot_path: Path | None, force: bool, headroom: str | None, batches: str | None = None) -> None:
     """``plan3d sweep``: UsageError on bad input (GPU counts, batches, an existing --plot file
     without --force, no matplotlib), NoFitError when no count has a fitting layout."""
-    from ..objective import check_headroom
+    from ..inputs import search_options
+    from ..outputs import is_stdout, report_to_stderr, shown
     from ..render import console
     from ..render.search import header
     from ..render.sweep import progress, sweep_table
-    from ..search import SearchOptions
     from ..sweep import parse_batch_sizes, parse_gpu_counts, sweep_batches
     counts = parse_gpu_counts(gpus, hw)
     sizes = [b or training.global_batch_size for b in parse_batch_sizes(batches)]
     if plot_path is not None:
-        _check_plot(plot_path, force)
-    headroom_bytes, headroom_fraction = check_headroom(
-        headroom, float(hw.gpu.hbm_capacity), float(hw.framework_overhead), hw.gpu.name)
-    opts = SearchOptions(headroom_bytes=headroom_bytes, headroom_fraction=headroom_fraction)
+        _check_plot(plot_path, force, json_out)
+    opts = search_options(hw, {}, headroom)
     with progress() as bar:
         task = bar.add_task("Sweeping GPU counts", total=len(counts) * len(sizes))
         rows = sweep_batches(model, hw, training, counts, sizes, opts,
@@ -41,15 +39,19 @@ def run(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: str
         console.print_json(rows)
         return
     span = f"{counts[0]}" if counts[0] == counts[-1] else f"{counts[0]}..{counts[-1]}"
-    header(model, hw, training, span, batch=",".join(str(b) for b in sizes))
-    sweep_table(rows)
-    if plot_path is not None:
-        console.out.print(f"Wrote the plot to {plot_path}", markup=False)
+    with report_to_stderr(is_stdout(plot_path)):  # --plot -: stdout holds the PNG alone
+        header(model, hw, training, span, batch=",".join(str(b) for b in sizes))
+        sweep_table(rows)
+        if plot_path is not None:
+            console.out.print(f"Wrote the plot to {shown(plot_path)}", markup=False)
 
 
-def _check_plot(path: Path, force: bool) -> None:
-    if path.exists() and not force:
-        raise UsageError(f"{path} exists; pass --force to overwrite it")
+def _check_plot(path: Path, force: bool, json_out: bool) -> None:
+    """UsageError for a --plot destination that cannot be written (planner.outputs), --plot -
+    with --json, or no matplotlib."""
+    from ..outputs import check_destination, refuse_json_too
+    check_destination(path, force, "--plot", "scaling.png")
+    refuse_json_too(path, "--plot", json_out)
     import importlib.util
     if importlib.util.find_spec("matplotlib") is None:
-        raise UsageError("--plot needs matplotlib: pip install 'plan3d[plot]'")
+        raise UsageError(PLOT_EXTRA)

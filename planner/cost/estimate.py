@@ -64,18 +64,31 @@ class Estimate:
                         sub(self.throughput), sub(self.link),
                         {k: sub(v) for k, v in self.stages.items()})
 
-    def to_dict(self, i: int) -> dict:
-        """Candidate i as the JSON object of ``plan3d estimate --json`` (SI units)."""
+    def to_dict(self, i: int, usable: float | None = None, raw: bool = False) -> dict:
+        """Candidate i as the JSON object of ``plan3d estimate --json`` (SI units).
+
+        ``memory.fits``: total <= ``usable`` bytes (default: the capacity); ``memory.shortfall_bytes``:
+        how far over that it is per GPU (0 when it fits). A layout that does not fit cannot run,
+        so its time, link, throughput and per-stage micro-batch times are None (the keys stay).
+        ``raw``: every computed term whether it fits or not, and no shortfall (the terms the
+        regress baseline records)."""
         mem = {k: float(v[i]) for k, v in self.memory.items()}
         mem["peak_stage"] = int(mem["peak_stage"])
-        mem["fits"] = bool(self.fits[i])
+        limit = mem["capacity"] if usable is None else float(usable)
+        fits = bool(self.fits[i]) if usable is None else mem["total"] <= limit
+        mem["fits"] = fits
+        if not raw:
+            mem["shortfall_bytes"] = max(mem["total"] - limit, 0.0)
+        ran = fits or raw
+        value = (lambda v: float(v[i])) if ran else (lambda v: None)
         out = {"layout": self.candidates.layout(i).model_dump(), "memory": mem,
-               "time": {k: float(v[i]) for k, v in self.time.items()},
-               "throughput": {k: float(v[i]) for k, v in self.throughput.items()}}
+               "time": {k: value(v) for k, v in self.time.items()},
+               "throughput": {k: value(v) for k, v in self.throughput.items()}}
         if self.link:
-            out["time"]["link"] = {k: float(v[i]) for k, v in self.link.items()}
+            out["time"]["link"] = {k: value(v) for k, v in self.link.items()}
         if self.stages:
-            out["stages"] = [{"stage": kind, **{k: float(v[i]) for k, v in terms.items()}}
+            out["stages"] = [{"stage": kind, **{k: float(v[i]) if ran or k != "microbatch_time"
+                                                else None for k, v in terms.items()}}
                              for kind, terms in self.stages.items()]
         return out
 

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import yaml
 
-from ..errors import UsageError
 from ..specs import HardwareProfile
 
 DIGITS = 4
@@ -33,13 +32,10 @@ def profile_data(hw: HardwareProfile) -> dict:
 def write_profile(hw: HardwareProfile, path: Path, force: bool = False,
                   calibrated_from: str | None = None) -> None:
     """Serialize ``hw`` (profile_data) to ``path``, headed by a comment naming the profile it was
-    calibrated from (``calibrated_from``, default ``hw.name``). UsageError if ``path`` exists and
-    not ``force``, or cannot be written."""
-    from ..export import check_destination
-    check_destination(path, force, "--output", "my-profile.yaml")
+    calibrated from (``calibrated_from``, default ``hw.name``); '-' writes stdout. UsageError if
+    ``path`` is an existing file and not ``force``, or cannot be written (planner.outputs)."""
+    from ..outputs import write
     text = yaml.safe_dump(profile_data(hw), sort_keys=False, allow_unicode=True, width=100)
     origin = calibrated_from or hw.name
-    try:
-        path.write_text(f"# Calibrated by `plan3d calibrate` from {origin}.\n{text}", encoding="utf-8")
-    except OSError as exc:
-        raise UsageError(f"cannot write {path}: {exc.strerror or exc}") from None
+    write(path, f"# Calibrated by `plan3d calibrate` from {origin}.\n{text}", force, "--output",
+          "my-profile.yaml")

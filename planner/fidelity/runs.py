@@ -56,8 +56,12 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..catalog import read_yaml, resolve_hardware, validate
+from pydantic import ValidationError
+
+from ..catalog import describe_validation_error, read_yaml, resolve_hardware, validate
+from ..degrees import split_problem
 from ..errors import UsageError
+from ..inputs import check_integers, field_of, training_spec
 from ..specs import NAME_PATTERN, HardwareProfile, Layout, ModelSpec, TrainingDefaults, TrainingSpec
 from .schema import check_fields, notes_tags
 
@@ -134,6 +138,8 @@ def load_runs(path: Path | None = None) -> list[RunCase]:
             cases.append(_case(row))
         except KeyError as exc:
             raise UsageError(f"{path}: run {row['id']}: missing field {exc}") from None
+        except ValidationError as exc:  # one line naming the field, as catalog.validate words it
+            raise UsageError(f"{path}: run {row['id']}: {describe_validation_error(exc)}") from None
         except (TypeError, ValueError) as exc:
             raise UsageError(f"{path}: run {row['id']}: malformed ({exc})") from None
         except UsageError as exc:
@@ -244,10 +250,12 @@ def _case(row: dict) -> RunCase:
         return case
     if lay.get("global_batch") is None:
         raise UsageError("missing field 'layout.global_batch'")
+    # the batch and sequence as every command checks them (planner.inputs)
+    check_integers({"global_batch_size": lay["global_batch"]}, label=lambda _: "layout.global_batch")
+    check_integers({"seq_length": model_row.get("seq_len")}, label=lambda _: "model.seq_len")
     case.hardware = resolve_hardware(profile)
     assume = case.assumptions.append
     year = _year(source)
-    pre_2023 = year is not None and year < 2023
 
     seq, vocab = model_row.get("seq_len"), model_row.get("vocab")
     if seq is None:
@@ -274,11 +282,23 @@ def _case(row: dict) -> RunCase:
         training=TrainingDefaults(seq_length=int(seq), global_batch_size=int(lay["global_batch"]))),
         f"run {case.id} model")
 
+    _run_layout(case, lay, convention)
+    _run_training(case, int(seq), int(lay["global_batch"]), notes_text, year)
+    problem = split_problem(case.gpus, {k: getattr(case.layout, k) for k in ("tp", "pp", "dp")},
+                            exact=True)
+    if problem:
+        raise UsageError(problem)
+    return case
+
+
+def _run_layout(case: RunCase, lay: dict, convention: str) -> None:
+    """``case.layout`` from the row's layout, each unstated value a stated default (listed in
+    ``case.assumptions`` unless it cannot change the prediction)."""
     tp, pp, dp = lay.get("tp"), lay.get("pp"), lay.get("dp")
     if tp is None or pp is None:
         mp = case.gpus // int(dp)
         tp, pp = 8, mp // 8
-        assume(f"tp=8,pp={pp} (tp*pp={mp})")
+        case.assumptions.append(f"tp=8,pp={pp} (tp*pp={mp})")
     dp = int(dp) if dp is not None else case.gpus // (int(tp) * int(pp))
     # Narayanan's FLOP formula assumes full recomputation, so a source counting with it ran it.
     defaults = {"micro_batch": 1, "vpp": 1,
@@ -291,7 +311,7 @@ def _case(row: dict) -> RunCase:
             value[key] = default
             moot = (key == "vpp" and int(pp) == 1) or (key == "zero_stage" and dp == 1)
             if not moot:  # a default that cannot change the prediction is not an assumption
-                assume(f"{key}={default}")
+                case.assumptions.append(f"{key}={default}")
         else:
             value[key] = raw
     case.layout = validate(Layout, dict(
@@ -299,13 +319,19 @@ def _case(row: dict) -> RunCase:
         micro_batch_size=int(value["micro_batch"]), recompute=value["recompute"],
         sequence_parallel=bool(value["sequence_parallel"]), vpp=int(value["vpp"])), f"run {case.id} layout")
 
+
+def _run_training(case: RunCase, seq: int, batch: int, notes_text: str, year: int | None) -> None:
+    """``case.training`` of the run (planner.inputs.training_spec, the check every command
+    applies): precision, gradient bytes, overlaps and ZeRO-3 style from the source's year and
+    notes."""
+    pre_2023 = year is not None and year < 2023
     deepspeed = "deepspeed" in notes_text.lower()
     deepspeed_2021 = deepspeed and year is not None and year <= 2021 and case.layout.zero_stage == 3
     # fp16 Megatron-LM before 2022 reduced fp16 gradients (--accumulate-allreduce-grads-in-fp32 off).
     fp16_grads = "mixed 16-bit" in notes_text and year is not None and year < 2022
     pure_bf16 = "(PURE)" in notes_text
-    case.training = validate(TrainingSpec, dict(
-        seq_length=int(seq), global_batch_size=int(lay["global_batch"]),
+    case.training = training_spec(case.model, dict(
+        seq_length=seq, global_batch_size=batch,
         dtype="fp16" if "mixed 16-bit" in notes_text else "bf16",
         grad_bytes=2 if (deepspeed or pure_bf16 or fp16_grads) else 4,
         flash_attention=not pre_2023,
@@ -313,11 +339,9 @@ def _case(row: dict) -> RunCase:
         overlap_p2p_comm=not pre_2023, p2p_scatter_gather=pre_2023,
         zero3_gather_unit="module" if deepspeed else "layer",
         zero3_throughput=DEEPSPEED_2021_ZERO3_THROUGHPUT if deepspeed_2021 else None,
-        tp_backward_overlap=year is None or year >= 2022), f"run {case.id} training")
+        tp_backward_overlap=year is None or year >= 2022), field_of("training"),
+        f"run {case.id} training")
     if pre_2023:
-        assume("no flash-attn (<2023)")
+        case.assumptions.append("no flash-attn (<2023)")
     if deepspeed_2021:
-        assume("DeepSpeed<=0.4 ZeRO-3: 21 GB/s, no overlap")
-    if case.layout.gpus != case.gpus:
-        raise UsageError(f"tp*pp*dp = {case.layout.gpus} but gpus = {case.gpus}")
-    return case
+        case.assumptions.append("DeepSpeed<=0.4 ZeRO-3: 21 GB/s, no overlap")

@@ -58,24 +58,16 @@ def breakdown_report(result) -> None:
     tables.show(_bars(f"Winner's memory per GPU (shares of its {fmt.capacity(cap)} GiB)", rows, cap), out)
 
 
-def estimate_report(est) -> None:
-    """Full memory and time breakdown of one layout (index 0)."""
+def estimate_report(est, to_fit=None) -> None:
+    """Full memory and time breakdown of one layout (index 0). A layout that does not fit gets
+    its memory, how far over it is per GPU and what would make it fit (``to_fit``, a
+    refusal.FitHint or None), and no step time or throughput: it cannot run."""
     d = est.to_dict(0)
     out.print(f"Layout: {est.candidates.layout(0).short()}")
-    mem, cap = d["memory"], d["memory"]["capacity"]
-    t = tables.new(f"Memory per GPU (peak stage; shares of the GPU's {fmt.capacity(cap)} GiB)")
-    tables.text_column(t, "term")
-    tables.number_column(t, "GiB")
-    tables.number_column(t, "share")
-    for k in ("weights", "gradients", "optimizer", "activations", "other"):
-        t.add_row(MEMORY_LABELS[k], fmt.gib_value(mem[k], 2), fmt.percent(mem[k] / cap))
-    verdict = "fits" if mem["fits"] else "[bold red]DOES NOT FIT[/]"
-    t.add_row(f"[bold]total[/] ({verdict})", f"[bold]{fmt.gib_value(mem['total'], 2)}[/]",
-              fmt.percent(mem["total"] / cap))
-    spare = cap - mem["total"]
-    t.add_row("free" if spare >= 0 else "[bold red]over[/]", fmt.gib_value(abs(spare), 2),
-              fmt.percent(abs(spare) / cap))
-    tables.show(t, out)
+    _memory_table(d["memory"])
+    if not d["memory"]["fits"]:
+        _no_fit_lines(est, d["memory"], to_fit)
+        return
     tm = d["time"]
     t = tables.new("Step time (shares of the step)")
     tables.text_column(t, "term")
@@ -90,6 +82,40 @@ def estimate_report(est) -> None:
               f"HFU {fmt.percent(th['hfu'])}  |  model TFLOP/s per GPU "
               f"{fmt.tflops(th['model_tflops_per_gpu'] * 1e12, 1)}")
     out.print(f"bubble {fmt.percent(tm['bubble_fraction'])} of the busiest stage's work")
+
+
+def _memory_table(mem: dict) -> None:
+    cap = mem["capacity"]
+    t = tables.new(f"Memory per GPU (peak stage; shares of the GPU's {fmt.capacity(cap)} GiB)")
+    tables.text_column(t, "term")
+    tables.number_column(t, "GiB")
+    tables.number_column(t, "share")
+    for k in ("weights", "gradients", "optimizer", "activations", "other"):
+        t.add_row(MEMORY_LABELS[k], fmt.gib_value(mem[k], 2), fmt.percent(mem[k] / cap))
+    verdict = "fits" if mem["fits"] else "[bold red]DOES NOT FIT[/]"
+    t.add_row(f"[bold]total[/] ({verdict})", f"[bold]{fmt.gib_value(mem['total'], 2)}[/]",
+              fmt.percent(mem["total"] / cap))
+    spare = cap - mem["total"]
+    t.add_row("free" if spare >= 0 else "[bold red]over[/]", fmt.gib_value(abs(spare), 2),
+              fmt.percent(abs(spare) / cap))
+    tables.show(t, out)
+
+
+def _no_fit_lines(est, mem: dict, to_fit) -> None:
+    """Does not fit: the shortfall per GPU, no step time or throughput, and what would fit."""
+    gpus = est.candidates.layout(0).gpus
+    out.print(f"[bold red]Does not fit[/]: it needs {fmt.gib(mem['total'], 2)} per GPU, "
+              f"{fmt.gib(mem['shortfall_bytes'], 2)} more than the {fmt.capacity(mem['capacity'])} "
+              f"GiB it has; a layout that cannot run has no step time, tokens/s or MFU.")
+    if to_fit is None:
+        out.print("To fit: no count of GPUs plan3d models has a layout of this model that fits "
+                  "at this sequence length and batch; use GPUs with more memory.")
+    elif to_fit.gpus == gpus:
+        lay = to_fit.estimate.candidates.layout(0)
+        out.print(f"To fit on these {gpus:,} GPUs: {lay.short()} "
+                  f"({fmt.gib(float(to_fit.estimate.memory['total'][0]))} per GPU), the best that fits.")
+    else:
+        out.print(f"To fit: no layout fits on {gpus:,} GPUs; {to_fit.text()}.")
 
 
 def plan_drift(plan, fresh: dict, rtol: float = 1e-9) -> None:

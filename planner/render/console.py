@@ -76,3 +76,14 @@ def note(message: str) -> None:
 def print_json(data: object) -> None:
     """``data`` as indented JSON on stdout (SI units; NaN is the caller's to avoid)."""
     sys.stdout.write(json.dumps(data, indent=2) + "\n")
+
+
+def write_stdout(data: str | bytes) -> None:
+    """``data`` as is on stdout (a file written to '-': text, or bytes such as a PNG)."""
+    if isinstance(data, bytes):
+        sys.stdout.flush()
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+    else:
+        sys.stdout.write(data)
+        sys.stdout.flush()

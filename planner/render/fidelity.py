@@ -33,9 +33,14 @@ def figure(key: str, value: float) -> str:
 
 
 def comparison_dict(c) -> dict:
-    """One run as JSON (SI units; errors are fractions)."""
+    """One run as JSON (SI units; errors are fractions). ``measured``, ``predicted`` and
+    ``error`` have every figure a run can give (fidelity.runs.MEASURED_NAMES), null where this
+    run gives none, so every run has the same keys."""
+    from ..fidelity.runs import MEASURED_NAMES
+    figures = lambda d: {k: d.get(k) for k in MEASURED_NAMES.values()}  # noqa: E731
     return {"id": c.case.id, "group": c.case.group, "primary": c.primary,
-            "measured": c.measured, "predicted": c.predicted, "error": c.error,
+            "measured": figures(c.measured), "predicted": figures(c.predicted),
+            "error": figures(c.error),
             "fits": c.fits, "predicted_step_s": c.step_s, "assumptions": c.case.assumptions,
             "layout": c.case.layout.model_dump() if c.case.layout else None,
             "hardware": c.case.hardware.name if c.case.hardware else None}
@@ -50,9 +55,11 @@ def _finite(value):
 
 def accuracy_json(comparisons, skipped, summary: dict) -> dict:
     """``plan3d accuracy --json``: runs, skipped runs and the per-source summary."""
+    keys = ("memory_mean_abs_error", "memory_max_abs_error")  # null for a source without memory
     return {"runs": [comparison_dict(c) for c in comparisons],
             "skipped": [{"id": s.id, "reason": s.skipped} for s in skipped],
-            "summary": _finite(summary)}
+            "summary": _finite({name: {**row, **{k: row.get(k) for k in keys}}
+                                for name, row in summary.items()})}
 
 
 def _prefix(ids: list[str]) -> str:
@@ -173,7 +180,7 @@ def calibration_report(result, hw_name: str, path: str, loo: bool = True) -> Non
     if result.loo_errors:
         lmean, lworst = result.loo_stats
         out.print(f"Leave-one-out: mean |err| {fmt.percent(lmean)}, max {fmt.percent(lworst)}")
-    out.print(f"Wrote {path}", markup=False)
+    out.print(f"Wrote the calibrated profile to {path}", markup=False)
 
 
 def calibration_notes(unused: dict[str, str], used: int, factors: int, hw_name: str) -> None:

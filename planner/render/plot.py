@@ -8,7 +8,7 @@ efficiency measures.
 
 from __future__ import annotations
 
-from ..errors import UsageError
+from ..errors import PLOT_EXTRA, UsageError
 
 IDEAL_GID = "ideal"  # matplotlib gid of the ideal-scaling lines (one per batch)
 
@@ -17,7 +17,7 @@ def _pyplot():
     try:
         import matplotlib
     except ImportError:
-        raise UsageError("--plot needs matplotlib: pip install 'plan3d[plot]'") from None
+        raise UsageError(PLOT_EXTRA) from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     return plt
@@ -60,8 +60,16 @@ def save_scaling_plot(rows: list[dict], path, title: str) -> None:
     the file cannot be written."""
     plt = _pyplot()
     fig = scaling_figure(rows, title)
+    from ..outputs import is_stdout
     try:
-        fig.savefig(path, dpi=120)
+        if is_stdout(path):  # --plot -: the PNG's bytes on stdout
+            import io
+            buffer = io.BytesIO()
+            fig.savefig(buffer, dpi=120, format="png")
+            from ..outputs import write
+            write(path, buffer.getvalue(), force=True)
+        else:
+            fig.savefig(path, dpi=120)
     except OSError as exc:
         raise UsageError(f"cannot write {path}: {exc.strerror or exc}") from None
     finally:

@@ -14,7 +14,7 @@ def why_not_report(verdict) -> None:
         out.print(f"[bold red]{verdict.text}: invalid[/] — it breaks: " + "; ".join(verdict.reasons))
         return
     if verdict.status == "no-fit":
-        out.print(f"[bold red]{verdict.text}: does not fit[/] — {verdict.reasons[0]}")
+        out.print(f"[bold red]{verdict.text}: does not fit[/] — {'; '.join(verdict.reasons)}")
         return
     mine = verdict.completion
     out.print(f"{verdict.text}: best completion {mine.candidates.layout(0).short()}")

@@ -1,7 +1,7 @@
 """plan3d validate: run a plan with real PyTorch parallelism and compare with the cost model.
 
-torch is the optional extra ``plan3d[validate]``; it is imported only inside this package's
-functions, never at CLI start-up. ``run_local`` forks the ranks of a miniature of the plan on
+torch is the optional extra ``validate`` (errors.VALIDATE_EXTRA says how to install it); it is
+imported only inside this package's functions, never at CLI start-up. ``run_local`` forks the ranks of a miniature of the plan on
 this machine (gloo); ``planner.validate.__main__`` is the torchrun entry point for a cluster.
 """
 
@@ -12,9 +12,9 @@ import json
 import tempfile
 from pathlib import Path
 
-from ..errors import PlannerError, UsageError
+from ..errors import VALIDATE_EXTRA, PlannerError, UsageError
 
-EXTRA_HINT = "plan3d validate needs PyTorch: pip install 'plan3d[validate]'"
+EXTRA_HINT = VALIDATE_EXTRA
 
 
 class RunFailed(PlannerError):
@@ -60,11 +60,24 @@ def run_local(plan, world: int = 8, dtype: str = "float64", steps: int = 3,
     return compare(run, records, reference), records
 
 
+MEASURED = Path("measured.json")
+
+
+def measured_destination(path: Path | None, force: bool, json_out: bool) -> Path:
+    """Where the measurements go: ``path`` as given (planner.outputs.check_destination: stdout
+    for '-', an existing file only with ``force``; not '-' with --json), or when not given the
+    first free name of measured.json, measured-2.json, ... so a rerun never collides."""
+    from ..outputs import check_destination, free_path, refuse_json_too
+    if path is None:
+        return free_path(MEASURED)
+    check_destination(path, force, "--out", str(MEASURED))
+    refuse_json_too(path, "--out", json_out)
+    return path
+
+
 def write_measured(path: Path, result: dict, records: list[dict], force: bool) -> None:
-    """measured.json: the result plus every rank's raw record (UsageError if it exists without force)."""
-    if path.exists() and not force:
-        raise UsageError(f"{path} exists; pass --force to overwrite it")
-    try:
-        path.write_text(json.dumps({**result, "ranks": records}, indent=1), encoding="utf-8")
-    except OSError as exc:
-        raise UsageError(f"cannot write {path}: {exc.strerror or exc}") from None
+    """measured.json: the result plus every rank's raw record, to ``path`` or stdout ('-');
+    UsageError if it is an existing file and not ``force``."""
+    from ..outputs import write
+    write(path, json.dumps({**result, "ranks": records}, indent=1) + "\n", force, "--out",
+          str(MEASURED))

@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default=None, choices=("float64", "float32", "bfloat16"))
     parser.add_argument("--miniature", action="store_true")
     parser.add_argument("--no-reference", action="store_true")
-    parser.add_argument("--out", type=Path, default=Path("measured.json"))
+    parser.add_argument("--out", type=Path, default=None)  # measured.json, or the next free name
     parser.add_argument("--force", action="store_true")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
@@ -40,8 +40,9 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args) -> int:
     from ..errors import UsageError
     from ..render import console
-    from ..export import check_destination, read_checked_plan
-    from . import require_torch, write_measured
+    from ..export import read_checked_plan
+    from ..outputs import is_stdout, report_to_stderr, shown
+    from . import measured_destination, require_torch, write_measured
     require_torch()
     import torch
 
@@ -66,7 +67,7 @@ def _run(args) -> int:
         raise UsageError(f"this run needs {run.world} ranks (tp*cp*pp*dp); torchrun started {world}")
     rank = int(os.environ.get("RANK", "0"))
     if rank == 0:
-        check_destination(args.out, args.force, "--out", "measured.json")
+        args.out = measured_destination(args.out, args.force, args.json)
     cfg = run.worker_config(out_dir="", timeout_s=1800)
     cfg["gather"] = True
     record = run_rank(cfg)
@@ -77,8 +78,10 @@ def _run(args) -> int:
     write_measured(args.out, result, record["all"], force=True)
     if args.json:
         console.print_json(result)
+        console.note(f"Wrote the measurements to {args.out}")
     else:
-        render(result, str(args.out))
+        with report_to_stderr(is_stdout(args.out)):
+            render(result, shown(args.out, 'the measurements'))
     return 0 if result["passed"] else 1
 
 

@@ -109,6 +109,13 @@ def compare(run: Run, records: list[dict], reference: list[float] | None) -> dic
                     "device": run.device, "world": run.world},
             "notes": list(run.notes) + delta_notes(activations),
             "not_exercised": [dict(d) for d in run.not_exercised],
-            "checks": checks, "reported": reported,
+            "checks": _same_keys(checks, reported), "reported": _same_keys(reported, checks),
             "passed": all(c["passed"] for c in checks)}
+
+
+def _same_keys(rows: list[dict], others: list[dict]) -> list[dict]:
+    """``rows`` with every key any check or reported row has (in first-seen order), None where a
+    row has no value, so every row of ``--json`` has the same keys."""
+    keys = list(dict.fromkeys(k for r in rows + others for k in r))
+    return [{k: r.get(k) for k in keys} for r in rows]
 

@@ -1,0 +1,103 @@
+"""Where a command writes what it makes, the same for every command that takes an output path
+(search --export, sweep --plot, export -o, validate --out, calibrate -o, regress --baseline with
+--update):
+
+- ``-`` (and ``/dev/stdout``, ``/dev/fd/1``) is stdout: the output goes there alone; the
+  command's own report goes to stderr (``report_to_stderr``), and ``--json``, which also
+  writes stdout, cannot go with it;
+- an existing regular file is never overwritten without ``--force``; a device or a pipe
+  (``/dev/null``, ``>(gzip > x.gz)``) is not a file of the user's and is written to;
+- an output the user did not name (validate's measurements) takes a name that is free
+  (``measured.json``, else ``measured-2.json``, ...), and the command says which.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from pathlib import Path
+
+from .errors import UsageError
+
+STDOUT_NAMES = frozenset({"-", "/dev/stdout", "/dev/fd/1", "/proc/self/fd/1"})
+
+
+def is_stdout(path: Path | str | None) -> bool:
+    """Whether ``path`` names stdout ('-', /dev/stdout, /dev/fd/1)."""
+    return path is not None and str(path) in STDOUT_NAMES
+
+
+def check_destination(path: Path, force: bool, flag: str = "--export",
+                      example: str = "plan.yaml") -> None:
+    """UsageError unless ``path`` can be written: stdout, or a name (not '' or '.', not a
+    directory) in an existing directory that is not an existing regular file unless ``force``.
+    ``flag`` and ``example`` only word the message."""
+    if is_stdout(path):
+        return
+    if str(path) in ("", "."):
+        raise UsageError(f"{flag} needs a file name (or - for stdout), got {str(path)!r}")
+    if path.is_dir():
+        raise UsageError(f"{path} is a directory; give a file name such as {path / example}")
+    if path.is_file() and not force:
+        raise UsageError(f"{path} exists; pass --force to overwrite it")
+    if not path.exists() and not path.parent.is_dir():
+        raise UsageError(f"cannot write {path}: directory {path.parent} does not exist")
+
+
+def refuse_json_too(path: Path | None, flag: str, json_out: bool) -> None:
+    """UsageError when both ``flag`` (stdout) and --json would write stdout."""
+    if json_out and is_stdout(path):
+        raise UsageError(f"{flag} {path} and --json both write to stdout: give {flag} a file name, "
+                         "or leave out --json")
+
+
+def free_path(path: Path) -> Path:
+    """``path`` if nothing is there, else the first free ``stem-N.suffix`` (N = 2, 3, ...)."""
+    n = 2
+    found = path
+    while found.exists() or found.is_symlink():
+        found = path.with_name(f"{path.stem}-{n}{path.suffix}")
+        n += 1
+    return found
+
+
+def write(path: Path, data: str | bytes, force: bool, flag: str = "--export",
+          example: str = "plan.yaml") -> None:
+    """Write ``data`` (text as UTF-8, or bytes) to ``path`` or stdout (check_destination first).
+    UsageError when it cannot be written."""
+    if is_stdout(path):
+        from .render.console import write_stdout
+        write_stdout(data)
+        return
+    check_destination(path, force, flag, example)
+    try:
+        if isinstance(data, bytes):
+            path.write_bytes(data)
+        else:
+            path.write_text(data, encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def shown(path: Path, what: str | None = None) -> str:
+    """How a destination is named after 'Wrote': the path, or 'stdout' ('<what> to stdout'
+    when ``what`` is given) for stdout."""
+    if not is_stdout(path):
+        return str(path)
+    return f"{what} to stdout" if what else "stdout"
+
+
+@contextlib.contextmanager
+def report_to_stderr(active: bool):
+    """Inside the block, what the command prints for people (planner.render.console.out) goes
+    to stderr, when ``active`` (its output file is stdout)."""
+    from .render.console import out
+    if not active:
+        yield
+        return
+    before = getattr(out, "_file", None)  # None: rich follows sys.stdout as it is at each print
+    out.file = sys.stderr
+    try:
+        yield
+    finally:
+        out.file = before

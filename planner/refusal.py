@@ -1,0 +1,177 @@
+"""Why no layout runs, in words that name what fails, and the GPU count that would work.
+
+- ``no_split_reason``: no (tp, cp, pp, dp) split of the pins uses the GPUs (the product that
+  fails, degrees.split_problem, or which free degree cannot make up the rest);
+- ``fewest_gpus`` / ``fit_hint``: the smallest whole-node count above a given one on which a
+  valid layout fits, found by a memory-only pass over the budget grid in ascending GPU count
+  (it stops at the first block with a fit), and the best layout there (a search at that count);
+- ``no_fit_message``: the closest miss, how far over it is per GPU, what dominates, and the
+  count that fits (search, sweep rows, --why-not, estimate).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .cost import Estimate, memory_total
+from .cost.collectives import nvlink_domain
+from .degrees import SPLIT_DEGREES, split_problem
+from .errors import PlannerError
+from .grid import Grid
+from .inputs import MAX_GPUS
+from .render import fmt
+from .space import constraint_masks, uneven_splits
+from .specs import HardwareProfile, ModelSpec, TrainingSpec
+
+if TYPE_CHECKING:
+    from .search import SearchOptions
+
+GIB = 2.0**30
+
+
+def no_split_reason(model: ModelSpec, hw: HardwareProfile, gpus: int | None,
+                    opts: "SearchOptions") -> str:
+    """Why no tp x cp x pp x dp split of ``opts``' pins uses ``gpus`` GPUs (or, with
+    ``opts.max_gpus``, a whole number of nodes within the budget): the product of the pinned
+    degrees that fails ('tp*dp = 2*8 = 16 > 8 GPUs'), or which free degree cannot make up the
+    rest. One line, no trailing period."""
+    pins = {k: getattr(opts, k) for k in SPLIT_DEGREES}
+    L = model.num_layers
+    if opts.pp is not None and L % opts.pp and not uneven_splits(L, opts.pp):
+        return f"pp={opts.pp} splits the {L} layers neither evenly nor unevenly"
+    if opts.max_gpus is not None:
+        problem = split_problem(opts.max_gpus, pins, exact=False,
+                                count=f"--max-gpus {opts.max_gpus:,}")
+        if problem and " > " in problem:
+            return problem
+        fixed = ", ".join(f"{k}={v}" for k, v in pins.items() if v is not None)
+        return (f"no tp*cp*pp*dp split{' with ' + fixed if fixed else ''} is a whole number of "
+                f"{hw.gpus_per_node}-GPU nodes within --max-gpus {opts.max_gpus:,} (dp a divisor "
+                f"of the global batch)")
+    problem = split_problem(gpus, pins, exact=None not in pins.values())
+    if problem:
+        return problem
+    given = {k: v for k, v in pins.items() if v is not None}
+    rest = gpus // int(np.prod(list(given.values()) or [1]))
+    free = [k for k in SPLIT_DEGREES if pins[k] is None]
+    top = gpus if opts.allow_cross_node_tp else min(nvlink_domain(hw), gpus)
+    rules = {"tp": f"tp a power of two up to {min(top, opts.max_tp or top)}",
+             "cp": f"cp a power of two up to {opts.max_cp}",
+             "pp": f"pp a divisor of the {L} layers, or a power of two with an uneven split"
+                   + (f", up to {opts.max_pp}" if opts.max_pp else "")}
+    product = gpus // rest
+    named = f"{'*'.join(given)} = {'*'.join(map(str, given.values()))} = {product}" \
+        if len(given) > 1 else f"{'*'.join(given)}={product}"
+    lead = f"{named} leaves {rest:,} of {gpus:,} GPUs for {'*'.join(free)}" if given else \
+        f"{gpus:,} GPUs"
+    return (f"{lead}, and no {'*'.join(free)} makes {rest:,} "
+            f"({'; '.join(rules[k] for k in free if k in rules)})")
+
+
+@dataclass(frozen=True)
+class FitHint:
+    """The smallest GPU count above a given one on which a layout fits, and the best layout
+    there: ``estimate`` is one layout (index 0)."""
+
+    gpus: int
+    estimate: Estimate
+
+    def text(self) -> str:
+        """'the fewest GPUs on which a layout fits are 96 (tp=8 pp=4 dp=3 ..., 36.2 GiB)'."""
+        est = self.estimate
+        return (f"the fewest GPUs on which a layout fits are {self.gpus:,} "
+                f"({est.candidates.layout(0).short()}, {fmt.gib(float(est.memory['total'][0]))})")
+
+    def to_dict(self) -> dict:
+        """JSON: gpus, layout (dict), layout_short, memory_bytes (peak per GPU)."""
+        lay = self.estimate.candidates.layout(0)
+        return {"gpus": self.gpus, "layout": lay.model_dump(), "layout_short": lay.short(),
+                "memory_bytes": float(self.estimate.memory["total"][0])}
+
+
+def fewest_gpus(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, above: int,
+                opts: "SearchOptions", limit: int = MAX_GPUS) -> int | None:
+    """The smallest count of GPUs in (above, limit], whole nodes, on which some layout of the
+    search space of ``opts`` (its pins, bounds and headroom) passes every rule and fits; None if
+    none does. Memory only, no step time: the budget grid's splits in ascending GPU count, in
+    blocks of about scan.CHUNK layouts, stopping at the first block with a fit."""
+    from . import objective
+    from .scan import CHUNK, FLAT_COST
+    from .search import build_grid
+    grid = build_grid(model, hw, training, None, replace(opts, max_gpus=limit))
+    counts = grid.split["gpus"]
+    order = np.argsort(counts, kind="stable")
+    order = order[counts[order] > above]
+    grid = Grid({k: v[order] for k, v in grid.split.items()}, grid.knobs)
+    usable = objective.usable_memory(float(hw.gpu.hbm_capacity), opts.headroom_bytes,
+                                     opts.headroom_fraction)
+    per_row = grid.size // max(grid.shape[0], 1)
+    rows, pending = grid.rows_per_chunk(CHUNK), []  # pending: valid layouts of sparse blocks
+    for lo in range(0, grid.shape[0] + rows, rows):
+        hi = min(lo + rows, grid.shape[0])
+        index = np.empty(0, dtype=np.int64)
+        if lo < hi:
+            c = grid.candidates(lo, hi)
+            alive = np.ones((hi - lo, *grid.shape[1:]), dtype=bool)
+            for ok in constraint_masks(model, training, nvlink_domain(hw), c,
+                                       opts.allow_cross_node_tp).values():
+                alive &= ok
+            index = np.flatnonzero(alive) + lo * per_row  # valid layouts, flat grid indices
+        dense = index.size * FLAT_COST >= (hi - lo) * per_row and index.size > 0
+        if pending and (dense or lo >= hi or sum(p.size for p in pending) >= CHUNK):
+            flat = np.concatenate(pending)  # earlier rows first: they have fewer GPUs
+            pending = []
+            fit = flat[memory_total(model, hw, training, grid.flat(flat)) <= usable]
+            if fit.size:
+                return int(grid.split["gpus"][fit // per_row].min())
+        if dense:
+            total = np.broadcast_to(memory_total(model, hw, training, c), alive.shape).ravel()
+            fit = index[total[index - lo * per_row] <= usable]
+            if fit.size:
+                return int(grid.split["gpus"][fit // per_row].min())
+        elif index.size:
+            pending.append(index)
+    return None
+
+
+def fit_hint(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, above: int,
+             opts: "SearchOptions") -> FitHint | None:
+    """``fewest_gpus`` above ``above`` with the best layout there (a search at that count with
+    ``opts``; the count is whole nodes, so it is one ``--gpus`` takes); None if no count fits."""
+    from .search import search
+    n = fewest_gpus(model, hw, training, above, opts)
+    if n is None:
+        return None
+    try:
+        best = search(model, hw, training, n, replace(opts, max_gpus=None, keep=1)).ranked
+    except PlannerError:  # cannot happen: the same rules and memory found a fit at n
+        return None
+    return FitHint(n, best.take(np.array([0])))
+
+
+def no_fit_message(model: ModelSpec, hw: HardwareProfile, gpus: int, miss: Estimate,
+                   usable: float, hint: FitHint | None) -> str:
+    """The closest miss, how far over the usable memory it is per GPU, its largest memory term,
+    and the count that fits (``hint``), else what else could help. One line."""
+    mem = {k: float(v[0]) for k, v in miss.memory.items()}
+    total, cap = mem["total"], mem["capacity"]
+    of = f"{fmt.capacity(cap)} GiB" if usable == cap else \
+        f"{fmt.gib(usable)} usable (of {fmt.capacity(cap)} GiB, after the headroom)"
+    states = mem["weights"] + mem["gradients"] + mem["optimizer"]
+    if states >= mem["activations"]:
+        what = f"model states ({fmt.gib(states)}) dominate"
+    else:
+        what = f"activations ({fmt.gib(mem['activations'])}) dominate"
+    if hint is not None:
+        remedy = f"{hint.text()}; or use GPUs with more memory"
+    else:
+        ways = ["a shorter sequence"] * (states < mem["activations"]) + \
+            ["less headroom"] * (usable < cap) + ["GPUs with more memory"]
+        ways = ", ".join(ways[:-1]) + " or " + ways[-1] if len(ways) > 1 else ways[0]
+        remedy = f"no count of GPUs up to {MAX_GPUS:,} has a layout that fits: use {ways}"
+    return (f"no layout of {model.name} fits on {gpus:,} x {hw.gpu.name}: the closest, "
+            f"{miss.candidates.layout(0).short()}, needs {fmt.gib(total)} of {of} per GPU "
+            f"({fmt.gib(total - usable)} over); {what}: {remedy}")
