@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
+from .checkpoint_spec import CheckpointSpec
 from .degrees import LayoutDegrees
 from .hardware_spec import (Efficiency, GPUSpec, HardwareProfile, HostLink,  # noqa: F401 (re-export)
                             HostMemory, InterNode, IntraNode, Storage, StorageLink)
@@ -178,6 +179,9 @@ class TrainingSpec(_Strict):
     # Overlap of the backward TP collectives with the weight-gradient GEMMs (Megatron's async
     # tensor-parallel all-reduce / SP all-gather); off for the synchronous f/g of 2019-21 Megatron.
     tp_backward_overlap: bool = True
+    # Checkpoints and failures (planner.checkpoint_spec; cost.checkpoint, formulas.md 12): the
+    # failure rate per GPU-hour, the restart time before the load, async or synchronous saves.
+    checkpoint: CheckpointSpec = CheckpointSpec()
 
 
 class Layout(LayoutDegrees, _Strict):

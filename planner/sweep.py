@@ -4,7 +4,9 @@
 Scaling efficiency of count n against the smallest count n0 that has a fitting layout:
     eff(n) = (tokens/s(n) / n) / (tokens/s(n0) / n0)
 i.e. per-GPU throughput relative to the base (1.0 = perfectly linear strong scaling at a fixed
-global batch).
+global batch). With a token budget each row also has the expected time to train with failures
+and checkpoints (planner.objective.wall_time; cost.checkpoint): goodput falls as the job's MTBF
+1/(N*lambda) shrinks, so the time to train can stop falling, or rise, where tokens/s still grows.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable
 
-from .errors import NoFitError, PlannerError, UsageError
+from .errors import DeadlineError, NoFitError, PlannerError, UsageError
 from .search import MAX_GPUS, SearchOptions, check_inputs, search
 from .specs import HardwareProfile, ModelSpec, TrainingSpec
 
@@ -54,17 +56,22 @@ def sweep(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, counts:
     """Search at each count; one row per count (SI units), ``error`` set where none fits/splits.
 
     Row keys: gpus, global_batch_size, layout (dict), layout_short, tokens_per_s, mfu, step_s,
-    memory_bytes, scaling_efficiency (None for the base and for errors), error (None or one line).
+    memory_bytes, scaling_efficiency (None for the base and for errors), error (None or one line);
+    with a token budget (``opts.tokens`` or the model's, and an objective or deadline that
+    needs it, planner.objective.needs_goodput) also goodput and time_to_train_s (expected
+    wall-clock time, seconds). A count where no layout meets ``opts.deadline_s`` is an error row.
     """
     rows: list[dict] = []
     base: tuple[int, float] | None = None
     no_fit = False  # some count had valid layouts, none fitting: the failure is a NoFitError
+    late = False  # some count had fitting layouts, none meeting the deadline
     small = replace(opts, keep=min(opts.keep, 8), max_gpus=None)
     for n in counts:
         try:
             best = search(model, hw, training, n, small).ranked
         except PlannerError as exc:
-            no_fit |= isinstance(exc, NoFitError)
+            no_fit |= isinstance(exc, (NoFitError, DeadlineError))
+            late |= isinstance(exc, DeadlineError)
             rows.append({"gpus": n, "global_batch_size": training.global_batch_size,
                          "error": str(exc), "scaling_efficiency": None})
         else:
@@ -78,12 +85,15 @@ def sweep(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, counts:
                          "tokens_per_s": tps, "mfu": float(best.throughput["mfu"][0]),
                          "step_s": float(best.time["step"][0]),
                          "memory_bytes": float(best.memory["total"][0]),
-                         "scaling_efficiency": eff, "error": None})
+                         "scaling_efficiency": eff, "error": None,
+                         **{k: float(best.throughput[k][0]) for k in ("goodput", "time_to_train_s")
+                            if k in best.throughput}})
         if on_step is not None:
             on_step(n)
     if base is None:  # exit 1 (like search) when layouts exist but none fits, else 2
-        raise (NoFitError if no_fit else UsageError)(
-            f"no GPU count in {counts[0]}..{counts[-1]} has a layout of {model.name} that fits: "
+        raise (DeadlineError if late else NoFitError if no_fit else UsageError)(
+            f"no GPU count in {counts[0]}..{counts[-1]} has a layout of {model.name} that "
+            f"{'meets the deadline' if late else 'fits'}: "
             f"{rows[-1]['error']}")
     return rows
 
@@ -117,10 +127,12 @@ def sweep_batches(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec,
                           opts, on_step)
         except PlannerError as exc:
             errors.append(exc)
-            rows += [{"gpus": n, "global_batch_size": b, "error": "no fit at this batch",
+            what = "the deadline met" if isinstance(exc, DeadlineError) else "fit"
+            rows += [{"gpus": n, "global_batch_size": b, "error": f"no {what} at this batch",
                       "scaling_efficiency": None} for n in counts]
     if len(errors) == len(batches):
-        kind = NoFitError if any(isinstance(e, NoFitError) for e in errors) else UsageError
+        kind = next((type(e) for e in errors if isinstance(e, (NoFitError, DeadlineError))),
+                    UsageError)
         raise kind(str(errors[0]))
     return rows
 

@@ -134,7 +134,8 @@ def test_search_json_has_gpus_and_max_gpus_table_shows_them():
     code, out, err = cli("search", "--model", "175b", "--max-gpus", "1024", "--top", "3", "--json")
     assert code == 0, err
     for entry in json.loads(out):
-        assert set(entry) == {"layout", "gpus", "memory", "time", "throughput", "stages", "ties"}
+        assert set(entry) == {"layout", "gpus", "memory", "time", "throughput", "stages", "ties",
+                              "checkpoint"}
         lay = entry["layout"]
         assert entry["gpus"] == lay["tp"] * lay["cp"] * lay["pp"] * lay["dp"] <= 1024
     with wide_console():  # one column per dimension and figure

@@ -11,8 +11,9 @@ from .. import catalog
 from ..cost.support import refuse_unmodelled
 from ..errors import UsageError
 from ..render import console
-from .app import (GBS, GPUS, HARDWARE, HEADROOM, JSON, MODEL, SEQ, RecomputeChoice, _check_count,
-                  _check_positive, _require, _training, app, handle_errors)
+from .app import (ASYNC_SAVE, DEADLINE, FAILURE_RATE, GBS, GPUS, HARDWARE, HEADROOM, JSON, MODEL,
+                  RESTART_TIME, SEQ, RecomputeChoice, _check_count, _check_positive, _checkpoint,
+                  _require, _training, app, handle_errors)
 
 
 @app.command()
@@ -57,6 +58,8 @@ def search(
                                              help="Let tp exceed one node's GPUs."),
     why_not: Optional[str] = typer.Option(None, "--why-not",
                                           help="Explain a (partial) layout, e.g. 'tp=4,pp=16', against the winner."),
+    deadline: Optional[str] = DEADLINE, failure_rate: Optional[float] = FAILURE_RATE,
+    restart_time: Optional[str] = RESTART_TIME, async_save: Optional[bool] = ASYNC_SAVE,
 ) -> None:
     """Rank the TP/PP/DP/ZeRO layouts that fit, by predicted throughput (or --objective)."""
     from ..export import make_plan, write_plan
@@ -65,7 +68,8 @@ def search(
     m = catalog.resolve_model(_require(model, "--model"))
     refuse_unmodelled(m)
     hw = catalog.resolve_hardware(hardware)
-    training = _training(m, global_batch_size, seq_length)
+    training = _training(m, global_batch_size, seq_length,
+                         _checkpoint(failure_rate, restart_time, async_save))
     _check_positive(top=top, tp=tp, pp=pp, dp=dp, micro_batch_size=micro_batch_size, vpp=vpp,
                     max_tp=max_tp, max_pp=max_pp, max_micro_batch_size=max_micro_batch_size,
                     max_vpp=max_vpp, cp=cp, max_cp=max_cp, max_gpus=max_gpus,
@@ -73,10 +77,10 @@ def search(
     if zero_stage is not None and zero_stage not in (0, 1, 2, 3):
         raise UsageError(f"--zero-stage must be 0, 1, 2 or 3, got {zero_stage}")
     _check_search_flags(export, force, why_not, gpus, max_gpus)
-    from ..objective import check_headroom
+    from ..objective import check_headroom, parse_deadline
     headroom_bytes, headroom_fraction = check_headroom(
         min_memory_headroom, float(hw.gpu.hbm_capacity), float(hw.framework_overhead), hw.gpu.name)
-    opts = SearchOptions(tp=tp, pp=pp, dp=dp, zero_stage=zero_stage, micro_batch_size=micro_batch_size,
+    opts = SearchOptions(deadline_s=parse_deadline(deadline),tp=tp, pp=pp, dp=dp, zero_stage=zero_stage, micro_batch_size=micro_batch_size,
                          recompute=recompute.value if recompute else None,
                          sequence_parallel=sequence_parallel, vpp=vpp, max_tp=max_tp, max_pp=max_pp,
                          max_micro_batch_size=max_micro_batch_size, max_vpp=max_vpp,
@@ -153,9 +157,11 @@ def _search_output(m, hw, training, n, result, top: int, json_out: bool, currenc
         rows = f"{len(groups):,}" + (f" rows ({len(best):,} layouts)" if len(groups) < len(best) else "")
         console.note(f"note: --top {top:,} shows the best {rows} of the {result.fitting:,} layouts "
                      f"that fit (the search keeps {len(best):,})")
+    ck = result.checkpoint
     if json_out:
         extra = {"currency": currency} if "cost" in best.throughput else {}
-        console.print_json([{**_with_gpus(best.to_dict(g.first)), **extra, "ties": tie_dict(best, g)}
+        console.print_json([{**_with_gpus(best.to_dict(g.first)), **extra, "ties": tie_dict(best, g),
+                             **({"checkpoint": ck.to_dict(g.first)} if ck else {})}
                             for g in groups[:top]])
         return
     from ..render.breakdown import breakdown_report
@@ -163,6 +169,8 @@ def _search_output(m, hw, training, n, result, top: int, json_out: bool, currenc
     header(m, hw, training, n)
     search_table(result, explanation, top, currency, gpus_searched=gpus_searched)
     breakdown_report(result)
+    from ..render.checkpoint import checkpoint_report
+    checkpoint_report(ck, 0, hw, best.candidates.layout(0), "Winner's checkpoint")
     if export is not None:
         console.out.print(f"Wrote the best plan to {export}", markup=False)
 
@@ -181,15 +189,20 @@ def sweep(
                                         "linear scaling) and MFU vs GPUs to a PNG."),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing --plot file."),
     min_memory_headroom: Optional[str] = HEADROOM,
+    tokens: Optional[float] = typer.Option(None, "--tokens", help="Training tokens, for the time "
+                                           "to train (default: the model's)."),
+    deadline: Optional[str] = DEADLINE, failure_rate: Optional[float] = FAILURE_RATE,
+    restart_time: Optional[str] = RESTART_TIME, async_save: Optional[bool] = ASYNC_SAVE,
 ) -> None:
-    """Best layout, tokens/s, MFU and scaling efficiency at each GPU count."""
+    """Best layout, tokens/s, MFU, scaling efficiency and time to train at each GPU count."""
     from .sweep import run
     m = catalog.resolve_model(_require(model, "--model"))
     refuse_unmodelled(m)
     hw = catalog.resolve_hardware(hardware)
-    training = _training(m, None, seq_length)
+    _check_positive(tokens=tokens)
+    training = _training(m, None, seq_length, _checkpoint(failure_rate, restart_time, async_save))
     run(m, hw, training, _require(gpus, "--gpus"), json_out, plot, force, min_memory_headroom,
-        global_batch_size)
+        global_batch_size, tokens, deadline)
 
 
 @app.command()
@@ -225,6 +238,8 @@ def estimate(
     allow_cross_node_tp: bool = typer.Option(False, "--allow-cross-node-tp",
                                              help="Let tp exceed one node's GPUs (a --plan may always)."),
     json_out: bool = JSON,
+    failure_rate: Optional[float] = FAILURE_RATE, restart_time: Optional[str] = RESTART_TIME,
+    async_save: Optional[bool] = ASYNC_SAVE,
 ) -> None:
     """Memory and step-time breakdown of one layout (from flags or --plan). Exits 1 if it does not fit."""
     from ..cost.step import estimate_layout
@@ -235,7 +250,8 @@ def estimate(
              "--recompute": recompute, "--sequence-parallel": sequence_parallel, "--vpp": vpp,
              "--cp": cp, "--distributed-optimizer": distributed_optimizer,
              "--first-stage-layers": first_stage_layers, "--last-stage-layers": last_stage_layers,
-             "--allow-cross-node-tp": allow_cross_node_tp or None}
+             "--allow-cross-node-tp": allow_cross_node_tp or None, "--failure-rate": failure_rate,
+             "--restart-time": restart_time, "--async-save/--sync-save": async_save}
     if plan is not None:
         from ..export import read_plan
         given = [flag for flag, value in flags.items() if value is not None]
@@ -255,7 +271,8 @@ def estimate(
         m = catalog.resolve_model(_require(model, "--model"))
         refuse_unmodelled(m)
         hw = catalog.resolve_hardware(hardware or "dgx-h100")
-        training = _training(m, global_batch_size, seq_length)
+        training = _training(m, global_batch_size, seq_length,
+                             _checkpoint(failure_rate, restart_time, async_save))
         n = _require(gpus, "--gpus")
         layout = _layout(m, hw, training, n, tp or 1, pp or 1, dp, zero_stage, micro_batch_size or 1,
                          (recompute or RecomputeChoice.none).value, bool(sequence_parallel), vpp or 1,
@@ -265,13 +282,18 @@ def estimate(
                          allow_cross_node_tp=allow_cross_node_tp)
     est = estimate_layout(m, hw, training, layout)
     result = est.to_dict(0)
+    from ..cost.checkpoint import evaluate_checkpoint, unavailable
+    ck = None if unavailable(hw) else evaluate_checkpoint(m, hw, training, est.candidates,
+                                                          est.time["step"])
     from ..render.breakdown import estimate_report, plan_drift
     if json_out:
-        console.print_json(result)
+        console.print_json({**result, **({"checkpoint": ck.to_dict(0)} if ck else {})})
     else:
+        from ..render.checkpoint import checkpoint_report
         from ..render.search import header
         header(m, hw, training, n)
         estimate_report(est)
+        checkpoint_report(ck, 0, hw, layout, "Checkpoint")
     if plan is not None:
         plan_drift(p, result)
     if not result["memory"]["fits"]:

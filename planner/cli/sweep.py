@@ -12,10 +12,14 @@ from ..specs import HardwareProfile, ModelSpec, TrainingSpec
 
 
 def run(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: str, json_out: bool,
-        plot_path: Path | None, force: bool, headroom: str | None, batches: str | None = None) -> None:
+        plot_path: Path | None, force: bool, headroom: str | None, batches: str | None = None,
+        tokens: float | None = None, deadline: str | None = None) -> None:
     """``plan3d sweep``: UsageError on bad input (GPU counts, batches, an existing --plot file
-    without --force, no matplotlib), NoFitError when no count has a fitting layout."""
-    from ..objective import check_headroom
+    without --force, no matplotlib, a deadline without a token budget), NoFitError when no
+    count has a fitting layout, DeadlineError when none meets the deadline. With a token budget
+    (``tokens`` or the model's) each count's layout is the one with the shortest expected time
+    to train (failures and checkpoints counted), else the one with the most tokens/s."""
+    from ..objective import check_headroom, parse_deadline
     from ..render import console
     from ..render.search import header
     from ..render.sweep import progress, sweep_table
@@ -27,7 +31,11 @@ def run(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: str
         _check_plot(plot_path, force)
     headroom_bytes, headroom_fraction = check_headroom(
         headroom, float(hw.gpu.hbm_capacity), float(hw.framework_overhead), hw.gpu.name)
-    opts = SearchOptions(headroom_bytes=headroom_bytes, headroom_fraction=headroom_fraction)
+    deadline_s = parse_deadline(deadline)
+    budget = tokens if tokens is not None else training.tokens
+    opts = SearchOptions(headroom_bytes=headroom_bytes, headroom_fraction=headroom_fraction,
+                         tokens=tokens, deadline_s=deadline_s,
+                         objective="throughput" if budget is None else "time-to-train")
     with progress() as bar:
         task = bar.add_task("Sweeping GPU counts", total=len(counts) * len(sizes))
         rows = sweep_batches(model, hw, training, counts, sizes, opts,
@@ -42,7 +50,7 @@ def run(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: str
         return
     span = f"{counts[0]}" if counts[0] == counts[-1] else f"{counts[0]}..{counts[-1]}"
     header(model, hw, training, span, batch=",".join(str(b) for b in sizes))
-    sweep_table(rows)
+    sweep_table(rows, deadline_s)
     if plot_path is not None:
         console.out.print(f"Wrote the plot to {plot_path}", markup=False)
 

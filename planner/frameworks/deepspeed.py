@@ -23,7 +23,8 @@ import json
 
 from ..errors import UsageError
 from ..specs import Plan
-from .common import RANK_ORDER_NOTE, Export, describe, microbatches, rope_note
+from .common import (RANK_ORDER_NOTE, Export, describe, interval_note, microbatches, rope_note,
+                     save_interval)
 
 SOURCE = "deepspeedai/DeepSpeed @088be892c749 deepspeed/runtime/constants.py, runtime/zero/config.py"
 
@@ -89,5 +90,8 @@ def export_deepspeed(plan: Plan) -> Export:
         notes.append(rope)
     if plan.training.grad_bytes == 2:
         notes.append("grad_bytes 2 (bf16 gradient reduction) is not set here")
+    notes.append(interval_note(save_interval(plan), plan).replace(
+        "set the checkpoint directory yourself", "ds_config has no interval: call "
+        "engine.save_checkpoint every that many steps in your training loop"))
     text = json.dumps(cfg, indent=2) + "\n"
     return Export("deepspeed", text, notes=notes, keys=_flatten(cfg))

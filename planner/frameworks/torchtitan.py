@@ -28,13 +28,20 @@ Recompute: none/full -> activation_checkpoint.mode none/full; selective -> "sele
 torchtitan is per-op SAC (0.2.x selective_ac_option "op"), not Megatron's core-attention
 recomputation: a comment says so. torchtitan's TP always uses sequence parallelism in 0.2.x
 (norms sharded on the sequence); 0.3 has enable_sequence_parallel.
+Checkpoints: checkpoint.enable (0.2.x: enable_checkpoint), checkpoint.interval (common.
+save_interval, formulas.md 12) and checkpoint.async_mode "async" (DCP async_save) or "disabled"
+(torchtitan/components/checkpoint.py CheckpointManager.Config at commit 0014ac2ca45a; 0.2.x
+job_config.py Checkpoint at 000204a4a8bf). torchtitan's DCP checkpoint of bf16 mixed-precision
+training holds fp32 parameters and Adam's moments, 12 B per parameter against the 14 the
+interval was estimated for (a comment says so; the interval scales with the square root).
 """
 
 from __future__ import annotations
 
 from ..errors import UsageError
 from ..specs import Plan
-from .common import Export, describe, layers_per_virtual_stage, microbatches, rope_note
+from .common import (Export, describe, interval_note, layers_per_virtual_stage, microbatches,
+                     rope_note, save_interval)
 
 SOURCE_03 = "pytorch/torchtitan @0014ac2ca45a torchtitan/config/configs.py"
 SOURCE_02 = "pytorch/torchtitan @000204a4a8bf torchtitan/config/job_config.py (+ PR #1416)"
@@ -122,7 +129,16 @@ def torchtitan_settings(plan: Plan, fmt: str) -> tuple[dict[str, dict[str, objec
     if tr.grad_bytes == 2:
         notes.append("grad_bytes 2 (bf16 gradient reduction): torchtitan reduces in float32 "
                      "(training.mixed_precision_reduce); not set")
-    return {"training": training, "parallelism": par, "activation_checkpoint": ac}, notes
+    settings = {"training": training, "parallelism": par, "activation_checkpoint": ac}
+    ck = save_interval(plan)
+    notes.append(interval_note(ck, plan))
+    if ck is not None:
+        settings["checkpoint"] = {"enable_checkpoint" if fmt == "toml" else "enable": True,
+                                  "interval": ck["interval_steps"],
+                                  "async_mode": "async" if ck["async"] else "disabled"}
+        notes.append("torchtitan's checkpoint holds fp32 parameters and Adam's moments (12 B per "
+                     "parameter), the interval was estimated for Megatron-Core's 14")
+    return settings, notes
 
 
 def _value(v: object, toml: bool) -> str:
@@ -143,8 +159,8 @@ def export_torchtitan(plan: Plan, fmt: str = "overrides") -> Export:
         head = [f"torchtitan 0.2.x job file (TOML; run with --job.config_file) for {describe(plan)}",
                 f"option names: {SOURCE_02}; does not fit torchtitan 0.3+ (Python configs)",
                 ORDER_NOTE,
-                "merge into your model's job file: [model], [optimizer], [lr_scheduler], "
-                "[checkpoint] are not set here"] + notes
+                "merge into your model's job file: [model], [optimizer], [lr_scheduler] and "
+                "the checkpoint folder are not set here"] + notes
         body = []
         for section, fields in settings.items():
             body.append(f"[{section}]")
