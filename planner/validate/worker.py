@@ -184,6 +184,9 @@ def run_rank(cfg: dict) -> dict:
         _nbytes(v for k, v in st.items() if k != "step") for st in opt.state.values())
     if device.type == "cuda":
         record["cuda_max_allocated"] = torch.cuda.max_memory_allocated()
+    if cfg.get("checkpoint", True):  # a DCP checkpoint of the state: bytes written per rank
+        record.update(_checkpoint(cfg, params, flat, opt, mesh, grad_mesh, pp_rank,
+                                  out_w))
     if cfg.get("gather"):  # torchrun: rank 0 collects every record (ranks may be on other nodes)
         records = [None] * dist.get_world_size() if rank == 0 else None
         dist.gather_object(record, records, dst=0)
@@ -194,6 +197,24 @@ def run_rank(cfg: dict) -> dict:
     dist.barrier()
     dist.destroy_process_group()
     return record
+
+
+def _checkpoint(cfg, params, flat, opt, mesh, grad_mesh, pp_rank, exclude) -> dict:
+    """checkpoint.save_and_measure into out_dir/checkpoint (a fresh temporary folder under
+    torchrun, removed afterwards)."""
+    import shutil
+    import tempfile
+
+    from .checkpoint import save_and_measure
+    temporary = not cfg.get("out_dir")
+    path = tempfile.mkdtemp(prefix="plan3d-ckpt-") if temporary else \
+        os.path.join(cfg["out_dir"], "checkpoint")
+    try:
+        return save_and_measure(path, params, flat, opt, mesh, grad_mesh, pp_rank, exclude)
+    finally:
+        dist.barrier()
+        if temporary:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _opt_tensors(opt, flat) -> list:
