@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from .search import SearchOptions
 
 FIT_RULE = "does not fit in HBM"
+DEADLINE_RULE = "expected time to train beyond the deadline"
 CHUNK = 65_536  # layouts per evaluated block: big enough for numpy, small enough for the cache
 FLAT_COST = 8  # one layout evaluated as flat arrays costs about this many grid layouts (measured)
 
@@ -78,6 +79,7 @@ class Scan:
                 self.fastest_s, self.fastest_index = float(wall[j]), int(index[j])
         finite = np.isfinite(score)
         if not finite.all():
+            self.pruned[DEADLINE_RULE] = self.pruned.get(DEADLINE_RULE, 0) + int(score.size - finite.sum())
             score, index = score[finite], index[finite]
         k = min(keep, score.size)
         if k:

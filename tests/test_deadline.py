@@ -12,6 +12,7 @@ from planner import catalog
 from planner.cli import app
 from planner.errors import DeadlineError, UsageError
 from planner.objective import parse_deadline
+from planner.scan import DEADLINE_RULE
 from planner.search import SearchOptions, search
 from planner.specs import ModelSpec, TrainingSpec
 
@@ -59,6 +60,8 @@ def test_cost_with_deadline_is_the_cheapest_that_meets_it(llama7):
     th = res.ranked.throughput
     assert (th["time_to_train_s"] <= 70 * DAY).all()
     assert th["cost"][0] >= free.ranked.throughput["cost"][0]
+    # the layouts that fit but miss the deadline are counted as pruned by it
+    assert 0 < res.pruned[DEADLINE_RULE] < res.fitting and DEADLINE_RULE not in free.pruned
     for n in (32, 64):
         try:
             fixed = search(m, hw, tr, n, SearchOptions(objective="cost", price_per_gpu_hour=2.0,

@@ -23,15 +23,15 @@ def rows(d: dict, pp: int, gpus: int) -> list[tuple[str, str]]:
     size = (f"{fmt.decimal_bytes(d['total_bytes'])} in all ({fmt.significant(d['bytes_per_param'])} "
             f"B/param); {fmt.decimal_bytes(d['largest_rank_bytes'])} from the GPU that writes the "
             f"most (TP rank 0 of {_stage(d['largest_stage'], pp)})")
-    written = (f"{fmt.seconds(d['write_s'])} to write (a host's link "
-               f"{fmt.bandwidth(d['write_bytes_per_s_per_gpu'])} per GPU, file system "
-               f"{fmt.bandwidth(d['aggregate_write_bytes_per_s'])}{star})")
+    links = (f"a host's link {fmt.bandwidth(d['write_bytes_per_s_per_gpu'])} per GPU, file system "
+             f"{fmt.bandwidth(d['aggregate_write_bytes_per_s'])}{star}")
+    written = f"{fmt.seconds(d['write_s'])} to write ({links})"
     if d["async"]:
         save = (f"stalls training {fmt.seconds(d['stage_s'])} (async: the copy to host memory at "
                 f"{fmt.bandwidth(d['host_link_bytes_per_s'])}); {written} in the background")
     else:
         why = "" if not d["async_save"] else " (the state does not fit in host memory)"
-        save = f"stalls training {fmt.seconds(d['blocking_s'])}, the whole write{why}: {written}"
+        save = f"stalls training {fmt.seconds(d['blocking_s'])}: the whole write{why} ({links})"
     source = "Llama 3" if d["failure_rate_source"] != "--failure-rate" else "--failure-rate"
     rate = d["failures_per_gpu_s"] * 3600
     return [
