@@ -19,11 +19,12 @@ def _stage(stage: int, pp: int) -> str:
 
 def rows(d: dict, pp: int, gpus: int) -> list[tuple[str, str]]:
     """(label, text) of the section, from a checkpoint object (CheckpointEstimate.to_dict)."""
-    star = "*" if d["placeholders"] else ""
+    host = "*" if "storage.per_host" in d["placeholders"] else ""
+    star = "*" if "storage.aggregate" in d["placeholders"] else ""
     size = (f"{fmt.decimal_bytes(d['total_bytes'])} in all ({fmt.significant(d['bytes_per_param'])} "
             f"B/param); {fmt.decimal_bytes(d['largest_rank_bytes'])} from the GPU that writes the "
             f"most (TP rank 0 of {_stage(d['largest_stage'], pp)})")
-    links = (f"a host's link {fmt.bandwidth(d['write_bytes_per_s_per_gpu'])} per GPU, file system "
+    links = (f"a host's link {fmt.bandwidth(d['write_bytes_per_s_per_gpu'])}{host} per GPU, file system "
              f"{fmt.bandwidth(d['aggregate_write_bytes_per_s'])}{star}")
     written = f"{fmt.seconds(d['write_s'])} to write ({links})"
     if d["async"]:
@@ -44,7 +45,7 @@ def rows(d: dict, pp: int, gpus: int) -> list[tuple[str, str]]:
         ("interval", f"save every {fmt.count(d['interval_steps'])} steps = "
                      f"{fmt.seconds(d['interval_s'])} (Young/Daly optimum "
                      f"{fmt.seconds(d['optimal_interval_s'])})"),
-        ("goodput", f"{fmt.percent(d['goodput'])} of wall-clock time advances training"),
+        ("goodput", f"{fmt.percent(d['goodput'], 2)} of wall-clock time advances training"),
     ]
 
 
@@ -66,6 +67,6 @@ def checkpoint_report(ck, i: int, hw, layout, title: str) -> None:
     out.print(f"{title} ({d['format']}, {'async' if d['async_save'] else 'synchronous'} saves; "
               "formulas.md 12)", markup=False)
     out.print(t)
-    for name in d["placeholders"]:
+    for name in d["placeholders"]:  # the starred numbers, and the load times that read them
         note = getattr(hw.storage, name.split(".")[-1]).placeholder
         out.print(f"* {name} is a placeholder: {note}", markup=False)
