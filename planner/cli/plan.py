@@ -63,13 +63,11 @@ def search(
 ) -> None:
     """Rank the TP/PP/DP/ZeRO layouts that fit, by predicted throughput (or --objective)."""
     from ..export import make_plan, write_plan
-    from ..search import SearchOptions
-    from ..search import search as run_search
+    from ..search import SearchOptions, search as run_search
     m = catalog.resolve_model(_require(model, "--model"))
     refuse_unmodelled(m)
     hw = catalog.resolve_hardware(hardware)
-    training = _training(m, global_batch_size, seq_length,
-                         _checkpoint(failure_rate, restart_time, async_save))
+    training = _training(m, global_batch_size, seq_length, _checkpoint(failure_rate, restart_time, async_save))
     _check_positive(top=top, tp=tp, pp=pp, dp=dp, micro_batch_size=micro_batch_size, vpp=vpp,
                     max_tp=max_tp, max_pp=max_pp, max_micro_batch_size=max_micro_batch_size,
                     max_vpp=max_vpp, cp=cp, max_cp=max_cp, max_gpus=max_gpus,
@@ -80,14 +78,15 @@ def search(
     from ..objective import check_headroom, parse_deadline
     headroom_bytes, headroom_fraction = check_headroom(
         min_memory_headroom, float(hw.gpu.hbm_capacity), float(hw.framework_overhead), hw.gpu.name)
-    opts = SearchOptions(deadline_s=parse_deadline(deadline),tp=tp, pp=pp, dp=dp, zero_stage=zero_stage, micro_batch_size=micro_batch_size,
+    opts = SearchOptions(tp=tp, pp=pp, dp=dp, zero_stage=zero_stage, micro_batch_size=micro_batch_size,
                          recompute=recompute.value if recompute else None,
                          sequence_parallel=sequence_parallel, vpp=vpp, max_tp=max_tp, max_pp=max_pp,
                          max_micro_batch_size=max_micro_batch_size, max_vpp=max_vpp,
                          cp=cp, distributed_optimizer=distributed_optimizer, max_cp=max_cp,
                          allow_cross_node_tp=allow_cross_node_tp, objective=objective, tokens=tokens,
                          price_per_gpu_hour=price_per_gpu_hour, max_gpus=max_gpus,
-                         headroom_bytes=headroom_bytes, headroom_fraction=headroom_fraction)
+                         headroom_bytes=headroom_bytes, headroom_fraction=headroom_fraction,
+                         deadline_s=parse_deadline(deadline))
     n = gpus if gpus is not None else f"at most {max_gpus}"
     money = _currency(currency, price_per_gpu_hour)
     if why_not is not None:
@@ -280,24 +279,31 @@ def estimate(
                          first_stage_layers=first_stage_layers or 0,
                          last_stage_layers=last_stage_layers or 0,
                          allow_cross_node_tp=allow_cross_node_tp)
-    est = estimate_layout(m, hw, training, layout)
-    result = est.to_dict(0)
-    from ..cost.checkpoint import evaluate_checkpoint, unavailable
-    ck = None if unavailable(hw) else evaluate_checkpoint(m, hw, training, est.candidates,
-                                                          est.time["step"])
-    from ..render.breakdown import estimate_report, plan_drift
-    if json_out:
-        console.print_json({**result, **({"checkpoint": ck.to_dict(0)} if ck else {})})
-    else:
-        from ..render.checkpoint import checkpoint_report
-        from ..render.search import header
-        header(m, hw, training, n)
-        estimate_report(est)
-        checkpoint_report(ck, 0, hw, layout, "Checkpoint")
+    result = _estimate_output(m, hw, training, n, estimate_layout(m, hw, training, layout), json_out)
+    from ..render.breakdown import plan_drift
     if plan is not None:
         plan_drift(p, result)
     if not result["memory"]["fits"]:
         raise typer.Exit(1)
+
+
+def _estimate_output(m, hw, training, n, est, json_out: bool) -> dict:
+    """estimate's JSON (the Estimate's object with the ``checkpoint`` object) or its tables and
+    checkpoint section; returns the Estimate's object."""
+    from ..cost.checkpoint import evaluate_checkpoint, unavailable
+    result = est.to_dict(0)
+    ck = None if unavailable(hw) else evaluate_checkpoint(m, hw, training, est.candidates,
+                                                          est.time["step"])
+    if json_out:
+        console.print_json({**result, **({"checkpoint": ck.to_dict(0)} if ck else {})})
+        return result
+    from ..render.breakdown import estimate_report
+    from ..render.checkpoint import checkpoint_report
+    from ..render.search import header
+    header(m, hw, training, n)
+    estimate_report(est)
+    checkpoint_report(ck, 0, hw, est.candidates.layout(0), "Checkpoint")
+    return result
 
 
 def _zero_stage(zero_stage: Optional[int], distributed_optimizer: Optional[bool]) -> int:

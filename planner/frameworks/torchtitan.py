@@ -129,16 +129,21 @@ def torchtitan_settings(plan: Plan, fmt: str) -> tuple[dict[str, dict[str, objec
     if tr.grad_bytes == 2:
         notes.append("grad_bytes 2 (bf16 gradient reduction): torchtitan reduces in float32 "
                      "(training.mixed_precision_reduce); not set")
-    settings = {"training": training, "parallelism": par, "activation_checkpoint": ac}
+    return {"training": training, "parallelism": par, "activation_checkpoint": ac, **_checkpoint(plan, fmt, notes)}, notes
+
+
+def _checkpoint(plan: Plan, fmt: str, notes: list[str]) -> dict[str, dict[str, object]]:
+    """{"checkpoint": its fields} for the plan's save interval (common.save_interval), or {}
+    without an estimate; the interval's comment and the format caveat go to ``notes``."""
     ck = save_interval(plan)
     notes.append(interval_note(ck, plan))
-    if ck is not None:
-        settings["checkpoint"] = {"enable_checkpoint" if fmt == "toml" else "enable": True,
-                                  "interval": ck["interval_steps"],
-                                  "async_mode": "async" if ck["async"] else "disabled"}
-        notes.append("torchtitan's checkpoint holds fp32 parameters and Adam's moments (12 B per "
-                     "parameter), the interval was estimated for Megatron-Core's 14")
-    return settings, notes
+    if ck is None:
+        return {}
+    notes.append("torchtitan's checkpoint holds fp32 parameters and Adam's moments (12 B per "
+                 "parameter), the interval was estimated for Megatron-Core's 14")
+    return {"checkpoint": {"enable_checkpoint" if fmt == "toml" else "enable": True,
+                           "interval": ck["interval_steps"],
+                           "async_mode": "async" if ck["async"] else "disabled"}}
 
 
 def _value(v: object, toml: bool) -> str:

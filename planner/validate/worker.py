@@ -184,9 +184,7 @@ def run_rank(cfg: dict) -> dict:
         _nbytes(v for k, v in st.items() if k != "step") for st in opt.state.values())
     if device.type == "cuda":
         record["cuda_max_allocated"] = torch.cuda.max_memory_allocated()
-    if cfg.get("checkpoint", True):  # a DCP checkpoint of the state: bytes written per rank
-        record.update(_checkpoint(cfg, params, flat, opt, mesh, grad_mesh, pp_rank,
-                                  out_w))
+    record.update(_checkpoint(cfg, params, flat, opt, mesh, grad_mesh, pp_rank, out_w))
     if cfg.get("gather"):  # torchrun: rank 0 collects every record (ranks may be on other nodes)
         records = [None] * dist.get_world_size() if rank == 0 else None
         dist.gather_object(record, records, dst=0)
@@ -200,8 +198,11 @@ def run_rank(cfg: dict) -> dict:
 
 
 def _checkpoint(cfg, params, flat, opt, mesh, grad_mesh, pp_rank, exclude) -> dict:
-    """checkpoint.save_and_measure into out_dir/checkpoint (a fresh temporary folder under
-    torchrun, removed afterwards)."""
+    """A DCP checkpoint of the state and the bytes this rank wrote (checkpoint.save_and_measure)
+    into out_dir/checkpoint (a fresh temporary folder under torchrun, removed afterwards); {}
+    when cfg["checkpoint"] is False."""
+    if not cfg.get("checkpoint", True):
+        return {}
     import shutil
     import tempfile
 
