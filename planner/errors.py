@@ -46,3 +46,17 @@ class NoFitError(PlannerError):
         self.closest = closest
         self.usable = usable
         self.to_fit = to_fit
+
+
+class DeadlineError(PlannerError):
+    """Layouts fit, but none trains within the deadline (``--deadline``). Exit code 1.
+
+    ``fastest``: the layout with the shortest expected time to train (a planner.cost.Estimate
+    of one layout, index 0), None when the raiser has none; ``seconds``: that time."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, fastest: Any = None, seconds: float | None = None) -> None:
+        super().__init__(message)
+        self.fastest = fastest
+        self.seconds = seconds

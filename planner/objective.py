@@ -7,6 +7,10 @@
 - cost: GPU-hours x price = gpus * T_train / 3600 s * price (currency per GPU-hour); lower is
   better. It prefers the layout with the most tokens/s per GPU, which differs from throughput
   when the search also picks the GPU count.
+T_train is the expected wall-clock time with failures and checkpoints: tokens / (tokens/s x
+goodput), goodput the share of wall-clock time that advances training (cost.checkpoint,
+formulas.md 12.5), so a larger cluster, which fails more often, pays for it here.
+A deadline (``--deadline``) keeps only the layouts whose T_train meets it: the others score -inf.
 All arrays broadcast; SI inside (seconds, bytes).
 """
 
@@ -39,27 +43,78 @@ def check(objective: str, tokens: float | None, price_per_gpu_hour: float | None
         raise UsageError("--objective cost needs --price-per-gpu-hour")
 
 
+def needs_goodput(objective: str, deadline_s: float | None) -> bool:
+    """Whether scoring needs the goodput (expected wall-clock time): time-to-train, cost, or a
+    deadline."""
+    return objective != "throughput" or deadline_s is not None
+
+
+def wall_time(tokens: float, tokens_per_s, goodput=1.0) -> np.ndarray:
+    """Expected wall-clock time to train ``tokens``: tokens / (tokens/s x goodput), seconds."""
+    return tokens / (np.asarray(tokens_per_s) * goodput)
+
+
 def score(objective: str, tokens_per_s: np.ndarray, gpus: np.ndarray, tokens: float | None,
-          price_per_gpu_hour: float | None) -> np.ndarray:
-    """Higher-is-better score: tokens/s, -T_train (s), or -cost (currency). Broadcast shape."""
+          price_per_gpu_hour: float | None, goodput=1.0,
+          deadline_s: float | None = None) -> np.ndarray:
+    """Higher-is-better score: tokens/s, -T_train (s), or -cost (currency), T_train with the
+    ``goodput`` (wall_time); -inf where T_train exceeds ``deadline_s``. Broadcast shape."""
+    t_train = wall_time(tokens or 1.0, tokens_per_s, goodput)
     if objective == "throughput":
-        return tokens_per_s
-    t_train = (tokens or 1.0) / tokens_per_s
-    if objective == "time-to-train":
-        return -t_train
-    return -(gpus * t_train / 3600.0 * (price_per_gpu_hour or 1.0))
+        out = tokens_per_s
+    elif objective == "time-to-train":
+        out = -t_train
+    else:
+        out = -(gpus * t_train / 3600.0 * (price_per_gpu_hour or 1.0))
+    if deadline_s is not None:
+        out = np.where(t_train <= deadline_s, out, -np.inf)
+    return out
+
+
+def layout_scores(model, hw, training, c, step_s, tokens_per_s, opts,
+                  tokens: float | None) -> tuple[np.ndarray, np.ndarray | None]:
+    """(score, T_train or None) of evaluated layouts ``c`` for the search options ``opts``
+    (objective, price, deadline): the goodput (cost.checkpoint) is computed only where the
+    objective or a deadline needs it. UsageError if it is needed and the hardware profile has
+    no storage block."""
+    if not needs_goodput(opts.objective, opts.deadline_s):
+        return score(opts.objective, tokens_per_s, c.gpus, tokens, opts.price_per_gpu_hour), None
+    from .cost.checkpoint import goodput_of
+    goodput = goodput_of(model, hw, training, c, step_s)
+    t_train = wall_time(tokens, tokens_per_s, goodput)
+    return score(opts.objective, tokens_per_s, c.gpus, tokens, opts.price_per_gpu_hour, goodput,
+                 opts.deadline_s), t_train
 
 
 def annotate(throughput: dict[str, np.ndarray], gpus: np.ndarray, tokens: float | None,
-             price_per_gpu_hour: float | None) -> None:
-    """Add ``time_to_train_s``, ``gpu_hours`` (with a token budget) and ``cost`` (with a price)."""
+             price_per_gpu_hour: float | None, goodput=None) -> None:
+    """Add ``goodput``, ``time_to_train_s`` (expected wall-clock, wall_time), ``gpu_hours``
+    (gpus x that time) with a token budget, and ``cost`` with a price. ``goodput`` None: 1."""
     if tokens is None:
         return
-    t_train = tokens / throughput["tokens_per_s"]
+    goodput = np.ones_like(throughput["tokens_per_s"]) if goodput is None else goodput
+    t_train = wall_time(tokens, throughput["tokens_per_s"], goodput)
+    throughput["goodput"] = goodput
     throughput["time_to_train_s"] = t_train
     throughput["gpu_hours"] = gpus * t_train / 3600.0
     if price_per_gpu_hour is not None:
         throughput["cost"] = throughput["gpu_hours"] * price_per_gpu_hour
+
+
+def parse_deadline(text: str | None) -> float | None:
+    """``--deadline``: '30d', '720h', '90 min', '1.5d' -> seconds; None -> None. UsageError
+    (one line) for a bare number, another unit, zero or a negative value."""
+    if text is None:
+        return None
+    from .units import parse_quantity
+    try:
+        seconds = parse_quantity(str(text), "time", None)
+    except UsageError:
+        seconds = -1.0
+    if not 0 < seconds < float("inf"):
+        raise UsageError(f"--deadline must be a positive duration with its unit, e.g. '30d', "
+                         f"'720h' or '90min' (units: d, h, min, s), got {text!r}")
+    return seconds
 
 
 _HEADROOM = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*(%|[A-Za-z]+)?\s*$")

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from .search import SearchOptions
 
 FIT_RULE = "does not fit in HBM"
+DEADLINE_RULE = "expected time to train beyond the deadline"
 CHUNK = 65_536  # layouts per evaluated block: big enough for numpy, small enough for the cache
 FLAT_COST = 8  # one layout evaluated as flat arrays costs about this many grid layouts (measured)
 
@@ -41,6 +42,8 @@ class Scan:
     miss_index: int = -1
     miss_over: float = np.inf
     fitting: int = 0
+    fastest_index: int = -1  # with a deadline: the fitting layout with the shortest time to train
+    fastest_s: float = np.inf
 
     def fit(self, total: np.ndarray, usable: float, base: int, n_alive: int,
             alive: np.ndarray | None = None, index: np.ndarray | None = None) -> np.ndarray:
@@ -64,9 +67,20 @@ class Scan:
                 self.miss_over, self.miss_index = float(over[j]), at
         return ok
 
-    def keep(self, score: np.ndarray, index: np.ndarray, keep: int) -> None:
+    def keep(self, score: np.ndarray, index: np.ndarray, keep: int,
+             wall: np.ndarray | None = None) -> None:
         """Keep the best ``keep`` of these scored layouts (flat grid indices) and every exact
-        tie of the ``keep``-th best, so no path through the scan drops one that another keeps."""
+        tie of the ``keep``-th best, so no path through the scan drops one that another keeps.
+        Layouts scored -inf (they miss a deadline) are not kept; ``wall`` (their expected times
+        to train, with a deadline) keeps the fastest of all, the lower grid index on a tie."""
+        if wall is not None and wall.size:
+            j = int(np.argmin(wall))
+            if wall[j] < self.fastest_s or (wall[j] == self.fastest_s and index[j] < self.fastest_index):
+                self.fastest_s, self.fastest_index = float(wall[j]), int(index[j])
+        finite = np.isfinite(score)
+        if not finite.all():
+            self.pruned[DEADLINE_RULE] = self.pruned.get(DEADLINE_RULE, 0) + int(score.size - finite.sum())
+            score, index = score[finite], index[finite]
         k = min(keep, score.size)
         if k:
             kth = np.partition(score, score.size - k)[score.size - k]
@@ -100,9 +114,13 @@ def scan(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, grid: Gr
     sparse_alive: list[np.ndarray] = []  # valid layouts of sparse blocks: memory as flat arrays
     sparse_fit: list[np.ndarray] = []  # fitting layouts of sparse blocks: step time as flat arrays
 
-    def score(est: Estimate, c: Candidates) -> np.ndarray:
-        return objective.score(opts.objective, est.throughput["tokens_per_s"],
-                               c.gpus, tokens, opts.price_per_gpu_hour)
+    def keep(est: Estimate, c: Candidates, index: np.ndarray, shape=None, base: int = 0) -> None:
+        score, wall = objective.layout_scores(model, hw, training, c, est.time["step"],
+                                              est.throughput["tokens_per_s"], opts, tokens)
+        if shape is not None:  # a broadcast block: the fitting layouts' entries
+            score = np.broadcast_to(score, shape).ravel()[index - base]
+            wall = None if wall is None else np.broadcast_to(wall, shape).ravel()[index - base]
+        out.keep(score, index, opts.keep, wall if opts.deadline_s is not None else None)
 
     for lo in range(0, grid.shape[0], rows):
         hi = min(lo + rows, grid.shape[0])
@@ -128,13 +146,12 @@ def scan(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, grid: Gr
         if index.size * FLAT_COST < alive.size:
             sparse_fit.append(index)
         elif index.size:
-            est = evaluate(model, hw, training, c, summary=True)
-            out.keep(np.broadcast_to(score(est, c), shape).ravel()[index - base], index, opts.keep)
+            keep(evaluate(model, hw, training, c, summary=True), c, index, shape, base)
     for index in _batches(sparse_alive, CHUNK):
         total = memory_total(model, hw, training, grid.flat(index))
         sparse_fit.append(out.fit(total, usable, 0, index.size, index=index))
     for index in _batches(sparse_fit, CHUNK):
         fit = grid.flat(index)
-        out.keep(score(evaluate(model, hw, training, fit, summary=True), fit), index, opts.keep)
+        keep(evaluate(model, hw, training, fit, summary=True), fit, index)
     pruned.setdefault(FIT_RULE, 0)
     return out

@@ -17,8 +17,9 @@ import numpy as np
 from . import objective
 from .cost import Estimate, evaluate
 from .cost.collectives import nvlink_domain
+from .cost.checkpoint import evaluate_checkpoint, unavailable
 from .degrees import SPLIT_DEGREES, split_problem
-from .errors import NoFitError, UsageError
+from .errors import DeadlineError, NoFitError, UsageError
 from .grid import Grid, parallel_splits
 from .inputs import MAX_GPUS, gpu_count  # noqa: F401 (MAX_GPUS re-exported)
 from .refusal import fit_hint, no_fit_message, no_split_reason
@@ -43,7 +44,9 @@ class SearchOptions:
     the search leaves it off and ZeRO-1 stands for both.
 
     ``objective``: throughput | time-to-train | cost (planner.objective); ``tokens`` overrides
-    the model's training token budget; ``price_per_gpu_hour`` prices cost. ``max_gpus``: use at
+    the model's training token budget; ``price_per_gpu_hour`` prices cost; ``deadline_s``: keep
+    only layouts whose expected time to train (failures and checkpoints counted) is at most
+    this many seconds (planner.objective.score). ``max_gpus``: use at
     most this many GPUs in whole nodes, the search also picks the count. ``headroom_bytes`` /
     ``headroom_fraction``: memory per GPU that a layout must leave free.
     """
@@ -71,6 +74,7 @@ class SearchOptions:
     tokens: float | None = None
     price_per_gpu_hour: float | None = None
     max_gpus: int | None = None
+    deadline_s: float | None = None
     headroom_bytes: float = 0.0
     headroom_fraction: float = 0.0
     keep: int = KEEP
@@ -101,6 +105,7 @@ class SearchResult:
     objective: str = "throughput"
     seconds: float = 0.0
     usable: float = 0.0
+    checkpoint: Any = None  # cost.checkpoint.CheckpointEstimate of ``ranked`` (None: no storage block)
 
 
 def _axis(values: np.ndarray, pin: int | None, upper: int | None = None) -> np.ndarray:
@@ -224,6 +229,8 @@ def search(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: 
     tokens = opts.tokens if opts.tokens is not None else training.tokens
     objective.check(opts.objective, tokens if opts.objective != "throughput" else 1.0,
                     opts.price_per_gpu_hour)
+    if opts.deadline_s is not None and tokens is None:
+        raise UsageError("--deadline needs a training token budget: the model gives none, pass --tokens")
     if opts.max_gpus is not None:
         check_inputs(opts.max_gpus, hw, "--max-gpus")
     elif gpus is None:
@@ -246,6 +253,8 @@ def search(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: 
         hint = fit_hint(model, hw, training, opts.max_gpus or n, opts)
         raise NoFitError(no_fit_message(model, hw, n, miss, usable, hint), closest=miss,
                          usable=usable, to_fit=hint)
+    if not any(part.size for part in passed.pool_score):  # layouts fit, none meets the deadline
+        raise _deadline_error(model, hw, training, grid, passed, gpus or opts.max_gpus, opts, tokens)
     scores, index = np.concatenate(passed.pool_score), np.concatenate(passed.pool_index)
     # The best ``keep`` and every exact tie at the cut (the pool's order depends on the scan's
     # path, the grid index does not), at most TIE_LIMIT x keep; the tie rule below picks.
@@ -255,15 +264,36 @@ def search(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: 
     est = evaluate(model, hw, training, grid.flat(np.sort(index[chosen])))
     cand = est.candidates
     gpus_flat = np.asarray(cand.gpus, dtype=np.float64)
-    if opts.objective != "throughput" or opts.tokens is not None:  # asked for: time, cost
-        objective.annotate(est.throughput, gpus_flat, tokens, opts.price_per_gpu_hour)
+    asked = objective.needs_goodput(opts.objective, opts.deadline_s) or opts.tokens is not None
+    ck = evaluate_checkpoint(model, hw, training, cand, est.time["step"]) \
+        if asked or unavailable(hw) is None else None
+    goodput = None if ck is None else ck.values["goodput"]
+    if asked:  # time to train, cost: with failures and checkpoints
+        objective.annotate(est.throughput, gpus_flat, tokens, opts.price_per_gpu_hour, goodput)
     score = objective.score(opts.objective, est.throughput["tokens_per_s"], gpus_flat, tokens,
-                            opts.price_per_gpu_hour)
+                            opts.price_per_gpu_hour, 1.0 if goodput is None else goodput,
+                            opts.deadline_s)
     # Best first; exact ties: the lower ZeRO stage (less traffic), then less memory.
     order = np.lexsort((est.memory["total"], cand.zero_stage, -score))[:opts.keep]
     return SearchResult(ranked=est.take(order), enumerated=grid.size, pruned=passed.pruned,
                         fitting=passed.fitting, objective=opts.objective,
-                        seconds=time.perf_counter() - started, usable=usable)
+                        seconds=time.perf_counter() - started, usable=usable,
+                        checkpoint=None if ck is None else ck.take(order))
+
+
+def _deadline_error(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, grid: Grid,
+                    passed: Scan, gpus: int, opts: SearchOptions, tokens: float) -> DeadlineError:
+    """No fitting layout meets --deadline: the error names the fastest and its time to train."""
+    from .render.fmt import seconds as duration
+    fastest = evaluate(model, hw, training, grid.flat(np.array([passed.fastest_index])))
+    layout = fastest.candidates.layout(0)
+    budget = f"{tokens:.3g}".replace("e+", "e")
+    within = "on" if opts.max_gpus is None else "on at most"
+    return DeadlineError(
+        f"no layout of {model.name} {within} {gpus:,} x {hw.gpu.name} trains {budget} tokens "
+        f"within {duration(opts.deadline_s)}: the fastest, {layout.short()} on {layout.gpus:,} "
+        f"GPUs, is expected to take {duration(passed.fastest_s)} with failures and checkpoints; "
+        f"allow more GPUs or a later deadline", fastest=fastest, seconds=passed.fastest_s)
 
 
 def _nothing_valid_message(model: ModelSpec, training: TrainingSpec, gpus: int, rule: str,

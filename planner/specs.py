@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
+from .checkpoint_spec import CheckpointSpec
 from .degrees import LayoutDegrees, split_problem
 from .hardware_spec import (Efficiency, GPUSpec, HardwareProfile, HostLink,  # noqa: F401 (re-export)
                             HostMemory, InterNode, IntraNode, Storage, StorageLink)
@@ -208,6 +209,9 @@ class TrainingSpec(_Strict):
     # ep > 1, no full recompute and, with pp > 1, interleaving (transformer_config.py
     # L3003-3050), and is off for the layouts that break that.
     moe_a2a_overlap: bool = False
+    # Checkpoints and failures (planner.checkpoint_spec; cost.checkpoint, formulas.md 12): the
+    # failure rate per GPU-hour, the restart time before the load, async or synchronous saves.
+    checkpoint: CheckpointSpec = CheckpointSpec()
 
 
 class Layout(LayoutDegrees, _Strict):

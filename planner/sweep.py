@@ -4,7 +4,9 @@
 Scaling efficiency of count n against the smallest count n0 that has a fitting layout:
     eff(n) = (tokens/s(n) / n) / (tokens/s(n0) / n0)
 i.e. per-GPU throughput relative to the base (1.0 = perfectly linear strong scaling at a fixed
-global batch).
+global batch). With a token budget each row also has the expected time to train with failures
+and checkpoints (planner.objective.wall_time; cost.checkpoint): goodput falls as the job's MTBF
+1/(N*lambda) shrinks, so the time to train can stop falling, or rise, where tokens/s still grows.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable
 
-from .errors import NoFitError, PlannerError, UsageError
+from .errors import DeadlineError, NoFitError, PlannerError, UsageError
 from .inputs import check_numbers, training_spec
 from .search import MAX_GPUS, SearchOptions, check_inputs, search
 from .specs import HardwareProfile, ModelSpec, TrainingSpec
@@ -57,26 +59,31 @@ def sweep(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, counts:
     Row keys (every row has all of them, ROW_KEYS): gpus, global_batch_size, layout (dict),
     layout_short, tokens_per_s, mfu, step_s, memory_bytes, scaling_efficiency (None for the base
     and for errors), error (None or one line: the search's, with the count that would fit); a
-    row with an error has None for the figures. NoFitError when no count has a fit (some had
+    row with an error has None for the figures. With a token budget (``opts.tokens`` or the
+    model's, and an objective or deadline that needs it, planner.objective.needs_goodput) a row
+    with a layout also has goodput and time_to_train_s (expected wall-clock time, seconds). A
+    count where no layout meets ``opts.deadline_s`` is an error row. DeadlineError when layouts
+    fit but none meets the deadline at any count, NoFitError when no count has a fit (some had
     valid layouts), UsageError when no count has a valid layout.
     """
-    rows, no_fit = _rows(model, hw, training, counts, opts, on_step)
-    _raise_if_none(model, counts, rows, no_fit)
+    rows, failures = _rows(model, hw, training, counts, opts, on_step)
+    _raise_if_none(model, counts, rows, failures)
     return rows
 
 
 def _rows(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, counts: list[int],
-          opts: SearchOptions, on_step: Callable[[int], None] | None) -> tuple[list[dict], bool]:
-    """(rows of ``sweep``, whether some count had valid layouts of which none fit)."""
+          opts: SearchOptions, on_step: Callable[[int], None] | None) -> tuple[list[dict], set]:
+    """(rows of ``sweep``, the kinds of search error its counts met: NoFitError where valid
+    layouts did not fit, DeadlineError where fitting layouts missed the deadline)."""
     rows: list[dict] = []
     base: tuple[int, float] | None = None
-    no_fit = False
+    failures: set = set()
     small = replace(opts, keep=min(opts.keep, 8), max_gpus=None)
     for n in counts:
         try:
             best = search(model, hw, training, n, small).ranked
         except PlannerError as exc:
-            no_fit |= isinstance(exc, NoFitError)
+            failures |= {type(exc)} & {NoFitError, DeadlineError}
             rows.append(row(n, training.global_batch_size, error=str(exc)))
         else:
             tps = float(best.throughput["tokens_per_s"][0])
@@ -86,15 +93,23 @@ def _rows(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, counts:
             rows.append(row(n, training.global_batch_size, best, eff))
         if on_step is not None:
             on_step(n)
-    return rows, no_fit
+    timed = [k for k in ("goodput", "time_to_train_s") if any(k in r for r in rows)]
+    for r in rows:  # every row has the same keys: None where a count has no layout
+        for k in timed:
+            r.setdefault(k, None)
+    return rows, failures
 
 
-def _raise_if_none(model: ModelSpec, counts: list[int], rows: list[dict], no_fit: bool) -> None:
-    """When no row has a layout: NoFitError (like search, exit 1) if layouts existed but none
-    fitted, else UsageError, naming the last count's reason."""
+def _raise_if_none(model: ModelSpec, counts: list[int], rows: list[dict], failures: set) -> None:
+    """When no row has a layout: DeadlineError if layouts fitted but none met the deadline,
+    NoFitError (like search, exit 1) if layouts existed but none fitted, else UsageError, naming
+    the last count's reason."""
     if all(r["error"] for r in rows):
-        raise (NoFitError if no_fit else UsageError)(
-            f"no GPU count in {counts[0]}..{counts[-1]} has a layout of {model.name} that fits: "
+        late = DeadlineError in failures
+        kind = DeadlineError if late else NoFitError if NoFitError in failures else UsageError
+        raise kind(
+            f"no GPU count in {counts[0]}..{counts[-1]} has a layout of {model.name} that "
+            f"{'meets the deadline' if late else 'fits'}: "
             f"{rows[-1]['error']}")
 
 
@@ -114,6 +129,8 @@ def row(gpus: int, batch: int, best=None, efficiency: float | None = None,
                    tokens_per_s=float(best.throughput["tokens_per_s"][0]),
                    mfu=float(best.throughput["mfu"][0]), step_s=float(best.time["step"][0]),
                    memory_bytes=float(best.memory["total"][0]))
+        out.update({k: float(best.throughput[k][0]) for k in ("goodput", "time_to_train_s")
+                    if k in best.throughput})
     return out
 
 
@@ -140,17 +157,17 @@ def sweep_batches(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec,
     """``sweep`` at each global batch size (rows in batch, then GPU order); scaling efficiency
     is relative to the first count with a fit at the same batch. Each batch's TrainingSpec is
     checked as every command checks one (planner.inputs.training_spec). When no batch has a
-    fit: the first batch's error (NoFitError if any batch had valid layouts that did not fit,
-    else UsageError)."""
+    fit: the first batch's error (DeadlineError or NoFitError if any batch had layouts that
+    missed the deadline or did not fit, else UsageError)."""
     rows: list[dict] = []
-    failed: list[tuple[list[dict], bool]] = []  # batches without a fit at any count
+    failed: list[tuple[list[dict], set]] = []  # batches without a fit at any count
     for b in batches:
-        spec = training_spec(model, {**training.model_dump(), "global_batch_size": b},
+        spec = training_spec(model, {**training.model_dump(mode="json"), "global_batch_size": b},
                              where="--global-batch-size")
-        found, no_fit = _rows(model, hw, spec, counts, opts, on_step)
+        found, failures = _rows(model, hw, spec, counts, opts, on_step)
         rows += found
         if all(r["error"] for r in found):
-            failed.append((found, no_fit))
+            failed.append((found, failures))
     if len(failed) == len(batches):
-        _raise_if_none(model, counts, failed[0][0], any(f for _, f in failed))
+        _raise_if_none(model, counts, failed[0][0], set().union(*(f for _, f in failed)))
     return rows

@@ -18,6 +18,7 @@ _BYTES = {
 }
 _BITS = {"b": 1.0, "kb": 1e3, "Kb": 1e3, "Mb": 1e6, "Gb": 1e9, "Tb": 1e12}
 _TIME = {"s": 1.0, "ms": 1e3, "us": 1e6, "µs": 1e6, "ns": 1e9}  # divisors
+_LONG_TIME = {"min": 60.0, "h": 3600.0, "d": 86400.0}  # multipliers: durations of jobs (deadlines)
 
 # unit -> (multiplier, divisor): value = number * multiplier / divisor (exact where possible).
 KINDS: dict[str, dict[str, tuple[float, float]]] = {
@@ -25,7 +26,8 @@ KINDS: dict[str, dict[str, tuple[float, float]]] = {
     "bandwidth": {**{f"{u}/s": (m, 1.0) for u, m in _BYTES.items()},
                   **{f"{u}/s": (m, 8.0) for u, m in _BITS.items()},
                   **{f"{u}ps": (m, 8.0) for u, m in _BITS.items() if u != "b"}},
-    "time": {u: (1.0, d) for u, d in _TIME.items()},
+    "time": {**{u: (1.0, d) for u, d in _TIME.items()},
+             **{u: (m, 1.0) for u, m in _LONG_TIME.items()}},
 }
 
 

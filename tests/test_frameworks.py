@@ -322,3 +322,34 @@ def test_alibi_is_commented_where_the_shape_is_not_exported():
     plan = make("bloom-176b", 56, tp=8, pp=7, dp=1, zero_stage=1, micro_batch_size=1)
     assert "ALiBi" in export_plan(plan, "nemo").text
     assert "ALiBi" in export_plan(plan, "torchtitan").text
+
+
+def test_exports_set_the_save_interval():
+    """Every target sets the save interval the plan's checkpoint estimate gives (common.
+    save_interval: the Young/Daly optimum in whole steps), with option names from its list."""
+    from planner.frameworks.common import save_interval
+    plan = make("175b", 512, **GPT3)
+    ck = save_interval(plan)
+    n = ck["interval_steps"]
+    assert n == max(1, round(ck["optimal_interval_s"] / (ck["interval_s"] / n)))
+    flags = megatron_flags(export_plan(plan, "megatron").text)
+    assert set(flags) <= MEGATRON
+    assert flags["--save-interval"] == str(n) and flags["--ckpt-format"] == "torch_dist"
+    # async saves need the persistent worker, else Megatron turns --async-save off
+    assert "--async-save" in flags and "--use-persistent-ckpt-worker" in flags
+    nemo = yaml.safe_load(export_plan(plan, "nemo").text)
+    assert set(flatten(nemo)) <= BRIDGE, set(flatten(nemo)) - BRIDGE
+    assert nemo["checkpoint"] == {"save_interval": n, "ckpt_format": "torch_dist",
+                                  "async_save": True, "fully_parallel_load": True}
+    o = titan_overrides(export_plan(plan, "torchtitan").text)
+    assert set(o) <= TITAN_03 and o["checkpoint.interval"] == str(n)
+    assert (o["checkpoint.enable"], o["checkpoint.async_mode"]) == ("true", "async")
+    assert f"every {n} steps" in " ".join(export_plan(plan, "deepspeed").notes)
+    # synchronous saves, ZeRO-3 (Megatron-FSDP): fsdp_dtensor, no async flags
+    sync = make("llama3-8b", 64, gbs=512, tp=1, pp=1, dp=64, zero_stage=3, micro_batch_size=1)
+    sync = sync.model_copy(update={"training": sync.training.model_copy(update={
+        "checkpoint": sync.training.checkpoint.model_copy(update={"async_save": False})})})
+    flags = megatron_flags(export_plan(sync, "megatron").text)
+    assert flags["--ckpt-format"] == "fsdp_dtensor" and "--async-save" not in flags
+    titan = export_plan(sync, "torchtitan", "toml").text
+    assert "enable_checkpoint = true" in titan and 'async_mode = "disabled"' in titan

@@ -174,9 +174,9 @@ def test_why_not_by_cost(gpt3_h100):
     opts = SearchOptions(max_gpus=512, objective="cost", price_per_gpu_hour=2.0)
     v = why_not(m, hw, tr, None, opts, "tp=8,pp=16")
     assert v.status == "slower" and v.reasons[1].startswith("by cost: ")
-    # cost = GPUs x 3e11 tokens / tokens_per_s / 3600 s x 2.0 per GPU-hour, for both layouts
+    # cost = GPUs x 3e11 tokens / (tokens_per_s x goodput) / 3600 s x 2.0 per GPU-hour, for both
     for est in (v.completion, v.winner):
-        lay = est.candidates.layout(0)
-        assert est.throughput["cost"][0] == pytest.approx(
-            lay.gpus * 3e11 / est.throughput["tokens_per_s"][0] / 3600 * 2.0)
+        lay, th = est.candidates.layout(0), est.throughput
+        assert th["cost"][0] == pytest.approx(
+            lay.gpus * 3e11 / (th["tokens_per_s"][0] * th["goodput"][0]) / 3600 * 2.0)
     assert v.completion.throughput["cost"][0] > v.winner.throughput["cost"][0]

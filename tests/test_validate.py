@@ -58,6 +58,13 @@ def test_gpt3_zero1_sp_interleaved_tied():
     assert checks["comm pp0 pp:send"]["measured"] == [12, 98_304]
     # ZeRO-1 optimizer: fp64 master + Adam m, v of the 1/dp shard: 3 * 484,864 / 2 = 727,296 B.
     assert checks["optimizer_bytes pp0"]["measured"] == 727_296
+    # DCP checkpoint, pp 0 (2 layers + embedding), h = 64, tp 2: TP-sharded per layer
+    # (12h^2 + 7h)/2 = 24,800, embedding 256*64/2 = 8,192 -> 57,792; TP replicas (norms,
+    # row biases 6h = 384 per layer, positions 32*64 = 2,048) 2,816, on TP rank 0 only.
+    # 4 kinds (weights, fp64 master, m, v) x 8 B = 32 B each, over dp = 2 ranks:
+    # tp0 (57,792 + 2,816)/2*32 = 969,728 B; tp1 57,792/2*32 = 924,672 B.
+    assert checks["checkpoint_bytes pp0 tp0"]["measured"] == 969_728
+    assert checks["checkpoint_bytes pp0 tp1"]["measured"] == 924_672
     assert all(c["rel_diff"] <= 1e-12 for c in result["checks"] if c["rel_diff"] is not None)
 
 
@@ -78,6 +85,14 @@ def test_llama_zero3_sp_full_recompute():
     # (4 + 2) * 1 layer * 4 mb = 24, + 4 for the embedding backward = 28 all-gathers.
     assert checks["comm pp0 tp:all_gather"]["measured"][0] == 28
     assert checks["comm pp0 tp:reduce_scatter"]["measured"][0] == 20
+    # DCP checkpoint: h = 64, 4 heads, 2 KV heads, d 16, SwiGLU f = 128, tp 2. TP-sharded per
+    # layer: QKV 64*16*(4+4)/2 = 4,096 + O 2,048 + MLP 3*64*128/2 = 12,288 = 18,432; pp 0 adds
+    # the embedding 256*64/2 = 8,192; TP replicas: 2 RMSNorms 128 (+ the final norm 64 on the
+    # last rank). FSDP2 keeps no master copy: 3 kinds x 8 B = 24 B, over dp = 2 ranks.
+    # pp0: tp0 (26,624 + 128)/2*24 = 321,024, tp1 26,624/2*24 = 319,488; pp1 (output layer
+    # 8,192 untied): tp0 (26,624 + 192)/2*24 = 321,792, tp1 319,488.
+    assert [checks[f"checkpoint_bytes pp{p} tp{t}"]["measured"] for p in (0, 1) for t in (0, 1)] \
+        == [321_024, 319_488, 321_792, 319_488]
 
 
 def test_validate_cli_world_too_small(tmp_path):

@@ -77,10 +77,46 @@ SEQ = typer.Option(None, "--seq-length", help="Tokens per sequence (default: the
 JSON = typer.Option(False, "--json", help="Print JSON (SI units: bytes, seconds) instead of tables.")
 HEADROOM = typer.Option(None, "--min-memory-headroom",
                         help="Memory to leave free per GPU: '4GiB' or '10%'.")
-def _training(model, global_batch_size, seq_length):
-    """The TrainingSpec of the flags (planner.inputs.training_spec, the one check)."""
+# Checkpoints and failures (planner.checkpoint_spec, cost.checkpoint) and the deadline
+FAILURE_RATE = typer.Option(None, "--failure-rate", help="Unexpected interruptions per GPU-hour "
+                            "\\[default: Llama 3's 1.97e-5: 419 in 54 days on 16,384 H100].")
+RESTART_TIME = typer.Option(None, "--restart-time", help="From a failure to training again, "
+                            "before the checkpoint is read: '10min' \\[default: 10min].")
+ASYNC_SAVE = typer.Option(None, "--async-save/--sync-save", help="Checkpoints copied to host "
+                          "memory and written in the background, or stalling for the whole "
+                          "write \\[default: async].")
+DEADLINE = typer.Option(None, "--deadline", help="Train within this time, failures and "
+                        "checkpoints counted: '30d', '720h' (needs a token budget).")
+
+
+def _checkpoint(failure_rate, restart_time, async_save) -> dict:
+    """The TrainingSpec ``checkpoint`` block from the flags (defaults where not given);
+    UsageError for a rate that is not in (0, 1) per GPU-hour or a restart time without a unit."""
+    import math
+    out: dict = {}
+    if failure_rate is not None:
+        if not (math.isfinite(failure_rate) and 0 < failure_rate < 1):
+            raise UsageError(f"--failure-rate is interruptions per GPU-hour, a number between 0 "
+                             f"and 1 (Llama 3: 1.97e-5), got {failure_rate:g}")
+        out["failures_per_gpu_hour"] = failure_rate
+    if restart_time is not None:
+        from ..units import parse_quantity
+        out["restart_time"] = parse_quantity(str(restart_time), "time", "--restart-time")
+    if async_save is not None:
+        out["async_save"] = async_save
+    return out
+
+
+def _training(model, global_batch_size, seq_length, checkpoint: dict | None = None):
+    """The TrainingSpec of the flags (planner.inputs.training_spec, the one check), with the
+    ``checkpoint`` block's values (already parsed to SI units by _checkpoint) set on it."""
     from ..inputs import training_spec
-    return training_spec(model, {"global_batch_size": global_batch_size, "seq_length": seq_length})
+    training = training_spec(model, {"global_batch_size": global_batch_size,
+                                     "seq_length": seq_length})
+    if checkpoint:
+        training = training.model_copy(update={"checkpoint": training.checkpoint.model_copy(
+            update=checkpoint)})
+    return training
 
 
 def _require(value, flag: str):

@@ -11,8 +11,9 @@ from .. import catalog
 from ..errors import UsageError
 from ..render import console
 from ..inputs import check_integers, check_numbers, search_options
-from .app import (GBS, GPUS, HARDWARE, HEADROOM, JSON, MODEL, SEQ, RecomputeChoice, _require,
-                  _training, app, handle_errors)
+from .app import (ASYNC_SAVE, DEADLINE, FAILURE_RATE, GBS, GPUS, HARDWARE, HEADROOM, JSON, MODEL,
+                  RESTART_TIME, SEQ, RecomputeChoice, _checkpoint, _require, _training, app,
+                  handle_errors)
 
 
 @app.command()
@@ -61,14 +62,18 @@ def search(
                                              help="Let tp exceed one node's GPUs."),
     why_not: Optional[str] = typer.Option(None, "--why-not",
                                           help="Explain a (partial) layout, e.g. 'tp=4,pp=16', against the winner."),
+    deadline: Optional[str] = DEADLINE, failure_rate: Optional[float] = FAILURE_RATE,
+    restart_time: Optional[str] = RESTART_TIME, async_save: Optional[bool] = ASYNC_SAVE,
 ) -> None:
     """Rank the TP/PP/DP/ZeRO layouts that fit, by predicted throughput (or --objective)."""
     from ..export import make_plan, write_plan
     from ..outputs import is_stdout, report_to_stderr
+    from ..objective import parse_deadline
     from ..search import search as run_search
     m = catalog.resolve_model(_require(model, "--model"))
     hw = catalog.resolve_hardware(hardware)
-    training = _training(m, global_batch_size, seq_length)
+    training = _training(m, global_batch_size, seq_length,
+                         _checkpoint(failure_rate, restart_time, async_save))
     check_numbers({"top": top})
     _check_search_flags(export, force, why_not, gpus, max_gpus, json_out)
     opts = search_options(hw, dict(
@@ -78,7 +83,8 @@ def search(
         max_vpp=max_vpp, cp=cp, distributed_optimizer=distributed_optimizer, max_cp=max_cp,
         ep=ep, etp=etp, max_ep=max_ep,
         allow_cross_node_tp=allow_cross_node_tp, objective=objective, tokens=tokens,
-        price_per_gpu_hour=price_per_gpu_hour, max_gpus=max_gpus), min_memory_headroom)
+        price_per_gpu_hour=price_per_gpu_hour, max_gpus=max_gpus,
+        deadline_s=parse_deadline(deadline)), min_memory_headroom)
     n = gpus if gpus is not None else f"at most {max_gpus}"
     money = _currency(currency, price_per_gpu_hour)
     if why_not is not None:
@@ -151,18 +157,23 @@ def _search_output(m, hw, training, n, result, top: int, json_out: bool, currenc
         rows = f"{len(groups):,}" + (f" rows ({len(best):,} layouts)" if len(groups) < len(best) else "")
         console.note(f"note: --top {top:,} shows the best {rows} of the {result.fitting:,} layouts "
                      f"that fit (the search keeps {len(best):,})")
+    ck = result.checkpoint
     if json_out:
         extra = {"currency": currency} if "cost" in best.throughput else {}
-        console.print_json([{**_with_gpus(best.to_dict(g.first, result.usable)), **extra, "ties": tie_dict(best, g)}
+        console.print_json([{**_with_gpus(best.to_dict(g.first, result.usable)), **extra,
+                             "ties": tie_dict(best, g),
+                             "checkpoint": ck.to_dict(g.first) if ck else None}
                             for g in groups[:top]])
         return
     from ..explain import model_notes
     from ..outputs import shown
     from ..render.breakdown import breakdown_report
+    from ..render.checkpoint import checkpoint_report
     from ..render.search import header, search_table
     header(m, hw, training, n)
     search_table(result, explanation, top, currency, gpus_searched=gpus_searched)
     breakdown_report(result)
+    checkpoint_report(ck, 0, hw, best.candidates.layout(0), "Winner's checkpoint")
     for line in model_notes(m):
         console.note(f"note: {line}")
     if export is not None:
@@ -183,14 +194,19 @@ def sweep(
                                         "linear scaling) and MFU vs GPUs to a PNG (- for stdout)."),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing --plot file."),
     min_memory_headroom: Optional[str] = HEADROOM,
+    tokens: Optional[float] = typer.Option(None, "--tokens", help="Training tokens, for the time "
+                                           "to train (default: the model's)."),
+    deadline: Optional[str] = DEADLINE, failure_rate: Optional[float] = FAILURE_RATE,
+    restart_time: Optional[str] = RESTART_TIME, async_save: Optional[bool] = ASYNC_SAVE,
 ) -> None:
-    """Best layout, tokens/s, MFU and scaling efficiency at each GPU count."""
+    """Best layout, tokens/s, MFU, scaling efficiency and time to train at each GPU count."""
     from .sweep import run
     m = catalog.resolve_model(_require(model, "--model"))
     hw = catalog.resolve_hardware(hardware)
-    training = _training(m, None, seq_length)
+    check_numbers({"tokens": tokens})
+    training = _training(m, None, seq_length, _checkpoint(failure_rate, restart_time, async_save))
     run(m, hw, training, _require(gpus, "--gpus"), json_out, plot, force, min_memory_headroom,
-        global_batch_size)
+        global_batch_size, tokens, deadline)
 
 
 @app.command()
@@ -228,6 +244,8 @@ def estimate(
     allow_cross_node_tp: bool = typer.Option(False, "--allow-cross-node-tp",
                                              help="Let tp exceed one node's GPUs (a --plan may always)."),
     json_out: bool = JSON,
+    failure_rate: Optional[float] = FAILURE_RATE, restart_time: Optional[str] = RESTART_TIME,
+    async_save: Optional[bool] = ASYNC_SAVE,
 ) -> None:
     """Memory and step-time breakdown of one layout (from flags or --plan). Exits 1 if it does not fit."""
     from ..search import check_layout
@@ -237,7 +255,8 @@ def estimate(
              "--recompute": recompute, "--sequence-parallel": sequence_parallel, "--vpp": vpp,
              "--cp": cp, "--ep": ep, "--etp": etp, "--distributed-optimizer": distributed_optimizer,
              "--first-stage-layers": first_stage_layers, "--last-stage-layers": last_stage_layers,
-             "--allow-cross-node-tp": allow_cross_node_tp or None}
+             "--allow-cross-node-tp": allow_cross_node_tp or None, "--failure-rate": failure_rate,
+             "--restart-time": restart_time, "--async-save/--sync-save": async_save}
     if plan is not None:
         from ..export import read_checked_plan
         given = [flag for flag, value in flags.items() if value is not None]
@@ -255,7 +274,8 @@ def estimate(
         zero_stage = _zero_stage(zero_stage, distributed_optimizer)
         m = catalog.resolve_model(_require(model, "--model"))
         hw = catalog.resolve_hardware(hardware or "dgx-h100")
-        training = _training(m, global_batch_size, seq_length)
+        training = _training(m, global_batch_size, seq_length,
+                             _checkpoint(failure_rate, restart_time, async_save))
         n = _require(gpus, "--gpus")
         fields = dict(tp=tp, cp=cp, pp=pp, dp=dp, zero_stage=zero_stage,
                       micro_batch_size=micro_batch_size or 1,
@@ -271,20 +291,28 @@ def estimate(
 
 
 def _estimate_output(m, hw, training, n: int, layout, json_out: bool, plan) -> None:
-    """estimate's JSON or tables; a layout that does not fit gets no step time or throughput,
-    its shortfall per GPU and the fewest GPUs on which a layout fits (``to_fit``). Exit 1 then."""
+    """estimate's JSON or tables and checkpoint section; a layout that does not fit gets no step
+    time, throughput or checkpoint, its shortfall per GPU and the fewest GPUs on which a layout
+    fits (``to_fit``). Exit 1 then."""
+    from ..cost.checkpoint import evaluate_checkpoint, unavailable
     from ..cost.step import estimate_layout
     from ..render.breakdown import estimate_report, plan_drift
     est = estimate_layout(m, hw, training, layout)
     result = est.to_dict(0)
     fits = result["memory"]["fits"]
     hint = None if fits else _to_fit(m, hw, training, n)
+    ck = None if unavailable(hw) or not fits else evaluate_checkpoint(
+        m, hw, training, est.candidates, est.time["step"])
     if json_out:
-        console.print_json({**result, "to_fit": hint.to_dict() if hint else None})
+        console.print_json({**result, "to_fit": hint.to_dict() if hint else None,
+                            "checkpoint": ck.to_dict(0) if ck else None})
     else:
+        from ..render.checkpoint import checkpoint_report
         from ..render.search import header
         header(m, hw, training, n)
         estimate_report(est, hint)
+        if fits:
+            checkpoint_report(ck, 0, hw, est.candidates.layout(0), "Checkpoint")
     if plan is not None:
         plan_drift(plan, est.to_dict(0, raw=True))
     if not fits:

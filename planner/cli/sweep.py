@@ -12,10 +12,15 @@ from ..specs import HardwareProfile, ModelSpec, TrainingSpec
 
 
 def run(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: str, json_out: bool,
-        plot_path: Path | None, force: bool, headroom: str | None, batches: str | None = None) -> None:
+        plot_path: Path | None, force: bool, headroom: str | None, batches: str | None = None,
+        tokens: float | None = None, deadline: str | None = None) -> None:
     """``plan3d sweep``: UsageError on bad input (GPU counts, batches, an existing --plot file
-    without --force, no matplotlib), NoFitError when no count has a fitting layout."""
+    without --force, no matplotlib, a deadline without a token budget), NoFitError when no
+    count has a fitting layout, DeadlineError when none meets the deadline. With a token budget
+    (``tokens`` or the model's) each count's layout is the one with the shortest expected time
+    to train (failures and checkpoints counted), else the one with the most tokens/s."""
     from ..inputs import search_options
+    from ..objective import parse_deadline
     from ..outputs import is_stdout, report_to_stderr, shown
     from ..render import console
     from ..render.search import header
@@ -25,7 +30,10 @@ def run(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: str
     sizes = [b or training.global_batch_size for b in parse_batch_sizes(batches)]
     if plot_path is not None:
         _check_plot(plot_path, force, json_out)
-    opts = search_options(hw, {}, headroom)
+    deadline_s = parse_deadline(deadline)
+    budget = tokens if tokens is not None else training.tokens
+    opts = search_options(hw, {"tokens": tokens, "deadline_s": deadline_s, "objective":
+                               "throughput" if budget is None else "time-to-train"}, headroom)
     with progress() as bar:
         task = bar.add_task("Sweeping GPU counts", total=len(counts) * len(sizes))
         rows = sweep_batches(model, hw, training, counts, sizes, opts,
@@ -41,7 +49,7 @@ def run(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: str
     span = f"{counts[0]}" if counts[0] == counts[-1] else f"{counts[0]}..{counts[-1]}"
     with report_to_stderr(is_stdout(plot_path)):  # --plot -: stdout holds the PNG alone
         header(model, hw, training, span, batch=",".join(str(b) for b in sizes))
-        sweep_table(rows)
+        sweep_table(rows, deadline_s)
         if plot_path is not None:
             console.out.print(f"Wrote the plot to {shown(plot_path)}", markup=False)
 

@@ -128,3 +128,34 @@ def unwritten_note(plan: Plan, target: str, written, where: str) -> str | None:
     if not rest:
         return None
     return f"model fields {target} has no option for ({where}): {rest}"
+def save_interval(plan: Plan) -> dict | None:
+    """The plan's checkpoint (planner.cost.checkpoint.evaluate_checkpoint at the plan's
+    estimated step time, as the ``checkpoint`` object of ``--json``): ``interval_steps`` is
+    what exports set as the save interval, ``async`` whether saves are asynchronous. None
+    when the plan's hardware profile lacks a block the estimate needs (storage, host link,
+    host memory)."""
+    from ..cost.checkpoint import evaluate_checkpoint, unavailable
+    from ..cost.step import estimate_layout
+    if unavailable(plan.hardware):
+        return None
+    est = estimate_layout(plan.model, plan.hardware, plan.training, plan.layout)
+    return evaluate_checkpoint(plan.model, plan.hardware, plan.training, est.candidates,
+                               est.time["step"]).to_dict(0)
+
+
+def interval_note(ck: dict | None, plan: Plan) -> str:
+    """The comment every export writes about its save interval: the steps, the seconds they
+    stand for, and the inputs of the optimum (formulas.md 12.4); or, without an estimate, why
+    no interval is set."""
+    from ..render import fmt
+    if ck is None:
+        return (f"checkpoint interval: not set, the hardware profile {plan.hardware.name} has no "
+                "storage, host_link or host_memory block to estimate it from")
+    mode = "an asynchronous" if ck["async"] else "a synchronous"
+    return (f"checkpoint interval: every {ck['interval_steps']} steps, about "
+            f"{fmt.seconds(ck['interval_s'])} of training (Young/Daly optimum "
+            f"{fmt.seconds(ck['optimal_interval_s'])} for {mode} save stalling "
+            f"{fmt.seconds(ck['blocking_s'])}, a job MTBF of {fmt.seconds(ck['mtbf_s'])} at "
+            f"{fmt.number(ck['failures_per_gpu_s'] * 3600, 3)} failures per GPU-hour, "
+            f"{fmt.seconds(ck['restart_s'])} to restart; expected goodput "
+            f"{fmt.percent(ck['goodput'])}; formulas.md 12); set the checkpoint directory yourself")

@@ -25,7 +25,8 @@ import json
 
 from ..errors import UsageError
 from ..specs import Plan
-from .common import RANK_ORDER_NOTE, Export, describe, microbatches, rope_note, unwritten_note
+from .common import (RANK_ORDER_NOTE, Export, describe, interval_note, microbatches, rope_note,
+                     save_interval, unwritten_note)
 
 SOURCE = "deepspeedai/DeepSpeed @088be892c749 deepspeed/runtime/constants.py, runtime/zero/config.py"
 
@@ -98,5 +99,8 @@ def export_deepspeed(plan: Plan) -> Export:
     arch = unwritten_note(plan, "ds_config", (), "the model code sets the architecture")
     if arch:
         notes.append(arch)
+    notes.append(interval_note(save_interval(plan), plan).replace(
+        "set the checkpoint directory yourself", "ds_config has no interval: call "
+        "engine.save_checkpoint every that many steps in your training loop"))
     text = json.dumps(cfg, indent=2) + "\n"
     return Export("deepspeed", text, notes=notes, keys=_flatten(cfg))

@@ -32,6 +32,12 @@ Mapping (plan field -> flag):
   training               --bf16 / --fp16, --grad-reduce-in-bf16 (grad_bytes 2),
                          --overlap-grad-reduce (+ --overlap-param-gather with a sharded optimizer),
                          --attention-backend unfused (plan without flash attention)
+  checkpoints            --save-interval n (common.save_interval: the Young/Daly optimum in
+                         whole steps, formulas.md 12), --ckpt-format torch_dist (fsdp_dtensor
+                         with Megatron-FSDP), --async-save --use-persistent-ckpt-worker when
+                         saves are asynchronous (without the worker Megatron silently turns
+                         async off: arguments.py), --ckpt-fully-parallel-load (torch_dist: each
+                         rank reads its share, as the load time assumed)
 MoE, expert parallelism (ep, etp), MLA, MTP, sliding windows, QK norms, sinks, Q/K/V biases and
 the norm epsilon: planner.frameworks.megatron_model. ALiBi has no Megatron-LM GPT position
 embedding: UsageError.
@@ -42,8 +48,8 @@ from __future__ import annotations
 from ..errors import UsageError
 from ..cost.flops import padded_vocab
 from ..specs import Plan
-from .common import (RANK_ORDER_NOTE, recompute_modules, Export, describe, layers_per_virtual_stage, microbatches,
-                     theta_text)
+from .common import (RANK_ORDER_NOTE, Export, describe, interval_note, layers_per_virtual_stage,
+                     microbatches, recompute_modules, save_interval, theta_text)
 from .megatron_model import model_args
 
 SOURCE = "NVIDIA/Megatron-LM commit d98e8a64ddf3 (2026-08-22), megatron/training/arguments.py"
@@ -131,13 +137,29 @@ def megatron_args(plan: Plan) -> list[tuple[str, str | None]]:
             args.append(("--overlap-param-gather", None))
     if not tr.flash_attention:
         args.append(("--attention-backend", "unfused"))
-    return args + model_args(plan)[0]
+    return args + model_args(plan)[0] + checkpoint_args(plan, save_interval(plan))
+
+
+def checkpoint_args(plan: Plan, ck: dict | None) -> list[tuple[str, str | None]]:
+    """--save-interval and the checkpoint format/mode flags for the plan's checkpoint estimate
+    ``ck`` (common.save_interval); none without one."""
+    if ck is None:
+        return []
+    fsdp = plan.layout.zero_stage in FSDP_STRATEGY
+    args = [("--save-interval", str(ck["interval_steps"])),
+            ("--ckpt-format", "fsdp_dtensor" if fsdp else "torch_dist")]
+    if ck["async"]:
+        args += [("--async-save", None), ("--use-persistent-ckpt-worker", None)]
+    if not fsdp:
+        args.append(("--ckpt-fully-parallel-load", None))
+    return args
 
 
 def export_megatron(plan: Plan) -> Export:
     """Megatron-LM arguments: header comments, then one flag per line joined by `` \\``."""
     args = megatron_args(plan)
     model, lay = plan.model, plan.layout
+    ck = save_interval(plan)
     vp = int(padded_vocab(model.vocab_size, lay.tp))
     comments = [
         f"Megatron-LM pretrain_gpt.py arguments for {describe(plan)}",
@@ -146,13 +168,16 @@ def export_megatron(plan: Plan) -> Export:
         f"vocabulary (vocab_size {model.vocab_size}): from your tokenizer (--tokenizer-type ...; --vocab-size with "
         f"NullTokenizer); Megatron pads it to a multiple of 128*tp = {128 * lay.tp}: {vp}",
         "not set here: data, tokenizer, optimizer and LR schedule, --train-iters/--train-samples, "
-        "checkpointing, logging",
+        "--save/--load directories, logging",
+        interval_note(ck, plan),
     ]
     if lay.zero_stage in FSDP_STRATEGY:
         comments.append(f"ZeRO-{lay.zero_stage} is Megatron-FSDP here (plain DDP and the distributed "
                         "optimizer shard only optimizer states); check that your Megatron-LM "
-                        "version supports Megatron-FSDP with this tp/pp, and save checkpoints with "
-                        "--ckpt-format fsdp_dtensor")
+                        "version supports Megatron-FSDP with this tp/pp; its checkpoints are "
+                        "--ckpt-format fsdp_dtensor"
+                        + (", whose --async-save needs nvidia-resiliency-ext (async strategy nvrx)"
+                           if ck is not None and ck["async"] else ""))
     if lay.recompute == "selective":
         comments.append("selective recomputation = Megatron's default --recompute-modules core_attn, "
                         "as the cost model assumed")

@@ -12,6 +12,13 @@ NVIDIA-NeMo/Megatron-Bridge:
 The model's architecture goes to the provider's fields (``model.num_layers``, MoE, MLA, MTP,
 windows, biases, norm epsilon, RoPE base, expert-parallel degrees): planner.frameworks.nemo_model,
 checked against the same field list.
+Checkpoints: ``checkpoint.save_interval`` (common.save_interval, formulas.md 12),
+``checkpoint.ckpt_format`` (torch_dist; fsdp_dtensor with Megatron-FSDP),
+``checkpoint.async_save`` and, with torch_dist, ``checkpoint.fully_parallel_load``: the fields of
+Megatron-LM's CheckpointConfig (NVIDIA/Megatron-LM @ d98e8a64ddf3
+megatron/training/config/training_config.py) that Bridge's CheckpointConfig extends
+(NVIDIA-NeMo/Megatron-Bridge @ 067f987df03b src/megatron/bridge/training/config.py, which
+defaults use_persistent_ckpt_worker to True and asserts that async_save has ``save`` set).
 """
 
 from __future__ import annotations
@@ -21,8 +28,8 @@ import yaml
 from ..errors import UsageError
 from ..specs import Plan
 from ..cost.flops import padded_vocab
-from .common import (ARCHITECTURE_FIELDS, RANK_ORDER_NOTE, Export, describe, microbatches,
-                     recompute_modules, rope_note, unwritten_note)
+from .common import (ARCHITECTURE_FIELDS, RANK_ORDER_NOTE, Export, describe, interval_note,
+                     microbatches, recompute_modules, rope_note, save_interval, unwritten_note)
 from .megatron_model import moe_args
 from .nemo_model import model_comments, model_fields
 
@@ -32,8 +39,22 @@ SOURCE = ("NVIDIA-NeMo/Megatron-Bridge docs/megatron-lm-to-megatron-bridge.md @1
 SHARDING = {2: "optim_grads", 3: "optim_grads_params"}  # Megatron-FSDP strategies
 
 
-def nemo_fields(plan: Plan) -> dict[str, dict[str, object]]:
-    """{section: {field: value}} for ``plan`` (None = unset / YAML null)."""
+def checkpoint_fields(plan: Plan, ck: dict | None) -> dict[str, object]:
+    """The ``checkpoint`` section for the plan's checkpoint estimate ``ck`` (empty without)."""
+    if ck is None:
+        return {}
+    fsdp = plan.layout.zero_stage in SHARDING
+    out: dict[str, object] = {"save_interval": ck["interval_steps"],
+                              "ckpt_format": "fsdp_dtensor" if fsdp else "torch_dist",
+                              "async_save": bool(ck["async"])}
+    if not fsdp:
+        out["fully_parallel_load"] = True
+    return out
+
+
+def nemo_fields(plan: Plan, ck: dict | None = None) -> dict[str, dict[str, object]]:
+    """{section: {field: value}} for ``plan`` (None = unset / YAML null); ``ck`` the plan's
+    checkpoint estimate (common.save_interval) for the checkpoint section."""
     lay, tr = plan.layout, plan.training
     microbatches(plan)
     if lay.first_stage_layers or lay.last_stage_layers:
@@ -74,6 +95,7 @@ def nemo_fields(plan: Plan) -> dict[str, dict[str, object]]:
         },
         "optimizer": {"use_distributed_optimizer": lay.zero_stage == 1 or lay.distributed_optimizer},
         "mixed_precision": "bf16_mixed" if tr.dtype == "bf16" else "16-mixed",
+        **({"checkpoint": checkpoint_fields(plan, ck)} if ck is not None else {}),
     }
 
 
@@ -92,7 +114,8 @@ def _overrides(fields: dict[str, object]) -> list[str]:
 
 def export_nemo(plan: Plan) -> Export:
     """YAML of the ConfigContainer fields, with the same settings as Hydra overrides in a comment."""
-    fields = nemo_fields(plan)
+    ck = save_interval(plan)
+    fields = nemo_fields(plan, ck)
     overrides = _overrides(fields)
     comments = [
         f"Megatron-Bridge (NeMo) recipe fields for {describe(plan)}",
@@ -101,6 +124,8 @@ def export_nemo(plan: Plan) -> Export:
         f"model: {plan.model.name} as provider fields (they override the recipe's provider)",
         "as run_recipe.py overrides:",
         "  " + " ".join(overrides),
+        interval_note(ck, plan).replace("set the checkpoint directory yourself",
+                                        "set checkpoint.save (the directory) yourself"),
     ]
     if plan.model.position_embedding == "alibi":
         comments.append("the model uses ALiBi, which Megatron-Core GPT models do not implement: "

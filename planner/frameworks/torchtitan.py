@@ -31,14 +31,20 @@ recomputation: a comment says so. torchtitan's TP always uses sequence paralleli
 Experts: ep -> expert_parallel_degree, where torchtitan's mesh can hold it (expert_parallel).
 The architecture comes from the model flavour (--module/--config): no option sets it, so a
 comment names every model field with this plan's value.
+Checkpoints: checkpoint.enable (0.2.x: enable_checkpoint), checkpoint.interval (common.
+save_interval, formulas.md 12) and checkpoint.async_mode "async" (DCP async_save) or "disabled"
+(torchtitan/components/checkpoint.py CheckpointManager.Config at commit 0014ac2ca45a; 0.2.x
+job_config.py Checkpoint at 000204a4a8bf). torchtitan's DCP checkpoint of bf16 mixed-precision
+training holds fp32 parameters and Adam's moments, 12 B per parameter against the 14 the
+interval was estimated for (a comment says so; the interval scales with the square root).
 """
 
 from __future__ import annotations
 
 from ..errors import UsageError
 from ..specs import Plan
-from .common import (Export, describe, layers_per_virtual_stage, microbatches, rope_note,
-                     unwritten_note)
+from .common import (Export, describe, interval_note, layers_per_virtual_stage, microbatches,
+                     rope_note, save_interval, unwritten_note)
 
 SOURCE_03 = "pytorch/torchtitan @0014ac2ca45a torchtitan/config/configs.py"
 SOURCE_02 = "pytorch/torchtitan @000204a4a8bf torchtitan/config/job_config.py (+ PR #1416)"
@@ -130,7 +136,22 @@ def torchtitan_settings(plan: Plan, fmt: str) -> tuple[dict[str, dict[str, objec
     if rope:
         notes.append(rope)
     notes += _model_notes(plan)
-    return {"training": training, "parallelism": par, "activation_checkpoint": ac}, notes
+    return {"training": training, "parallelism": par, "activation_checkpoint": ac,
+            **_checkpoint(plan, fmt, notes)}, notes
+
+
+def _checkpoint(plan: Plan, fmt: str, notes: list[str]) -> dict[str, dict[str, object]]:
+    """{"checkpoint": its fields} for the plan's save interval (common.save_interval), or {}
+    without an estimate; the interval's comment and the format caveat go to ``notes``."""
+    ck = save_interval(plan)
+    notes.append(interval_note(ck, plan))
+    if ck is None:
+        return {}
+    notes.append("torchtitan's checkpoint holds fp32 parameters and Adam's moments (12 B per "
+                 "parameter), the interval was estimated for Megatron-Core's 14")
+    return {"checkpoint": {"enable_checkpoint" if fmt == "toml" else "enable": True,
+                           "interval": ck["interval_steps"],
+                           "async_mode": "async" if ck["async"] else "disabled"}}
 
 
 def _model_notes(plan: Plan) -> list[str]:
@@ -194,8 +215,8 @@ def export_torchtitan(plan: Plan, fmt: str = "overrides") -> Export:
         head = [f"torchtitan 0.2.x job file (TOML; run with --job.config_file) for {describe(plan)}",
                 f"option names: {SOURCE_02}; does not fit torchtitan 0.3+ (Python configs)",
                 ORDER_NOTE,
-                "merge into your model's job file: [model], [optimizer], [lr_scheduler], "
-                "[checkpoint] are not set here"] + notes
+                "merge into your model's job file: [model], [optimizer], [lr_scheduler] and "
+                "the checkpoint folder are not set here"] + notes
         body = []
         for section, fields in settings.items():
             body.append(f"[{section}]")

@@ -92,6 +92,16 @@ def binary_bytes(n_bytes: float, significant: int = 4) -> str:
     return f"{value:,.0f} B"
 
 
+def decimal_bytes(n_bytes: float, significant: int = 4) -> str:
+    """Bytes in the decimal unit that reads best, as storage is sold and its bandwidth given:
+    2444621856768 -> "2.445 TB", 4939780608 -> "4.940 GB", 512 -> "512 B"."""
+    value = float(n_bytes)
+    for unit, scale in (("PB", 1e15), ("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(value) >= scale:
+            return f"{number(value / scale, significant)} {unit}"
+    return f"{value:,.0f} B"
+
+
 def bandwidth(bytes_per_s: float, bits: bool = False) -> str:
     """A link bandwidth in decimal units as datasheets write them: 450e9 -> "450 GB/s";
     ``bits``: 50e9 bytes/s -> "400 Gb/s" (network links)."""

@@ -17,13 +17,19 @@ def progress():
                     TimeElapsedColumn(), console=err, transient=True, disable=not err.is_terminal)
 
 
+FIGURES = ("tokens/s", "MFU", "step", "mem/GPU", "scaling eff.", "train", "goodput")
+
+
 def _cells(r: dict) -> dict[str, str]:
     if r.get("error"):
-        return {k: "-" for k in ("tokens/s", "MFU", "step", "mem/GPU", "scaling eff.")}
+        return {k: "-" for k in FIGURES}
     eff = r["scaling_efficiency"]
+    train = r.get("time_to_train_s")
     return {"tokens/s": fmt.tokens_per_s(r["tokens_per_s"]), "MFU": fmt.percent(r["mfu"]),
             "step": fmt.seconds(r["step_s"]), "mem/GPU": fmt.gib(r["memory_bytes"]),
-            "scaling eff.": fmt.percent(eff, 0) if eff is not None else "-"}
+            "scaling eff.": fmt.percent(eff, 0) if eff is not None else "-",
+            "train": fmt.seconds(train) if train is not None else "-",
+            "goodput": fmt.percent(r["goodput"]) if r.get("goodput") is not None else "-"}
 
 
 def _layout(r: dict) -> str:
@@ -46,11 +52,43 @@ def _table(rows: list[dict], stacks: list[list[str]], header_break: bool) -> Tab
     return t
 
 
-def sweep_table(rows: list[dict]) -> None:
-    """One row per GPU count (and batch): best layout, tokens/s, MFU, step, memory per GPU and
-    scaling efficiency; one column per figure where the console is wide enough, else the figures
-    stacked two to a column."""
-    wide = [[k] for k in ("tokens/s", "MFU", "step", "mem/GPU", "scaling eff.")]
+def sweep_table(rows: list[dict], deadline_s: float | None = None) -> None:
+    """One row per GPU count (and batch): best layout, tokens/s, MFU, step, memory per GPU,
+    scaling efficiency and, with a token budget, the expected time to train and the goodput;
+    one column per figure where the console is wide enough, else the figures stacked two to a
+    column (three with a token budget). Under it, with a token budget: the count that trains soonest per batch, and whether
+    more GPUs stop paying (the time to train rises again) within the sweep."""
+    timed = any(r.get("time_to_train_s") is not None for r in rows)
+    figures = FIGURES if timed else FIGURES[:5]
+    wide = [[k] for k in figures]
     narrow = [["tokens/s", "MFU"], ["step", "mem/GPU"], ["scaling eff."]]
+    if timed:
+        narrow = [["tokens/s", "MFU", "train"], ["step", "mem/GPU", "goodput"], ["scaling eff."]]
     out.print(tables.pick([lambda: _table(rows, wide, False), lambda: _table(rows, narrow, True)],
                           out))
+    if timed:
+        for line in _soonest(rows, deadline_s):
+            out.print(line, markup=False)
+
+
+def _soonest(rows: list[dict], deadline_s: float | None) -> list[str]:
+    """One line per batch: the GPU count with the shortest expected time to train, and the
+    larger counts that take longer (more GPUs no longer pay: goodput falls as failures come
+    more often and per-GPU throughput drops)."""
+    lines = []
+    for batch in dict.fromkeys(r["global_batch_size"] for r in rows):
+        timed = [r for r in rows if r["global_batch_size"] == batch and r.get("time_to_train_s") is not None]
+        if not timed:
+            continue
+        best = min(timed, key=lambda r: r["time_to_train_s"])
+        slower = [r["gpus"] for r in timed if r["gpus"] > best["gpus"]]
+        at = f" (batch {fmt.count(batch)})" if len(rows) != len(timed) or len(lines) else ""
+        line = (f"Soonest trained{at}: {fmt.count(best['gpus'])} GPUs, "
+                f"{fmt.seconds(best['time_to_train_s'])} with failures and checkpoints")
+        if slower:
+            line += (f"; {', '.join(fmt.count(n) for n in slower)} GPUs take longer: adding GPUs "
+                     "stops paying there")
+        if deadline_s is not None:
+            line += f" (deadline {fmt.seconds(deadline_s)})"
+        lines.append(line + ".")
+    return lines

@@ -10,6 +10,9 @@ Checks (each {"name", "measured", "predicted", "passed"}):
   counts its group recorded (cost.moe_dispatch; moe_plan.routed_volumes), shown summed over the
   ranks where they differ.
 - ``<params|grads|optimizer>_bytes pp<r>``: bytes held per rank, within 2% of planner.cost.memory.
+- ``checkpoint_bytes pp<r> tp<t>``: tensor bytes each rank wrote to a torch.distributed.checkpoint
+  of its model and optimizer state (validate.checkpoint), equal to planner.cost.checkpoint's
+  parameter groups at the run's element size exactly (miniature.checkpoint_bytes).
 - ``activations pp<r>``: the peak of the bytes saved for backward on every rank of pipeline
   rank r against the plan's activation formula + named torch deltas (activations.py), within
   ACT_RTOL; the deltas and their sizes go to ``notes``. Reported instead of checked off the CPU.
@@ -59,6 +62,21 @@ def _comm_checks(pp_rank: int, base: dict, ranks: list[dict], routed: dict) -> l
     return out
 
 
+def _checkpoint_checks(pp_rank: int, predicted: dict[int, int], ranks: list[dict]) -> list[dict]:
+    """``checkpoint_bytes pp<r> tp<t>``: the tensor bytes every rank of (pipeline rank r, tensor
+    rank t) wrote to the DCP checkpoint equal the prediction exactly (TP rank 0 also writes the
+    TP replicas); one check per tp rank with the first rank that differs, if any."""
+    out = []
+    for t, want in sorted(predicted.items()):
+        seen = [r["checkpoint_bytes"] for r in ranks
+                if r["coord"]["tp"] == t and "checkpoint_bytes" in r]
+        if seen:
+            odd = next((s for s in seen if s != want), seen[0])
+            out.append(_check(f"checkpoint_bytes pp{pp_rank} tp{t}", odd, want,
+                              all(s == want for s in seen)))
+    return out
+
+
 def compare(run: Run, records: list[dict], reference: list[float] | None) -> dict:
     """The result object of ``plan3d validate --json``: run, checks, reported, passed.
 
@@ -91,6 +109,7 @@ def compare(run: Run, records: list[dict], reference: list[float] | None) -> dic
             worst = max(seen, key=lambda v: abs(v - want))
             ok = abs(worst - want) <= MEMORY_RTOL * max(want, 1.0)
             checks.append(_check(f"{term} pp{pp_rank}", worst, want, ok))
+        checks += _checkpoint_checks(pp_rank, pred.get("checkpoint", {}), ranks)
         act = activation_check(run, pp_rank, ranks)
         activations.append(act)
         (checks if act["passed"] is not None else reported).append(act)

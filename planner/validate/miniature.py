@@ -14,6 +14,7 @@ model_state_bytes) with the run's element sizes.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -271,5 +272,24 @@ def predict(run: Run, pp_rank: int) -> dict:
            "optimizer_bytes": float(states["optimizer"][0]) * k / memory.OPTIMIZER_BYTES_PER_PARAM}
     comm = step_volumes(run.model, run.training, lay, pp_rank, impl="torch", act_bytes=e,
                         weight_bytes=e, grad_bytes=e)
-    return {"memory": mem,
+    return {"memory": mem, "checkpoint": checkpoint_bytes(run, c, pp_rank, fsdp),
             "comm": {f"{g}:{k_}": [c_, b_] for (g, k_), (c_, b_) in comm.items()}}
+
+
+def checkpoint_bytes(run: Run, c, pp_rank: int, fsdp: bool) -> dict[int, int]:
+    """{tp rank: bytes} one GPU of pipeline rank ``pp_rank`` writes to the validator's DCP
+    checkpoint (validate.checkpoint), from cost.checkpoint.param_groups: per group of equal
+    spread and stride, ceil(params / spread) elements of each tensor kind the run keeps, at
+    the run's element size e: weights, a master copy (ZeRO-0/1's flat optimizer; FSDP2 updates
+    the parameters themselves) and Adam's two moments, i.e. 4e or 3e per element."""
+    from ..cost.checkpoint import param_groups
+    kinds = 3 if fsdp else 4
+    merged: dict[tuple[float, float], float] = {}
+    for g in param_groups(run.model, c, pp_rank):
+        key = (float(np.ravel(g.spread)[0]), float(np.ravel(g.stride)[0]))
+        merged[key] = merged.get(key, 0.0) + float(np.ravel(g.params)[0])
+    out = {}
+    for t in range(run.layout.tp):
+        out[t] = sum(math.ceil(round(params) / spread) * kinds * run.elem
+                     for (spread, stride), params in merged.items() if t % stride == 0)
+    return out

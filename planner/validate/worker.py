@@ -193,6 +193,7 @@ def run_rank(cfg: dict) -> dict:
         (flat_e.state_bytes() if flat_e is not None else 0)
     if device.type == "cuda":
         record["cuda_max_allocated"] = torch.cuda.max_memory_allocated()
+    record.update(_checkpoint(cfg, params, flat, opt, mesh, grad_mesh, pp_rank, out_w))
     if cfg.get("gather"):  # torchrun: rank 0 collects every record (ranks may be on other nodes)
         records = [None] * dist.get_world_size() if rank == 0 else None
         dist.gather_object(record, records, dst=0)
@@ -241,6 +242,27 @@ def _experts(cfg: dict, chunks, pp_rank: int, dims: dict) -> tuple[list, object]
     for m in moes:
         m.shard(comm)
     return moes, comm
+
+
+def _checkpoint(cfg, params, flat, opt, mesh, grad_mesh, pp_rank, exclude) -> dict:
+    """A DCP checkpoint of the state and the bytes this rank wrote (checkpoint.save_and_measure)
+    into out_dir/checkpoint (a fresh temporary folder under torchrun, removed afterwards); {}
+    when cfg["checkpoint"] is False."""
+    if not cfg.get("checkpoint", True) or cfg["model"].get("num_experts"):
+        return {}  # expert state (FlatOptimizer over edp) is not written yet: no check
+    import shutil
+    import tempfile
+
+    from .checkpoint import save_and_measure
+    temporary = not cfg.get("out_dir")
+    path = tempfile.mkdtemp(prefix="plan3d-ckpt-") if temporary else \
+        os.path.join(cfg["out_dir"], "checkpoint")
+    try:
+        return save_and_measure(path, params, flat, opt, mesh, grad_mesh, pp_rank, exclude)
+    finally:
+        dist.barrier()
+        if temporary:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _opt_tensors(opt, flat) -> list:
