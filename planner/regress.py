@@ -2,7 +2,8 @@
 
 A case file is a YAML list of cases; each names a model and a hardware profile the way the CLI
 does (catalog name, alias or YAML path; relative paths are taken from the case file's folder),
-a GPU count, optional training fields (TrainingSpec; the model's defaults otherwise) and either
+a GPU count, optional ``framework`` (a framework profile name or file; megatron-core), optional
+training fields (TrainingSpec; the model's defaults and the framework's facts otherwise) and either
 a ``layout`` (the fields of specs.Layout; ``dp`` defaults to gpus / (tp*pp)) or a ``search``
 (``top: K`` plus any SearchOptions pin or bound). ``allow_cross_node_tp: true`` lets a layout or a
 search put TP groups across nodes (the "tp within the NVLink domain" rule is waived).
@@ -42,6 +43,7 @@ class Case(BaseModel):
     model: str = Field(min_length=1)
     hardware: str = "dgx-h100"
     gpus: int
+    framework: str = "megatron-core"
     training: dict[str, Any] = Field(default_factory=dict)
     layout: Optional[dict[str, Any]] = None
     search: Optional[dict[str, Any]] = None
@@ -109,7 +111,7 @@ def check_case_fields(case: Case) -> None:
     if case.search is not None:
         opts = dict(case.search)
         top = opts.pop("top", 5)
-        known = {f.name for f in dataclasses.fields(SearchOptions)} - {"allow_cross_node_tp"}
+        known = {f.name for f in dataclasses.fields(SearchOptions)} - {"allow_cross_node_tp", "framework"}
         unknown = sorted(set(opts) - known)
         if unknown:
             raise UsageError(f"search: unknown option {unknown[0]!r} (known: top, "
@@ -153,28 +155,34 @@ def _evaluate(case: Case) -> dict[str, Scalar]:
     from .catalog import resolve_hardware, resolve_model, validate
     from .specs import TrainingSpec
     from .cost.support import refuse_unmodelled
+    from .catalog import resolve_framework
+    from .frameworks.profile import resolve_training
     model = resolve_model(case.model)
     refuse_unmodelled(model)
     hw = resolve_hardware(case.hardware)
-    training = validate(TrainingSpec, {"seq_length": model.training.seq_length,
-                                       "global_batch_size": model.training.global_batch_size,
-                                       "tokens": model.training.tokens, **case.training}, "training")
+    profile = resolve_framework(case.framework)
+    job = {"seq_length": model.training.seq_length, "tokens": model.training.tokens,
+           "global_batch_size": model.training.global_batch_size, **case.training}
+    resolved = resolve_training(job, profile)  # the framework's facts, then the case's own
+    training = validate(TrainingSpec, {**resolved.model_dump(), **case.training}, "training")
     if case.layout is not None:
         from .cost.step import estimate_layout
         from .search import check_layout
-        layout = check_layout(model, hw, training, case.gpus, case.layout, case.allow_cross_node_tp)
+        layout = check_layout(model, hw, training, case.gpus, case.layout, case.allow_cross_node_tp,
+                              profile)
         return flatten_estimate(estimate_layout(model, hw, training, layout).to_dict(0))
     from .search import SearchOptions, search
     opts = dict(case.search or {})
     top = opts.pop("top", 5)
-    known = {f.name for f in dataclasses.fields(SearchOptions)} - {"allow_cross_node_tp"}
+    known = {f.name for f in dataclasses.fields(SearchOptions)} - {"allow_cross_node_tp", "framework"}
     unknown = sorted(set(opts) - known)
     if unknown:
         raise UsageError(f"search: unknown option {unknown[0]!r} (known: top, {', '.join(sorted(known))})")
     if not isinstance(top, int) or isinstance(top, bool) or top <= 0:
         raise UsageError(f"search: top must be a positive integer, got {top!r}")
     result = search(model, hw, training, case.gpus,
-                    SearchOptions(**opts, allow_cross_node_tp=case.allow_cross_node_tp))
+                    SearchOptions(**opts, allow_cross_node_tp=case.allow_cross_node_tp,
+                                  framework=profile))
     ranked = result.ranked
     values: dict[str, Scalar] = {"search.enumerated": int(result.enumerated),
                                  "search.fitting": int(result.fitting)}

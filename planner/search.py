@@ -22,6 +22,7 @@ from .scan import CHUNK, FIT_RULE, FLAT_COST, Scan, scan  # noqa: F401 (re-expor
 from .space import (LAYERS_RULE, TP_RULE, UNEVEN_RULE, Candidates, constraint_masks,
                     default_uneven_split, divisors, uneven_problem, uneven_splits,
                     uneven_vpp_options)
+from .framework_spec import FrameworkProfile
 from .specs import RECOMPUTE_CODES, HardwareProfile, Layout, ModelSpec, TrainingSpec
 from .units import format_gib
 
@@ -43,7 +44,9 @@ class SearchOptions:
     ``objective``: throughput | time-to-train | cost (planner.objective); ``tokens`` overrides
     the model's training token budget; ``price_per_gpu_hour`` prices cost. ``max_gpus``: use at
     most this many GPUs in whole nodes, the search also picks the count. ``headroom_bytes`` /
-    ``headroom_fraction``: memory per GPU that a layout must leave free.
+    ``headroom_fraction``: memory per GPU that a layout must leave free beyond the framework's
+    reserve. ``framework``: the profile whose rules apply (None: the catalog profile named by
+    the TrainingSpec's ``framework``, megatron-core by default).
     """
 
     tp: int | None = None
@@ -69,6 +72,7 @@ class SearchOptions:
     headroom_bytes: float = 0.0
     headroom_fraction: float = 0.0
     keep: int = KEEP
+    framework: FrameworkProfile | None = None
 
     def __post_init__(self) -> None:
         for pin, bound, name in ((self.tp, self.max_tp, "tp"), (self.pp, self.max_pp, "pp"),
@@ -202,6 +206,8 @@ def search(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: 
         raise UsageError("give a GPU count (--gpus) or a budget (--max-gpus)")
     else:
         check_inputs(gpus, hw)
+    from .frameworks.rules import check_model, profile_for
+    check_model(profile_for(training, opts.framework), model, training)
     grid = build_grid(model, hw, training, gpus, opts)
     if grid.size == 0:
         raise UsageError(_no_split_message(model, hw, gpus or opts.max_gpus, opts))
@@ -303,14 +309,19 @@ def _no_fit_message(model: ModelSpec, hw: HardwareProfile, gpus: int, miss: Esti
 
 
 def check_layout(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: int,
-                 fields: dict[str, Any], allow_cross_node_tp: bool = False) -> Layout:
-    """The Layout of ``fields`` if it is valid for this model, system and batch (UsageError if not).
+                 fields: dict[str, Any], allow_cross_node_tp: bool = False,
+                 framework: FrameworkProfile | None = None) -> Layout:
+    """The Layout of ``fields`` if it is valid for this model, system, batch and framework
+    (UsageError if not).
 
     The checks ``plan3d estimate``, ``--plan`` and ``regress`` apply: whole nodes (search.check_inputs), tp*cp*pp*dp = gpus
-    (dp defaults to gpus/(tp*cp*pp)), the Layout schema, and every rule of space.constraint_masks,
-    with the "tp within the NVLink domain" rule waived when ``allow_cross_node_tp``.
+    (dp defaults to gpus/(tp*cp*pp)), the Layout schema, what the framework can build
+    (frameworks.rules.check_model) and every rule of space.constraint_masks (the framework's
+    included), with the "tp within the NVLink domain" rule waived when ``allow_cross_node_tp``.
     """
     from .catalog import validate
+    from .frameworks.rules import check_model, profile_for
+    check_model(profile_for(training, framework), model, training)
     check_inputs(gpus, hw)
     data = dict(fields)
     tp, pp, cp = data.get("tp", 1), data.get("pp", 1), data.get("cp", 1)
@@ -328,13 +339,14 @@ def check_layout(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, 
         what = "tp*pp*dp" if layout.cp == 1 else "tp*cp*pp*dp"
         raise UsageError(f"layout {what} = {layout.gpus} but gpus is {gpus}")
     masks = constraint_masks(model, training, nvlink_domain(hw), Candidates.from_layouts([layout]),
-                             allow_cross_node_tp)
-    broken = [rule for rule, ok in masks.items() if not ok[0]]
+                             allow_cross_node_tp, framework)
+    broken = [rule for rule, ok in masks.items() if not np.all(ok)]
     if broken:
         hint = ""
         f, la = default_uneven_split(model.num_layers, layout.pp)
         if LAYERS_RULE in broken and f > 0 and _uneven_fits(
-                model, training, hw, layout.model_copy(update=dict(first_stage_layers=f, last_stage_layers=la))):
+                model, training, hw, layout.model_copy(update=dict(first_stage_layers=f, last_stage_layers=la)),
+                framework):
             hint = f" (an uneven split would do: first_stage_layers {f}, last_stage_layers {la})"
         if TP_RULE in broken:
             hint += f" ({CROSS_NODE_HINT})"
@@ -344,7 +356,9 @@ def check_layout(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, 
     return layout
 
 
-def _uneven_fits(model: ModelSpec, training: TrainingSpec, hw: HardwareProfile, layout: Layout) -> bool:
+def _uneven_fits(model: ModelSpec, training: TrainingSpec, hw: HardwareProfile, layout: Layout,
+                 framework: FrameworkProfile | None = None) -> bool:
     """Whether ``layout`` (with its uneven split filled in) passes every rule but the fit."""
-    masks = constraint_masks(model, training, nvlink_domain(hw), Candidates.from_layouts([layout]), True)
-    return all(bool(ok[0]) for ok in masks.values())
+    masks = constraint_masks(model, training, nvlink_domain(hw), Candidates.from_layouts([layout]),
+                             True, framework)
+    return all(bool(np.all(ok)) for ok in masks.values())

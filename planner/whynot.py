@@ -105,7 +105,7 @@ def broken_rules(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, 
         where = f"{gpus} GPUs" if gpus is not None else f"at most {opts.max_gpus} GPUs in whole nodes"
         return [f"{pins} does not divide {where}" if pins else f"no tp * cp * pp split uses {where}"]
     masks = constraint_masks(model, training, nvlink_domain(hw), grid.candidates(),
-                             opts.allow_cross_node_tp)
+                             opts.allow_cross_node_tp, opts.framework)
     broken = [rule for rule, ok in masks.items() if not np.any(ok)]
     if broken:
         return broken

@@ -52,14 +52,15 @@ def test_headroom_needs_a_unit():
 
 
 @pytest.mark.parametrize("command,gpus", [("search", "512"), ("sweep", "256:512")])
-@pytest.mark.parametrize("headroom,left", [("1TiB", "0.0"), ("79.9GiB", "0.0"), ("77GiB", "2.6")])
+@pytest.mark.parametrize("headroom,left", [("1TiB", "0.0"), ("79.9GiB", "0.0"), ("78.7GiB", "0.9")])
 def test_headroom_leaving_no_room_is_refused_up_front(command, gpus, headroom, left):
-    # dgx-h100: 81,559 MiB = 79.65 GiB of HBM (printed 79.6), 3 GiB framework allowance;
-    # 79.65 - 79.9 < 0 -> 0.0 GiB, 79.65 - 77 = 2.65 -> 2.6 GiB, both below the 3 GiB
+    # dgx-h100: 81,559 MiB = 79.65 GiB of HBM (printed 79.6); megatron-core's runtime reserve
+    # 1 GiB (framework_profiles/megatron-core.yaml) is the least any layout keeps;
+    # 79.65 - 79.9 < 0 -> 0.0 GiB, 79.65 - 78.7 = 0.95 -> 0.9 GiB, both below 1 GiB
     code, out, err = cli(command, "--model", "175b", "--gpus", gpus, "--min-memory-headroom", headroom)
     assert (code, out) == (2, "")
     assert err == (f"error: --min-memory-headroom {headroom} leaves {left} GiB of the 79.6 GiB per "
-                   "H100-SXM5-80GB, no more than its 3.0 GiB framework allowance: no layout can fit\n")
+                   "H100-SXM5-80GB, no more than its 1.0 GiB runtime reserve: no layout can fit\n")
 
 
 def test_no_fit_with_a_large_headroom_names_no_absurd_gpu_count():

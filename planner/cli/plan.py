@@ -11,8 +11,9 @@ from .. import catalog
 from ..cost.support import refuse_unmodelled
 from ..errors import UsageError
 from ..render import console
-from .app import (GBS, GPUS, HARDWARE, HEADROOM, JSON, MODEL, SEQ, RecomputeChoice, _check_count,
-                  _check_positive, _require, _training, app, handle_errors)
+from .app import (ALLOCATOR, FLASH, FRAMEWORK, GBS, GPUS, GRAD_DTYPE, HARDWARE, HEADROOM, JSON, MODEL,
+                  SEQ, RecomputeChoice, _check_count, _check_positive, _require, _training, app,
+                  handle_errors)
 
 
 @app.command()
@@ -57,15 +58,14 @@ def search(
                                              help="Let tp exceed one node's GPUs."),
     why_not: Optional[str] = typer.Option(None, "--why-not",
                                           help="Explain a (partial) layout, e.g. 'tp=4,pp=16', against the winner."),
+    framework: Optional[str] = FRAMEWORK, flash_attention: Optional[bool] = FLASH,
+    grad_dtype: Optional[str] = GRAD_DTYPE, allocator_reserve: Optional[float] = ALLOCATOR,
 ) -> None:
     """Rank the TP/PP/DP/ZeRO layouts that fit, by predicted throughput (or --objective)."""
     from ..export import make_plan, write_plan
-    from ..search import SearchOptions
-    from ..search import search as run_search
-    m = catalog.resolve_model(_require(model, "--model"))
-    refuse_unmodelled(m)
-    hw = catalog.resolve_hardware(hardware)
-    training = _training(m, global_batch_size, seq_length)
+    from ..search import SearchOptions, search as run_search
+    m, hw, profile, training = _inputs(model, hardware, global_batch_size, seq_length, framework,
+                                       flash_attention, grad_dtype, allocator_reserve)
     _check_positive(top=top, tp=tp, pp=pp, dp=dp, micro_batch_size=micro_batch_size, vpp=vpp,
                     max_tp=max_tp, max_pp=max_pp, max_micro_batch_size=max_micro_batch_size,
                     max_vpp=max_vpp, cp=cp, max_cp=max_cp, max_gpus=max_gpus,
@@ -75,7 +75,7 @@ def search(
     _check_search_flags(export, force, why_not, gpus, max_gpus)
     from ..objective import check_headroom
     headroom_bytes, headroom_fraction = check_headroom(
-        min_memory_headroom, float(hw.gpu.hbm_capacity), float(hw.framework_overhead), hw.gpu.name)
+        min_memory_headroom, float(hw.gpu.hbm_capacity), _least_reserve(hw, training), hw.gpu.name)
     opts = SearchOptions(tp=tp, pp=pp, dp=dp, zero_stage=zero_stage, micro_batch_size=micro_batch_size,
                          recompute=recompute.value if recompute else None,
                          sequence_parallel=sequence_parallel, vpp=vpp, max_tp=max_tp, max_pp=max_pp,
@@ -83,7 +83,8 @@ def search(
                          cp=cp, distributed_optimizer=distributed_optimizer, max_cp=max_cp,
                          allow_cross_node_tp=allow_cross_node_tp, objective=objective, tokens=tokens,
                          price_per_gpu_hour=price_per_gpu_hour, max_gpus=max_gpus,
-                         headroom_bytes=headroom_bytes, headroom_fraction=headroom_fraction)
+                         headroom_bytes=headroom_bytes, headroom_fraction=headroom_fraction,
+                         framework=profile)
     n = gpus if gpus is not None else f"at most {max_gpus}"
     money = _currency(currency, price_per_gpu_hour)
     if why_not is not None:
@@ -93,7 +94,8 @@ def search(
         result = run_search(m, hw, training, gpus, opts)
     best = result.ranked
     if export is not None:
-        write_plan(make_plan(m, hw, training, best.candidates.layout(0), best.to_dict(0)), export, force)
+        plan = make_plan(m, hw, training, best.candidates.layout(0), best.to_dict(0), profile)
+        write_plan(plan, export, force)
     _search_output(m, hw, training, n, result, top, json_out, money, max_gpus is not None, export)
 
 
@@ -181,15 +183,18 @@ def sweep(
                                         "linear scaling) and MFU vs GPUs to a PNG."),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing --plot file."),
     min_memory_headroom: Optional[str] = HEADROOM,
+    framework: Optional[str] = FRAMEWORK, flash_attention: Optional[bool] = FLASH,
+    grad_dtype: Optional[str] = GRAD_DTYPE, allocator_reserve: Optional[float] = ALLOCATOR,
 ) -> None:
     """Best layout, tokens/s, MFU and scaling efficiency at each GPU count."""
     from .sweep import run
     m = catalog.resolve_model(_require(model, "--model"))
     refuse_unmodelled(m)
     hw = catalog.resolve_hardware(hardware)
-    training = _training(m, None, seq_length)
+    profile, training = _training(m, None, seq_length, framework, flash_attention, grad_dtype,
+                                  allocator_reserve)
     run(m, hw, training, _require(gpus, "--gpus"), json_out, plot, force, min_memory_headroom,
-        global_batch_size)
+        global_batch_size, profile)
 
 
 @app.command()
@@ -225,6 +230,8 @@ def estimate(
     allow_cross_node_tp: bool = typer.Option(False, "--allow-cross-node-tp",
                                              help="Let tp exceed one node's GPUs (a --plan may always)."),
     json_out: bool = JSON,
+    framework: Optional[str] = FRAMEWORK, flash_attention: Optional[bool] = FLASH,
+    grad_dtype: Optional[str] = GRAD_DTYPE, allocator_reserve: Optional[float] = ALLOCATOR,
 ) -> None:
     """Memory and step-time breakdown of one layout (from flags or --plan). Exits 1 if it does not fit."""
     from ..cost.step import estimate_layout
@@ -235,7 +242,9 @@ def estimate(
              "--recompute": recompute, "--sequence-parallel": sequence_parallel, "--vpp": vpp,
              "--cp": cp, "--distributed-optimizer": distributed_optimizer,
              "--first-stage-layers": first_stage_layers, "--last-stage-layers": last_stage_layers,
-             "--allow-cross-node-tp": allow_cross_node_tp or None}
+             "--allow-cross-node-tp": allow_cross_node_tp or None, "--framework": framework,
+             "--flash-attention": flash_attention, "--grad-dtype": grad_dtype,
+             "--allocator-reserve": allocator_reserve}
     if plan is not None:
         from ..export import read_plan
         given = [flag for flag, value in flags.items() if value is not None]
@@ -243,39 +252,60 @@ def estimate(
             raise UsageError(f"--plan cannot be combined with {', '.join(given)}: the plan fixes "
                              "them (edit the plan, or estimate from flags without --plan)")
         p = read_plan(plan)
-        m, hw, training, layout, n = p.model, p.hardware, p.training, p.layout, p.gpus
+        m, hw, training, layout, n, profile = p.model, p.hardware, p.training, p.layout, p.gpus, p.framework
         refuse_unmodelled(m)
         # as every plan consumer (export.read_checked_plan): TP across nodes is slow, not invalid
-        check_layout(m, hw, training, n, layout.model_dump(), allow_cross_node_tp=True)
+        check_layout(m, hw, training, n, layout.model_dump(), allow_cross_node_tp=True,
+                     framework=profile)
     else:
         # Checked as given, before the defaults: `--tp 0` is an error, not tp=1.
         _check_positive(tp=tp, pp=pp, dp=dp, cp=cp, micro_batch_size=micro_batch_size, vpp=vpp)
         _check_count(first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers)
         zero_stage = _zero_stage(zero_stage, distributed_optimizer)
-        m = catalog.resolve_model(_require(model, "--model"))
-        refuse_unmodelled(m)
-        hw = catalog.resolve_hardware(hardware or "dgx-h100")
-        training = _training(m, global_batch_size, seq_length)
+        m, hw, profile, training = _inputs(model, hardware or "dgx-h100", global_batch_size,
+                                           seq_length, framework, flash_attention, grad_dtype,
+                                           allocator_reserve)
         n = _require(gpus, "--gpus")
         layout = _layout(m, hw, training, n, tp or 1, pp or 1, dp, zero_stage, micro_batch_size or 1,
                          (recompute or RecomputeChoice.none).value, bool(sequence_parallel), vpp or 1,
                          cp=cp or 1, distributed_optimizer=bool(distributed_optimizer),
                          first_stage_layers=first_stage_layers or 0,
                          last_stage_layers=last_stage_layers or 0,
-                         allow_cross_node_tp=allow_cross_node_tp)
-    est = estimate_layout(m, hw, training, layout)
-    result = est.to_dict(0)
-    from ..render.breakdown import estimate_report, plan_drift
-    if json_out:
-        console.print_json(result)
-    else:
-        from ..render.search import header
-        header(m, hw, training, n)
-        estimate_report(est)
+                         allow_cross_node_tp=allow_cross_node_tp, framework=profile)
+    result = _estimate_output(m, hw, training, n, estimate_layout(m, hw, training, layout), json_out)
     if plan is not None:
+        from ..render.breakdown import plan_drift
         plan_drift(p, result)
     if not result["memory"]["fits"]:
         raise typer.Exit(1)
+
+
+def _inputs(model, hardware, global_batch_size, seq_length, framework, flash, grad_dtype, allocator):
+    """(model, hardware, framework profile, TrainingSpec) from the flags (UsageError)."""
+    m = catalog.resolve_model(_require(model, "--model"))
+    refuse_unmodelled(m)
+    hw = catalog.resolve_hardware(hardware)
+    profile, training = _training(m, global_batch_size, seq_length, framework, flash, grad_dtype,
+                                  allocator)
+    return m, hw, profile, training
+
+
+def _estimate_output(m, hw, training, n, est, json_out: bool) -> dict:
+    """estimate's JSON (Estimate.to_dict with ``pipeline``: every pipeline rank's memory and
+    time, the binding and the slowest rank, the imbalance) or its tables; returns to_dict."""
+    from ..cost.stages import stage_profile
+    result = est.to_dict(0)
+    stages = stage_profile(m, hw, training, est)
+    if json_out:
+        console.print_json({**result, "pipeline": {"ranks": stages.to_list(), "binding": stages.binding,
+                                                   "slowest": stages.slowest,
+                                                   "imbalance": stages.imbalance}})
+    else:
+        from ..render.breakdown import estimate_report
+        from ..render.search import header
+        header(m, hw, training, n)
+        estimate_report(est, stages)
+    return result
 
 
 def _zero_stage(zero_stage: Optional[int], distributed_optimizer: Optional[bool]) -> int:
@@ -299,9 +329,15 @@ def _with_gpus(entry: dict) -> dict:
             **{k: v for k, v in entry.items() if k != "layout"}}
 
 
+def _least_reserve(hw, training) -> float:
+    """The reserve every layout keeps at least (bytes): the framework's runtime part and the
+    hardware profile's optional extra allowance (cost.estimate.reserve_bytes)."""
+    return float(training.reserve_runtime) + float(hw.framework_overhead or 0.0)
+
+
 def _layout(m, hw, training, gpus, tp, pp, dp, zero_stage, micro_batch_size, recompute, sp, vpp,
             cp=1, distributed_optimizer=False, first_stage_layers=0, last_stage_layers=0,
-            allow_cross_node_tp=False):
+            allow_cross_node_tp=False, framework=None):
     """Validate one user layout against the same rules the search applies (UsageError)."""
     from ..search import check_layout
     _check_positive(tp=tp, pp=pp, dp=dp, micro_batch_size=micro_batch_size, vpp=vpp, cp=cp)
@@ -311,4 +347,4 @@ def _layout(m, hw, training, gpus, tp, pp, dp, zero_stage, micro_batch_size, rec
                   first_stage_layers=first_stage_layers, last_stage_layers=last_stage_layers)
     if dp is not None:
         fields["dp"] = dp
-    return check_layout(m, hw, training, gpus, fields, allow_cross_node_tp)
+    return check_layout(m, hw, training, gpus, fields, allow_cross_node_tp, framework)

@@ -16,7 +16,8 @@ from .app import JSON, app, handle_errors
 @handle_errors
 def export_cmd(
     plan: Path = typer.Argument(..., help="Plan YAML written by `plan3d search --export`."),
-    to: str = typer.Option(..., "--to", help="Target: megatron, nemo, deepspeed or torchtitan."),
+    to: Optional[str] = typer.Option(None, "--to", help="Target: megatron, nemo, deepspeed, torchtitan, "
+                                     "or a framework (megatron-core, ...) \\[default: the plan's framework]."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write to FILE instead of stdout."),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing --output file."),
     torchtitan_format: Optional[str] = typer.Option(None, "--torchtitan-format",
@@ -24,14 +25,14 @@ def export_cmd(
 ) -> None:
     """Write a plan as a training framework's arguments or config."""
     from ..export import check_destination, read_checked_plan
-    from ..frameworks import export_plan
-    target = to.strip().lower()
-    if torchtitan_format is not None and target != "torchtitan":
-        raise UsageError(f"--torchtitan-format applies to --to torchtitan only, not --to {target}")
+    from ..frameworks import export_plan, export_target
     if output is not None:
         check_destination(output, force, "--output", "config.txt")
-    result = export_plan(read_checked_plan(plan), target,
-                         (torchtitan_format or "overrides").strip().lower())
+    p = read_checked_plan(plan)
+    target = export_target(to, p)
+    if torchtitan_format is not None and target != "torchtitan":
+        raise UsageError(f"--torchtitan-format applies to --to torchtitan only, not --to {target}")
+    result = export_plan(p, target, (torchtitan_format or "overrides").strip().lower())
     for note in result.notes:
         console.note(f"note: {note}")
     if output is None:
@@ -42,7 +43,7 @@ def export_cmd(
         output.write_text(result.text, encoding="utf-8")
     except OSError as exc:
         raise UsageError(f"cannot write {output}: {exc.strerror or exc}") from None
-    console.note(f"Wrote {to} configuration to {output}")
+    console.note(f"Wrote {target} configuration to {output}")
 
 
 @app.command()

@@ -12,8 +12,10 @@ from ..specs import HardwareProfile, ModelSpec, TrainingSpec
 
 
 def run(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: str, json_out: bool,
-        plot_path: Path | None, force: bool, headroom: str | None, batches: str | None = None) -> None:
-    """``plan3d sweep``: UsageError on bad input (GPU counts, batches, an existing --plot file
+        plot_path: Path | None, force: bool, headroom: str | None, batches: str | None = None,
+        framework=None) -> None:
+    """``plan3d sweep`` (``framework``: the profile whose rules apply, FrameworkProfile or None):
+    UsageError on bad input (GPU counts, batches, an existing --plot file
     without --force, no matplotlib), NoFitError when no count has a fitting layout."""
     from ..objective import check_headroom
     from ..render import console
@@ -26,8 +28,10 @@ def run(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: str
     if plot_path is not None:
         _check_plot(plot_path, force)
     headroom_bytes, headroom_fraction = check_headroom(
-        headroom, float(hw.gpu.hbm_capacity), float(hw.framework_overhead), hw.gpu.name)
-    opts = SearchOptions(headroom_bytes=headroom_bytes, headroom_fraction=headroom_fraction)
+        headroom, float(hw.gpu.hbm_capacity),
+        float(training.reserve_runtime) + float(hw.framework_overhead or 0.0), hw.gpu.name)
+    opts = SearchOptions(headroom_bytes=headroom_bytes, headroom_fraction=headroom_fraction,
+                         framework=framework)
     with progress() as bar:
         task = bar.add_task("Sweeping GPU counts", total=len(counts) * len(sizes))
         rows = sweep_batches(model, hw, training, counts, sizes, opts,

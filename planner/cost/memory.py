@@ -47,7 +47,12 @@ def rank_params(model: ModelSpec, c, rank) -> dict[str, np.ndarray]:
 
 def stage_params(model: ModelSpec, c, kind: str) -> np.ndarray:
     """Parameters held by one GPU of the ``first``, ``middle`` or ``last`` pipeline rank."""
-    p = rank_params(model, c, rank_index(c, kind))
+    return params_at(model, c, rank_index(c, kind))
+
+
+def params_at(model: ModelSpec, c, rank) -> np.ndarray:
+    """Parameters held by one GPU of pipeline rank ``rank`` (an index array), broadcast."""
+    p = rank_params(model, c, rank)
     return p["layer"] * p["layers"] + p["embedding"] + p["head"]
 
 
@@ -64,15 +69,26 @@ def zero_divisors(c) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def model_state_bytes(params: np.ndarray, c, training: TrainingSpec) -> dict[str, np.ndarray]:
     """Weights, gradients and optimizer states in bytes for ``params`` held per GPU (formulas.md 2.1).
 
-    bf16 weights (2 B), main grads ``grad_bytes`` (4 B fp32 by default in Megatron), optimizer
-    12 B (fp32 master + Adam m, v), each divided by zero_divisors: stage 0 2 + g + 12 (Megatron
-    DDP: 18 B); stage 1 (distributed optimizer) 2 + g + 12/n; stage 2 2 + (g + 12)/n; stage 3
-    (FSDP) (2 + g + 12)/n.
+    Per parameter, each divided by zero_divisors (n = dp*cp where the stage shards it):
+    weights ``param_bytes`` (2 bf16; 4 where the fp32 parameter is its own master, FSDP2),
+    gradients ``grad_bytes`` (4 fp32 main grads in Megatron, 2 16-bit), optimizer 8 (Adam m, v)
+    + 4 for a separate fp32 master copy (``master_weights``). Megatron (2, 4, 12): stage 0
+    18 B; stage 1 (distributed optimizer) 2 + 4 + 12/n; stage 2 2 + 16/n; stage 3 18/n.
+    Framework terms (TrainingSpec, from the framework profile): ``fp32_grad_partition`` adds
+    an fp32 gradient partition 4/n to 16-bit gradients at stages 1-2 (DeepSpeed ZeRO-2:
+    2 + 18/n, its estimator after PR #5099); ``pp_unsharded_params`` adds the stage's bf16
+    parameters, 2 B, at stage 3 with pp > 1 (FSDP2 does not reshard after forward under PP).
     """
     w, g, o = zero_divisors(c)
-    return {"weights": params * 2.0 / w,
-            "gradients": params * float(training.grad_bytes) / g,
-            "optimizer": params * OPTIMIZER_BYTES_PER_PARAM / o}
+    stage = c.sharding_stage
+    weights = params * float(training.param_bytes) / w
+    if training.pp_unsharded_params:
+        weights = weights + np.where((stage >= 3) & (np.asarray(c.pp) > 1), params * 2.0, 0.0)
+    grads = params * float(training.grad_bytes) / g
+    if training.fp32_grad_partition and training.grad_bytes < 4:
+        grads = grads + np.where((stage == 1) | (stage == 2), params * 4.0 / o, 0.0)
+    states = 8.0 + (4.0 if training.master_weights else 0.0)
+    return {"weights": weights, "gradients": grads, "optimizer": params * states / o}
 
 
 def layer_activation_terms(model: ModelSpec, training: TrainingSpec) -> tuple[float, float, float]:
@@ -99,7 +115,8 @@ def activation_per_layer(model: ModelSpec, training: TrainingSpec, c,
     """Bytes saved by ONE layer for ONE micro-batch on one GPU, by recompute mode. Broadcast array.
 
     tokens = s*b/cp (LayoutDegrees.tokens_per_microbatch); none: tokens*(R/sp + (S + scores)/t)
-    with sp = t under SP, else 1; selective: the same without the attention-score term
+    with sp = t under SP, else 1 (K and V of max(g, t)/t KV heads per rank: one each when t
+    exceeds the KV heads, Megatron-Core's replication); selective: the same without the attention-score term
     (Korthikanti's core-attention recompute); full: only the layer input, 2*h per token (/t with
     SP). Scores: scores_per_s * s per token without flash attention (CP needs flash attention),
     the fp32 log-sum-exp 4*a per token with it.
@@ -114,14 +131,19 @@ def activation_per_layer(model: ModelSpec, training: TrainingSpec, c,
     else:
         scores = np.where(rc >= 1, 0.0, scores_per_s * s)
     replicated_div = c.sp_divisor
-    stored = tokens * (rep / replicated_div + (shard + scores) / tp)
+    # tp a multiple of the KV heads (Megatron-Core): each rank keeps one KV head's K and V
+    kv_replicas = 4.0 * model.kv_channels * (np.maximum(model.kv_heads, tp) - model.kv_heads)
+    stored = tokens * (rep / replicated_div + (shard + kv_replicas + scores) / tp)
     full = tokens * 2.0 * model.hidden_size / replicated_div
     return np.where(rc == 2, full, stored)
 
 
 def activation_bytes_by_stage(model: ModelSpec, training: TrainingSpec, c,
-                              kinds: tuple[str, ...] = ("first", "last")) -> dict[str, np.ndarray]:
+                              kinds: tuple[str, ...] = ("first", "last"),
+                              ranks: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
     """Peak activation bytes on the ``first``, ``middle`` and ``last`` pipeline ranks. {kind: array}
+    (``ranks``: {label: pipeline rank index array} instead of ``kinds``, e.g. every rank of one
+    layout: {"rank": np.arange(pp)}, broadcast against ``c``.)
 
     in-flight layers (pipeline.inflight_layers, the rank's own chunk sizes) x per-layer bytes;
     with full recompute add the working set of one layer recomputed in backward (formulas.md
@@ -140,8 +162,8 @@ def activation_bytes_by_stage(model: ModelSpec, training: TrainingSpec, c,
     vocab = flops.padded_vocab(model.vocab_size, c.tp).astype(np.float64)
     last_edge = tokens * (4.0 * h / sp_div + 6.0 * vocab / c.tp)
     out = {}
-    for kind in kinds:
-        rank = rank_index(c, kind)
+    targets = ranks if ranks is not None else {kind: rank_index(c, kind) for kind in kinds}
+    for kind, rank in targets.items():
         total = pipeline.inflight_layers(c, model.num_layers, m, rank) * per_layer + working
         held_first = pipeline.inflight_first_chunk(c, m, rank)
         first_edge = held_first * tokens * (8.0 + (h / sp_div if model.dropout > 0 else 0.0))

@@ -94,9 +94,6 @@ def export_nemo(plan: Plan) -> Export:
         "as run_recipe.py overrides:",
         "  " + " ".join(overrides),
     ]
-    if plan.model.position_embedding == "alibi":
-        comments.append("the model uses ALiBi, which Megatron-Core GPT models do not implement: "
-                        "the recipe needs a model provider with ALiBi")
     rope = rope_note(plan, "the recipe's model provider (Megatron-Core rotary_base; not written "
                      "here: not in the Megatron-Bridge field list plan3d is checked against)",
                      "the provider's rotary base")
