@@ -153,7 +153,10 @@ def validate_framework(data: object, origin: str,
         if parent in seen:
             raise UsageError(f"{origin}: extends forms a cycle through {parent}")
         seen.append(parent)
-        data = merge_extends(data, catalog[parent][1])
+        try:
+            data = merge_extends(data, catalog[parent][1])
+        except ValueError as exc:
+            raise UsageError(f"{origin}: {exc}") from None
     return validate(FrameworkProfile, data, origin)
 
 

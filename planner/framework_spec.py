@@ -64,7 +64,8 @@ class Rules(_Facts):
       multiple of them: each rank then computes one KV head, Megatron-Core).
     - ``interleaving``: interleaved 1F1B exists (vpp > 1); ``interleaving_min_pp``: the least pp
       it accepts; ``interleaved_microbatches``: ``at_least_pp`` (m >= pp), ``multiple_of_pp``
-      (m % pp == 0) or ``pytorch_rounds`` (m % max(1, m // pp) == 0).
+      (m % pp == 0) or ``pytorch_rounds`` (m >= pp and m % (m // pp) == 0: PyTorch's rounds;
+      PyTorch itself admits m < pp, where torchtitan warns and plan3d's schedule model stops).
     - ``pipeline_microbatches``: ``any`` or ``at_least_pp`` (non-interleaved 1F1B needs m >= pp).
     - ``uneven_split``: ``none``, ``megatron`` (Megatron-Core's first/last stage counts, both
       interleaved forms) or ``edge_stages`` (first/last stage shortened; interleaved only the
@@ -197,13 +198,19 @@ def merge_extends(data: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
     """A profile's raw mapping with ``extends`` resolved against ``base`` (the parent's raw
     mapping, already resolved): top-level fields are taken from ``data`` where given, else from
     ``base`` (name and aliases never inherited); each fact block is the parent's block updated
-    with the fields and sources ``data`` gives. Raw YAML values in, raw values out."""
+    with the fields and sources ``data`` gives. Raw YAML values in, raw values out. ValueError
+    when a block changes a fact without giving its own source for it."""
     out = {k: v for k, v in base.items() if k not in ("name", "aliases")}
     for key, value in data.items():
         if key == "extends":
             continue
         if key in ("rules", "runtime", "memory", "reserve") and isinstance(value, dict) \
                 and isinstance(base.get(key), dict):
+            sources = value.get("sources") if isinstance(value.get("sources"), dict) else {}
+            unsourced = [k for k in value if k != "sources" and not str(sources.get(k, "")).strip()]
+            if unsourced:
+                raise ValueError(f"{key}.{unsourced[0]} changes the fact of {data['extends']} "
+                                 f"without a source: add {key}.sources.{unsourced[0]}")
             block = dict(base[key])
             block.update({k: v for k, v in value.items() if k != "sources"})
             block["sources"] = {**base[key].get("sources", {}), **value.get("sources", {})}

@@ -87,10 +87,12 @@ def _pipeline_masks(profile: FrameworkProfile, model: ModelSpec, c, m, pp, vpp) 
     elif r.interleaved_microbatches == "multiple_of_pp":
         out[f"{d}: interleaving needs pp >= {r.interleaving_min_pp} and micro-batches a multiple "
             "of pp"] = flat | ((pp >= r.interleaving_min_pp) & (m % pp == 0))
-    else:  # PyTorch ScheduleInterleaved1F1B: rounds = max(1, m // pp), m % rounds == 0
+    else:  # PyTorch ScheduleInterleaved1F1B: rounds = max(1, m // pp), m % rounds == 0; and
+        # m >= pp, which PyTorch does not check but torchtitan warns about and plan3d's
+        # interleaved schedule assumes
         rounds = np.maximum(1.0, np.floor(m / pp))
-        out[f"{d}: interleaved 1F1B needs micro-batches a multiple of max(1, m // pp)"] = \
-            flat | ((pp >= r.interleaving_min_pp) & (m % rounds == 0))
+        out[f"{d}: interleaved 1F1B needs >= pp micro-batches, a multiple of m // pp"] = \
+            flat | ((pp >= r.interleaving_min_pp) & (m >= pp) & (m % rounds == 0))
     if r.pipeline_microbatches == "at_least_pp":
         out[f"{d}: 1F1B needs micro-batches >= pipeline stages"] = (pp == 1) | ~flat | (m >= pp)
     uneven = np.asarray(c.first_stage_layers) > 0
