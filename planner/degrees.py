@@ -59,7 +59,7 @@ class LayoutDegrees:
 
     @property
     def communicators(self):
-        """NCCL communicators one rank uses (formulas.md 3.9): TP (tp > 1), CP (cp > 1), PP
+        """NCCL communicators one rank uses (formulas.md 3.10): TP (tp > 1), CP (cp > 1), PP
         (pp > 1: the p2p of batched send/recv), the gradient group dp*cp (> 1), and the
         model-parallel group tp*pp (> 1) that reduces the gradient norm and the loss. Int array."""
         tp, cp, pp = np.asarray(self.tp), np.asarray(self.cp), np.asarray(self.pp)

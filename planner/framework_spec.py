@@ -11,7 +11,7 @@ A framework profile describes one training software as plan3d needs it:
   parameter bytes, a separate fp32 master copy, DeepSpeed's fp32 gradient partition, FSDP2's
   unsharded stage parameters under PP.
 - ``reserve`` -- memory a layout must leave to the runtime and the allocator: a fixed part per
-  process, a part per NCCL communicator and a fraction of the working set (formulas.md 3.9).
+  process, a part per NCCL communicator and a fraction of the working set (formulas.md 3.10).
 - ``efficiency`` -- optional per-framework multipliers of the hardware efficiency factors, for
   ``plan3d calibrate`` to fit later; only 1.0 is accepted today (they are not applied yet).
 
@@ -147,7 +147,7 @@ class Memory(_Facts):
 
 class Reserve(_Facts):
     """Memory per GPU a layout must leave free for the runtime and the allocator (formulas.md
-    3.9): ``runtime`` (CUDA context, library workspaces, HBM the driver keeps) + ``per_communicator``
+    3.10): ``runtime`` (CUDA context, library workspaces, HBM the driver keeps) + ``per_communicator``
     x the NCCL communicators the rank uses + ``allocator`` x the working set (activations and
     transient buffers: what the caching allocator allocates and frees every step)."""
 

@@ -217,7 +217,7 @@ class HardwareProfile(_Strict):
     efficiency: Efficiency
     # Optional extra allowance per GPU a site needs beyond the framework profile's reserve (a
     # monitoring agent, MPS); the runtime, NCCL and allocator reserve is the framework's
-    # (framework_profiles/, formulas.md 3.9). None (the shipped profiles): nothing extra.
+    # (framework_profiles/, formulas.md 3.10). None (the shipped profiles): nothing extra.
     framework_overhead: Bytes | None = None
     framework_overhead_source: str = ""
 

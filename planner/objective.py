@@ -92,7 +92,7 @@ def check_headroom(text: str | None, capacity: float, framework_overhead: float,
                    gpu_name: str) -> tuple[float, float]:
     """``parse_headroom``, then refuse a headroom that leaves no more than the least reserve any
     layout keeps (``framework_overhead``, bytes: the framework profile's runtime reserve plus the
-    hardware profile's optional extra allowance; formulas.md 3.9) of ``capacity`` (bytes of
+    hardware profile's optional extra allowance; formulas.md 3.10) of ``capacity`` (bytes of
     HBM): no layout could fit, so say so before searching. The headroom is kept free on top of
     each layout's reserve. UsageError."""
     headroom_bytes, headroom_fraction = parse_headroom(text)

@@ -186,7 +186,7 @@ class TrainingSpec(_Strict):
     # reads beside the ones above: stored parameter bytes, a separate fp32 master copy, DeepSpeed's
     # fp32 gradient partition (ZeRO-1/2 with 16-bit gradients), FSDP2's gathered stage parameters
     # under PP, and the memory reserve (runtime + per NCCL communicator + allocator fraction of
-    # the working set, formulas.md 3.9). Set together by frameworks.profile.resolve_training;
+    # the working set, formulas.md 3.10). Set together by frameworks.profile.resolve_training;
     # the defaults are megatron-core's.
     framework: str = Field(default="megatron-core", pattern=NAME_PATTERN)
     param_bytes: Literal[2, 4] = 2

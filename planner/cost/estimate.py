@@ -110,7 +110,7 @@ def memory_by_rank(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec
 
 
 def reserve_bytes(hw: HardwareProfile, training: TrainingSpec, c, working_set) -> np.ndarray:
-    """Memory per GPU the runtime and the allocator keep beyond the tensors (formulas.md 3.9),
+    """Memory per GPU the runtime and the allocator keep beyond the tensors (formulas.md 3.10),
     bytes: the framework profile's ``reserve_runtime`` (CUDA context, workspaces, HBM the driver
     keeps) + ``reserve_per_communicator`` x LayoutDegrees.communicators + ``reserve_allocator``
     x ``working_set`` (activations and transient buffers: what the caching allocator allocates

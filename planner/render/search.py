@@ -32,7 +32,7 @@ def header(model, hw, training, gpus, batch: str | None = None) -> None:
 def framework_line(training) -> str:
     """The framework and the facts of it a reader checks first: flash attention, the gradient
     dtype, the memory reserve (runtime + per NCCL communicator + allocator share of the working
-    set; formulas.md 3.9). Wrapped at spaces by the console."""
+    set; formulas.md 3.10). Wrapped at spaces by the console."""
     from ..frameworks.profile import gradient_dtype_name
     flash = "flash attention" if training.flash_attention else "no flash attention"
     return (f"framework {training.framework}: {flash}, {gradient_dtype_name(training)} gradients, "
