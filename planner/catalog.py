@@ -1,7 +1,8 @@
-"""Find and load the YAML catalogs (models, hardware profiles), aliases, and user files.
+"""Find and load the YAML catalogs (models, hardware profiles, framework profiles), aliases, and
+user files.
 
-The catalogs live in ``models/`` and ``hardware_profiles/`` at the repository root; a built wheel
-carries them as ``planner/_catalog/{models,hardware_profiles}`` (see pyproject.toml).
+The catalogs live in ``models/``, ``hardware_profiles/`` and ``framework_profiles/`` at the
+repository root; a built wheel carries them as ``planner/_catalog/...`` (see pyproject.toml).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from .errors import UsageError
+from .framework_spec import FrameworkProfile, merge_extends
 from .specs import HardwareProfile, ModelSpec
 
 T = TypeVar("T", bound=BaseModel)
@@ -110,12 +112,52 @@ def describe_validation_error(exc: ValidationError) -> str:
 
 @lru_cache(maxsize=None)
 def _load_all(kind: str) -> dict[str, BaseModel]:
+    if kind == FRAMEWORKS:
+        raw = _framework_raw()
+        return {name: validate_framework(data, str(path), raw) for name, (path, data) in raw.items()}
     cls = ModelSpec if kind == "models" else HardwareProfile
     entries: dict[str, BaseModel] = {}
     for path in sorted(catalog_dir(kind).glob("*.yaml")):
         spec = validate(cls, read_yaml(path), str(path))
         entries[spec.name] = spec
     return entries
+
+
+FRAMEWORKS = "framework_profiles"
+
+
+@lru_cache(maxsize=None)
+def _framework_raw() -> dict[str, tuple[Path, dict]]:
+    """The shipped framework profiles as parsed YAML, by name (``extends`` not yet resolved)."""
+    raw: dict[str, tuple[Path, dict]] = {}
+    for path in sorted(catalog_dir(FRAMEWORKS).glob("*.yaml")):
+        data = read_yaml(path)
+        if not isinstance(data, dict) or not isinstance(data.get("name"), str):
+            raise UsageError(f"{path}: a framework profile needs a 'name'")
+        raw[data["name"]] = (path, data)
+    return raw
+
+
+def validate_framework(data: object, origin: str,
+                       catalog: dict[str, tuple[Path, dict]] | None = None) -> FrameworkProfile:
+    """A FrameworkProfile from a parsed YAML mapping, ``extends: NAME`` resolved against the
+    shipped catalog (chains allowed, cycles refused). UsageError naming the field otherwise."""
+    catalog = _framework_raw() if catalog is None else catalog
+    seen: list[str] = []
+    while isinstance(data, dict) and "extends" in data:
+        parent = data["extends"]
+        if not isinstance(parent, str) or parent not in catalog:
+            names = ", ".join(sorted(catalog))
+            raise UsageError(f"{origin}: extends {parent!r}: not a shipped framework profile "
+                             f"(one of {names})")
+        if parent in seen:
+            raise UsageError(f"{origin}: extends forms a cycle through {parent}")
+        seen.append(parent)
+        try:
+            data = merge_extends(data, catalog[parent][1])
+        except ValueError as exc:
+            raise UsageError(f"{origin}: {exc}") from None
+    return validate(FrameworkProfile, data, origin)
 
 
 def models() -> dict[str, ModelSpec]:
@@ -126,6 +168,11 @@ def models() -> dict[str, ModelSpec]:
 def hardware_profiles() -> dict[str, HardwareProfile]:
     """All catalog hardware profiles by name."""
     return _load_all("hardware_profiles")  # type: ignore[return-value]
+
+
+def framework_profiles() -> dict[str, FrameworkProfile]:
+    """All catalog framework profiles by name (``extends`` resolved)."""
+    return _load_all(FRAMEWORKS)  # type: ignore[return-value]
 
 
 def refuse_plan(data: object, name: str) -> None:
@@ -170,6 +217,8 @@ def _resolve(kind: str, label: str, name: str, cls: type[T]) -> T:
             raise UsageError(f"{name}: JSON {label} files are not supported yet; write the YAML schema")
         data = read_yaml(path)
         refuse_plan(data, name)
+        if kind == FRAMEWORKS:
+            return validate_framework(data, str(path))  # type: ignore[return-value]
         return validate(cls, data, str(path))
     entries = _load_all(kind)
     key = name.strip().lower()
@@ -179,8 +228,9 @@ def _resolve(kind: str, label: str, name: str, cls: type[T]) -> T:
     close = difflib.get_close_matches(key, list(names), n=5, cutoff=0.5)
     prefix = sorted({names[n] for n in names if n.startswith(key) or key in n})
     suggestions = list(dict.fromkeys([names[c] for c in close] + prefix))[:6]
+    command = {"models": "models", FRAMEWORKS: "frameworks"}.get(kind, "hardware")
     hint = f"; did you mean: {', '.join(suggestions)}?" if suggestions else \
-        f"; see `plan3d {'models' if kind == 'models' else 'hardware'}` for the list"
+        f"; see `plan3d {command}` for the list"
     raise UsageError(f"unknown {label} {name!r}{hint}")
 
 
@@ -193,3 +243,12 @@ def resolve_model(name: str) -> ModelSpec:
 def resolve_hardware(name: str) -> HardwareProfile:
     """A catalog name or alias, or a path to a YAML hardware profile."""
     return _resolve("hardware_profiles", "hardware profile", name, HardwareProfile)
+
+
+DEFAULT_FRAMEWORK = "megatron-core"
+
+
+def resolve_framework(name: str | None = None) -> FrameworkProfile:
+    """A catalog framework profile by name or alias (None: megatron-core, the default), or a
+    path to a YAML framework profile (which may ``extends`` a shipped one)."""
+    return _resolve(FRAMEWORKS, "framework profile", name or DEFAULT_FRAMEWORK, FrameworkProfile)

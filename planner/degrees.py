@@ -59,6 +59,15 @@ class LayoutDegrees:
         parallelism, else 1."""
         return np.where(self.sequence_parallel, self.tp, 1)
 
+    @property
+    def communicators(self):
+        """NCCL communicators one rank uses (formulas.md 3.10): TP (tp > 1), CP (cp > 1), PP
+        (pp > 1: the p2p of batched send/recv), the gradient group dp*cp (> 1), and the
+        model-parallel group tp*pp (> 1) that reduces the gradient norm and the loss. Int array."""
+        tp, cp, pp = np.asarray(self.tp), np.asarray(self.cp), np.asarray(self.pp)
+        return ((tp > 1).astype(np.int64) + (cp > 1) + (pp > 1) + (np.asarray(self.grad_group) > 1)
+                + ((tp * pp) > 1))
+
     def num_microbatches(self, global_batch_size: int):
         """m = B / (dp * micro_batch_size): micro-batches per step on each pipeline (CP ranks
         share a micro-batch's sequences, so cp does not enter). Float; a whole number where the

@@ -10,19 +10,24 @@ from . import __version__
 from .catalog import read_yaml, validate
 from .errors import UsageError
 from .outputs import check_destination, write  # noqa: F401 (check_destination re-exported)
+from .framework_spec import FrameworkProfile
 from .specs import HardwareProfile, Layout, ModelSpec, Plan, TrainingSpec
 
 
 def make_plan(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, layout: Layout,
-              estimate: dict) -> Plan:
-    """A Plan with the estimate's memory/time/throughput (SI units) attached."""
+              estimate: dict, framework: FrameworkProfile | None = None) -> Plan:
+    """A Plan with the estimate's memory/time/throughput (SI units) attached and the framework
+    profile embedded (None: the catalog profile ``training.framework`` names)."""
+    from .frameworks.rules import profile_for
     return Plan(plan3d_version=__version__, model=model, hardware=hw, gpus=layout.gpus,
                 training=training, layout=layout,
-                estimate={k: estimate[k] for k in ("memory", "time", "throughput")})
+                estimate={k: estimate[k] for k in ("memory", "time", "throughput")},
+                framework=profile_for(training, framework))
 
 
 def plan_to_yaml(plan: Plan) -> str:
-    """The plan as YAML text: model, hardware, gpus, training, layout, estimate (stable key order)."""
+    """The plan as YAML text: model, hardware, gpus, training, layout, estimate, framework (stable
+    key order)."""
     header = ("# plan3d plan: re-evaluate with `plan3d estimate --plan FILE`.\n"
               "# estimate: bytes, seconds, FLOP/s as TFLOP/s per GPU; mfu/hfu are fractions of peak.\n")
     data = plan.model_dump(mode="json", exclude_none=True)
@@ -51,7 +56,7 @@ def read_checked_plan(path: Path) -> Plan:
     try:
         check_training(plan.model, plan.training, field_of("training"))
         check_layout(plan.model, plan.hardware, plan.training, plan.gpus, plan.layout.model_dump(),
-                     allow_cross_node_tp=True)
+                     allow_cross_node_tp=True, framework=plan.framework)
     except UsageError as exc:
         raise UsageError(f"{path}: {exc}") from None
     return plan

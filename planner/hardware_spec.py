@@ -215,8 +215,10 @@ class HardwareProfile(_Strict):
     host_memory: HostMemory | None = None
     storage: Storage | None = None
     efficiency: Efficiency
-    framework_overhead: Bytes = Field(
-        description="allowance per GPU for CUDA context, NCCL buffers and allocator fragmentation")
+    # Optional extra allowance per GPU a site needs beyond the framework profile's reserve (a
+    # monitoring agent, MPS); the runtime, NCCL and allocator reserve is the framework's
+    # (framework_profiles/, formulas.md 3.10). None (the shipped profiles): nothing extra.
+    framework_overhead: Bytes | None = None
     framework_overhead_source: str = ""
 
     @model_validator(mode="before")
@@ -238,7 +240,7 @@ class HardwareProfile(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> "HardwareProfile":
-        if self.framework_overhead >= self.gpu.hbm_capacity:
+        if self.framework_overhead is not None and self.framework_overhead >= self.gpu.hbm_capacity:
             raise ValueError("framework_overhead must be smaller than gpu.hbm_capacity")
         return self
 

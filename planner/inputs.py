@@ -116,15 +116,17 @@ _SEARCH_INTS = ("tp", "pp", "dp", "micro_batch_size", "vpp", "cp", "ep", "etp", 
 _SEARCH_BOOLS = ("sequence_parallel", "distributed_optimizer", "allow_cross_node_tp")
 
 
-def search_options(hw, given: dict[str, Any], headroom: str | None = None, label: Label = flag):
+def search_options(hw, training, given: dict[str, Any], headroom: str | None = None,
+                   label: Label = flag):
     """search.SearchOptions of ``given`` (its field names; None = not given), checked: degrees,
     bounds and counts positive integers, ZeRO stage 0-3, recompute and objective by name,
     flags booleans, tokens and price positive, each pin within its bound, and the memory
     headroom (``headroom`` as the user wrote it, '4GiB' or '10%', or ``headroom_bytes`` /
-    ``headroom_fraction`` given) leaving more than the framework allowance of ``hw``'s GPU.
-    UsageError naming the field with ``label``."""
+    ``headroom_fraction`` given) leaving more than the least reserve of ``training``'s framework
+    on ``hw``'s GPU (cost.estimate.least_reserve). UsageError naming the field with ``label``."""
     import dataclasses
 
+    from .cost.estimate import least_reserve
     from .objective import OBJECTIVES, check_room, parse_headroom
     from .search import SearchOptions
     from .specs import RECOMPUTE_CODES
@@ -142,7 +144,7 @@ def search_options(hw, given: dict[str, Any], headroom: str | None = None, label
     shown = f"{label('min_memory_headroom')} {headroom.strip()}" if headroom is not None \
         else _headroom_text(given, label)
     check_room(shown, given.get("headroom_bytes", 0.0), given.get("headroom_fraction", 0.0),
-               float(hw.gpu.hbm_capacity), float(hw.framework_overhead), hw.gpu.name)
+               float(hw.gpu.hbm_capacity), least_reserve(hw, training), hw.gpu.name)
     return SearchOptions(**given)
 
 

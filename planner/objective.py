@@ -145,7 +145,11 @@ def parse_headroom(text: str | None) -> tuple[float, float]:
 
 def check_headroom(text: str | None, capacity: float, framework_overhead: float,
                    gpu_name: str) -> tuple[float, float]:
-    """``parse_headroom``, then ``check_room``: (headroom bytes, headroom fraction). UsageError."""
+    """``parse_headroom``, then refuse a headroom that leaves no more than the least reserve any
+    layout keeps (``framework_overhead``, bytes: the framework profile's runtime reserve plus the
+    hardware profile's optional extra allowance; formulas.md 3.10) of ``capacity`` (bytes of
+    HBM): no layout could fit, so say so before searching. The headroom is kept free on top of
+    each layout's reserve. UsageError."""
     headroom_bytes, headroom_fraction = parse_headroom(text)
     if text is not None:
         check_room(f"--min-memory-headroom {text.strip()}", headroom_bytes, headroom_fraction,
@@ -155,15 +159,16 @@ def check_headroom(text: str | None, capacity: float, framework_overhead: float,
 
 def check_room(shown: str, headroom_bytes: float, headroom_fraction: float, capacity: float,
                framework_overhead: float, gpu_name: str) -> None:
-    """Refuse a headroom that leaves no more than the framework allowance (CUDA context, NCCL
-    buffers; ``HardwareProfile.framework_overhead``, bytes) of ``capacity`` (bytes of HBM): no
+    """Refuse a headroom that leaves no more than the least reserve any layout keeps
+    (``framework_overhead``, bytes: the framework profile's runtime reserve plus the hardware
+    profile's optional extra allowance, formulas.md 3.10) of ``capacity`` (bytes of HBM): no
     layout could fit, so say so before searching. ``shown`` names the headroom as the user gave
     it ('--min-memory-headroom 4GiB'). UsageError."""
     usable = usable_memory(capacity, headroom_bytes, headroom_fraction)
     if usable <= framework_overhead:
         raise UsageError(f"{shown} leaves {max(usable, 0.0) / GIB:.1f} "
                          f"GiB of the {format_gib(capacity)} GiB per {gpu_name}, no more than its "
-                         f"{framework_overhead / GIB:.1f} GiB framework allowance: no layout can fit")
+                         f"{framework_overhead / GIB:.1f} GiB runtime reserve: no layout can fit")
 
 
 def usable_memory(capacity: float, headroom_bytes: float, headroom_fraction: float) -> float:

@@ -2,7 +2,8 @@
 
 A case file is a YAML list of cases; each names a model and a hardware profile the way the CLI
 does (catalog name, alias or YAML path; relative paths are taken from the case file's folder),
-a GPU count, optional training fields (TrainingSpec; the model's defaults otherwise) and either
+a GPU count, optional ``framework`` (a framework profile name or file; megatron-core), optional
+training fields (TrainingSpec; the model's defaults and the framework's facts otherwise) and either
 a ``layout`` (the fields of specs.Layout; ``dp`` defaults to gpus / (tp*pp)) or a ``search``
 (``top: K`` plus any SearchOptions pin or bound). ``allow_cross_node_tp: true`` lets a layout or a
 search put TP groups across nodes (the "tp within the NVLink domain" rule is waived).
@@ -42,6 +43,7 @@ class Case(BaseModel):
     model: str = Field(min_length=1)
     hardware: str = "dgx-h100"
     gpus: int
+    framework: str = "megatron-core"
     training: dict[str, Any] = Field(default_factory=dict)
     layout: Optional[dict[str, Any]] = None
     search: Optional[dict[str, Any]] = None
@@ -109,7 +111,7 @@ def check_case_fields(case: Case) -> None:
     if case.search is not None:
         opts = dict(case.search)
         top = opts.pop("top", 5)
-        known = {f.name for f in dataclasses.fields(SearchOptions)} - {"allow_cross_node_tp"}
+        known = {f.name for f in dataclasses.fields(SearchOptions)} - {"allow_cross_node_tp", "framework"}
         unknown = sorted(set(opts) - known)
         if unknown:
             raise UsageError(f"search: unknown option {unknown[0]!r} (known: top, "
@@ -151,16 +153,23 @@ def flatten_estimate(d: dict, prefix: str = "", with_layout: bool = False) -> di
 
 def _evaluate(case: Case) -> dict[str, Scalar]:
     """The case's flat terms; its inputs go through the checks every command applies
-    (planner.inputs: training, search options; search.check_layout: the layout). UsageError."""
-    from .catalog import resolve_hardware, resolve_model
+    (planner.inputs: training, search options; search.check_layout: the layout) and the case's
+    framework profile (its facts, then the case's own training fields). UsageError."""
+    from .catalog import resolve_framework, resolve_hardware, resolve_model
+    from .frameworks.profile import resolve_training
     from .inputs import field_of, search_options, training_spec
     model = resolve_model(case.model)
     hw = resolve_hardware(case.hardware)
-    training = training_spec(model, case.training, field_of("training"))
+    profile = resolve_framework(case.framework)
+    job = training_spec(model, case.training, field_of("training"))
+    # the framework's facts, then the case's own training fields over them
+    training = training_spec(model, {**resolve_training(job, profile).model_dump(mode="json"),
+                                     **case.training}, field_of("training"))
     if case.layout is not None:
         from .cost.step import estimate_layout
         from .search import check_layout
-        layout = check_layout(model, hw, training, case.gpus, case.layout, case.allow_cross_node_tp)
+        layout = check_layout(model, hw, training, case.gpus, case.layout, case.allow_cross_node_tp,
+                              profile)
         return flatten_estimate(estimate_layout(model, hw, training, layout).to_dict(0, raw=True))
     from .search import search
     opts = dict(case.search or {})
@@ -168,7 +177,9 @@ def _evaluate(case: Case) -> dict[str, Scalar]:
     if not isinstance(top, int) or isinstance(top, bool) or top <= 0:
         raise UsageError(f"search: top must be a positive integer, got {top!r}")
     opts["allow_cross_node_tp"] = case.allow_cross_node_tp
-    result = search(model, hw, training, case.gpus, search_options(hw, opts, label=field_of("search")))
+    opts["framework"] = profile
+    result = search(model, hw, training, case.gpus,
+                    search_options(hw, training, opts, label=field_of("search")))
     ranked = result.ranked
     values: dict[str, Scalar] = {"search.enumerated": int(result.enumerated),
                                  "search.fitting": int(result.fitting)}

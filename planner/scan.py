@@ -129,7 +129,7 @@ def scan(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, grid: Gr
         alive = np.ones(shape, dtype=bool)
         n_alive = alive.size
         for rule, ok in constraint_masks(model, training, nvlink_domain(hw), c,
-                                         opts.allow_cross_node_tp).items():
+                                         opts.allow_cross_node_tp, opts.framework).items():
             alive &= ok
             left = int(np.count_nonzero(alive))
             pruned[rule] = pruned.get(rule, 0) + n_alive - left

@@ -27,6 +27,7 @@ from .scan import CHUNK, FIT_RULE, FLAT_COST, Scan, scan  # noqa: F401 (re-expor
 from .space import (LAYERS_RULE, TP_RULE, UNEVEN_RULE, Candidates, constraint_masks,
                     default_uneven_split, divisors, uneven_problem, uneven_splits,
                     uneven_vpp_options)
+from .framework_spec import FrameworkProfile
 from .specs import RECOMPUTE_CODES, HardwareProfile, Layout, ModelSpec, TrainingSpec
 
 CROSS_NODE_HINT = "pass --allow-cross-node-tp to let tp span nodes"
@@ -48,7 +49,9 @@ class SearchOptions:
     only layouts whose expected time to train (failures and checkpoints counted) is at most
     this many seconds (planner.objective.score). ``max_gpus``: use at
     most this many GPUs in whole nodes, the search also picks the count. ``headroom_bytes`` /
-    ``headroom_fraction``: memory per GPU that a layout must leave free.
+    ``headroom_fraction``: memory per GPU that a layout must leave free beyond the framework's
+    reserve. ``framework``: the profile whose rules apply (None: the catalog profile named by
+    the TrainingSpec's ``framework``, megatron-core by default).
     """
 
     tp: int | None = None
@@ -78,6 +81,7 @@ class SearchOptions:
     headroom_bytes: float = 0.0
     headroom_fraction: float = 0.0
     keep: int = KEEP
+    framework: FrameworkProfile | None = None
 
     def __post_init__(self) -> None:
         for pin, bound, name in ((self.tp, self.max_tp, "tp"), (self.pp, self.max_pp, "pp"),
@@ -237,6 +241,8 @@ def search(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: 
         raise UsageError("give a GPU count (--gpus) or a budget (--max-gpus)")
     else:
         check_inputs(gpus, hw)
+    from .frameworks.rules import check_model, profile_for
+    check_model(profile_for(training, opts.framework), model, training)
     grid = build_grid(model, hw, training, gpus, opts)
     if grid.size == 0:
         raise UsageError(no_split_reason(model, hw, gpus, opts))
@@ -312,15 +318,21 @@ def _nothing_valid_message(model: ModelSpec, training: TrainingSpec, gpus: int, 
 
 
 def check_layout(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: int,
-                 fields: dict[str, Any], allow_cross_node_tp: bool = False) -> Layout:
-    """The Layout of ``fields`` if it is valid for this model, system and batch (UsageError if not).
+                 fields: dict[str, Any], allow_cross_node_tp: bool = False,
+                 framework: FrameworkProfile | None = None) -> Layout:
+    """The Layout of ``fields`` if it is valid for this model, system, batch and framework
+    (UsageError if not).
 
     The checks ``plan3d estimate``, ``--plan`` and ``regress`` apply: whole nodes (search.check_inputs),
     tp*cp*pp*dp = gpus (tp, cp, pp default to 1, dp to gpus/(tp*cp*pp); an error names the
-    product of the degrees given, degrees.split_problem), the Layout schema, and every rule of space.constraint_masks,
-    with the "tp within the NVLink domain" rule waived when ``allow_cross_node_tp``.
+    product of the degrees given, degrees.split_problem), the Layout schema, what the framework
+    can build (frameworks.rules.check_model) and every rule of space.constraint_masks (the
+    framework's included), with the "tp within the NVLink domain" rule waived when
+    ``allow_cross_node_tp``.
     """
     from .catalog import validate
+    from .frameworks.rules import check_model, profile_for
+    check_model(profile_for(training, framework), model, training)
     check_inputs(gpus, hw)
     data = dict(fields)
     given = {k: data[k] for k in SPLIT_DEGREES if data.get(k) is not None}
@@ -340,13 +352,14 @@ def check_layout(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, 
             layout.first_stage_layers == layout.last_stage_layers == per_stage:
         layout = layout.model_copy(update=dict(first_stage_layers=0, last_stage_layers=0))  # even
     masks = constraint_masks(model, training, nvlink_domain(hw), Candidates.from_layouts([layout]),
-                             allow_cross_node_tp)
-    broken = [rule for rule, ok in masks.items() if not ok[0]]
+                             allow_cross_node_tp, framework)
+    broken = [rule for rule, ok in masks.items() if not np.all(ok)]
     if broken:
         hint = ""
         f, la = default_uneven_split(model.num_layers, layout.pp)
         if LAYERS_RULE in broken and f > 0 and _uneven_fits(
-                model, training, hw, layout.model_copy(update=dict(first_stage_layers=f, last_stage_layers=la))):
+                model, training, hw, layout.model_copy(update=dict(first_stage_layers=f, last_stage_layers=la)),
+                framework):
             hint = f" (an uneven split would do: first_stage_layers {f}, last_stage_layers {la})"
         if TP_RULE in broken:
             hint += f" ({CROSS_NODE_HINT})"
@@ -356,7 +369,9 @@ def check_layout(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, 
     return layout
 
 
-def _uneven_fits(model: ModelSpec, training: TrainingSpec, hw: HardwareProfile, layout: Layout) -> bool:
+def _uneven_fits(model: ModelSpec, training: TrainingSpec, hw: HardwareProfile, layout: Layout,
+                 framework: FrameworkProfile | None = None) -> bool:
     """Whether ``layout`` (with its uneven split filled in) passes every rule but the fit."""
-    masks = constraint_masks(model, training, nvlink_domain(hw), Candidates.from_layouts([layout]), True)
-    return all(bool(ok[0]) for ok in masks.values())
+    masks = constraint_masks(model, training, nvlink_domain(hw), Candidates.from_layouts([layout]),
+                             True, framework)
+    return all(bool(np.all(ok)) for ok in masks.values())

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from types import SimpleNamespace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .degrees import LayoutDegrees
 from .specs import RECOMPUTE_CODES, Layout, ModelSpec, TrainingSpec
+
+if TYPE_CHECKING:
+    from .framework_spec import FrameworkProfile
 
 RECOMPUTE_NAMES = {code: name for name, code in RECOMPUTE_CODES.items()}
 
@@ -93,9 +97,9 @@ def product(**axes: np.ndarray) -> dict[str, np.ndarray]:
     return {name: grid.ravel() for name, grid in zip(axes, grids)}
 
 
-# Megatron-Core's attention splits the heads and the KV heads (query groups) over TP with
-# divide(), which asserts divisibility: no KV-head replication when tp exceeds them.
-HEADS_RULE = "heads and KV heads divisible by tp"
+# Every TP implementation splits whole attention heads over the tp ranks; what it does with the
+# KV heads (query groups) is the framework's rule (frameworks.rules, kv_heads_tp).
+HEADS_RULE = "attention heads divisible by tp"
 TP_RULE = "tp within the NVLink domain"
 UNEVEN_RULE = "uneven pipeline split: edge stages of 1..middle layers, interleaved as Megatron-Core allows"
 LAYERS_RULE = "layers divisible by pp*vpp"
@@ -108,30 +112,32 @@ MAX_EDGE_SHORTFALL = 4
 
 
 def constraint_masks(model: ModelSpec, training: TrainingSpec, nvlink_domain: int,
-                     c: Candidates, allow_cross_node_tp: bool = False) -> dict[str, np.ndarray]:
+                     c: Candidates, allow_cross_node_tp: bool = False,
+                     framework: "FrameworkProfile | None" = None) -> dict[str, np.ndarray]:
     """Named validity rules -> boolean arrays (True = the candidate passes that rule). Masks broadcast.
 
-    Rules follow Megatron-LM's argument and layer checks: tp within the NVLink domain (GPUs on
-    one NVLink fabric, ``nvlink_domain``) unless ``allow_cross_node_tp``; heads and KV heads
-    divisible by tp (Megatron-Core's attention divides both by the TP size); the FFN width
-    divisible by tp (its column/row-parallel linear layers divide their output/input size);
-    layers divisible by pp*vpp (or an uneven split); the global batch divisible by
-    dp*micro_batch_size; interleaving needs pp > 1 and at least pp micro-batches; SP needs tp > 1
-    and each CP rank's share of the sequence, seq_length/cp, divisible by tp; CP needs
-    seq_length divisible by 2*cp (its causal load balance cuts every sequence into 2*cp chunks)
-    and flash attention; the distributed optimizer goes with zero_stage 0.
+    The rules of every layout plan3d models: tp within the NVLink domain (GPUs on one NVLink
+    fabric, ``nvlink_domain``) unless ``allow_cross_node_tp``; attention heads divisible by tp;
+    the FFN width divisible by tp (its column/row-parallel linear layers divide their
+    output/input size); layers divisible by pp*vpp (or an uneven split); the global batch
+    divisible by dp*micro_batch_size; SP needs tp > 1 and each CP rank's share of the sequence,
+    seq_length/cp, divisible by tp; CP needs seq_length divisible by 2*cp (its causal load
+    balance cuts every sequence into 2*cp chunks) and flash attention; the distributed optimizer
+    goes with zero_stage 0; an uneven split of the shape plan3d models. Then the rules of the
+    training framework (``framework``, default: the profile named by ``training.framework``;
+    frameworks.rules.framework_masks): KV heads against tp, interleaving and micro-batches,
+    uneven split forms, ZeRO stages, recomputation, ...
     """
-    a, g, L = model.num_attention_heads, model.kv_heads, model.num_layers
+    from .frameworks.rules import framework_masks, profile_for
+    a, L = model.num_attention_heads, model.num_layers
     B, s = training.global_batch_size, training.seq_length
     tp, pp, vpp, cp = c.tp, c.pp, c.vpp, c.cp
-    m = c.num_microbatches(B)
-    return {
+    masks = {
         TP_RULE: (tp <= nvlink_domain) | allow_cross_node_tp,
-        HEADS_RULE: (a % tp == 0) & (g % tp == 0),
+        HEADS_RULE: a % tp == 0,
         "ffn_hidden_size divisible by tp": model.ffn % tp == 0,
         LAYERS_RULE: (L % (pp * vpp) == 0) | (c.first_stage_layers > 0),
         BATCH_RULE: (B % (c.dp * c.micro_batch_size) == 0),
-        "interleaving needs pp > 1 and >= pp micro-batches": (vpp == 1) | ((pp > 1) & (m >= pp)),
         "seq_length divisible by 2*cp": (cp == 1) | (s % (2 * cp) == 0),
         "sequence parallel needs tp > 1 and seq_length/cp divisible by tp":
             ~c.sequence_parallel | ((tp > 1) & (s % (cp * tp) == 0)),
@@ -141,6 +147,8 @@ def constraint_masks(model: ModelSpec, training: TrainingSpec, nvlink_domain: in
         UNEVEN_RULE: _uneven_ok(L, c),
         **expert_rules(model, c),
     }
+    masks.update(framework_masks(profile_for(training, framework), model, training, c))
+    return masks
 
 
 EXPERT_RULE = "experts divisible by ep, etp*ep dividing tp*cp*dp"

@@ -14,6 +14,7 @@ from pydantic import Field, model_validator
 
 from .checkpoint_spec import CheckpointSpec
 from .degrees import LayoutDegrees, split_problem
+from .framework_spec import FrameworkProfile
 from .hardware_spec import (Efficiency, GPUSpec, HardwareProfile, HostLink,  # noqa: F401 (re-export)
                             HostMemory, InterNode, IntraNode, Storage, StorageLink)
 from .quantities import NAME_PATTERN, Bandwidth, Bytes, Fraction, Seconds, _Strict  # noqa: F401
@@ -170,6 +171,9 @@ class TrainingSpec(_Strict):
 
     ``grad_bytes`` is 4 for Megatron's default fp32 main grads (2 with --grad-reduce-in-bf16);
     ``flash_attention`` drops the s^2 attention-score activations and halves causal attention work.
+    The fields from ``flash_attention`` on are facts of the training framework: one function,
+    planner.frameworks.profile.resolve_training, sets them from a framework profile and the
+    user's overrides (--no-flash-attention, --grad-dtype, --allocator-reserve).
     """
 
     seq_length: int = Field(gt=0, le=10_000_000)
@@ -212,6 +216,20 @@ class TrainingSpec(_Strict):
     # Checkpoints and failures (planner.checkpoint_spec; cost.checkpoint, formulas.md 12): the
     # failure rate per GPU-hour, the restart time before the load, async or synchronous saves.
     checkpoint: CheckpointSpec = CheckpointSpec()
+    # The training framework (a framework profile's name) and the facts of it that the cost model
+    # reads beside the ones above: stored parameter bytes, a separate fp32 master copy, DeepSpeed's
+    # fp32 gradient partition (ZeRO-1/2 with 16-bit gradients), FSDP2's gathered stage parameters
+    # under PP, and the memory reserve (runtime + per NCCL communicator + allocator fraction of
+    # the working set, formulas.md 3.10). Set together by frameworks.profile.resolve_training;
+    # the defaults are megatron-core's.
+    framework: str = Field(default="megatron-core", pattern=NAME_PATTERN)
+    param_bytes: Literal[2, 4] = 2
+    master_weights: bool = True
+    fp32_grad_partition: bool = False
+    pp_unsharded_params: bool = False
+    reserve_runtime: float = Field(default=float(2**30), ge=0)  # bytes
+    reserve_per_communicator: float = Field(default=float(600 * 2**20), ge=0)  # bytes
+    reserve_allocator: float = Field(default=0.2, ge=0.0, le=2.0)
 
 
 class Layout(LayoutDegrees, _Strict):
@@ -268,8 +286,10 @@ class Layout(LayoutDegrees, _Strict):
 class Plan(_Strict):
     """A chosen plan as written by ``--export``: everything needed to re-evaluate it.
 
-    The model and hardware are embedded in full, so a plan reproduces the same estimate even if
-    the catalogs change later. ``estimate`` is the prediction at export time (SI units).
+    The model, hardware and framework profile are embedded in full, so a plan reproduces the
+    same estimate even if the catalogs change later. ``estimate`` is the prediction at export
+    time (SI units). ``framework`` is None in plans written before framework profiles: their
+    rules are then the catalog profile named by ``training.framework`` (megatron-core).
     """
 
     plan3d_version: str
@@ -279,10 +299,14 @@ class Plan(_Strict):
     training: TrainingSpec
     layout: Layout
     estimate: dict[str, Any] | None = None
+    framework: FrameworkProfile | None = None
 
     @model_validator(mode="after")
     def _check(self) -> "Plan":
         problem = split_problem(self.gpus, self.layout.model_dump(), exact=True)
         if problem:
             raise ValueError(f"layout {problem}")
+        if self.framework is not None and self.framework.name != self.training.framework:
+            raise ValueError(f"framework is {self.framework.name} but training.framework is "
+                             f"{self.training.framework}")
         return self

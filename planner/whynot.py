@@ -111,7 +111,7 @@ def broken_rules(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, 
     if grid.size == 0:
         return [no_split_reason(model, hw, gpus, opts)]
     masks = constraint_masks(model, training, nvlink_domain(hw), grid.candidates(),
-                             opts.allow_cross_node_tp)
+                             opts.allow_cross_node_tp, opts.framework)
     broken = [rule for rule, ok in masks.items() if not np.any(ok)]
     if broken:
         return broken

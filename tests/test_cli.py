@@ -45,9 +45,17 @@ def test_search_json_and_export_round_trip(tmp_path):
     saved = yaml.safe_load(plan.read_text())
     assert saved["layout"] == lay and saved["gpus"] == 512 and saved["model"]["name"] == "gpt3-175b"
     assert saved["hardware"]["gpu"]["hbm_capacity"] == "81559 MiB"  # nvidia-smi's total
+    assert saved["framework"]["name"] == saved["training"]["framework"] == "megatron-core"
     code, out, err = run("estimate", "--plan", str(plan), "--json")
     assert code == 0, err
-    assert json.loads(out) == best  # the plan reproduces exactly the numbers it was exported with
+    again = json.loads(out)
+    pipeline = again.pop("pipeline")  # estimate --json only: every pipeline rank
+    assert again == best  # the plan reproduces exactly the numbers it was exported with
+    ranks = pipeline["ranks"]
+    assert [r["rank"] for r in ranks] == list(range(lay["pp"]))
+    # the peak over the ranks is the memory total, on the binding rank
+    assert max(r["memory_total"] for r in ranks) == pytest.approx(best["memory"]["total"], rel=1e-12)
+    assert ranks[pipeline["binding"]]["memory_total"] == max(r["memory_total"] for r in ranks)
 
 
 def test_export_does_not_overwrite_without_force(tmp_path):

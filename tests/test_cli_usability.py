@@ -52,33 +52,34 @@ def test_headroom_needs_a_unit():
 
 
 @pytest.mark.parametrize("command,gpus", [("search", "512"), ("sweep", "256:512")])
-@pytest.mark.parametrize("headroom,left", [("1TiB", "0.0"), ("79.9GiB", "0.0"), ("77GiB", "2.6")])
+@pytest.mark.parametrize("headroom,left", [("1TiB", "0.0"), ("79.9GiB", "0.0"), ("78.7GiB", "0.9")])
 def test_headroom_leaving_no_room_is_refused_up_front(command, gpus, headroom, left):
-    # dgx-h100: 81,559 MiB = 79.65 GiB of HBM (printed 79.6), 3 GiB framework allowance;
-    # 79.65 - 79.9 < 0 -> 0.0 GiB, 79.65 - 77 = 2.65 -> 2.6 GiB, both below the 3 GiB
+    # dgx-h100: 81,559 MiB = 79.65 GiB of HBM (printed 79.6); megatron-core's runtime reserve
+    # 1 GiB (framework_profiles/megatron-core.yaml) is the least any layout keeps;
+    # 79.65 - 79.9 < 0 -> 0.0 GiB, 79.65 - 78.7 = 0.95 -> 0.9 GiB, both below 1 GiB
     code, out, err = cli(command, "--model", "175b", "--gpus", gpus, "--min-memory-headroom", headroom)
     assert (code, out) == (2, "")
     assert err == (f"error: --min-memory-headroom {headroom} leaves {left} GiB of the 79.6 GiB per "
-                   "H100-SXM5-80GB, no more than its 3.0 GiB framework allowance: no layout can fit\n")
+                   "H100-SXM5-80GB, no more than its 1.0 GiB runtime reserve: no layout can fit\n")
 
 
 def test_no_fit_with_a_large_headroom_names_a_count_that_works_or_none():
-    # 76 GiB headroom leaves 81,559 MiB - 76 GiB = 79.65 - 76 = 3.65 GiB (printed 3.6) per GPU.
+    # 72 GiB headroom leaves 81,559 MiB - 72 GiB = 79.65 - 72 = 7.65 GiB (printed 7.6) per GPU.
     # The count named must be one on which the same search (same headroom) finds that layout.
-    code, out, err = cli("search", "--model", "175b", "--gpus", "512", "--min-memory-headroom", "76GiB")
+    code, out, err = cli("search", "--model", "175b", "--gpus", "512", "--min-memory-headroom", "72GiB")
     assert code == 1 and out == "" and err.count("\n") == 1
-    assert "of 3.6 GiB usable (of 79.6 GiB, after the headroom)" in err
+    assert "of 7.6 GiB usable (of 79.6 GiB, after the headroom)" in err
     found = re.search(r"the fewest GPUs on which a layout fits are ([0-9,]+) \((tp=[^,]+), ", err)
     need, layout = int(found.group(1).replace(",", "")), found.group(2)
     assert 512 < need <= MAX_GPUS and need % 8 == 0
     code, out, err = cli("search", "--model", "175b", "--gpus", str(need), "--min-memory-headroom",
-                         "76GiB", "--top", "1", "--json")
+                         "72GiB", "--top", "1", "--json")
     assert code == 0, err
     assert json.loads(out)[0]["layout"] == _layout_dict(layout)
-    # 76.5 GiB leaves 79.65 - 76.5 = 3.15 GiB, 0.15 GiB beyond the 3 GiB framework allowance:
-    # no count has a layout that small, and none is named
+    # 76 GiB leaves 3.65 GiB: beyond the 1 GiB runtime reserve, but below what any layout needs
+    # with its communicators' and allocator's reserve: no count fits, and none is named
     code, out, err = cli("search", "--model", "175b", "--gpus", "512", "--min-memory-headroom",
-                         "76.5GiB")
+                         "76GiB")
     assert code == 1 and "fewest" not in err
     assert err.endswith("no count of GPUs up to 1,000,000 has a layout that fits: use less "
                         "headroom or GPUs with more memory\n"), err

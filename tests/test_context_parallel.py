@@ -167,9 +167,12 @@ def test_exports_carry_cp_and_the_distributed_optimizer():
     assert nemo["model"]["context_parallel_size"] == 4 and nemo["ddp"]["use_distributed_optimizer"]
     par = torchtitan_settings(plan, "overrides")[0]["parallelism"]
     assert par["context_parallel_degree"] == 4 and par["data_parallel_shard_degree"] == 2
-    with pytest.raises(UsageError, match="context parallelism"):
+    with pytest.raises(UsageError, match="DeepSpeed has no Megatron-style context parallelism"):
         export_plan(plan, "deepspeed", "overrides")
-    assert '"stage": 1' in export_plan(_plan(distributed_optimizer=True), "deepspeed", "overrides").text
+    # the distributed optimizer is Megatron's: DeepSpeed's rules refuse it, its ZeRO-1 exports
+    with pytest.raises(UsageError, match="DeepSpeed has no distributed optimizer"):
+        export_plan(_plan(distributed_optimizer=True), "deepspeed", "overrides")
+    assert '"stage": 1' in export_plan(_plan(zero_stage=1), "deepspeed", "overrides").text
 
 
 def test_placement_with_cp():

@@ -84,7 +84,7 @@ def test_shipped_rows_all_load_with_the_field_check():
     ("hardware", "gpu_count", "gpu, gpus, gpus_per_node, intra_node, inter_node"),
     ("measured", "mfu", "tflops_per_gpu, mfu_percent, hfu_percent, tokens_per_s, iteration_s, "
                         "peak_memory_gb"),
-    (None, "foo", "id, source, model, hardware, layout, measured, notes"),
+    (None, "foo", "id, source, model, hardware, layout, measured, notes, framework"),
 ])
 def test_unknown_field_is_named_with_the_accepted_ones(tmp_path, where, key, accepted):
     row = _row()

@@ -36,9 +36,9 @@ TITAN_03 = option_list("torchtitan_0.3_options.txt")
 TITAN_02 = option_list("torchtitan_0.2_toml_options.txt")
 
 
-def make(model: str, gpus: int, seq: int | None = None, gbs: int | None = None, dtype="bf16",
+def make(model, gpus: int, seq: int | None = None, gbs: int | None = None, dtype="bf16",
          grad_bytes=4, flash=True, **layout) -> Plan:
-    m = catalog.resolve_model(model)
+    m = catalog.resolve_model(model) if isinstance(model, str) else model
     tr = TrainingSpec(seq_length=seq or m.training.seq_length,
                       global_batch_size=gbs or m.training.global_batch_size, dtype=dtype,
                       grad_bytes=grad_bytes, flash_attention=flash)
@@ -86,6 +86,11 @@ def flatten(d: dict, prefix: str = "") -> dict[str, object]:
 # al. 2021's layout family). m = 1536/(8*1) = 192 micro-batches; layers per chunk 96/(8*2) = 6.
 GPT3 = dict(tp=8, pp=8, dp=8, zero_stage=1, micro_batch_size=1, recompute="full",
             sequence_parallel=True, vpp=2)
+# The same on DeepSpeed's pipeline engine: no interleaving and no Megatron SP in its rules
+GPT3_DS = dict(GPT3, sequence_parallel=False, vpp=1)
+# ... and on torchtitan: FSDP (ZeRO-3), untied embeddings (it refuses tied ones with PP)
+GPT3_UNTIED = catalog.resolve_model("175b").model_copy(update={"tie_embeddings": False})
+GPT3_TT = dict(GPT3, zero_stage=3)
 
 
 def test_megatron_gpt3_values_and_flag_names():
@@ -158,8 +163,10 @@ def test_megatron_zero0_fp16_grad_bf16_no_flash():
 
 def test_megatron_refuses_alibi():
     plan = make("bloom-176b", 56, tp=8, pp=7, dp=1, zero_stage=1, micro_batch_size=1)
-    with pytest.raises(UsageError, match="alibi"):
+    with pytest.raises(UsageError, match="Megatron-Core has no alibi position embedding"):
         megatron_args(plan)
+    with pytest.raises(UsageError, match="Megatron-Core has no alibi position embedding"):
+        export_plan(plan, "nemo")  # Bridge builds Megatron-Core models too
 
 
 def test_nemo_fields_and_values():
@@ -192,7 +199,7 @@ def test_nemo_zero2_is_megatron_fsdp_optim_grads():
 
 
 def test_deepspeed_batch_identity_and_keys():
-    exp = export_plan(make("175b", 512, **GPT3), "deepspeed")
+    exp = export_plan(make("175b", 512, **GPT3_DS), "deepspeed")
     cfg = json.loads(exp.text)
     assert set(flatten(cfg)) <= DEEPSPEED, set(flatten(cfg)) - DEEPSPEED
     # train_batch_size = micro * accumulation * dp: 1 * 192 * 8 = 1536
@@ -202,12 +209,16 @@ def test_deepspeed_batch_identity_and_keys():
     assert cfg["zero_optimization"]["stage"] == 1 and cfg["bf16"] == {"enabled": True}
     notes = " ".join(exp.notes)
     assert "num_stages=8" in notes and "--tensor-model-parallel-size 8" in notes
-    assert "interleaved" in notes and "recompute=full" in notes  # vpp and recompute are not dropped
+    assert "recompute=full" in notes  # recompute is not dropped
+    assert "grad_accum_dtype" in notes  # fp32 gradients are not DeepSpeed's default (bf16)
+    # what DeepSpeed cannot run is refused by its rules, each named
+    with pytest.raises(UsageError, match="DeepSpeed has no interleaved pipeline schedule"):
+        export_plan(make("175b", 512, **dict(GPT3_DS, vpp=2)), "deepspeed")
 
 
 def test_deepspeed_refuses_zero2_with_pipeline():
     plan = make("175b", 512, tp=8, pp=8, dp=8, zero_stage=2, micro_batch_size=1)
-    with pytest.raises(UsageError, match="ZeRO-2"):
+    with pytest.raises(UsageError, match="DeepSpeed: ZeRO-2 and ZeRO-3 need pp = 1"):
         export_plan(plan, "deepspeed")
     # pp = 1: ZeRO-3 is fine; GAS = 512 / (64 * 2) = 4
     cfg = json.loads(export_plan(make("llama3-8b", 64, gbs=512, tp=1, pp=1, dp=64, zero_stage=3,
@@ -216,7 +227,7 @@ def test_deepspeed_refuses_zero2_with_pipeline():
 
 
 def test_torchtitan_overrides_pipeline():
-    exp = export_plan(make("175b", 512, **GPT3), "torchtitan")
+    exp = export_plan(make(GPT3_UNTIED, 512, **GPT3_TT), "torchtitan")
     o = titan_overrides(exp.text)
     assert set(o) <= TITAN_03, set(o) - TITAN_03
     assert o["parallelism.tensor_parallel_degree"] == "8"
@@ -228,15 +239,19 @@ def test_torchtitan_overrides_pipeline():
     # all 192 micro-batches of a DP rank in one pipeline step: local batch = 1536/8 = 192
     assert o["training.local_batch_size"] == "192" and o["training.global_batch_size"] == "1536"
     assert o["activation_checkpoint.mode"] == "full"
-    # ZeRO-1 has no torchtitan mode: FSDP is written and the output says so
-    assert o["parallelism.data_parallel_shard_degree"] == "8"
-    assert "no ZeRO-1 mode" in exp.text
+    assert o["parallelism.data_parallel_shard_degree"] == "8"  # FSDP over dp = 8
+    assert o["training.mixed_precision_reduce"] == "float32"  # fp32 gradients
+    # ZeRO-1 has no torchtitan mode, nor tied embeddings with PP: its rules refuse the plan
+    with pytest.raises(UsageError, match="torchtitan offers ZeRO stages 0, 3"):
+        export_plan(make(GPT3_UNTIED, 512, **GPT3), "torchtitan")
+    with pytest.raises(UsageError, match="torchtitan: tied embeddings need pp = 1"):
+        export_plan(make("175b", 512, **GPT3_TT), "torchtitan")
 
 
 def test_torchtitan_toml_and_zero_mapping():
     # ZeRO-0 -> DDP (replicate = dp); pp = 1 -> local batch = micro-batch, accumulation B/(dp*b)
     plan = make("llama3-8b", 16, gbs=512, tp=2, pp=1, dp=8, zero_stage=0, micro_batch_size=2,
-                sequence_parallel=False, recompute="selective")
+                sequence_parallel=False, recompute="full")
     exp = export_plan(plan, "torchtitan", "toml")
     tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
     body = "\n".join(ln for ln in exp.text.splitlines() if not ln.startswith("#"))
@@ -246,7 +261,11 @@ def test_torchtitan_toml_and_zero_mapping():
     assert cfg["parallelism"]["data_parallel_replicate_degree"] == 8
     assert cfg["parallelism"]["data_parallel_shard_degree"] == 1
     assert cfg["training"]["local_batch_size"] == 2 and cfg["training"]["global_batch_size"] == 512
-    assert cfg["activation_checkpoint"] == {"mode": "selective", "selective_ac_option": "op"}
+    assert cfg["activation_checkpoint"] == {"mode": "full"}
+    # selective recomputation in torchtitan is per-op SAC, not Megatron's core attention: refused
+    with pytest.raises(UsageError, match="torchtitan offers recompute none / full"):
+        export_plan(make("llama3-8b", 16, gbs=512, tp=2, pp=1, dp=8, zero_stage=0,
+                         micro_batch_size=2, recompute="selective"), "torchtitan", "toml")
     assert "pipeline_parallel_schedule" not in cfg["parallelism"]
     # TP without SP cannot be expressed in 0.2.x: a comment says so
     assert "always shards norms on the sequence" in exp.text
@@ -262,10 +281,9 @@ def test_torchtitan_zero3_and_zero2():
     assert z3["parallelism.data_parallel_shard_degree"] == "64"
     assert z3["parallelism.data_parallel_replicate_degree"] == "1"
     assert "parallelism.fsdp_reshard_after_forward" not in z3
-    exp2 = export_plan(make("llama3-8b", 64, gbs=512, tp=1, pp=1, dp=64, zero_stage=2,
-                            micro_batch_size=1), "torchtitan")
-    assert titan_overrides(exp2.text)["parallelism.fsdp_reshard_after_forward"] == "never"
-    assert "no ZeRO-2 mode" in exp2.text
+    with pytest.raises(UsageError, match="torchtitan offers ZeRO stages 0, 3"):
+        export_plan(make("llama3-8b", 64, gbs=512, tp=1, pp=1, dp=64, zero_stage=2,
+                         micro_batch_size=1), "torchtitan")
 
 
 def test_torchtitan_refuses_fp16_and_bad_format():
@@ -305,7 +323,7 @@ def test_cli_export_output_file_and_force(tmp_path):
     runner = CliRunner()
     plan_file = tmp_path / "plan.yaml"
     from planner.export import write_plan
-    write_plan(make("175b", 512, **GPT3), plan_file)
+    write_plan(make("175b", 512, **GPT3_DS), plan_file)
     out = tmp_path / "ds.json"
     res = runner.invoke(app, ["export", str(plan_file), "--to", "deepspeed", "-o", str(out)])
     assert res.exit_code == 0 and json.loads(out.read_text())["gradient_accumulation_steps"] == 192
@@ -319,8 +337,8 @@ def test_cli_export_output_file_and_force(tmp_path):
 
 
 def test_alibi_is_commented_where_the_shape_is_not_exported():
-    plan = make("bloom-176b", 56, tp=8, pp=7, dp=1, zero_stage=1, micro_batch_size=1)
-    assert "ALiBi" in export_plan(plan, "nemo").text
+    # torchtitan trains the model module you register: ALiBi is the module's to implement
+    plan = make("bloom-176b", 64, tp=8, pp=1, dp=8, zero_stage=3, micro_batch_size=1)
     assert "ALiBi" in export_plan(plan, "torchtitan").text
 
 
@@ -341,10 +359,13 @@ def test_exports_set_the_save_interval():
     assert set(flatten(nemo)) <= BRIDGE, set(flatten(nemo)) - BRIDGE
     assert nemo["checkpoint"] == {"save_interval": n, "ckpt_format": "torch_dist",
                                   "async_save": True, "fully_parallel_load": True}
-    o = titan_overrides(export_plan(plan, "torchtitan").text)
+    # torchtitan and DeepSpeed run neither ZeRO-1 nor this 175B layout: an FSDP plan of theirs
+    fsdp = make("llama3-8b", 64, gbs=512, tp=1, pp=1, dp=64, zero_stage=3, micro_batch_size=1)
+    n = save_interval(fsdp)["interval_steps"]
+    o = titan_overrides(export_plan(fsdp, "torchtitan").text)
     assert set(o) <= TITAN_03 and o["checkpoint.interval"] == str(n)
     assert (o["checkpoint.enable"], o["checkpoint.async_mode"]) == ("true", "async")
-    assert f"every {n} steps" in " ".join(export_plan(plan, "deepspeed").notes)
+    assert f"every {n} steps" in " ".join(export_plan(fsdp, "deepspeed").notes)
     # synchronous saves, ZeRO-3 (Megatron-FSDP): fsdp_dtensor, no async flags
     sync = make("llama3-8b", 64, gbs=512, tp=1, pp=1, dp=64, zero_stage=3, micro_batch_size=1)
     sync = sync.model_copy(update={"training": sync.training.model_copy(update={

@@ -143,7 +143,9 @@ def test_qwen2_qkv_bias_and_norm_epsilon_reach_every_target():
     fields = flatten(yaml.safe_load(export_plan(plan, "nemo").text))
     assert fields["model.add_qkv_bias"] is True and fields["model.add_bias_linear"] is False
     assert fields["model.layernorm_epsilon"] == 1e-6 and fields["model.num_query_groups"] == 4
-    titan = export_plan(plan, "torchtitan").text
+    fsdp = plan_of(qwen2, 8, seq=4096, gbs=64, tp=2, pp=1, dp=4, zero_stage=3,
+                   micro_batch_size=1, sequence_parallel=True)  # torchtitan has no ZeRO-1
+    titan = export_plan(fsdp, "torchtitan").text
     assert "qkv_bias=True" in titan and "norm_epsilon=1e-06" in titan  # named, not dropped
 
 
@@ -170,27 +172,34 @@ def test_torchtitan_expert_parallel_and_refusals():
                    micro_batch_size=1, sequence_parallel=True)
     o = titan_overrides(export_plan(plan, "torchtitan").text)
     assert set(o) <= TITAN_03 and o["parallelism.expert_parallel_degree"] == "8"
-    with pytest.raises(UsageError, match="torchtitan 0.3 has no expert tensor parallelism"):
+    # the torchtitan profile's rules (0.3): no expert TP; EP from FSDP x CP x TP
+    with pytest.raises(UsageError, match="torchtitan has no expert tensor parallelism"):
         export_plan(plan_of("qwen3-30b-a3b", 16, gbs=64, tp=2, pp=1, dp=8, ep=4, etp=2,
                             zero_stage=3, micro_batch_size=1, sequence_parallel=True), "torchtitan")
-    # 0.2.x: experts over the attention TP (etp = tp), EP from FSDP x CP: 8 % 1 == 0, 8 % 8 == 0
+    # 0.2.x TOML: experts over the attention TP (etp = tp), so with tp = 2 and etp = 1 it refuses
     with pytest.raises(UsageError, match="etp = tp"):
         export_plan(plan, "torchtitan", "toml")
-    toml = export_plan(plan_of("qwen3-30b-a3b", 16, gbs=64, tp=2, pp=1, dp=8, ep=8, etp=2,
-                               zero_stage=3, micro_batch_size=1, sequence_parallel=True),
-                       "torchtitan", "toml")
+    # tp = 1: etp = tp = 1; EP from FSDP x CP: (16 x 1) % 8 == 0
+    toml = export_plan(plan_of("qwen3-30b-a3b", 16, gbs=64, tp=1, pp=1, dp=16, ep=8, etp=1,
+                               zero_stage=3, micro_batch_size=1), "torchtitan", "toml")
     assert "expert_parallel_degree = 8" in toml.text and "expert_parallel_degree" in str(TITAN_02)
     # ZeRO-0 is DDP replicas (dp_replicate): EP can only take TP x CP ranks, 2 here
-    with pytest.raises(UsageError, match="ZeRO-0 replicas cannot hold experts"):
+    with pytest.raises(UsageError, match="DDP replicas hold no experts"):
         export_plan(plan_of("qwen3-30b-a3b", 16, gbs=64, tp=2, pp=1, dp=8, ep=8, zero_stage=0,
                             micro_batch_size=1, sequence_parallel=True), "torchtitan")
 
 
-def test_deepspeed_refuses_moe_in_one_line():
-    with pytest.raises(UsageError, match="DeepSpeed's MoE lives in the model code") as exc:
-        export_plan(plan_of("mixtral-8x7b", 8, gbs=64, tp=1, pp=1, dp=8, ep=8, zero_stage=1,
-                            micro_batch_size=1), "deepspeed")
-    assert "\n" not in str(exc.value)
+def test_deepspeed_moe_is_a_note_with_the_layer_arguments():
+    # DeepSpeed's MoE is model code (deepspeed.moe.layer.MoE): the export names its arguments
+    exp = export_plan(plan_of("mixtral-8x7b", 8, gbs=64, tp=1, pp=1, dp=8, ep=8, zero_stage=1,
+                              micro_batch_size=1), "deepspeed")
+    note = next(n for n in exp.notes if n.startswith("experts:"))
+    assert "num_experts=8, k=2, ep_size=8" in note and "drop_tokens=False" in note
+    assert "moe" not in exp.text.lower()  # no ds_config key for it
+    # its expert groups are carved from the data-parallel ranks: ep must divide dp
+    with pytest.raises(UsageError, match="ep divides the data-parallel size"):
+        export_plan(plan_of("mixtral-8x7b", 8, gbs=64, tp=2, pp=1, dp=4, ep=8, etp=1,
+                            zero_stage=1, micro_batch_size=1), "deepspeed")
 
 
 # ModelSpec field -> the option (or field) each target sets it with; None = the target has no
@@ -249,12 +258,18 @@ def test_every_model_field_is_written_or_named(name, layout, gpus):
     spec = type(model).model_fields
     set_fields = [f for f in ARCHITECTURE_FIELDS
                   if spec[f].is_required() or getattr(model, f) != spec[f].default]
-    for target, options in (("megatron", MEGATRON_OPTIONS), ("nemo", BRIDGE_FIELDS),
-                            ("torchtitan", {}), ("deepspeed", {})):
+    # torchtitan and DeepSpeed run ZeRO-3 without PP (their rules): the same model as FSDP
+    fsdp = plan_of(name, gpus, gbs=gpus * 8, **{**layout, "zero_stage": 3, "pp": 1,
+                                               "dp": layout["dp"] * layout["pp"]})
+    no_sp = plan_of(name, gpus, gbs=gpus * 8, **{**layout, "zero_stage": 3, "pp": 1,
+                                                "dp": layout["dp"] * layout["pp"],
+                                                "sequence_parallel": False})
+    for target, options, p in (("megatron", MEGATRON_OPTIONS, plan), ("nemo", BRIDGE_FIELDS, plan),
+                               ("torchtitan", {}, fsdp), ("deepspeed", {}, no_sp)):
         try:
-            exp = export_plan(plan, target)
+            exp = export_plan(p, target)
         except UsageError:
-            assert target == "deepspeed" and model.moe is not None
+            raise
             continue
         written = set(exp.keys)
         text = exp.text + "\n".join(exp.notes)

@@ -17,7 +17,6 @@ from planner import catalog
 from planner.cli import app
 from planner.cost import compute, memory, pipeline
 from planner.cost.flops import total_params
-from planner.errors import UsageError
 from planner.regress import Change, compare, count_changed, evaluate_case, evaluate_cases, load_cases
 
 GOLDEN = Path(__file__).parent / "golden"

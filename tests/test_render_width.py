@@ -65,7 +65,9 @@ COMMANDS = [
      "--sequence-parallel", "--recompute", "selective", "--vpp", "3"],
     ["sweep", "--model", "175b", "--gpus", "64:4096"],
     ["sweep", "--model", "175b", "--gpus", "256:512", "--global-batch-size", "768,1536"],
-    ["accuracy"], ["models"], ["hardware"],
+    ["accuracy"], ["models"], ["hardware"], ["frameworks"],
+    ["estimate", "--model", "175b", "--gpus", "512", "--tp", "4", "--pp", "32", "--zero-stage", "1",
+     "--recompute", "full", "--framework", "deepspeed", "--no-flash-attention"],  # merged middles
 ]
 
 

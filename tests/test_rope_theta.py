@@ -64,8 +64,9 @@ def test_megatron_unknown_base_is_a_comment_and_fractional_base_an_error():
     text = export_plan(plan, "megatron").text
     assert "--rotary-base" not in megatron_flags(text)
     assert "# RoPE base: not set for llama3-8b" in text and "default --rotary-base 10000" in text
-    # Megatron-LM parses --rotary-base with type=int: 10000.5 cannot be passed
-    with pytest.raises(UsageError, match=r"--rotary-base takes an integer.*10000\.5"):
+    # Megatron-LM parses --rotary-base with type=int: 10000.5 cannot be passed (megatron-core's
+    # rule integer_rope_base, framework_profiles/megatron-core.yaml)
+    with pytest.raises(UsageError, match=r"takes an integer RoPE base.*10000\.5"):
         export_plan(with_theta(plan, 10000.5), "megatron")
     # a learned-position model gets neither the flag nor the comment
     gpt3 = export_plan(make("gpt3-175b", 8, tp=8, pp=1, dp=1, zero_stage=0, micro_batch_size=1,
@@ -169,7 +170,8 @@ def test_partial_rotary_percent():
     assert flags["--rotary-percent"] == "0.25" and "--rotary-percent" in MEGATRON
     assert "--rotary-percent" not in megatron_flags(export_plan(
         make("llama3-8b", 8, tp=1, pp=1, dp=8, zero_stage=1, micro_batch_size=1), "megatron").text)
-    assert "rotates 0.25 of each head's dimensions" in export_plan(plan, "torchtitan").text
+    fsdp = make("gpt-neox-20b", 8, gbs=1536, tp=1, pp=1, dp=8, zero_stage=3, micro_batch_size=1)
+    assert "rotates 0.25 of each head's dimensions" in export_plan(fsdp, "torchtitan").text
     hf = json.loads((HF_DIR / "gpt-neox-20b.json").read_text())
     assert from_hf_dict(hf, "n", "n").rotary_percent == 0.25
     assert from_hf_dict({**hf, "rotary_pct": 1.0}, "n", "n").rotary_percent == 1.0

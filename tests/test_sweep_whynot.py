@@ -70,13 +70,20 @@ def test_why_not_rejects_a_layout_that_breaks_head_divisibility(gpt3_h100):
     # nor its FFN width: 49152 % 5 = 2
     verdict = why_not(m, hw, tr, 480, SearchOptions(), "tp=5")
     assert verdict.status == "invalid"
-    assert verdict.reasons == ["heads and KV heads divisible by tp", "ffn_hidden_size divisible by tp"]
+    assert verdict.reasons == ["attention heads divisible by tp", "ffn_hidden_size divisible by tp",
+                               "Megatron-Core: tp divides the KV heads or is a multiple of them"]
     # Llama-3 70B: 64 heads, 8 KV heads; tp=16 (across nodes) divides the heads but not the KV
-    # heads, which Megatron-Core's attention cannot split (divide(num_query_groups, tp))
+    # heads. Megatron-Core gives each TP rank one KV head when tp is a multiple of them
+    # (transformer_config.py: 16 % 8 == 0 passes); torchtitan's attention needs tp | KV heads
     from planner import catalog
+    from planner.frameworks.profile import resolve_training
     llama = catalog.resolve_model("llama3-70b")
     verdict = why_not(llama, hw, tr, 64, SearchOptions(allow_cross_node_tp=True), "tp=16")
-    assert verdict.status == "invalid" and verdict.reasons == ["heads and KV heads divisible by tp"]
+    assert verdict.status != "invalid", verdict.reasons
+    titan = catalog.resolve_framework("torchtitan")
+    verdict = why_not(llama, hw, resolve_training(tr, titan), 64,
+                      SearchOptions(allow_cross_node_tp=True, framework=titan), "tp=16")
+    assert verdict.status == "invalid" and verdict.reasons == ["torchtitan: tp divides the KV heads"]
     assert why_not(llama, hw, tr, 64, SearchOptions(), "tp=8").status != "invalid"
     # tp=5 does not divide 512 GPUs at all: that is the reason there
     verdict = why_not(m, hw, tr, 512, SearchOptions(), "tp=5")
@@ -136,7 +143,7 @@ def test_bar():
 def test_cli_why_not_and_bars():
     res = runner.invoke(app, ["search", "-m", "175b", "-g", "480", "--why-not", "tp=5"])
     assert res.exit_code == 0, res.output
-    assert "breaks: heads and KV heads divisible by tp" in res.output
+    assert "breaks: attention heads divisible by tp" in res.output
     res = runner.invoke(app, ["search", "-m", "175b", "-g", "512", "--top", "2"])
     assert res.exit_code == 0, res.output
     assert "Winner's step time" in res.output and "Winner's memory per GPU" in res.output

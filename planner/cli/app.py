@@ -76,7 +76,15 @@ GBS = typer.Option(None, "--global-batch-size", help="Sequences per optimizer st
 SEQ = typer.Option(None, "--seq-length", help="Tokens per sequence (default: the model's).")
 JSON = typer.Option(False, "--json", help="Print JSON (SI units: bytes, seconds) instead of tables.")
 HEADROOM = typer.Option(None, "--min-memory-headroom",
-                        help="Memory to leave free per GPU: '4GiB' or '10%'.")
+                        help="Memory to leave free per GPU beyond the framework's reserve: '4GiB' or '10%'.")
+# The training framework and single facts of it (planner.frameworks.profile.Overrides)
+FRAMEWORK = typer.Option(None, "--framework", help="Framework profile name or YAML file "
+                         "(plan3d frameworks) \\[default: megatron-core].")
+FLASH = typer.Option(None, "--flash-attention/--no-flash-attention",
+                     help="Override the framework's flash attention.")
+GRAD_DTYPE = typer.Option(None, "--grad-dtype", help="Gradient dtype: fp32 or bf16 (default: the framework's).")
+ALLOCATOR = typer.Option(None, "--allocator-reserve", help="Allocator reserve as a fraction of the "
+                         "working set, e.g. 0.1 (default: the framework's).")
 # Checkpoints and failures (planner.checkpoint_spec, cost.checkpoint) and the deadline
 FAILURE_RATE = typer.Option(None, "--failure-rate", help="Unexpected interruptions per GPU-hour "
                             "\\[default: Llama 3's 1.97e-5: 419 in 54 days on 16,384 H100].")
@@ -107,16 +115,26 @@ def _checkpoint(failure_rate, restart_time, async_save) -> dict:
     return out
 
 
-def _training(model, global_batch_size, seq_length, checkpoint: dict | None = None):
-    """The TrainingSpec of the flags (planner.inputs.training_spec, the one check), with the
-    ``checkpoint`` block's values (already parsed to SI units by _checkpoint) set on it."""
+def _training(model, global_batch_size, seq_length, checkpoint: dict | None = None,
+              framework=None, flash=None, grad_dtype=None, allocator=None):
+    """(framework profile, TrainingSpec): the job from the flags and the model's defaults
+    (planner.inputs.training_spec, the one check) run by the ``--framework`` profile with the
+    single-fact overrides (frameworks.profile.resolve_training), with the ``checkpoint`` block's
+    values (already parsed to SI units by _checkpoint) set on it. UsageError on bad input."""
+    from ..catalog import resolve_framework
+    from ..frameworks.profile import Overrides, resolve_training
     from ..inputs import training_spec
-    training = training_spec(model, {"global_batch_size": global_batch_size,
-                                     "seq_length": seq_length})
+    if grad_dtype is not None and grad_dtype.strip().lower() not in ("fp32", "bf16"):
+        raise UsageError(f"--grad-dtype must be fp32 or bf16, got {grad_dtype!r}")
+    profile = resolve_framework(framework)
+    job = training_spec(model, {"global_batch_size": global_batch_size, "seq_length": seq_length})
+    training = resolve_training(job, profile, Overrides(
+        flash_attention=flash, grad_dtype=grad_dtype.strip().lower() if grad_dtype else None,
+        allocator_reserve=allocator))
     if checkpoint:
         training = training.model_copy(update={"checkpoint": training.checkpoint.model_copy(
             update=checkpoint)})
-    return training
+    return profile, training
 
 
 def _require(value, flag: str):

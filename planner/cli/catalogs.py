@@ -1,4 +1,4 @@
-"""Commands that list the catalogs: models, hardware."""
+"""Commands that list the catalogs: models, hardware, frameworks."""
 
 from __future__ import annotations
 
@@ -58,3 +58,26 @@ def hardware(json_out: bool = JSON) -> None:
         return
     from ..render.catalog import hardware_table
     hardware_table(entries)
+
+
+@app.command()
+@handle_errors
+def frameworks(json_out: bool = JSON,
+               show: Optional[str] = typer.Option(None, "--show", help="Print one framework profile "
+                                                  "(name or YAML) with every fact and its source.")) -> None:
+    """List the framework profiles (--framework): what each can run and how it runs it."""
+    if show is not None:
+        import sys
+        import yaml
+        data = catalog.resolve_framework(show).model_dump(mode="json", exclude_none=True)
+        for block in data.values():  # each block's facts first, their sources after them
+            if isinstance(block, dict) and "sources" in block:
+                block["sources"] = block.pop("sources")
+        sys.stdout.write(yaml.safe_dump(data, sort_keys=False, width=100, allow_unicode=True))
+        return
+    entries = catalog.framework_profiles().values()
+    if json_out:
+        console.print_json([f.model_dump(mode="python") for f in entries])  # SI numbers
+        return
+    from ..render.catalog import frameworks_table
+    frameworks_table(entries)

@@ -11,8 +11,9 @@ from .. import catalog
 from ..errors import UsageError
 from ..render import console
 from ..inputs import check_integers, check_numbers, search_options
-from .app import (ASYNC_SAVE, DEADLINE, FAILURE_RATE, GBS, GPUS, HARDWARE, HEADROOM, JSON, MODEL,
-                  RESTART_TIME, SEQ, RecomputeChoice, _checkpoint, _require, _training, app,
+from .app import (ALLOCATOR, ASYNC_SAVE, DEADLINE, FAILURE_RATE, FLASH, FRAMEWORK, GBS, GPUS,
+                  GRAD_DTYPE, HARDWARE, HEADROOM, JSON, MODEL, RESTART_TIME, SEQ, RecomputeChoice,
+                  _checkpoint, _require, _training, app,
                   handle_errors)
 
 
@@ -64,19 +65,21 @@ def search(
                                           help="Explain a (partial) layout, e.g. 'tp=4,pp=16', against the winner."),
     deadline: Optional[str] = DEADLINE, failure_rate: Optional[float] = FAILURE_RATE,
     restart_time: Optional[str] = RESTART_TIME, async_save: Optional[bool] = ASYNC_SAVE,
+    framework: Optional[str] = FRAMEWORK, flash_attention: Optional[bool] = FLASH,
+    grad_dtype: Optional[str] = GRAD_DTYPE, allocator_reserve: Optional[float] = ALLOCATOR,
 ) -> None:
     """Rank the TP/PP/DP/ZeRO layouts that fit, by predicted throughput (or --objective)."""
     from ..export import make_plan, write_plan
     from ..outputs import is_stdout, report_to_stderr
     from ..objective import parse_deadline
     from ..search import search as run_search
-    m = catalog.resolve_model(_require(model, "--model"))
-    hw = catalog.resolve_hardware(hardware)
-    training = _training(m, global_batch_size, seq_length,
-                         _checkpoint(failure_rate, restart_time, async_save))
+    m, hw, profile, training = _inputs(
+        model, hardware, global_batch_size, seq_length, _checkpoint(failure_rate, restart_time,
+                                                                    async_save),
+        framework, flash_attention, grad_dtype, allocator_reserve)
     check_numbers({"top": top})
     _check_search_flags(export, force, why_not, gpus, max_gpus, json_out)
-    opts = search_options(hw, dict(
+    opts = search_options(hw, training, dict(
         tp=tp, pp=pp, dp=dp, zero_stage=zero_stage, micro_batch_size=micro_batch_size,
         recompute=recompute.value if recompute else None, sequence_parallel=sequence_parallel,
         vpp=vpp, max_tp=max_tp, max_pp=max_pp, max_micro_batch_size=max_micro_batch_size,
@@ -84,7 +87,7 @@ def search(
         ep=ep, etp=etp, max_ep=max_ep,
         allow_cross_node_tp=allow_cross_node_tp, objective=objective, tokens=tokens,
         price_per_gpu_hour=price_per_gpu_hour, max_gpus=max_gpus,
-        deadline_s=parse_deadline(deadline)), min_memory_headroom)
+        deadline_s=parse_deadline(deadline), framework=profile), min_memory_headroom)
     n = gpus if gpus is not None else f"at most {max_gpus}"
     money = _currency(currency, price_per_gpu_hour)
     if why_not is not None:
@@ -94,7 +97,8 @@ def search(
         result = run_search(m, hw, training, gpus, opts)
     best = result.ranked
     if export is not None:
-        write_plan(make_plan(m, hw, training, best.candidates.layout(0), best.to_dict(0)), export, force)
+        write_plan(make_plan(m, hw, training, best.candidates.layout(0), best.to_dict(0), profile),
+                   export, force)
     with report_to_stderr(is_stdout(export)):  # --export -: stdout holds the plan alone
         _search_output(m, hw, training, n, result, top, json_out, money, max_gpus is not None, export)
 
@@ -198,15 +202,19 @@ def sweep(
                                            "to train (default: the model's)."),
     deadline: Optional[str] = DEADLINE, failure_rate: Optional[float] = FAILURE_RATE,
     restart_time: Optional[str] = RESTART_TIME, async_save: Optional[bool] = ASYNC_SAVE,
+    framework: Optional[str] = FRAMEWORK, flash_attention: Optional[bool] = FLASH,
+    grad_dtype: Optional[str] = GRAD_DTYPE, allocator_reserve: Optional[float] = ALLOCATOR,
 ) -> None:
     """Best layout, tokens/s, MFU, scaling efficiency and time to train at each GPU count."""
     from .sweep import run
     m = catalog.resolve_model(_require(model, "--model"))
     hw = catalog.resolve_hardware(hardware)
     check_numbers({"tokens": tokens})
-    training = _training(m, None, seq_length, _checkpoint(failure_rate, restart_time, async_save))
+    profile, training = _training(m, None, seq_length, _checkpoint(failure_rate, restart_time,
+                                                                   async_save),
+                                  framework, flash_attention, grad_dtype, allocator_reserve)
     run(m, hw, training, _require(gpus, "--gpus"), json_out, plot, force, min_memory_headroom,
-        global_batch_size, tokens, deadline)
+        global_batch_size, tokens, deadline, profile)
 
 
 @app.command()
@@ -246,6 +254,8 @@ def estimate(
     json_out: bool = JSON,
     failure_rate: Optional[float] = FAILURE_RATE, restart_time: Optional[str] = RESTART_TIME,
     async_save: Optional[bool] = ASYNC_SAVE,
+    framework: Optional[str] = FRAMEWORK, flash_attention: Optional[bool] = FLASH,
+    grad_dtype: Optional[str] = GRAD_DTYPE, allocator_reserve: Optional[float] = ALLOCATOR,
 ) -> None:
     """Memory and step-time breakdown of one layout (from flags or --plan). Exits 1 if it does not fit."""
     from ..search import check_layout
@@ -256,7 +266,9 @@ def estimate(
              "--cp": cp, "--ep": ep, "--etp": etp, "--distributed-optimizer": distributed_optimizer,
              "--first-stage-layers": first_stage_layers, "--last-stage-layers": last_stage_layers,
              "--allow-cross-node-tp": allow_cross_node_tp or None, "--failure-rate": failure_rate,
-             "--restart-time": restart_time, "--async-save/--sync-save": async_save}
+             "--restart-time": restart_time, "--async-save/--sync-save": async_save,
+             "--framework": framework, "--flash-attention": flash_attention,
+             "--grad-dtype": grad_dtype, "--allocator-reserve": allocator_reserve}
     if plan is not None:
         from ..export import read_checked_plan
         given = [flag for flag, value in flags.items() if value is not None]
@@ -265,6 +277,7 @@ def estimate(
                              "them (edit the plan, or estimate from flags without --plan)")
         p = read_checked_plan(plan)  # the checks of every plan consumer
         m, hw, training, layout, n = p.model, p.hardware, p.training, p.layout, p.gpus
+        profile = p.framework
     else:
         # Checked as given, before the defaults: `--tp 0` is an error, not tp=1.
         check_integers(dict(tp=tp, pp=pp, dp=dp, cp=cp, micro_batch_size=micro_batch_size, vpp=vpp,
@@ -272,10 +285,10 @@ def estimate(
         check_integers(dict(first_stage_layers=first_stage_layers,
                             last_stage_layers=last_stage_layers), allow_zero=True)
         zero_stage = _zero_stage(zero_stage, distributed_optimizer)
-        m = catalog.resolve_model(_require(model, "--model"))
-        hw = catalog.resolve_hardware(hardware or "dgx-h100")
-        training = _training(m, global_batch_size, seq_length,
-                             _checkpoint(failure_rate, restart_time, async_save))
+        m, hw, profile, training = _inputs(
+            model, hardware or "dgx-h100", global_batch_size, seq_length,
+            _checkpoint(failure_rate, restart_time, async_save), framework, flash_attention,
+            grad_dtype, allocator_reserve)
         n = _require(gpus, "--gpus")
         fields = dict(tp=tp, cp=cp, pp=pp, dp=dp, zero_stage=zero_stage,
                       micro_batch_size=micro_batch_size or 1,
@@ -286,31 +299,46 @@ def estimate(
                       last_stage_layers=last_stage_layers or 0)
         # tp, cp, pp default to 1 and dp to what they leave (search.check_layout)
         layout = check_layout(m, hw, training, n, {k: v for k, v in fields.items() if v is not None},
-                              allow_cross_node_tp)
-    _estimate_output(m, hw, training, n, layout, json_out, p if plan is not None else None)
+                              allow_cross_node_tp, profile)
+    _estimate_output(m, hw, training, n, layout, json_out, p if plan is not None else None, profile)
 
 
-def _estimate_output(m, hw, training, n: int, layout, json_out: bool, plan) -> None:
-    """estimate's JSON or tables and checkpoint section; a layout that does not fit gets no step
-    time, throughput or checkpoint, its shortfall per GPU and the fewest GPUs on which a layout
-    fits (``to_fit``). Exit 1 then."""
+def _inputs(model, hardware, global_batch_size, seq_length, checkpoint, framework, flash,
+            grad_dtype, allocator):
+    """(model, hardware, framework profile, TrainingSpec) from the flags (UsageError)."""
+    m = catalog.resolve_model(_require(model, "--model"))
+    hw = catalog.resolve_hardware(hardware)
+    profile, training = _training(m, global_batch_size, seq_length, checkpoint, framework, flash,
+                                  grad_dtype, allocator)
+    return m, hw, profile, training
+
+
+def _estimate_output(m, hw, training, n: int, layout, json_out: bool, plan, profile) -> None:
+    """estimate's JSON or tables and checkpoint section, with every pipeline rank (``pipeline``:
+    each rank's memory and time, the binding and the slowest rank, the imbalance); a layout
+    that does not fit gets no step time, throughput or checkpoint, its shortfall per GPU and the
+    fewest GPUs on which a layout fits (``to_fit``). Exit 1 then."""
     from ..cost.checkpoint import evaluate_checkpoint, unavailable
+    from ..cost.stages import stage_profile
     from ..cost.step import estimate_layout
     from ..render.breakdown import estimate_report, plan_drift
     est = estimate_layout(m, hw, training, layout)
     result = est.to_dict(0)
     fits = result["memory"]["fits"]
-    hint = None if fits else _to_fit(m, hw, training, n)
+    hint = None if fits else _to_fit(m, hw, training, n, profile)
     ck = None if unavailable(hw) or not fits else evaluate_checkpoint(
         m, hw, training, est.candidates, est.time["step"])
+    stages = stage_profile(m, hw, training, est)
     if json_out:
         console.print_json({**result, "to_fit": hint.to_dict() if hint else None,
-                            "checkpoint": ck.to_dict(0) if ck else None})
+                            "checkpoint": ck.to_dict(0) if ck else None,
+                            "pipeline": {"ranks": stages.to_list(), "binding": stages.binding,
+                                         "slowest": stages.slowest, "imbalance": stages.imbalance}})
     else:
         from ..render.checkpoint import checkpoint_report
         from ..render.search import header
         header(m, hw, training, n)
-        estimate_report(est, hint)
+        estimate_report(est, stages, hint)
         if fits:
             checkpoint_report(ck, 0, hw, est.candidates.layout(0), "Checkpoint")
     if plan is not None:
@@ -319,7 +347,7 @@ def _estimate_output(m, hw, training, n: int, layout, json_out: bool, plan) -> N
         raise typer.Exit(1)
 
 
-def _to_fit(m, hw, training, n: int):
+def _to_fit(m, hw, training, n: int, profile=None):
     """What would make a layout on ``n`` GPUs fit: the best layout that fits on these GPUs,
     else the fewest GPUs on which one fits (refusal.FitHint); None when no count fits."""
     import numpy as np
@@ -328,12 +356,12 @@ def _to_fit(m, hw, training, n: int):
     from ..refusal import FitHint
     from ..search import SearchOptions, search
     try:
-        best = search(m, hw, training, n, SearchOptions(keep=1)).ranked
+        best = search(m, hw, training, n, SearchOptions(keep=1, framework=profile)).ranked
     except NoFitError as exc:
         return exc.to_fit
     except UsageError:  # no layout can use n GPUs at all (e.g. the batch): the next count that fits
         from ..refusal import fit_hint
-        return fit_hint(m, hw, training, n, SearchOptions())
+        return fit_hint(m, hw, training, n, SearchOptions(framework=profile))
     return FitHint(n, best.take(np.array([0])))
 
 

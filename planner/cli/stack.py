@@ -16,7 +16,8 @@ from .app import JSON, app, handle_errors
 @handle_errors
 def export_cmd(
     plan: Path = typer.Argument(..., help="Plan YAML written by `plan3d search --export`."),
-    to: str = typer.Option(..., "--to", help="Target: megatron, nemo, deepspeed or torchtitan."),
+    to: Optional[str] = typer.Option(None, "--to", help="Target: megatron, nemo, deepspeed, torchtitan, "
+                                     "or a framework (megatron-core, ...) \\[default: the plan's framework]."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write to FILE instead of "
                                           "stdout (- or /dev/stdout: stdout)."),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing --output file."),
@@ -25,21 +26,21 @@ def export_cmd(
 ) -> None:
     """Write a plan as a training framework's arguments or config."""
     from ..export import read_checked_plan
-    from ..frameworks import export_plan
+    from ..frameworks import export_plan, export_target
     from ..outputs import check_destination, is_stdout, write
-    target = to.strip().lower()
-    if torchtitan_format is not None and target != "torchtitan":
-        raise UsageError(f"--torchtitan-format applies to --to torchtitan only, not --to {target}")
     if output is not None:
         check_destination(output, force, "--output", "config.txt")
-    result = export_plan(read_checked_plan(plan), target,
-                         (torchtitan_format or "overrides").strip().lower())
+    p = read_checked_plan(plan)
+    target = export_target(to, p)
+    if torchtitan_format is not None and target != "torchtitan":
+        raise UsageError(f"--torchtitan-format applies to --to torchtitan only, not --to {target}")
+    result = export_plan(p, target, (torchtitan_format or "overrides").strip().lower())
     from ..explain import model_notes
-    for note in result.notes + model_notes(read_checked_plan(plan).model):
+    for note in result.notes + model_notes(p.model):
         console.note(f"note: {note}")
     write(output or Path("-"), result.text, force, "--output", "config.txt")
     if output is not None and not is_stdout(output):
-        console.note(f"Wrote {to} configuration to {output}")
+        console.note(f"Wrote {target} configuration to {output}")
 
 
 @app.command()

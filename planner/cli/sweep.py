@@ -13,12 +13,13 @@ from ..specs import HardwareProfile, ModelSpec, TrainingSpec
 
 def run(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: str, json_out: bool,
         plot_path: Path | None, force: bool, headroom: str | None, batches: str | None = None,
-        tokens: float | None = None, deadline: str | None = None) -> None:
-    """``plan3d sweep``: UsageError on bad input (GPU counts, batches, an existing --plot file
-    without --force, no matplotlib, a deadline without a token budget), NoFitError when no
-    count has a fitting layout, DeadlineError when none meets the deadline. With a token budget
-    (``tokens`` or the model's) each count's layout is the one with the shortest expected time
-    to train (failures and checkpoints counted), else the one with the most tokens/s."""
+        tokens: float | None = None, deadline: str | None = None, framework=None) -> None:
+    """``plan3d sweep`` (``framework``: the profile whose rules apply, FrameworkProfile or None):
+    UsageError on bad input (GPU counts, batches, an existing --plot file without --force, no
+    matplotlib, a deadline without a token budget), NoFitError when no count has a fitting
+    layout, DeadlineError when none meets the deadline. With a token budget (``tokens`` or the
+    model's) each count's layout is the one with the shortest expected time to train (failures
+    and checkpoints counted), else the one with the most tokens/s."""
     from ..inputs import search_options
     from ..objective import parse_deadline
     from ..outputs import is_stdout, report_to_stderr, shown
@@ -32,8 +33,9 @@ def run(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: str
         _check_plot(plot_path, force, json_out)
     deadline_s = parse_deadline(deadline)
     budget = tokens if tokens is not None else training.tokens
-    opts = search_options(hw, {"tokens": tokens, "deadline_s": deadline_s, "objective":
-                               "throughput" if budget is None else "time-to-train"}, headroom)
+    opts = search_options(hw, training, {
+        "tokens": tokens, "deadline_s": deadline_s, "framework": framework,
+        "objective": "throughput" if budget is None else "time-to-train"}, headroom)
     with progress() as bar:
         task = bar.add_task("Sweeping GPU counts", total=len(counts) * len(sizes))
         rows = sweep_batches(model, hw, training, counts, sizes, opts,

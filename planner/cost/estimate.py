@@ -17,7 +17,7 @@ from .context_parallel import ring_buffer_bytes
 from . import memory
 from .memory import RANK_KINDS, activation_bytes_by_stage, model_state_bytes
 
-MEMORY_TERMS = ("weights", "gradients", "optimizer", "activations", "other")
+MEMORY_TERMS = ("weights", "gradients", "optimizer", "activations", "other", "reserve")
 TIME_TERMS = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm", "bubble",
               "optimizer")
 LINK_GROUPS = ("tp", "cp", "ep", "pp", "dp")
@@ -28,7 +28,8 @@ class Estimate:
     """Predictions for N candidates, each value an (N,) array (broadcast over a search grid).
 
     memory (bytes, the pipeline rank with the highest peak): weights, gradients, optimizer,
-    activations, other (buffers + framework allowance), total, capacity, peak_stage (0 first,
+    activations, other (transient buffers), reserve (runtime + allocator, reserve_bytes),
+    total, capacity, peak_stage (0 first,
     1 middle, pp-1 last); ``fits`` (bool). ``stages``: {first|middle|last: {total, activations,
     time}}: memory per rank kind and the forward+backward seconds of one micro-batch on it.
     time (seconds): step and its terms (sum of TIME_TERMS == step), plus bubble_fraction: the
@@ -100,26 +101,48 @@ def rank_kinds(c) -> tuple[str, ...]:
 
 
 def memory_by_rank(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c,
-                   kinds: tuple[str, ...]) -> dict[str, dict[str, np.ndarray]]:
-    """{rank kind: {weights, gradients, optimizer, activations, other, total}} per GPU, bytes.
+                   kinds: tuple[str, ...] = ("first", "last"),
+                   ranks: dict[str, np.ndarray] | None = None) -> dict[str, dict[str, np.ndarray]]:
+    """{rank kind: {weights, gradients, optimizer, activations, other, reserve, total}} per GPU, bytes.
+    (``ranks``: {label: pipeline rank index array} instead of ``kinds``, e.g. every rank of one
+    layout {"rank": np.arange(pp)}, broadcast against ``c``: cost.stages.)
 
     Model states of the rank's parameters (memory.model_state_bytes), its peak activations
-    (memory.activation_bytes_by_stage), and "other": transient buffers (SP gather, ZeRO-3 units,
-    the CP ring's receive buffers) plus the framework allowance of the hardware profile. States
-    and buffers are added on their smaller broadcast shapes before the activations."""
-    other = memory.transient_bytes(model, training, c) + ring_buffer_bytes(model, training, c) \
-        + hw.framework_overhead
-    activations = activation_bytes_by_stage(model, training, c, kinds)
+    (memory.activation_bytes_by_stage), "other": transient buffers (SP gather, ZeRO-3 units,
+    the CP ring's receive buffers), and "reserve" (reserve_bytes: what the runtime and the
+    allocator keep beyond the tensors). States and buffers are added on their smaller
+    broadcast shapes before the activations."""
+    other = memory.transient_bytes(model, training, c) + ring_buffer_bytes(model, training, c)
+    targets = ranks if ranks is not None else {k: memory.rank_index(c, k) for k in kinds}
+    activations = activation_bytes_by_stage(model, training, c, ranks=targets)
     out = {}
-    for kind in kinds:
-        p = memory.rank_params(model, c, memory.rank_index(c, kind))
+    for kind, rank in targets.items():
+        p = memory.rank_params(model, c, rank)
         terms = model_state_bytes(p["dense"] + p["embedding"] + p["head"], c, training, p["experts"])
         terms["activations"] = activations[kind]
         terms["other"] = other
+        terms["reserve"] = reserve_bytes(hw, training, c, activations[kind] + other)
         terms["total"] = (terms["weights"] + terms["gradients"] + terms["optimizer"] + other) \
-            + terms["activations"]
+            + terms["activations"] + terms["reserve"]
         out[kind] = terms
     return out
+
+
+def reserve_bytes(hw: HardwareProfile, training: TrainingSpec, c, working_set) -> np.ndarray:
+    """Memory per GPU the runtime and the allocator keep beyond the tensors (formulas.md 3.10),
+    bytes: the framework profile's ``reserve_runtime`` (CUDA context, workspaces, HBM the driver
+    keeps) + ``reserve_per_communicator`` x LayoutDegrees.communicators + ``reserve_allocator``
+    x ``working_set`` (activations and transient buffers: what the caching allocator allocates
+    and frees every step), plus the hardware profile's optional ``framework_overhead`` (an
+    extra allowance a site sets; none in the shipped profiles). Broadcast array."""
+    return (least_reserve(hw, training) + training.reserve_per_communicator * c.communicators) \
+        + training.reserve_allocator * working_set
+
+
+def least_reserve(hw: HardwareProfile, training: TrainingSpec) -> float:
+    """The reserve every layout keeps at least, bytes: reserve_bytes without communicators or
+    working set (the framework's runtime part and the hardware profile's optional extra)."""
+    return float(training.reserve_runtime) + float(hw.framework_overhead or 0.0)
 
 
 def memory_total(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c) -> np.ndarray:

@@ -80,17 +80,31 @@ def model_state_bytes(params: np.ndarray, c, training: TrainingSpec,
     """Weights, gradients and optimizer states in bytes for ``params`` dense and ``experts``
     expert parameters held per GPU (formulas.md 2.1; moe.md 5.1).
 
-    bf16 weights (2 B), main grads ``grad_bytes`` (4 B fp32 by default in Megatron), optimizer
-    12 B (fp32 master + Adam m, v), each divided by zero_divisors of its group: stage 0
-    2 + g + 12 (Megatron DDP: 18 B); stage 1 (distributed optimizer) 2 + g + 12/n; stage 2
-    2 + (g + 12)/n; stage 3 (FSDP) (2 + g + 12)/n.
+    Per parameter, each divided by zero_divisors of its group (n = dp*cp for dense parameters,
+    edp for experts, where the stage shards it): weights ``param_bytes`` (2 bf16; 4 where the
+    fp32 parameter is its own master, FSDP2), gradients ``grad_bytes`` (4 fp32 main grads in
+    Megatron, 2 16-bit), optimizer 8 (Adam m, v) + 4 for a separate fp32 master copy
+    (``master_weights``). Megatron (2, 4, 12): stage 0 18 B; stage 1 (distributed optimizer)
+    2 + 4 + 12/n; stage 2 2 + 16/n; stage 3 18/n.
+    Framework terms (TrainingSpec, from the framework profile): ``fp32_grad_partition`` adds
+    an fp32 gradient partition 4/n to 16-bit gradients at stages 1-2 (DeepSpeed ZeRO-2:
+    2 + 18/n, its estimator after PR #5099); ``pp_unsharded_params`` adds the stage's bf16
+    parameters, 2 B, at stage 3 with pp > 1 (FSDP2 does not reshard after forward under PP).
     """
     w, g, o = zero_divisors(c)
     we, ge, oe = zero_divisors(c, "expert") if np.any(np.asarray(experts) > 0) else (1.0, 1.0, 1.0)
-    grad = float(training.grad_bytes)
-    return {"weights": params * 2.0 / w + experts * 2.0 / we,
-            "gradients": params * grad / g + experts * grad / ge,
-            "optimizer": (params / o + experts / oe) * OPTIMIZER_BYTES_PER_PARAM}
+    stage = c.sharding_stage
+    pb, gb = float(training.param_bytes), float(training.grad_bytes)
+    weights = params * pb / w + experts * pb / we
+    if training.pp_unsharded_params:
+        weights = weights + np.where((stage >= 3) & (np.asarray(c.pp) > 1),
+                                     (params + experts) * 2.0, 0.0)
+    grads = params * gb / g + experts * gb / ge
+    if training.fp32_grad_partition and training.grad_bytes < 4:
+        grads = grads + np.where((stage == 1) | (stage == 2),
+                                 params * 4.0 / o + experts * 4.0 / oe, 0.0)
+    states = 8.0 + (4.0 if training.master_weights else 0.0)
+    return {"weights": weights, "gradients": grads, "optimizer": (params / o + experts / oe) * states}
 
 
 def layer_activation_terms(model: ModelSpec, training: TrainingSpec) -> tuple[float, float, float]:
@@ -148,8 +162,11 @@ def _model_mix(model: ModelSpec) -> tuple[int, int, int, int]:
 
 
 def activation_bytes_by_stage(model: ModelSpec, training: TrainingSpec, c,
-                              kinds: tuple[str, ...] = ("first", "last")) -> dict[str, np.ndarray]:
+                              kinds: tuple[str, ...] = ("first", "last"),
+                              ranks: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
     """Peak activation bytes on the ``first``, ``middle`` and ``last`` pipeline ranks. {kind: array}
+    (``ranks``: {label: pipeline rank index array} instead of ``kinds``, e.g. every rank of one
+    layout: {"rank": np.arange(pp)}, broadcast against ``c``.)
 
     in-flight layers (pipeline.inflight_layers, the rank's own chunk sizes) x the rank's mean
     per-layer bytes (activation_per_layer); with full recompute add the working set of one layer
@@ -169,8 +186,8 @@ def activation_bytes_by_stage(model: ModelSpec, training: TrainingSpec, c,
     vocab = flops.padded_vocab(model.vocab_size, c.tp).astype(np.float64)
     last_edge = tokens * (4.0 * h / sp_div + 6.0 * vocab / c.tp) * (1 + model.mtp_layers)
     out = {}
-    for kind in kinds:
-        rank = rank_index(c, kind)
+    targets = ranks if ranks is not None else {kind: rank_index(c, kind) for kind in kinds}
+    for kind, rank in targets.items():
         layer = per_layer if uniform else activation_per_layer(model, training, c, rank=rank)
         working = np.where(c.recompute == 2, activation_per_layer(
             model, training, c, np.zeros_like(c.recompute), None if uniform else rank), 0.0)

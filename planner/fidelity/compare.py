@@ -85,9 +85,9 @@ def compare(case: RunCase, hardware: HardwareProfile | None = None) -> Compariso
             case.training.seq_length / step)
     if "peak_memory" in meas:
         # Sources report the allocator's peak (PyTorch max memory allocated): states, activations
-        # and buffers, but not the profile's framework allowance (CUDA context, NCCL buffers,
-        # fragmentation), so that allowance is left out of the predicted side.
-        add("peak_memory", meas["peak_memory"], float(est.memory["total"][0]) - hw.framework_overhead)
+        # and buffers, but not the reserve (CUDA context, NCCL buffers, what the allocator holds
+        # above allocated), so the reserve is left out of the predicted side.
+        add("peak_memory", meas["peak_memory"], float(est.memory["total"][0] - est.memory["reserve"][0]))
     out.primary = next((k for k in PRIMARY_ORDER if k in out.error), None)
     return out
 

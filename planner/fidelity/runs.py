@@ -14,31 +14,18 @@ and the row then lists it in ``assumptions`` (``plan3d accuracy`` prints them):
 - seq_len / vocab unknown (2020 Megatron README): 1024 / 51200, the GPT-2 context and Megatron's
   padded GPT-2 vocabulary; with them the row's own iteration time and TFLOP/s agree under
   Narayanan's formula to 0.1 % (tests/test_fidelity.py checks this).
-- flash attention: off for runs published before 2023 (2020-22 Megatron-LM had no flash
-  attention), on otherwise. fp16 for "mixed 16-bit" rows, else bf16.
-- gradient bytes: 2 for DeepSpeed ZeRO rows (fp16 grads, ZeRO paper's 2+2+12), FSDP "PURE"
-  bf16 rows (reduce dtype bf16) and fp16 Megatron-LM runs before 2022 (fp16 gradient buffer:
-  --accumulate-allreduce-grads-in-fp32 was off by default), else 4 (Megatron fp32 main grads,
-  as Korthikanti 2022's Fig. 1 18 B/param implies; FSDP default fp32 reduce).
-- overlap of the DP gradient reduce: off for Megatron-LM runs before 2023 (Korthikanti 2022:
-  "no overlap of gradient all-reduce with backprop"; --overlap-grad-reduce came in 2023), on for
-  ZeRO-3/FSDP (DeepSpeed overlap_comm, FSDP prefetch) and later runs -- except DeepSpeed ZeRO-3
-  before mid-2021 (rows up to 2021): its parameter gathers were synchronous (each all-gather
-  synchronized the device; DeepSpeed PR #1188, June 2021) and gradient-reduce overlap
-  (overlap_comm) was off by default, so nothing is overlapped, and its gathers and reduces run
-  at the implementation-bound 21 GB/s per GPU measured on DeepSpeed 0.3.16 (TrainingSpec
-  zero3_throughput; DeepSpeed issue #1174: a 5.1B model's forward took 480 ms with ZeRO-3
-  against 60 ms with ZeRO-2 on one 8x A100 NVLink node, i.e. 5.1e9 x 2 B x 7/8 received in
-  0.42 s).
-- Megatron-LM before 2023 also: blocking pipeline p2p in the interleaved schedule and
-  Narayanan's scatter/gather of p2p tensors (TrainingSpec overlap_p2p_comm / p2p_scatter_gather);
-  DeepSpeed ZeRO-3 gathers parameters per module, FSDP per layer (zero3_gather_unit).
-- Megatron-LM before 2022 (Narayanan 2021, the 2020 README): synchronous TP all-reduces in
-  backward (the f/g operators of Shoeybi 2019), no overlap with weight-gradient GEMMs
-  (TrainingSpec tp_backward_overlap); Korthikanti 2022's code overlaps them.
-- architecture: GeLU MLP, LayerNorm; Megatron-style rows (all but mosaic-*) with biases,
-  learned positions, dropout 0.1 and tied embeddings unless the row says "untied"; MPT rows
-  (llm-foundry defaults) without biases, ALiBi, dropout 0, tied embeddings.
+- framework: every fact of how the run was trained -- flash attention, gradient dtype, overlap
+  of the DP reduce and of the interleaved p2p, Narayanan's p2p scatter/gather, synchronous TP in
+  backward, what and how fast ZeRO-3 gathers, memory accounting and reserve -- comes from the
+  framework profile the run names (planner.fidelity.run_framework: the row's ``framework``
+  field, else published_runs_frameworks.yaml beside the runs file: megatron-lm-2021 for
+  Narayanan 2021 and the 2020 README, deepspeed-2021 for Narayanan's ZeRO-3 rows,
+  megatron-lm-2022 for Korthikanti 2022, llm-foundry for MosaicML, megatron-core for the rest),
+  with the single facts it overrides (the PURE bf16 MosaicML rows: --grad-dtype bf16) and its
+  training dtype; megatron-core in bf16 when nothing names one (stated as an assumption).
+- architecture: GeLU MLP, LayerNorm; the framework entry's ``architecture`` gives the rest:
+  megatron-gpt (biases, learned positions, dropout 0.1 and tied embeddings unless the row says
+  "untied") or mpt (llm-foundry defaults: no biases, ALiBi, dropout 0, tied embeddings).
 - FLOP convention of the source's TFLOP/s / MFU: by id prefix for the shipped sources (GROUPS);
   a user row may tag its notes ``[flops=narayanan|korthikanti|mosaic]``, otherwise only its
   iteration time and tokens/s are compared.
@@ -63,6 +50,8 @@ from ..degrees import split_problem
 from ..errors import UsageError
 from ..inputs import check_integers, field_of, training_spec
 from ..specs import NAME_PATTERN, HardwareProfile, Layout, ModelSpec, TrainingDefaults, TrainingSpec
+from ..frameworks.profile import resolve_training
+from .run_framework import run_framework
 from .schema import check_fields, notes_tags
 
 REPO_DATASET = Path(__file__).resolve().parents[2] / "benchmarks" / "published_runs.yaml"
@@ -82,8 +71,6 @@ GROUPS: tuple[tuple[str, str, str], ...] = (
     ("palm-", "PaLM", "palm"),
     ("gopher-", "Gopher", "palm"),
 )
-# DeepSpeed <= 0.4.0 ZeRO-3 parameter traffic per GPU, bytes/s (module docstring: issue #1174).
-DEEPSPEED_2021_ZERO3_THROUGHPUT = 5.1e9 * 2 * 7 / 8 / 0.42
 # Sources whose peak-memory "GB" is Megatron-LM's binary unit (see the module docstring).
 MEMORY_GIB_PREFIXES = ("vocabpar-",)
 
@@ -135,7 +122,7 @@ def load_runs(path: Path | None = None) -> list[RunCase]:
                              f"and {i + 1}); ids must be unique")
         seen[row["id"]] = i + 1
         try:
-            cases.append(_case(row))
+            cases.append(_case(row, path))
         except KeyError as exc:
             raise UsageError(f"{path}: run {row['id']}: missing field {exc}") from None
         except ValidationError as exc:  # one line naming the field, as catalog.validate words it
@@ -210,12 +197,7 @@ def _hardware(gpu: str, notes: list[str]) -> tuple[str | None, str]:
     return None, "a100"
 
 
-def _year(source: str) -> int | None:
-    match = re.search(r"\b(19|20)\d{2}\b", source)
-    return int(match.group(0)) if match else None
-
-
-def _case(row: dict) -> RunCase:
+def _case(row: dict, path: Path | None = None) -> RunCase:
     check_fields(row)
     tags = notes_tags(str(row.get("notes") or ""))
     group, convention = _group(row, tags)
@@ -224,7 +206,7 @@ def _case(row: dict) -> RunCase:
             raise UsageError(f"missing field '{key}'" if row.get(key) is None else
                              f"{key} must be a mapping of fields, got {row[key]!r}")
     hw_row, model_row, lay = row["hardware"], row["model"], row["layout"]
-    source, notes_text = str(row.get("source") or ""), str(row.get("notes") or "")
+    source = str(row.get("source") or "")
     case = RunCase(id=row["id"], group=group, convention=convention, source=source,
                    gpus=int(hw_row.get("gpus") or 0), measured=_measured(row.get("measured")))
     if "peak_memory" in case.measured:
@@ -255,7 +237,9 @@ def _case(row: dict) -> RunCase:
     check_integers({"seq_length": model_row.get("seq_len")}, label=lambda _: "model.seq_len")
     case.hardware = resolve_hardware(profile)
     assume = case.assumptions.append
-    year = _year(source)
+    software, assumed = run_framework(row, path)
+    if assumed:
+        assume(f"framework={software.framework} {software.dtype}")
 
     seq, vocab = model_row.get("seq_len"), model_row.get("vocab")
     if seq is None:
@@ -269,7 +253,7 @@ def _case(row: dict) -> RunCase:
     if ffn is None:
         ffn = 4 * h
         assume("ffn=4h")
-    megatron = not case.id.startswith("mosaic-")
+    megatron = software.architecture == "megatron-gpt"
     case.model = validate(ModelSpec, dict(
         name=case.id, source=source or "user run", num_layers=int(model_row["layers"]), hidden_size=h,
         num_attention_heads=int(model_row["heads"]),
@@ -283,7 +267,7 @@ def _case(row: dict) -> RunCase:
         f"run {case.id} model")
 
     _run_layout(case, lay, convention)
-    _run_training(case, int(seq), int(lay["global_batch"]), notes_text, year)
+    _run_training(case, int(seq), int(lay["global_batch"]), software)
     problem = split_problem(case.gpus, {k: getattr(case.layout, k) for k in ("tp", "pp", "dp")},
                             exact=True)
     if problem:
@@ -320,28 +304,11 @@ def _run_layout(case: RunCase, lay: dict, convention: str) -> None:
         sequence_parallel=bool(value["sequence_parallel"]), vpp=int(value["vpp"])), f"run {case.id} layout")
 
 
-def _run_training(case: RunCase, seq: int, batch: int, notes_text: str, year: int | None) -> None:
-    """``case.training`` of the run (planner.inputs.training_spec, the check every command
-    applies): precision, gradient bytes, overlaps and ZeRO-3 style from the source's year and
-    notes."""
-    pre_2023 = year is not None and year < 2023
-    deepspeed = "deepspeed" in notes_text.lower()
-    deepspeed_2021 = deepspeed and year is not None and year <= 2021 and case.layout.zero_stage == 3
-    # fp16 Megatron-LM before 2022 reduced fp16 gradients (--accumulate-allreduce-grads-in-fp32 off).
-    fp16_grads = "mixed 16-bit" in notes_text and year is not None and year < 2022
-    pure_bf16 = "(PURE)" in notes_text
-    case.training = training_spec(case.model, dict(
-        seq_length=seq, global_batch_size=batch,
-        dtype="fp16" if "mixed 16-bit" in notes_text else "bf16",
-        grad_bytes=2 if (deepspeed or pure_bf16 or fp16_grads) else 4,
-        flash_attention=not pre_2023,
-        overlap_grad_reduce=(not pre_2023 or case.layout.zero_stage >= 3) and not deepspeed_2021,
-        overlap_p2p_comm=not pre_2023, p2p_scatter_gather=pre_2023,
-        zero3_gather_unit="module" if deepspeed else "layer",
-        zero3_throughput=DEEPSPEED_2021_ZERO3_THROUGHPUT if deepspeed_2021 else None,
-        tp_backward_overlap=year is None or year >= 2022), field_of("training"),
-        f"run {case.id} training")
-    if pre_2023:
-        case.assumptions.append("no flash-attn (<2023)")
-    if deepspeed_2021:
-        case.assumptions.append("DeepSpeed<=0.4 ZeRO-3: 21 GB/s, no overlap")
+def _run_training(case: RunCase, seq: int, batch: int, software) -> None:
+    """``case.training`` of the run: the job (sequence, batch, the framework entry's dtype)
+    checked as every command checks one (planner.inputs.training_spec), run by the framework
+    profile the run names with its single-fact overrides (frameworks.profile.resolve_training)."""
+    job = training_spec(case.model, {"seq_length": seq, "global_batch_size": batch,
+                                     "dtype": software.dtype}, field_of("training"),
+                        f"run {case.id} training")
+    case.training = resolve_training(job, software.profile(), software.overrides())

@@ -14,7 +14,7 @@ import re
 
 from ..errors import UsageError
 
-TOP_FIELDS = ("id", "source", "model", "hardware", "layout", "measured", "notes")
+TOP_FIELDS = ("id", "source", "model", "hardware", "layout", "measured", "notes", "framework")
 SECTION_FIELDS: dict[str, tuple[str, ...]] = {
     "model": ("name", "params_b", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab",
               "seq_len", "arch_notes"),

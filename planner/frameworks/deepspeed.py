@@ -12,11 +12,13 @@ train_batch_size = B, train_micro_batch_size_per_gpu = b, gradient_accumulation_
 The JSON has no field for TP or PP sizes: PP is ``deepspeed.pipe.PipelineModule(num_stages=pp)``
 (or Megatron-DeepSpeed's ``--pipeline-model-parallel-size``), TP comes from the model code (e.g.
 Megatron-DeepSpeed's ``--tensor-model-parallel-size``). Those go to ``Export.notes`` (stderr),
-since JSON has no comments. DeepSpeed's PipelineEngine asserts ZeRO stage < 2
-(deepspeed/runtime/pipe/engine.py: "ZeRO-2 and ZeRO-3 are incompatible with pipeline
-parallelism"), so pp > 1 with ZeRO-2/3 is a UsageError. A mixture-of-experts model is a
-UsageError too: DeepSpeed's MoE is a layer of the model code (deepspeed/moe/layer.py ``MoE``
-with ``ep_size``), not a ds_config key.
+since JSON has no comments. What DeepSpeed cannot run (ZeRO-2/3 with PP, interleaving, ring CP,
+an uneven split) is refused before this module runs, by the deepspeed framework profile's rules
+(planner.frameworks.rules.check_plan), the same rules ``--framework deepspeed`` searches with.
+DeepSpeed's MoE is a layer of the model code, not a ds_config key: a note gives the arguments
+of ``deepspeed.moe.layer.MoE`` for the plan (num_experts, k, ep_size, expert tensor parallelism,
+dropless routing; deepspeedai/DeepSpeed @639460ab deepspeed/moe/layer.py), where its expert
+groups come from the data-parallel ranks (the deepspeed profile's rule: ep divides dp).
 """
 
 from __future__ import annotations
@@ -32,23 +34,9 @@ SOURCE = "deepspeedai/DeepSpeed @088be892c749 deepspeed/runtime/constants.py, ru
 
 
 def ds_config(plan: Plan) -> dict:
-    """The ds_config dictionary for ``plan``. UsageError for pp > 1 with ZeRO-2/3."""
+    """The ds_config dictionary for ``plan`` (one the deepspeed profile's rules accept)."""
     lay, tr = plan.layout, plan.training
     m = microbatches(plan)
-    if lay.first_stage_layers or lay.last_stage_layers:
-        raise UsageError("the plan splits the pipeline unevenly (first/last stage "
-                         f"{lay.first_stage_layers}/{lay.last_stage_layers} layers); DeepSpeed "
-                         "partitions PipelineModule layers in code, not in ds_config")
-    if plan.model.moe is not None:
-        raise UsageError(f"{plan.model.name} is a mixture of experts: DeepSpeed's MoE lives in "
-                         "the model code (deepspeed.moe.layer.MoE, ep_size), not in ds_config; "
-                         "export --to megatron, nemo or torchtitan")
-    if lay.cp > 1:
-        raise UsageError(f"DeepSpeed has no Megatron-style context parallelism (ring attention "
-                         f"over cp ranks); this plan has cp={lay.cp}")
-    if lay.pp > 1 and lay.zero_stage >= 2:
-        raise UsageError(f"DeepSpeed's pipeline engine does not support ZeRO-{lay.zero_stage} "
-                         f"(it requires stage < 2 when pp > 1); this plan has pp={lay.pp}")
     cfg: dict = {
         "train_batch_size": tr.global_batch_size,
         "train_micro_batch_size_per_gpu": lay.micro_batch_size,
@@ -83,9 +71,6 @@ def export_deepspeed(plan: Plan) -> Export:
         notes.insert(1, f"pipeline: pp={lay.pp} is not a ds_config key; pass it as deepspeed.pipe."
                      f"PipelineModule(num_stages={lay.pp}) or Megatron-DeepSpeed "
                      f"--pipeline-model-parallel-size {lay.pp}")
-    if lay.vpp > 1:
-        notes.append(f"vpp={lay.vpp}: DeepSpeed's pipeline engine runs plain 1F1B; it has no "
-                     "interleaved schedule, so the bubble will be larger than estimated")
     if lay.recompute != "none":
         notes.append(f"recompute={lay.recompute}: ds_config has no switch for it; enable it in the "
                      "model (deepspeed.checkpointing.checkpoint, or Megatron-DeepSpeed "
@@ -94,13 +79,26 @@ def export_deepspeed(plan: Plan) -> Export:
                      "Megatron-DeepSpeed --rotary-base)", "the model code's default")
     if rope:
         notes.append(rope)
-    if plan.training.grad_bytes == 2:
-        notes.append("grad_bytes 2 (bf16 gradient reduction) is not set here")
+    if plan.training.grad_bytes == 4:
+        notes.append("fp32 gradients: DeepSpeed accumulates in the model dtype unless "
+                     "data_types.grad_accum_dtype is \"fp32\"; set it (not written here)")
     arch = unwritten_note(plan, "ds_config", (), "the model code sets the architecture")
     if arch:
         notes.append(arch)
+    if plan.model.moe is not None:
+        notes.append(moe_note(plan))
     notes.append(interval_note(save_interval(plan), plan).replace(
         "set the checkpoint directory yourself", "ds_config has no interval: call "
         "engine.save_checkpoint every that many steps in your training loop"))
     text = json.dumps(cfg, indent=2) + "\n"
     return Export("deepspeed", text, notes=notes, keys=_flatten(cfg))
+
+
+def moe_note(plan: Plan) -> str:
+    """The DeepSpeed-MoE layer arguments for the plan's experts (model code, not ds_config)."""
+    moe, lay = plan.model.moe, plan.layout
+    return (f"experts: build each MoE layer as deepspeed.moe.layer.MoE(num_experts="
+            f"{moe.num_experts}, k={moe.router_topk}, ep_size={lay.ep}, "
+            f"enable_expert_tensor_parallelism={lay.etp > 1}, drop_tokens=False) in the model "
+            f"code; ds_config has no MoE key. The estimate assumed Megatron-Core's dropless "
+            f"routing and grouped GEMMs; DeepSpeed's gate and per-expert loop may be slower")

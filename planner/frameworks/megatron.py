@@ -29,6 +29,7 @@ Mapping (plan field -> flag):
                          --rotary-base (rope_theta; integers only,
                          argparse type=int), --max-position-embeddings,
                          --untie-embeddings-and-output-weights, --attention-dropout, --hidden-dropout
+  interleaved, m % pp > 0 --microbatch-group-size-per-virtual-pipeline-stage G (microbatch_group)
   training               --bf16 / --fp16, --grad-reduce-in-bf16 (grad_bytes 2),
                          --overlap-grad-reduce (+ --overlap-param-gather with a sharded optimizer),
                          --attention-backend unfused (plan without flash attention)
@@ -39,13 +40,13 @@ Mapping (plan field -> flag):
                          async off: arguments.py), --ckpt-fully-parallel-load (torch_dist: each
                          rank reads its share, as the load time assumed)
 MoE, expert parallelism (ep, etp), MLA, MTP, sliding windows, QK norms, sinks, Q/K/V biases and
-the norm epsilon: planner.frameworks.megatron_model. ALiBi has no Megatron-LM GPT position
-embedding: UsageError.
+the norm epsilon: planner.frameworks.megatron_model.
+What Megatron-Core cannot build or run (ALiBi, a non-integer RoPE base, ...) is refused by the
+megatron-core framework profile's rules (planner.frameworks.rules), the ones its search applies.
 """
 
 from __future__ import annotations
 
-from ..errors import UsageError
 from ..cost.flops import padded_vocab
 from ..specs import Plan
 from .common import (RANK_ORDER_NOTE, Export, describe, interval_note, layers_per_virtual_stage,
@@ -60,11 +61,9 @@ POSITION = {"rope": "rope", "learned": "learned_absolute"}
 def megatron_args(plan: Plan) -> list[tuple[str, str | None]]:
     """The (flag, value or None) pairs for ``plan``, in a stable order. UsageError if inexpressible."""
     model, lay, tr = plan.model, plan.layout, plan.training
-    microbatches(plan)  # validates B % (dp*b)
-    if model.position_embedding not in POSITION:
-        raise UsageError(f"Megatron-LM has no {model.position_embedding} position embedding "
-                         "(--position-embedding-type takes learned_absolute or rope); "
-                         f"{model.name} cannot be exported to Megatron-LM as is")
+    m = microbatches(plan)  # validates B % (dp*b)
+    from .rules import check_plan
+    check_plan("megatron", plan)  # what Megatron-Core cannot build or run (ALiBi, ...)
     args: list[tuple[str, str | None]] = [
         ("--tensor-model-parallel-size", str(lay.tp)),
         ("--pipeline-model-parallel-size", str(lay.pp)),
@@ -74,6 +73,9 @@ def megatron_args(plan: Plan) -> list[tuple[str, str | None]]:
         args.append(("--num-virtual-stages-per-pipeline-rank", str(lay.vpp)))
     elif lay.vpp > 1:
         args.append(("--num-layers-per-virtual-pipeline-stage", str(layers_per_virtual_stage(plan))))
+    if lay.vpp > 1 and m % lay.pp:
+        args.append(("--microbatch-group-size-per-virtual-pipeline-stage",
+                     str(microbatch_group(int(m), lay.pp))))
     if uneven and lay.vpp > 1 and bool(lay.embedding_loss_split(model.num_layers)):
         args += [("--account-for-embedding-in-pipeline-split", None),
                  ("--account-for-loss-in-pipeline-split", None)]
@@ -118,11 +120,7 @@ def megatron_args(plan: Plan) -> list[tuple[str, str | None]]:
         args.append(("--disable-bias-linear", None))
     args.append(("--position-embedding-type", POSITION[model.position_embedding]))
     if model.position_embedding == "rope" and model.rope_theta is not None:
-        if not float(model.rope_theta).is_integer():
-            raise UsageError(f"Megatron-LM's --rotary-base takes an integer (type=int), but "
-                             f"{model.name} has rope_theta {model.rope_theta!r}; it cannot be "
-                             "exported to Megatron-LM as is")
-        args.append(("--rotary-base", theta_text(model.rope_theta)))
+        args.append(("--rotary-base", theta_text(model.rope_theta)))  # an integer (rules)
     if model.position_embedding == "rope" and model.rotary_percent < 1.0:
         args.append(("--rotary-percent", f"{model.rotary_percent:g}"))
     if not model.tie_embeddings:
@@ -153,6 +151,17 @@ def checkpoint_args(plan: Plan, ck: dict | None) -> list[tuple[str, str | None]]
     if not fsdp:
         args.append(("--ckpt-fully-parallel-load", None))
     return args
+
+
+def microbatch_group(m: int, pp: int) -> int:
+    """Megatron-Core's micro-batch group G of the interleaved schedule for m micro-batches on pp
+    stages when pp does not divide m: the smallest G with pp <= G <= m and m mod G either 0 or
+    >= pp (megatron/core/pipeline_parallel/schedules.py L1160-1180). m = 10, pp = 4: 5;
+    m = 9, pp = 4: 5 (9 mod 5 = 4). ValueError if m < pp."""
+    for group in range(pp, m + 1):
+        if m % group == 0 or m % group >= pp:
+            return group
+    raise ValueError(f"{m} micro-batches cannot be interleaved on {pp} stages")
 
 
 def export_megatron(plan: Plan) -> Export:
@@ -189,6 +198,11 @@ def export_megatron(plan: Plan) -> Export:
     if not plan.training.flash_attention:
         comments.append("the plan assumed attention without flash attention (scores stored): "
                         "--attention-backend unfused")
+    m = plan.training.global_batch_size // (lay.dp * lay.micro_batch_size)
+    if lay.vpp > 1 and m % lay.pp:
+        comments.append(f"{m} micro-batches are not a multiple of pp = {lay.pp}: the interleaved "
+                        f"schedule runs them in groups of {microbatch_group(m, lay.pp)} (the "
+                        f"estimate assumed groups of pp; a little more memory in flight)")
     lines = [flag if value is None else f"{flag} {value}" for flag, value in args]
     text = "".join(f"# {c}\n" for c in comments) + " \\\n".join(lines) + "\n"
     return Export("megatron", text, keys=[flag for flag, _ in args])

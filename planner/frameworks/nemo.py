@@ -127,9 +127,6 @@ def export_nemo(plan: Plan) -> Export:
         interval_note(ck, plan).replace("set the checkpoint directory yourself",
                                         "set checkpoint.save (the directory) yourself"),
     ]
-    if plan.model.position_embedding == "alibi":
-        comments.append("the model uses ALiBi, which Megatron-Core GPT models do not implement: "
-                        "the recipe needs a model provider with ALiBi")
     theta = plan.model.rope_theta
     if plan.model.position_embedding == "rope" and (theta is None or not float(theta).is_integer()):
         comments.append(rope_note(plan, "the recipe's model provider (rotary_base is an int "

@@ -18,16 +18,17 @@ Mapping: tp -> tensor_parallel_degree; pp -> pipeline_parallel_degree with sched
 layers" set to 0, so stages = pp*vpp as in Megatron; an uneven split: the middle stages' count
 with the edge stages "less layers", interleaved only for the embedding-and-loss split, one layer
 less on the first and the last virtual stage); ZeRO-3 -> FSDP, data_parallel_shard_degree
-= dp; ZeRO-0 -> DDP, data_parallel_replicate_degree = dp; ZeRO-1/2 have no torchtitan mode: FSDP
-is written (the nearest mode, it holds no more memory per GPU) with a comment saying so, ZeRO-2
-with fsdp_reshard_after_forward "never" (parameters stay gathered from forward to backward).
+= dp; ZeRO-0 -> DDP, data_parallel_replicate_degree = dp. Gradient dtype ->
+training.mixed_precision_reduce.
 Batch: with pp > 1 all m micro-batches of a DP rank run in one pipeline step
 (local_batch_size = B/dp, pipeline_parallel_microbatch_size = b); with pp = 1 the local batch is
 b and torchtitan accumulates B/(dp*b) steps (global_batch_size = B).
-Recompute: none/full -> activation_checkpoint.mode none/full; selective -> "selective", which in
-torchtitan is per-op SAC (0.2.x selective_ac_option "op"), not Megatron's core-attention
-recomputation: a comment says so. torchtitan's TP always uses sequence parallelism in 0.2.x
-(norms sharded on the sequence); 0.3 has enable_sequence_parallel.
+Recompute: none/full -> activation_checkpoint.mode none/full. torchtitan's TP always uses
+sequence parallelism in 0.2.x (norms sharded on the sequence); 0.3 has enable_sequence_parallel.
+What torchtitan cannot run (ZeRO-1/2, selective recomputation as Megatron's, fp16, tied
+embeddings with PP, 1F1B with fewer micro-batches than stages, other interleaved uneven splits)
+is refused before this module runs, by the torchtitan framework profile's rules
+(planner.frameworks.rules.check_plan), the same rules ``--framework torchtitan`` searches with.
 Experts: ep -> expert_parallel_degree, where torchtitan's mesh can hold it (expert_parallel).
 The architecture comes from the model flavour (--module/--config): no option sets it, so a
 comment names every model field with this plan's value.
@@ -57,9 +58,6 @@ def torchtitan_settings(plan: Plan, fmt: str) -> tuple[dict[str, dict[str, objec
     """({section: {field: value}}, comments) for ``plan``; ``fmt`` is "overrides" or "toml"."""
     lay, tr = plan.layout, plan.training
     m = microbatches(plan)
-    if tr.dtype != "bf16":
-        raise UsageError("torchtitan's mixed precision takes bfloat16 or float32 parameters, "
-                         f"not {tr.dtype}; this plan cannot be exported to torchtitan")
     notes: list[str] = []
     par: dict[str, object] = {"tensor_parallel_degree": lay.tp}
     if lay.tp > 1 and not lay.sequence_parallel:
@@ -72,29 +70,16 @@ def torchtitan_settings(plan: Plan, fmt: str) -> tuple[dict[str, dict[str, objec
     if lay.zero_stage == 0 and not lay.distributed_optimizer:
         par["data_parallel_replicate_degree"] = lay.dp
         par["data_parallel_shard_degree"] = 1
-    else:
+    else:  # ZeRO-3 (the rules admit 0 and 3)
         par["data_parallel_replicate_degree"] = 1
         par["data_parallel_shard_degree"] = lay.dp
-        if lay.zero_stage in (1, 2) or lay.distributed_optimizer:
-            notes.append(f"torchtitan has no ZeRO-{max(lay.zero_stage, 1)} mode: written as FSDP "
-                         f"(data_parallel_shard_degree = dp = {lay.dp}), which also shards the "
-                         "weights and gathers them each micro-batch; memory is at most the "
-                         "estimate's, DP traffic is higher")
-            if lay.zero_stage == 2:
-                par["fsdp_reshard_after_forward"] = "never"
     par["pipeline_parallel_degree"] = lay.pp
     if lay.pp > 1:
         par["pipeline_parallel_schedule"] = "Interleaved1F1B" if lay.vpp > 1 else "1F1B"
         if (lay.first_stage_layers or lay.last_stage_layers) and lay.vpp > 1:
             # torchtitan shortens only the first and the last virtual stage: the embedding-and-
-            # loss split (first = last = middle - 1) is that, one layer each
-            if not lay.embedding_loss_split(plan.model.num_layers):
-                raise UsageError(
-                    f"torchtitan's pipeline_parallel_first/last_stage_less_layers shorten only the "
-                    f"first and last virtual stage, so this interleaved uneven split "
-                    f"({lay.first_stage_layers}+..+{lay.last_stage_layers} layers, vpp {lay.vpp}) "
-                    "needs module_fqns_per_model_part, which plan3d does not write; use vpp 1, an "
-                    "even split, or write the module lists by hand")
+            # loss split (first = last = middle - 1) is that, one layer each (the only
+            # interleaved uneven split the rules admit)
             k = (plan.model.num_layers + 2) // (lay.pp * lay.vpp)
             par["pipeline_parallel_layers_per_stage"] = k
             par["pipeline_parallel_first_stage_less_layers"] = 1
@@ -117,17 +102,12 @@ def torchtitan_settings(plan: Plan, fmt: str) -> tuple[dict[str, dict[str, objec
     if plan.model.moe is not None:
         par["expert_parallel_degree"] = expert_parallel(plan, fmt, par["data_parallel_shard_degree"])
     training = {"local_batch_size": local, "global_batch_size": tr.global_batch_size,
-                "seq_len": tr.seq_length, "mixed_precision_param": "bfloat16"}
-    ac: dict[str, object] = {"mode": "selective" if lay.recompute == "selective+" else lay.recompute}
-    if lay.recompute == "selective+":
-        notes.append("recompute=selective+ (Megatron's core_attn, layernorm, moe_act and mla_up_proj "
-                     "modules) has no torchtitan equivalent: written as per-op selective AC, which "
-                     "saves other tensors than the estimate assumed")
-    if lay.recompute == "selective":
-        if fmt == "toml":
-            ac["selective_ac_option"] = "op"
-        notes.append("selective activation checkpointing in torchtitan is per-op SAC, not "
-                     "Megatron's core-attention recomputation the estimate assumed")
+                "seq_len": tr.seq_length, "mixed_precision_param": "bfloat16",
+                "mixed_precision_reduce": "float32" if tr.grad_bytes == 4 else "bfloat16"}
+    ac: dict[str, object] = {"mode": lay.recompute}
+    if not tr.flash_attention:
+        notes.append("the plan assumed attention without flash attention (scores stored); "
+                     "torchtitan's SDPA / FlexAttention use flash kernels: memory will be lower")
     if plan.model.position_embedding == "alibi":
         notes.append("the model uses ALiBi: the torchtitan model code must implement it "
                      "(its Llama-style models use RoPE)")
@@ -155,15 +135,12 @@ def _checkpoint(plan: Plan, fmt: str, notes: list[str]) -> dict[str, dict[str, o
 
 
 def _model_notes(plan: Plan) -> list[str]:
-    """The architecture the flavour must have (every model field, by name) and bf16 reduction."""
+    """The architecture the flavour must have (every model field, by name)."""
     out = []
     arch = unwritten_note(plan, "torchtitan", (), "the model flavour fixes the architecture: "
                           "pick or write one with these values")
     if arch:
         out.append(arch)
-    if plan.training.grad_bytes == 2:
-        out.append("grad_bytes 2 (bf16 gradient reduction): torchtitan reduces in float32 "
-                   "(training.mixed_precision_reduce); not set")
     return out
 
 

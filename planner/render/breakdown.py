@@ -58,16 +58,20 @@ def breakdown_report(result) -> None:
     tables.show(_bars(f"Winner's memory per GPU (shares of its {fmt.capacity(cap)} GiB)", rows, cap), out)
 
 
-def estimate_report(est, to_fit=None) -> None:
-    """Full memory and time breakdown of one layout (index 0). A layout that does not fit gets
-    its memory, how far over it is per GPU and what would make it fit (``to_fit``, a
-    refusal.FitHint or None), and no step time or throughput: it cannot run."""
+def estimate_report(est, stages=None, to_fit=None) -> None:
+    """Full memory and time breakdown of one layout (index 0); ``stages`` (cost.stages.
+    StageProfile): memory and time of every pipeline rank, the binding one and the imbalance.
+    A layout that does not fit gets its memory, how far over it is per GPU and what would make
+    it fit (``to_fit``, a refusal.FitHint or None), and no step time or throughput: it cannot
+    run."""
     d = est.to_dict(0)
     out.print(f"Layout: {est.candidates.layout(0).short()}")
     _memory_table(d["memory"])
     if not d["memory"]["fits"]:
         _no_fit_lines(est, d["memory"], to_fit)
         return
+    if stages is not None and len(stages.kind) > 1:
+        stage_report(stages)
     tm = d["time"]
     t = tables.new("Step time (shares of the step)")
     tables.text_column(t, "term")
@@ -90,7 +94,7 @@ def _memory_table(mem: dict) -> None:
     tables.text_column(t, "term")
     tables.number_column(t, "GiB")
     tables.number_column(t, "share")
-    for k in ("weights", "gradients", "optimizer", "activations", "other"):
+    for k in ("weights", "gradients", "optimizer", "activations", "other", "reserve"):
         t.add_row(MEMORY_LABELS[k], fmt.gib_value(mem[k], 2), fmt.percent(mem[k] / cap))
     verdict = "fits" if mem["fits"] else "[bold red]DOES NOT FIT[/]"
     t.add_row(f"[bold]total[/] ({verdict})", f"[bold]{fmt.gib_value(mem['total'], 2)}[/]",
@@ -116,6 +120,53 @@ def _no_fit_lines(est, mem: dict, to_fit) -> None:
                   f"({fmt.gib(float(to_fit.estimate.memory['total'][0]))} per GPU), the best that fits.")
     else:
         out.print(f"To fit: no layout fits on {gpus:,} GPUs; {to_fit.text()}.")
+
+
+MAX_MIDDLE_ROWS = 6  # distinct middle-rank rows shown before the inner ones are merged
+
+
+def _stage_groups(stages) -> list[tuple[int, int]]:
+    """(first rank, last rank) of the rows: rank 0, each run of middle ranks with the same
+    memory (to 0.01 GiB) and time (to 0.1 ms), the last rank; inner middle runs merged into one
+    row when there are more than MAX_MIDDLE_ROWS."""
+    pp = len(stages.kind)
+    key = [(round(float(m) / 2**30, 2), round(float(t) * 1e4)) for m, t in zip(stages.memory, stages.time)]
+    groups = [(0, 0)]
+    for r in range(1, pp - 1):
+        if groups[-1][0] > 0 and key[r] == key[groups[-1][1]]:
+            groups[-1] = (groups[-1][0], r)
+        else:
+            groups.append((r, r))
+    middle = groups[1:]
+    if len(middle) > MAX_MIDDLE_ROWS:
+        keep = MAX_MIDDLE_ROWS // 2
+        tail = middle[-(keep - 1):]
+        middle = middle[:keep] + [(middle[keep][0], tail[0][0] - 1)] + tail
+    return [groups[0]] + middle + [(pp - 1, pp - 1)]
+
+
+def stage_report(stages) -> None:
+    """Memory per GPU and micro-batch time of each pipeline stage (first, each distinct middle,
+    last), the rank that binds memory, the slowest, and the imbalance."""
+    t = tables.new("Pipeline stages (memory per GPU; forward + backward of one micro-batch)")
+    tables.code_column(t, "stage")
+    tables.number_column(t, "ranks")
+    tables.number_column(t, "GiB")
+    tables.number_column(t, "time")
+    tables.code_column(t, "")
+    for lo, hi in _stage_groups(stages):
+        mem = stages.memory[lo:hi + 1]
+        shown = fmt.gib_value(mem.max(), 2) if mem.max() - mem.min() < 0.005 * 2**30 else \
+            f"{fmt.gib_value(mem.max(), 2)}-{fmt.gib_value(mem.min(), 2)}"
+        marks = [w for w, r in (("binds memory", stages.binding), ("slowest", stages.slowest))
+                 if lo <= r <= hi]
+        t.add_row(stages.kind[lo], str(lo) if lo == hi else f"{lo}-{hi}", shown,
+                  fmt.seconds(float(stages.time[lo])), ", ".join(marks))
+    tables.show(t, out)
+    out.print(f"stage imbalance: the slowest stage ({stages.kind[stages.slowest]}, rank "
+              f"{stages.slowest}) takes {stages.imbalance:.3f}x the mean micro-batch time over "
+              f"the {len(stages.kind)} stages; memory binds on the {stages.kind[stages.binding]} "
+              f"stage (rank {stages.binding})", markup=False)
 
 
 def plan_drift(plan, fresh: dict, rtol: float = 1e-9) -> None:

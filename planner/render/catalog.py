@@ -1,4 +1,4 @@
-"""``plan3d models`` and ``plan3d hardware``: the catalogs as tables that fit 80 columns."""
+"""``plan3d models``, ``hardware`` and ``frameworks``: the catalogs as tables that fit 80 columns."""
 
 from __future__ import annotations
 
@@ -71,3 +71,24 @@ def hardware_table(profiles) -> None:
     if marked:
         out.print("Storage bandwidths that are placeholders, to set for your cluster (plan3d "
                   "hardware --json): " + "; ".join(escape(x) for x in marked))
+
+
+def frameworks_table(profiles) -> None:
+    """One row per framework profile: name over its exporter, what it runs (CP kind,
+    interleaving, ZeRO stages, recompute), flash attention and gradient dtype (bf16 training),
+    the allocator reserve; then where each profile's facts come from (--show)."""
+    t = tables.new("Framework profiles (plan3d frameworks --show NAME: every fact and its source)")
+    tables.code_column(t, "framework\nexport")
+    tables.code_column(t, "CP\nvpp")
+    tables.code_column(t, "ZeRO\nrecompute")
+    tables.code_column(t, "flash\ngrads")
+    tables.number_column(t, "allocator\nreserve")
+    for f in profiles:
+        r = f.rules
+        t.add_row(tables.stacked([escape(f.name), f.export or "-"]),
+                  tables.stacked([r.context_parallel, "yes" if r.interleaving else "no"]),
+                  tables.stacked([",".join(map(str, r.zero_stages)), "/".join(r.recompute)]),
+                  tables.stacked(["yes" if f.runtime.flash_attention else "no",
+                                  f.memory.gradients["bf16"]]),
+                  fmt.percent(f.reserve.allocator, 0))
+    tables.show(t, out)

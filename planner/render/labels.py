@@ -15,7 +15,8 @@ TIME_LABELS = {
 }
 
 MEMORY_LABELS = {"weights": "weights", "gradients": "gradients", "optimizer": "optimizer states",
-                 "activations": "activations", "other": "buffers + framework"}
+                 "activations": "activations", "other": "buffers (SP, ZeRO-3, CP)",
+                 "reserve": "reserve (runtime + allocator)"}
 
 # Layout field -> its key in the layout's short form and in --why-not
 LAYOUT_KEYS = {"tp": "tp", "cp": "cp", "pp": "pp", "dp": "dp", "zero_stage": "zero",

@@ -26,6 +26,19 @@ def header(model, hw, training, gpus, batch: str | None = None) -> None:
     job = f"global batch {batch} x {training.seq_length} tokens"
     line = f"{what}, {job}"  # one line where it fits, else broken after the hardware
     out.print(line if len(line) <= out.width else f"{what},\n{job}", markup=False)
+    out.print(framework_line(training), markup=False)
+
+
+def framework_line(training) -> str:
+    """The framework and the facts of it a reader checks first: flash attention, the gradient
+    dtype, the memory reserve (runtime + per NCCL communicator + allocator share of the working
+    set; formulas.md 3.10). Wrapped at spaces by the console."""
+    from ..frameworks.profile import gradient_dtype_name
+    flash = "flash attention" if training.flash_attention else "no flash attention"
+    return (f"framework {training.framework}: {flash}, {gradient_dtype_name(training)} gradients, "
+            f"reserve {fmt.gib(training.reserve_runtime)} + "
+            f"{fmt.gib(training.reserve_per_communicator, 2)} per NCCL communicator + "
+            f"{fmt.percent(training.reserve_allocator, 0)} of activations and buffers")
 
 
 class _Rows:

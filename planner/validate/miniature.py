@@ -263,8 +263,12 @@ def predict(run: Run, pp_rank: int) -> dict:
     p = memory.rank_params(run.model, c, pp_rank)
     params = p["layer"] * p["layers"] + p["embedding"] + p["head"]
     fsdp = lay.zero_stage >= 2 and lay.grad_group > 1
-    states = memory.model_state_bytes(params, c, run.training)
-    weights = memory.model_state_bytes(params, replace(c, zero_stage=np.array([3])), run.training) \
+    # the miniature's own torch code holds Megatron's accounting, whatever framework the plan is for
+    training = run.training.model_copy(update=dict(param_bytes=2, master_weights=True,
+                                                   fp32_grad_partition=False,
+                                                   pp_unsharded_params=False))
+    states = memory.model_state_bytes(params, c, training)
+    weights = memory.model_state_bytes(params, replace(c, zero_stage=np.array([3])), training) \
         ["weights"] if fsdp else states["weights"]
     k = 2 * e if fsdp else 3 * e
     mem = {"params_bytes": float(weights[0]) * e / 2,
