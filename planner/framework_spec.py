@@ -125,6 +125,7 @@ class Runtime(_Facts):
     p2p_scatter_gather: bool
     zero3_gather_unit: Literal["layer", "module"]
     zero3_throughput: Bandwidth | None = Field(default=None, gt=0)
+    fp8_library: Literal["transformer-engine", "torchao", "none"]
 
 
 class Memory(_Facts):

@@ -171,6 +171,8 @@ class Efficiency(_Strict):
     """Achieved fractions of peak that the cost model applies; each with where it came from.
 
     - ``matmul``: best achieved fraction of the dense peak on large bf16 GEMMs.
+    - ``matmul_fp8``: the same for per-tensor FP8 GEMMs, as a fraction of the FP8 peak (None:
+      the GPU has no FP8, or it is not known; FP8 training is then refused).
     - ``matmul_half_flops``: FLOPs of one GEMM at which it reaches half of ``matmul``
       (efficiency falls for small per-GPU GEMMs: eta(F) = matmul * F / (F + matmul_half_flops)).
     - ``attention``: fraction of peak reached by the attention core (flash attention).
@@ -182,6 +184,7 @@ class Efficiency(_Strict):
     """
 
     matmul: Fraction
+    matmul_fp8: Fraction | None = None
     matmul_half_flops: float = Field(ge=0.0)
     attention: Fraction
     hbm: Fraction

@@ -241,8 +241,10 @@ def search(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: 
         raise UsageError("give a GPU count (--gpus) or a budget (--max-gpus)")
     else:
         check_inputs(gpus, hw)
+    from .cost.precision import check_precision
     from .frameworks.rules import check_model, profile_for
     check_model(profile_for(training, opts.framework), model, training)
+    check_precision(hw, training)
     grid = build_grid(model, hw, training, gpus, opts)
     if grid.size == 0:
         raise UsageError(no_split_reason(model, hw, gpus, opts))
@@ -331,8 +333,10 @@ def check_layout(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, 
     ``allow_cross_node_tp``.
     """
     from .catalog import validate
+    from .cost.precision import check_precision
     from .frameworks.rules import check_model, profile_for
     check_model(profile_for(training, framework), model, training)
+    check_precision(hw, training)
     check_inputs(gpus, hw)
     data = dict(fields)
     given = {k: data[k] for k in SPLIT_DEGREES if data.get(k) is not None}

@@ -180,6 +180,10 @@ class TrainingSpec(_Strict):
     global_batch_size: int = Field(gt=0, le=100_000_000)
     tokens: float | None = Field(default=None, gt=0)
     dtype: Literal["bf16", "fp16"] = "bf16"
+    # Linear layers in FP8 (planner.cost.precision, fp8_hardware.md): per-tensor scaling (fp8),
+    # 1x128/128x128 block scales (fp8-blockwise, DeepSeek-V3's recipe) or 1x32 E8M0 block scales
+    # (mxfp8, Blackwell only); bf16: none. Attention, norms, router and output layer stay 16-bit.
+    precision: Literal["bf16", "fp8", "fp8-blockwise", "mxfp8"] = "bf16"
     grad_bytes: Literal[2, 4] = 4
     flash_attention: bool = True
     overlap_grad_reduce: bool = True
@@ -199,6 +203,10 @@ class TrainingSpec(_Strict):
     # Overlap of the backward TP collectives with the weight-gradient GEMMs (Megatron's async
     # tensor-parallel all-reduce / SP all-gather); off for the synchronous f/g of 2019-21 Megatron.
     tp_backward_overlap: bool = True
+    # The library that runs FP8 in this framework: Transformer Engine (FP8 weight copies, FP8
+    # inputs saved for backward, FP8 parameter all-gather), torchao (casts each step, saves the
+    # 16-bit inputs), or none (no FP8 training).
+    fp8_library: Literal["transformer-engine", "torchao", "none"] = "transformer-engine"
     # Mixture of experts: the busiest EP rank's routed load over the mean (>= 1; 1 = balanced,
     # as the published benchmark runs force it: Megatron-Bridge performance-summary footnote
     # "token routing is force-balanced and token-dropless"); it scales the busiest rank's

@@ -33,6 +33,13 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
     """Plan 3D-parallel (TP/PP/DP/ZeRO) training of large transformers."""
 
 
+class PrecisionChoice(str, Enum):
+    bf16 = "bf16"
+    fp8 = "fp8"
+    fp8_blockwise = "fp8-blockwise"
+    mxfp8 = "mxfp8"
+
+
 class RecomputeChoice(str, Enum):
     none = "none"
     selective = "selective"
@@ -85,6 +92,9 @@ FLASH = typer.Option(None, "--flash-attention/--no-flash-attention",
 GRAD_DTYPE = typer.Option(None, "--grad-dtype", help="Gradient dtype: fp32 or bf16 (default: the framework's).")
 ALLOCATOR = typer.Option(None, "--allocator-reserve", help="Allocator reserve as a fraction of the "
                          "working set, e.g. 0.1 (default: the framework's).")
+PRECISION = typer.Option(None, "--precision", help="Linear layers in bf16, fp8 (per-tensor "
+                         "scaling), fp8-blockwise (1x128/128x128 blocks) or mxfp8 (Blackwell) "
+                         "\\[default: bf16].")
 # Checkpoints and failures (planner.checkpoint_spec, cost.checkpoint) and the deadline
 FAILURE_RATE = typer.Option(None, "--failure-rate", help="Unexpected interruptions per GPU-hour "
                             "\\[default: Llama 3's 1.97e-5: 419 in 54 days on 16,384 H100].")
@@ -116,7 +126,7 @@ def _checkpoint(failure_rate, restart_time, async_save) -> dict:
 
 
 def _training(model, global_batch_size, seq_length, checkpoint: dict | None = None,
-              framework=None, flash=None, grad_dtype=None, allocator=None):
+              framework=None, flash=None, grad_dtype=None, allocator=None, precision=None):
     """(framework profile, TrainingSpec): the job from the flags and the model's defaults
     (planner.inputs.training_spec, the one check) run by the ``--framework`` profile with the
     single-fact overrides (frameworks.profile.resolve_training), with the ``checkpoint`` block's
@@ -127,7 +137,8 @@ def _training(model, global_batch_size, seq_length, checkpoint: dict | None = No
     if grad_dtype is not None and grad_dtype.strip().lower() not in ("fp32", "bf16"):
         raise UsageError(f"--grad-dtype must be fp32 or bf16, got {grad_dtype!r}")
     profile = resolve_framework(framework)
-    job = training_spec(model, {"global_batch_size": global_batch_size, "seq_length": seq_length})
+    job = training_spec(model, {"global_batch_size": global_batch_size, "seq_length": seq_length,
+                                "precision": precision.value if precision is not None else None})
     training = resolve_training(job, profile, Overrides(
         flash_attention=flash, grad_dtype=grad_dtype.strip().lower() if grad_dtype else None,
         allocator_reserve=allocator))

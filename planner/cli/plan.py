@@ -12,7 +12,8 @@ from ..errors import UsageError
 from ..render import console
 from ..inputs import check_integers, check_numbers, search_options
 from .app import (ALLOCATOR, ASYNC_SAVE, DEADLINE, FAILURE_RATE, FLASH, FRAMEWORK, GBS, GPUS,
-                  GRAD_DTYPE, HARDWARE, HEADROOM, JSON, MODEL, RESTART_TIME, SEQ, RecomputeChoice,
+                  GRAD_DTYPE, HARDWARE, HEADROOM, JSON, MODEL, PRECISION, RESTART_TIME, SEQ,
+                  PrecisionChoice, RecomputeChoice,
                   _checkpoint, _require, _training, app,
                   handle_errors)
 
@@ -67,6 +68,7 @@ def search(
     restart_time: Optional[str] = RESTART_TIME, async_save: Optional[bool] = ASYNC_SAVE,
     framework: Optional[str] = FRAMEWORK, flash_attention: Optional[bool] = FLASH,
     grad_dtype: Optional[str] = GRAD_DTYPE, allocator_reserve: Optional[float] = ALLOCATOR,
+    precision: Optional[PrecisionChoice] = PRECISION,
 ) -> None:
     """Rank the TP/PP/DP/ZeRO layouts that fit, by predicted throughput (or --objective)."""
     from ..export import make_plan, write_plan
@@ -76,7 +78,7 @@ def search(
     m, hw, profile, training = _inputs(
         model, hardware, global_batch_size, seq_length, _checkpoint(failure_rate, restart_time,
                                                                     async_save),
-        framework, flash_attention, grad_dtype, allocator_reserve)
+        framework, flash_attention, grad_dtype, allocator_reserve, precision)
     check_numbers({"top": top})
     _check_search_flags(export, force, why_not, gpus, max_gpus, json_out)
     opts = search_options(hw, training, dict(
@@ -204,6 +206,7 @@ def sweep(
     restart_time: Optional[str] = RESTART_TIME, async_save: Optional[bool] = ASYNC_SAVE,
     framework: Optional[str] = FRAMEWORK, flash_attention: Optional[bool] = FLASH,
     grad_dtype: Optional[str] = GRAD_DTYPE, allocator_reserve: Optional[float] = ALLOCATOR,
+    precision: Optional[PrecisionChoice] = PRECISION,
 ) -> None:
     """Best layout, tokens/s, MFU, scaling efficiency and time to train at each GPU count."""
     from .sweep import run
@@ -212,7 +215,10 @@ def sweep(
     check_numbers({"tokens": tokens})
     profile, training = _training(m, None, seq_length, _checkpoint(failure_rate, restart_time,
                                                                    async_save),
-                                  framework, flash_attention, grad_dtype, allocator_reserve)
+                                  framework, flash_attention, grad_dtype, allocator_reserve,
+                                  precision)
+    from ..cost.precision import check_precision
+    check_precision(hw, training)
     run(m, hw, training, _require(gpus, "--gpus"), json_out, plot, force, min_memory_headroom,
         global_batch_size, tokens, deadline, profile)
 
@@ -256,6 +262,7 @@ def estimate(
     async_save: Optional[bool] = ASYNC_SAVE,
     framework: Optional[str] = FRAMEWORK, flash_attention: Optional[bool] = FLASH,
     grad_dtype: Optional[str] = GRAD_DTYPE, allocator_reserve: Optional[float] = ALLOCATOR,
+    precision: Optional[PrecisionChoice] = PRECISION,
 ) -> None:
     """Memory and step-time breakdown of one layout (from flags or --plan). Exits 1 if it does not fit."""
     from ..search import check_layout
@@ -268,7 +275,8 @@ def estimate(
              "--allow-cross-node-tp": allow_cross_node_tp or None, "--failure-rate": failure_rate,
              "--restart-time": restart_time, "--async-save/--sync-save": async_save,
              "--framework": framework, "--flash-attention": flash_attention,
-             "--grad-dtype": grad_dtype, "--allocator-reserve": allocator_reserve}
+             "--grad-dtype": grad_dtype, "--allocator-reserve": allocator_reserve,
+             "--precision": precision}
     if plan is not None:
         from ..export import read_checked_plan
         given = [flag for flag, value in flags.items() if value is not None]
@@ -288,7 +296,7 @@ def estimate(
         m, hw, profile, training = _inputs(
             model, hardware or "dgx-h100", global_batch_size, seq_length,
             _checkpoint(failure_rate, restart_time, async_save), framework, flash_attention,
-            grad_dtype, allocator_reserve)
+            grad_dtype, allocator_reserve, precision)
         n = _require(gpus, "--gpus")
         fields = dict(tp=tp, cp=cp, pp=pp, dp=dp, zero_stage=zero_stage,
                       micro_batch_size=micro_batch_size or 1,
@@ -304,12 +312,12 @@ def estimate(
 
 
 def _inputs(model, hardware, global_batch_size, seq_length, checkpoint, framework, flash,
-            grad_dtype, allocator):
+            grad_dtype, allocator, precision=None):
     """(model, hardware, framework profile, TrainingSpec) from the flags (UsageError)."""
     m = catalog.resolve_model(_require(model, "--model"))
     hw = catalog.resolve_hardware(hardware)
     profile, training = _training(m, global_batch_size, seq_length, checkpoint, framework, flash,
-                                  grad_dtype, allocator)
+                                  grad_dtype, allocator, precision)
     return m, hw, profile, training
 
 

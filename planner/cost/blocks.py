@@ -21,6 +21,7 @@ import numpy as np
 from ..specs import ModelSpec, TrainingSpec
 from . import model_counts as mc
 from . import model_flops as mf
+from . import precision
 
 ATTENTION, WINDOW, MLP, MOE = "attention", "attention_window", "mlp", "moe"
 ROUTER_BYTES_PER_SCORE = 12.0  # fp32 logits, scores, probs + routing map per (token, expert): moe.md 5.2 estimate
@@ -188,6 +189,41 @@ def gemm_flops_per_token(model: ModelSpec, c) -> dict[str, np.ndarray]:
     return out
 
 
+def linear_io_per_token(model: ModelSpec, c, training: TrainingSpec) -> dict[str, np.ndarray]:
+    """Elements per token (of s*b/cp on the GPU) that one block's linear layers quantize under
+    FP8: each layer's input (forward) and output gradient (backward), on this GPU's share
+    (fp8_hardware.md 2.4: Transformer Engine quantizes a column-parallel input on the SP shard
+    before its all-gather, h/sp; row-parallel inputs are TP shards). {kind: array}
+    Attention: QKV in h/sp, out (n + 2g')d/t; out-projection in n*d/t, out h/sp. MLA: the two
+    down-projections in h/sp each, out r_q and r_kv + d_r; the up-projections in r_q and r_kv,
+    out n(d_n + d_r)/t and n(d_n + d_v)/t; out-projection n*d_v/t and h/sp. MLP: fc1 h/sp and
+    (glu - 1)*f/t, fc2 f/t and h/sp (glu = mc.glu_factor, 3 for SwiGLU). MoE: per routed row
+    (k*g/t per token, elementwise_bytes_per_token's convention) fc1 h and (glu - 1)*F, fc2 F and
+    h; shared experts as an MLP of F_sh."""
+    tp, sp, h = np.asarray(c.tp, dtype=np.float64), c.sp_divisor, model.hidden_size
+    glu = mc.glu_factor(model)
+    n = model.num_attention_heads
+    if model.attention_kind == "mla":
+        m = model.mla
+        r_q = m.q_lora_rank or 0
+        up = (r_q + m.kv_lora_rank) + n * (2 * m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim) / tp
+        attn = 3.0 * h / sp + r_q + m.kv_lora_rank + m.qk_rope_head_dim + up + n * m.v_head_dim / tp
+    else:
+        d, g = model.kv_channels, np.maximum(model.kv_heads, tp)
+        attn = 2.0 * h / sp + (n + 2 * g) * d / tp + n * d / tp
+    out = {ATTENTION: attn}
+    if WINDOW in block_kinds(model):
+        out[WINDOW] = attn
+    if MLP in block_kinds(model):
+        out[MLP] = 2.0 * h / sp + glu * model.ffn / tp
+    if model.moe is not None:
+        mo = model.moe
+        rows = training.moe_imbalance * mo.router_topk / tp
+        shared = (2.0 * h / sp + glu * mo.shared_ffn / tp) * mo.shared_experts
+        out[MOE] = rows * (2.0 * h + glu * mo.ffn_hidden_size) + shared
+    return out
+
+
 def attention_flops_per_sequence(model: ModelSpec, training: TrainingSpec, windowed: bool) -> float:
     """Forward attention-core FLOPs of one layer for one sequence as the kernels run them:
     causal (half the square) with flash attention, the full square without; over the window
@@ -241,6 +277,10 @@ def activation_bytes_per_token(model: ModelSpec, training: TrainingSpec, c, reco
       2*k*g*glu_in*F, fc2 input 2*k*g*F (dropped by moe_act), probs and maps 12*k*g*etp, shared
       experts 2*(glu_in + 1)*F_sh (g = moe_imbalance on the busiest rank).
     Full recompute keeps the layer input, 2h/sp on the attention block, nothing on the MLP.
+    FP8 with Transformer Engine (precision.linear_input_bytes q = 1 + scales, fp8_hardware.md
+    3.2): the inputs of linear layers (QKV / down-projection, fc1, fc2, the experts' dispatched
+    rows and fc2 inputs) are saved in FP8, q bytes instead of 2, and the out-projection keeps an
+    FP8 copy of the attention output beside attention's own, +q*n*d_v.
     """
     h, tp, sp = model.hidden_size, np.asarray(c.tp, dtype=np.float64), c.sp_divisor
     rc = np.asarray(recompute)
@@ -248,22 +288,23 @@ def activation_bytes_per_token(model: ModelSpec, training: TrainingSpec, c, reco
     core = rc == 1
     full = rc == 2
     mask = float(h) if model.dropout > 0 else 0.0
-    norm_out = np.where(light, 0.0, 2.0 * h)
+    q = precision.linear_input_bytes(training)  # a linear input as saved: 2, or FP8 1 + scales
+    norm_out = np.where(light, 0.0, q * h)
     out = {}
     rep, shard = _attention_saved(model, training, tp, norm_out, core, light)
     out[ATTENTION] = np.where(full, 2.0 * h / sp, rep / sp + shard / tp)
     if WINDOW in block_kinds(model):
         out[WINDOW] = out[ATTENTION]
     f = model.ffn
-    mlp = (2.0 * h + norm_out + mask) / sp + (2.0 * _glu_in(model) * f + 2.0 * f) / tp
+    mlp = (2.0 * h + norm_out + mask) / sp + (2.0 * _glu_in(model) * f + q * f) / tp
     if MLP in block_kinds(model):
         out[MLP] = np.where(full, 0.0, mlp)
     if model.moe is not None:
         m, g = model.moe, training.moe_imbalance
         glu_in, F = _glu_in(model), m.ffn_hidden_size
-        per_row = 2.0 * c.etp * h + 2.0 * glu_in * F + np.where(light, 0.0, 2.0 * F) + MAP_BYTES_PER_ROW * c.etp
+        per_row = q * c.etp * h + 2.0 * glu_in * F + np.where(light, 0.0, q * F) + MAP_BYTES_PER_ROW * c.etp
         shard_t = ROUTER_BYTES_PER_SCORE * m.num_experts + m.router_topk * g * per_row \
-            + 2.0 * (glu_in + 1) * m.shared_experts * m.shared_ffn
+            + (2.0 * glu_in + q) * m.shared_experts * m.shared_ffn
         out[MOE] = np.where(full, 0.0, (2.0 * h + norm_out) / sp + shard_t / tp)
     return out
 
@@ -271,15 +312,17 @@ def activation_bytes_per_token(model: ModelSpec, training: TrainingSpec, c, reco
 def _attention_saved(model: ModelSpec, training: TrainingSpec, tp, norm_out, core, light):
     """(R, S) bytes per token the attention block saves (see activation_bytes_per_token)."""
     h, n = model.hidden_size, model.num_attention_heads
+    q = precision.linear_input_bytes(training)
+    o_copy = q if q < 2.0 else 0.0  # TE FP8: the out-projection's FP8 copy of the output
     if model.attention_kind == "mla":
         m = model.mla
         latents = 4.0 * (m.q_lora_rank or 0) + 4.0 * m.kv_lora_rank + 2.0 * m.qk_rope_head_dim
         qkv = 2.0 * n * (2 * (m.qk_nope_head_dim + m.qk_rope_head_dim) + m.v_head_dim)
-        shard = np.where(light, 0.0, qkv) + 2.0 * n * m.v_head_dim + 4.0 * n
+        shard = np.where(light, 0.0, qkv) + (2.0 + o_copy) * n * m.v_head_dim + 4.0 * n
         return 2.0 * h + norm_out + latents, shard
     d, g = model.kv_channels, np.maximum(model.kv_heads, tp)  # one KV head per rank when g < t
     dropout = model.dropout > 0
-    shard = 2.0 * d * (n + 2 * g) + 2.0 * n * d
+    shard = 2.0 * d * (n + 2 * g) + (2.0 + o_copy) * n * d
     if training.flash_attention:
         scores = 4.0 * n
     else:

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..specs import HardwareProfile, ModelSpec, TrainingSpec
-from . import blocks, flops
+from . import blocks, flops, precision
+from . import model_flops as mf
 
 SOFTMAX_BYTES_PER_SCORE = 9.0  # fused scale-mask-softmax read 2 + write 2, dropout read 2 + write 2 + mask 1
 CROSS_ENTROPY_BYTES_PER_LOGIT = 20.0  # bf16 logits read, fp32 cast write/read, exp write/read, grad write
@@ -68,32 +69,61 @@ def block_times(model: ModelSpec, training: TrainingSpec, hw: HardwareProfile, c
     GEMM size (two GEMMs per block: QKV and out-proj, fc1 and fc2; an MoE block's routed experts
     at the size of one local expert's GEMM, blocks.moe_rows' per_expert rows, moe.md 6), and
     1/(tp*cp) of the micro-batch's attention core (Megatron's CP cuts every sequence into 2*cp
-    chunks so causal attention is balanced, formulas.md 5.7). Broadcast arrays, seconds."""
-    peak, hbm = peak_flops(hw, training), achieved_hbm(hw)
+    chunks so causal attention is balanced, formulas.md 5.7). The linear layers' GEMMs run at
+    precision.linear_peak and linear_efficiency (FP8 where the training is); the attention
+    core and an MoE block's router GEMM at the 16-bit peak; FP8 quantization is memory-bound
+    work (_quantize_bytes_per_token). Broadcast arrays, seconds."""
+    peak, hbm = precision.linear_peak(hw, training), achieved_hbm(hw)
     tokens = c.tokens_per_microbatch(training.seq_length)
     gemms = blocks.gemm_flops_per_token(model, c)
     elementwise = blocks.elementwise_bytes_per_token(model, c, training)
+    quantize = _quantize_bytes_per_token(model, training, hw, c)
     zero = np.zeros(np.shape(tokens))
     out = {}
     for kind in blocks.block_kinds(model):
         flops_per_token, share = gemms[kind]
-        t_mem = tokens * elementwise[kind] / hbm
+        t_mem = tokens * (elementwise[kind] + quantize.get(kind, 0.0)) / hbm
         if kind == blocks.MOE:
             routed = tokens * share  # gemm_flops_per_token gives the routed experts' FLOPs here
-            shared = tokens * flops_per_token
-            t_shared = shared / (peak * gemm_efficiency(shared / 2, hw))
-            t_gemm = t_shared + training.moe_imbalance * routed / \
-                (peak * gemm_efficiency(_expert_gemm_flops(model, c, training), hw))
+            router = tokens * mf.router_flops_per_token(model) / np.asarray(c.tp, dtype=np.float64)
+            shared = tokens * flops_per_token - router
+            t_router = router / (peak_flops(hw, training) * gemm_efficiency(router, hw))
+            t_shared = shared / (peak * precision.linear_efficiency(np.maximum(shared / 2, 1.0), hw, training))
+            t_gemm = t_router + t_shared + training.moe_imbalance * routed / (peak * precision.linear_efficiency(
+                _expert_gemm_flops(model, c, training), hw, training))
             out[kind] = LayerTimes(t_gemm, zero, zero, t_mem, _shared_fc1_share(model, t_shared, t_gemm), t_mem)
             continue
         gemm = tokens * flops_per_token
-        t_gemm = gemm / (peak * gemm_efficiency(gemm / 2, hw))
+        t_gemm = gemm / (peak * precision.linear_efficiency(gemm / 2, hw, training))
         t_f = t_b = zero
         light = t_mem
         if kind in (blocks.ATTENTION, blocks.WINDOW):
             t_f, t_b = _attention_core_times(model, training, hw, c, kind == blocks.WINDOW)
             light = t_mem + t_gemm * blocks.mla_up_share(model)
         out[kind] = LayerTimes(t_gemm, t_f, t_b, t_mem, share, light)
+    return out
+
+
+def _quantize_bytes_per_token(model: ModelSpec, training: TrainingSpec, hw: HardwareProfile,
+                              c) -> dict[str, np.ndarray]:
+    """FP8 quantization traffic per token of one block, as forward memory-bound bytes ({} in
+    BF16): the inputs X and output gradients G of its linear layers (blocks.linear_io_per_token)
+    at precision.quantize_bytes each, a third of it here (LayerTimes' backward moves twice the
+    forward's: X is quantized in forward, G in backward, (X + G)/3 x 3 in all); with torchao
+    also the block's linear weights cast at every forward and backward (2 x
+    weight_quantize_bytes per parameter per micro-batch, two thirds here), spread over the
+    micro-batch's tokens."""
+    if not precision.is_fp8(training):
+        return {}
+    per_byte = precision.quantize_bytes(hw, training)
+    io = blocks.linear_io_per_token(model, c, training)
+    out = {k: v * per_byte / 3.0 for k, v in io.items()}
+    if training.fp8_library == "torchao":
+        tokens = c.tokens_per_microbatch(training.seq_length)
+        cast = 2.0 * precision.weight_quantize_bytes(hw, training) / 3.0
+        for kind, (sharded, replicated, experts) in blocks.block_params(model, c).items():
+            if kind in out:
+                out[kind] = out[kind] + cast * (sharded + replicated + experts) / tokens
     return out
 
 

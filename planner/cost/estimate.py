@@ -118,7 +118,8 @@ def memory_by_rank(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec
     out = {}
     for kind, rank in targets.items():
         p = memory.rank_params(model, c, rank)
-        terms = model_state_bytes(p["dense"] + p["embedding"] + p["head"], c, training, p["experts"])
+        terms = model_state_bytes(p["dense"] + p["embedding"] + p["head"], c, training, p["experts"],
+                                  linear=p["dense"], hw=hw)
         terms["activations"] = activations[kind]
         terms["other"] = other
         terms["reserve"] = reserve_bytes(hw, training, c, activations[kind] + other)

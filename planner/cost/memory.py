@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..specs import ModelSpec, TrainingSpec
-from . import flops, pipeline
+from . import flops, pipeline, precision
 
 OPTIMIZER_BYTES_PER_PARAM = 12.0  # fp32 master weights + Adam m + v (ZeRO paper K = 12)
 RANK_KINDS = ("first", "middle", "last")
@@ -76,7 +76,7 @@ def zero_divisors(c, group: str = "dense") -> tuple[np.ndarray, np.ndarray, np.n
 
 
 def model_state_bytes(params: np.ndarray, c, training: TrainingSpec,
-                      experts=0.0) -> dict[str, np.ndarray]:
+                      experts=0.0, linear=0.0, hw=None) -> dict[str, np.ndarray]:
     """Weights, gradients and optimizer states in bytes for ``params`` dense and ``experts``
     expert parameters held per GPU (formulas.md 2.1; moe.md 5.1).
 
@@ -90,12 +90,18 @@ def model_state_bytes(params: np.ndarray, c, training: TrainingSpec,
     an fp32 gradient partition 4/n to 16-bit gradients at stages 1-2 (DeepSpeed ZeRO-2:
     2 + 18/n, its estimator after PR #5099); ``pp_unsharded_params`` adds the stage's bf16
     parameters, 2 B, at stage 3 with pp > 1 (FSDP2 does not reshard after forward under PP).
+    FP8 (``hw`` given): the ``linear`` part of ``params`` and all ``experts`` are linear-layer
+    weights held as precision.weight_bytes (FP8 copies, transposes, scales) instead of
+    param_bytes; gradients and optimizer states are unchanged (fp8_hardware.md 3.1).
     """
     w, g, o = zero_divisors(c)
     we, ge, oe = zero_divisors(c, "expert") if np.any(np.asarray(experts) > 0) else (1.0, 1.0, 1.0)
     stage = c.sharding_stage
     pb, gb = float(training.param_bytes), float(training.grad_bytes)
-    weights = params * pb / w + experts * pb / we
+    lb = pb if hw is None else precision.weight_bytes(hw, training, stage)
+    weights = params * pb / w + experts * lb / we
+    if precision.is_fp8(training) and hw is not None:
+        weights = weights + linear * (lb - pb) / w
     if training.pp_unsharded_params:
         weights = weights + np.where((stage >= 3) & (np.asarray(c.pp) > 1),
                                      (params + experts) * 2.0, 0.0)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..specs import HardwareProfile, Layout, ModelSpec, TrainingSpec
-from . import compute, flops, pipeline
+from . import compute, flops, pipeline, precision
 from .collectives import Links
 from .blocks import rank_blocks
 from .comm import BlockComm, RankComm, block_comm, rank_comm
@@ -101,17 +101,25 @@ def pipeline_makespan(costs, counts: dict, extra: dict, c, m, uniform: bool) -> 
 def optimizer_time(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c) -> np.ndarray:
     """The optimizer step on the rank with the most parameters (compute.optimizer_time): its
     optimizer shard is updated, its whole (ZeRO-1) or sharded (ZeRO-2/3) gradient buffer zeroed;
-    dense parameters sharded over dp*cp, expert ones over edp (memory.zero_divisors)."""
+    dense parameters sharded over dp*cp, expert ones over edp (memory.zero_divisors). With
+    Transformer Engine FP8, plus making the FP8 copies of its linear weights (blocks and experts)
+    once per step (precision.weight_quantize_bytes at the achieved HBM bandwidth)."""
     from .memory import rank_params
     _, grad_div, opt_div = zero_divisors(c)
     _, grad_div_e, opt_div_e = zero_divisors(c, "expert") if model.moe is not None else (1.0, 1.0, 1.0)
-    updated, buffer = [], []
+    updated, buffer, linear = [], [], []
     for kind in rank_kinds(c):
         p = rank_params(model, c, rank_index(c, kind))
         dense = p["dense"] + p["embedding"] + p["head"]
         updated.append(dense / opt_div + p["experts"] / opt_div_e)
         buffer.append(dense / grad_div + p["experts"] / grad_div_e)
-    return compute.optimizer_time(np.maximum.reduce(updated), hw, training, np.maximum.reduce(buffer))
+        linear.append(p["dense"] + p["experts"])
+    t = compute.optimizer_time(np.maximum.reduce(updated), hw, training, np.maximum.reduce(buffer))
+    if precision.is_fp8(training) and training.fp8_library == "transformer-engine":
+        # TE makes the FP8 copies of the rank's linear weights once per step (precision.py)
+        t = t + precision.weight_quantize_bytes(hw, training) * np.maximum.reduce(linear) \
+            / compute.achieved_hbm(hw)
+    return t
 
 
 def evaluate(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c,
@@ -195,7 +203,10 @@ def _breakdown(slowest, costs, counts, extra, m) -> dict[str, np.ndarray]:
 
 def _throughput(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c, step,
                 causal_flops: bool) -> dict[str, np.ndarray]:
-    """tokens/s, model TFLOP/s per GPU, MFU and HFU (formulas.md 4.1-4.3) of a step time."""
+    """tokens/s, model TFLOP/s per GPU, MFU and HFU (formulas.md 4.1-4.3) of a step time. MFU and
+    HFU are on the dense 16-bit peak in every precision (fp8_hardware.md 6: comparable across
+    precisions); FP8 adds ``mfu_fp8_peak``, the same FLOPs over the FP8 peak (dgxc-benchmarking's
+    convention)."""
     gpus = np.asarray(c.gpus, dtype=np.float64)
     f_model = flops.model_flops_per_step(model, training.seq_length, training.global_batch_size,
                                          c.tp, causal=causal_flops)
@@ -203,10 +214,13 @@ def _throughput(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c
                                                     training.global_batch_size, c.recompute,
                                                     causal=causal_flops)
     peak = compute.peak_flops(hw, training)
-    return {"tokens_per_s": training.global_batch_size * training.seq_length / step,
-            "model_tflops_per_gpu": f_model / (step * gpus) / 1e12,
-            "mfu": f_model / (step * gpus * peak),
-            "hfu": f_hw / (step * gpus * peak)}
+    out = {"tokens_per_s": training.global_batch_size * training.seq_length / step,
+           "model_tflops_per_gpu": f_model / (step * gpus) / 1e12,
+           "mfu": f_model / (step * gpus * peak),
+           "hfu": f_hw / (step * gpus * peak)}
+    if precision.is_fp8(training):  # the FP8-peak figure NVIDIA's benchmarks print, beside it
+        out["mfu_fp8_peak"] = f_model / (step * gpus * precision.linear_peak(hw, training))
+    return out
 
 
 def estimate_layout(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec,

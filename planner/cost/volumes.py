@@ -54,16 +54,27 @@ GROUPS = ("tp", "cp", "pp", "dp", "embd")
 
 @dataclass(frozen=True)
 class Elements:
-    """Element sizes in bytes: activations and p2p messages, gathered weights, reduced gradients."""
+    """Element sizes in bytes: activations and p2p messages, gathered weights, reduced gradients,
+    and the SP all-gathers of linear inputs and output gradients (``gather``; None: ``act``)."""
 
     act: float = 2.0
     weight: float = 2.0
     grad: float = 4.0
+    gather: float | None = None
 
     @classmethod
     def of(cls, training: TrainingSpec) -> "Elements":
-        """bf16 activations and weights, the training's gradient bytes (fp32 main grads: 4)."""
-        return cls(grad=float(training.grad_bytes))
+        """bf16 activations, the training's gradient bytes (fp32 main grads: 4); weights and SP
+        gathers as the precision moves them (precision.param_gather_bytes, gather_bytes: FP8
+        where Transformer Engine quantizes before the gather)."""
+        from . import precision
+        return cls(grad=float(training.grad_bytes), weight=precision.param_gather_bytes(training),
+                   gather=precision.gather_bytes(training))
+
+    @property
+    def gathered(self) -> float:
+        """Bytes per element of an SP all-gather of a linear input or output gradient."""
+        return self.act if self.gather is None else self.gather
 
 
 @dataclass(frozen=True)
@@ -93,27 +104,29 @@ def _x_bytes(model: ModelSpec, training: TrainingSpec, c, elem: Elements):
     return c.tokens_per_microbatch(training.seq_length) * model.hidden_size * elem.act
 
 
-def _tp_block(x, on_tp, sp, full, what: str) -> list[Collective]:
+def _tp_block(x, on_tp, sp, full, what: str, xg=None) -> list[Collective]:
     """The TP/SP collectives of one TP-sharded block (attention, or an MLP: dense or the shared
     experts) for one micro-batch: without SP an all-reduce of its output forward and of its
     input gradient backward (hidden under the weight-gradient GEMMs); with SP an all-gather of
     the input and a reduce-scatter of the output forward, and backward a reduce-scatter of the
     input gradient and a re-gather of the stored input (both hidden) and an all-gather of the
-    output gradient; full recompute repeats the forward's."""
+    output gradient; full recompute repeats the forward's. ``xg``: the bytes of the all-gathers
+    (X in 16 bits; FP8 where the linear layers quantize before gathering), default X."""
+    xg = x if xg is None else xg
     no_sp, with_sp = np.where(sp, 0.0, 1.0) * on_tp, np.where(sp, 1.0, 0.0) * on_tp
     out = []
     for phase, calls in (("forward", 1.0), ("recompute", np.where(full, 1.0, 0.0))):
         out += [Collective("tp", "all_reduce", "layer", phase, "", no_sp * calls, x, f"{what} output all-reduce"),
-                Collective("tp", "all_gather", "layer", phase, "", with_sp * calls, x, f"SP all-gather of the {what} input"),
+                Collective("tp", "all_gather", "layer", phase, "", with_sp * calls, xg, f"SP all-gather of the {what} input"),
                 Collective("tp", "reduce_scatter", "layer", phase, "", with_sp * calls, x,
                            f"SP reduce-scatter of the {what} output")]
     return out + [
         Collective("tp", "all_reduce", "layer", "backward", "wgrad", no_sp, x, f"{what} input-gradient all-reduce"),
         Collective("tp", "reduce_scatter", "layer", "backward", "wgrad", with_sp, x,
                    f"SP input-gradient reduce-scatter of the {what}"),
-        Collective("tp", "all_gather", "layer", "backward", "wgrad", with_sp, x,
+        Collective("tp", "all_gather", "layer", "backward", "wgrad", with_sp, xg,
                    f"SP re-gather of the stored {what} input for the weight gradients"),
-        Collective("tp", "all_gather", "layer", "backward", "", with_sp, x,
+        Collective("tp", "all_gather", "layer", "backward", "", with_sp, xg,
                    f"SP all-gather of the {what} output gradient")]
 
 
@@ -138,19 +151,20 @@ def block_collectives(model: ModelSpec, training: TrainingSpec, c, elem: Element
     and combine (moe.expert_collectives). A layer is an attention block and an MLP block."""
     from . import blocks, moe
     x = _x_bytes(model, training, c, elem)
+    xg = x * (elem.gathered / elem.act)
     on_tp = (np.asarray(c.tp) > 1).astype(np.float64)
     sp = np.asarray(c.sequence_parallel)
     full = np.asarray(c.recompute) == 2
-    attention = _tp_block(x, on_tp, sp, full, "attention") + _cp_ring(model, training, c, elem, full)
+    attention = _tp_block(x, on_tp, sp, full, "attention", xg) + _cp_ring(model, training, c, elem, full)
     out = {}
     for kind in blocks.block_kinds(model):
         if kind in (blocks.ATTENTION, blocks.WINDOW):
             out[kind] = attention
         elif kind == blocks.MLP:
-            out[kind] = _tp_block(x, on_tp, sp, full, "MLP")
+            out[kind] = _tp_block(x, on_tp, sp, full, "MLP", xg)
         else:
             shared = on_tp * (model.moe.shared_experts > 0)
-            out[kind] = _tp_block(x, shared, sp, full, "shared experts") + \
+            out[kind] = _tp_block(x, shared, sp, full, "shared experts", xg) + \
                 moe.expert_collectives(model, training, c, elem, full)
     return out
 

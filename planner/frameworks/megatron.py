@@ -33,6 +33,9 @@ Mapping (plan field -> flag):
   training               --bf16 / --fp16, --grad-reduce-in-bf16 (grad_bytes 2),
                          --overlap-grad-reduce (+ --overlap-param-gather with a sharded optimizer),
                          --attention-backend unfused (plan without flash attention)
+  precision              --fp8-format hybrid|e4m3 --fp8-recipe tensorwise|blockwise|mxfp8,
+                         --fp8-param-gather (per-tensor and MXFP8 with a sharded optimizer),
+                         --reuse-grad-buf-for-mxfp8-param-ag (MXFP8)
   checkpoints            --save-interval n (common.save_interval: the Young/Daly optimum in
                          whole steps, formulas.md 12), --ckpt-format torch_dist (fsdp_dtensor
                          with Megatron-FSDP), --async-save --use-persistent-ckpt-worker when
@@ -48,6 +51,7 @@ megatron-core framework profile's rules (planner.frameworks.rules), the ones its
 from __future__ import annotations
 
 from ..cost.flops import padded_vocab
+from ..cost import precision
 from ..specs import Plan
 from .common import (RANK_ORDER_NOTE, Export, describe, interval_note, layers_per_virtual_stage,
                      microbatches, recompute_modules, save_interval, theta_text)
@@ -135,7 +139,30 @@ def megatron_args(plan: Plan) -> list[tuple[str, str | None]]:
             args.append(("--overlap-param-gather", None))
     if not tr.flash_attention:
         args.append(("--attention-backend", "unfused"))
-    return args + model_args(plan)[0] + checkpoint_args(plan, save_interval(plan))
+    return args + fp8_args(plan) + model_args(plan)[0] + checkpoint_args(plan, save_interval(plan))
+
+
+# plan3d precision -> Megatron-LM --fp8-format and --fp8-recipe, as Megatron-Bridge's presets set
+# them (training/mixed_precision.py @05097809: current scaling hybrid/tensorwise, subchannel
+# hybrid/blockwise, MXFP8 e4m3/mxfp8)
+FP8_ARGS = {"fp8": ("hybrid", "tensorwise"), "fp8-blockwise": ("hybrid", "blockwise"),
+            "mxfp8": ("e4m3", "mxfp8")}
+
+
+def fp8_args(plan: Plan) -> list[tuple[str, str | None]]:
+    """--fp8-format, --fp8-recipe and, where the recipe gathers FP8 parameters and the optimizer
+    is sharded (Megatron requires the distributed optimizer or FSDP for it), --fp8-param-gather
+    (+ --reuse-grad-buf-for-mxfp8-param-ag for MXFP8, as Bridge asserts); none in BF16."""
+    tr, lay = plan.training, plan.layout
+    if tr.precision not in FP8_ARGS:
+        return []
+    fmt, recipe = FP8_ARGS[tr.precision]
+    args = [("--fp8-format", fmt), ("--fp8-recipe", recipe)]
+    if precision.fp8_param_gather(tr) and lay.sharding_stage >= 1:
+        args.append(("--fp8-param-gather", None))
+        if tr.precision == "mxfp8":
+            args.append(("--reuse-grad-buf-for-mxfp8-param-ag", None))
+    return args
 
 
 def checkpoint_args(plan: Plan, ck: dict | None) -> list[tuple[str, str | None]]:

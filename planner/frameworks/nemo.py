@@ -52,6 +52,24 @@ def checkpoint_fields(plan: Plan, ck: dict | None) -> dict[str, object]:
     return out
 
 
+# Megatron-Bridge's mixed-precision presets (NVIDIA-NeMo/Megatron-Bridge @ 05097809
+# src/megatron/bridge/training/mixed_precision.py, registered by function name): plan3d's
+# precision -> the preset's suffix after "<dtype>_with_" ("<dtype>_mixed" for 16-bit).
+BRIDGE_PRESETS = {"fp8": "fp8_current_scaling_mixed", "fp8-blockwise": "fp8_subchannel_scaling_mixed",
+                  "mxfp8": "mxfp8_mixed"}
+
+
+def mixed_precision_preset(training) -> str:
+    """The Bridge preset of the training's dtype and precision: bf16_mixed, fp16_mixed,
+    bf16_with_fp8_current_scaling_mixed (tensorwise, FP8 parameter gather), ..._subchannel_...
+    (blockwise, no parameter gather), bf16_with_mxfp8_mixed (MXFP8, gather into the reused
+    gradient buffer)."""
+    dtype = "bf16" if training.dtype == "bf16" else "fp16"
+    if training.precision == "bf16":
+        return f"{dtype}_mixed"
+    return f"{dtype}_with_{BRIDGE_PRESETS[training.precision]}"
+
+
 def nemo_fields(plan: Plan, ck: dict | None = None) -> dict[str, dict[str, object]]:
     """{section: {field: value}} for ``plan`` (None = unset / YAML null); ``ck`` the plan's
     checkpoint estimate (common.save_interval) for the checkpoint section."""
@@ -94,7 +112,7 @@ def nemo_fields(plan: Plan, ck: dict | None = None) -> dict[str, dict[str, objec
             "grad_reduce_in_fp32": tr.grad_bytes == 4,
         },
         "optimizer": {"use_distributed_optimizer": lay.zero_stage == 1 or lay.distributed_optimizer},
-        "mixed_precision": "bf16_mixed" if tr.dtype == "bf16" else "16-mixed",
+        "mixed_precision": mixed_precision_preset(tr),
         **({"checkpoint": checkpoint_fields(plan, ck)} if ck is not None else {}),
     }
 
@@ -127,6 +145,10 @@ def export_nemo(plan: Plan) -> Export:
         interval_note(ck, plan).replace("set the checkpoint directory yourself",
                                         "set checkpoint.save (the directory) yourself"),
     ]
+    if plan.training.precision == "fp8":
+        comments.append("mixed_precision bf16_with_fp8_current_scaling_mixed keeps the first and "
+                        "the last transformer layer in BF16 (first_last_layers_bf16); the estimate "
+                        "runs every layer in FP8, as Bridge's performance recipes do")
     theta = plan.model.rope_theta
     if plan.model.position_embedding == "rope" and (theta is None or not float(theta).is_integer()):
         comments.append(rope_note(plan, "the recipe's model provider (rotary_base is an int "

@@ -141,8 +141,8 @@ def _sharding_masks(profile: FrameworkProfile, c, pp) -> dict:
 
 def model_problems(profile: FrameworkProfile, model: ModelSpec, training: TrainingSpec) -> list[str]:
     """What in the model or the training the framework cannot build at all, in words ([] if
-    nothing): attention kind, position embedding, activation, norm, dtype, a RoPE base that
-    must be an integer."""
+    nothing): attention kind, position embedding, activation, norm, dtype, an FP8 precision its
+    FP8 library does not run, a RoPE base that must be an integer."""
     r, d = profile.rules, profile.display
     problems = []
     for what, have, allowed in (("attention", model.attention_kind, r.attention),
@@ -153,6 +153,13 @@ def model_problems(profile: FrameworkProfile, model: ModelSpec, training: Traini
             problems.append(f"{d} has no {have} {what} ({model.name} uses it; {d} takes "
                             f"{', '.join(allowed)})" if what != "training dtype" else
                             f"{d} does not train in {have} (it takes {', '.join(allowed)})")
+    library = profile.runtime.fp8_library
+    if training.precision != "bf16" and library == "none":
+        problems.append(f"{d} trains without FP8 (its profile's runtime.fp8_library is none), "
+                        f"not in {training.precision}")
+    elif training.precision == "fp8-blockwise" and library == "torchao":
+        problems.append(f"{d} (torchao) has no 1x128 / 128x128 block-scaled FP8 recipe; use fp8 "
+                        "(float8 rowwise) or mxfp8")
     theta = model.rope_theta
     if r.integer_rope_base and model.position_embedding == "rope" and theta is not None \
             and not float(theta).is_integer():

@@ -117,7 +117,37 @@ def torchtitan_settings(plan: Plan, fmt: str) -> tuple[dict[str, dict[str, objec
         notes.append(rope)
     notes += _model_notes(plan)
     return {"training": training, "parallelism": par, "activation_checkpoint": ac,
-            **_checkpoint(plan, fmt, notes)}, notes
+            **_precision(plan, fmt, notes), **_checkpoint(plan, fmt, notes)}, notes
+
+
+# torchao recipes torchtitan runs for plan3d's FP8 precisions (fp8-blockwise has none: the
+# torchtitan profile's rules refuse it): float8 "rowwise" (its default; the tensorwise recipe is
+# gone from 0.3's Float8LinearConverter) and MXFP8.
+TITAN_FP8 = {"fp8": ("float8", "rowwise"), "mxfp8": ("mx", "mxfp8")}
+
+
+def _precision(plan: Plan, fmt: str, notes: list[str]) -> dict[str, dict[str, object]]:
+    """FP8 for the plan's precision: 0.2.x TOML ``model.converters`` with the ``[float8]`` /
+    ``[mx]`` recipe (job_config.py @000204a4a8bf Model.converters, Float8, MX); 0.3 configures
+    quantization in Python (model_registry(quantization=[...]), torchtitan @0014ac2
+    components/quantization/float8.md, mx.py): a note names the converter. {} in BF16."""
+    if plan.training.precision not in TITAN_FP8:
+        return {}
+    converter, recipe = TITAN_FP8[plan.training.precision]
+    moe = plan.model.moe is not None
+    if fmt == "toml":
+        notes.append(f"{plan.training.precision}: torchao {recipe}; all communication stays in "
+                     "high precision (torchtitan's float8.md), as the estimate assumed")
+        return {"model": {"converters": [converter]},
+                converter: {"recipe_name": recipe, "filter_fqns": ["output"]}}
+    cls = "Float8" if converter == "float8" else "MXFP8"
+    extra = f", {cls}GroupedExpertsConverter.Config(model_compile_enabled=True)" if moe else ""
+    arg = 'recipe_name="rowwise", filter_fqns=["output"], ' if converter == "float8" else ""
+    notes.append(f"{plan.training.precision}: torchtitan 0.3 sets quantization in Python, not by "
+                 f"option: model_registry(..., quantization=[{cls}LinearConverter.Config({arg}"
+                 f"model_compile_enabled=True){extra}]) (torchao {recipe}; communication in high "
+                 "precision, as the estimate assumed)")
+    return {}
 
 
 def _checkpoint(plan: Plan, fmt: str, notes: list[str]) -> dict[str, dict[str, object]]:
@@ -175,6 +205,8 @@ def expert_parallel(plan: Plan, fmt: str, dp_shard: int) -> int:
 
 
 def _value(v: object, toml: bool) -> str:
+    if isinstance(v, list):
+        return "[" + ", ".join(_value(x, True) for x in v) + "]" if toml else ",".join(map(str, v))
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, str):

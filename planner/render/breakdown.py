@@ -85,6 +85,9 @@ def estimate_report(est, stages=None, to_fit=None) -> None:
     out.print(f"tokens/s {fmt.tokens_per_s(th['tokens_per_s'])}  |  MFU {fmt.percent(th['mfu'])}  |  "
               f"HFU {fmt.percent(th['hfu'])}  |  model TFLOP/s per GPU "
               f"{fmt.tflops(th['model_tflops_per_gpu'] * 1e12, 1)}")
+    if th.get("mfu_fp8_peak") is not None:
+        out.print(f"MFU and HFU are on the dense BF16 peak, comparable across precisions; on the "
+                  f"FP8 peak MFU is {fmt.percent(th['mfu_fp8_peak'])}", markup=False)
     out.print(f"bubble {fmt.percent(tm['bubble_fraction'])} of the busiest stage's work")
 
 

@@ -29,13 +29,19 @@ def header(model, hw, training, gpus, batch: str | None = None) -> None:
     out.print(framework_line(training), markup=False)
 
 
+PRECISION_NAMES = {"fp8": "per-tensor scaling", "fp8-blockwise": "1x128 / 128x128 block scales",
+                   "mxfp8": "1x32 E8M0 block scales"}
+
+
 def framework_line(training) -> str:
     """The framework and the facts of it a reader checks first: flash attention, the gradient
     dtype, the memory reserve (runtime + per NCCL communicator + allocator share of the working
     set; formulas.md 3.10). Wrapped at spaces by the console."""
     from ..frameworks.profile import gradient_dtype_name
     flash = "flash attention" if training.flash_attention else "no flash attention"
-    return (f"framework {training.framework}: {flash}, {gradient_dtype_name(training)} gradients, "
+    fp8 = "" if training.precision == "bf16" else \
+        f" in {training.precision} ({PRECISION_NAMES[training.precision]}, {training.fp8_library})"
+    return (f"framework {training.framework}{fp8}: {flash}, {gradient_dtype_name(training)} gradients, "
             f"reserve {fmt.gib(training.reserve_runtime)} + "
             f"{fmt.gib(training.reserve_per_communicator, 2)} per NCCL communicator + "
             f"{fmt.percent(training.reserve_allocator, 0)} of activations and buffers")
