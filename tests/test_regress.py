@@ -68,7 +68,10 @@ def test_shipped_cases_cover_catalogs_and_knobs(cases, shipped):
     assert profiles == set(catalog.hardware_profiles())
     layouts = [c for c in cases if c.layout is not None]
     searches = [c for c in cases if c.search is not None]
-    assert 2 <= len(searches) <= 4
+    assert 2 <= len(searches) <= 5
+    # every precision, by layout case (training.precision; bf16 when not set)
+    assert {c.training.get("precision", "bf16") for c in layouts} == {"bf16", "fp8", "fp8-blockwise",
+                                                                     "mxfp8"}
     knob = lambda k: {c.layout[k] for c in layouts}  # noqa: E731
     assert knob("zero_stage") == {0, 1, 2, 3}
     assert knob("recompute") == {"none", "selective", "full"}
@@ -114,8 +117,8 @@ def test_perturbed_bubble_drifts_exactly_the_pipelined_cases(cases, shipped, mon
 def test_perturbed_optimizer_time_drifts_every_case_by_one_percent(cases, shipped, monkeypatch):
     original = compute.optimizer_time
     monkeypatch.setattr(compute, "optimizer_time",
-                        lambda p, hw, training=None, buffer=None: 1.01 * original(p, hw, training,
-                                                                                  buffer))
+                        lambda p, hw, training=None, buffer=None, linear=None: 1.01 * original(
+                            p, hw, training, buffer, linear))
     changes = compare(shipped, evaluate_cases(cases), rtol=1e-6)
     assert _drifted(changes) == {c.name for c in cases}
     opt = [c for c in changes if c.term == "time.optimizer"]
@@ -140,8 +143,8 @@ def test_perturbed_transient_memory_drifts_only_sp_or_zero3_layouts(cases, shipp
 def test_cli_reports_drift_as_table_and_exits_1(monkeypatch):
     original = compute.optimizer_time
     monkeypatch.setattr(compute, "optimizer_time",
-                        lambda p, hw, training=None, buffer=None: 1.01 * original(p, hw, training,
-                                                                                  buffer))
+                        lambda p, hw, training=None, buffer=None, linear=None: 1.01 * original(
+                            p, hw, training, buffer, linear))
     result = CliRunner().invoke(app, ["regress", str(CASES), "--baseline", str(BASELINE)])
     assert result.exit_code == 1
     assert "Predictions that moved" in result.output

@@ -211,15 +211,21 @@ def optimizer_bytes_per_param(training: TrainingSpec | None) -> float:
 
 def optimizer_time(params_updated: np.ndarray, hw: HardwareProfile,
                    training: TrainingSpec | None = None,
-                   grad_buffer_params: np.ndarray | None = None) -> np.ndarray:
+                   grad_buffer_params: np.ndarray | None = None,
+                   linear_params: np.ndarray | None = None) -> np.ndarray:
     """Optimizer step: optimizer_bytes_per_param(training) of HBM traffic per updated
     parameter at the achieved HBM bandwidth, plus zeroing the rest of the gradient buffer where
     it is larger than the updated shard (``grad_buffer_params``: ZeRO-1 / the distributed
     optimizer keep full gradients on each rank but update 1/dp of them), plus the profile's
     fixed per-step overhead T_misc (``efficiency.step_overhead``: data loading, logging, launch
-    gaps; formulas.md 7.1). (N,) seconds"""
+    gaps; formulas.md 7.1). With Transformer Engine FP8, making the FP8 copies of the rank's
+    ``linear_params`` once per step: precision.weight_quantize_bytes each (TE caches them across
+    the step's micro-batches, fp8_hardware.md 3.1). (N,) seconds"""
     moved = optimizer_bytes_per_param(training) * params_updated
     if grad_buffer_params is not None:
         grad_bytes = 4.0 if training is None else float(training.grad_bytes)
         moved = moved + grad_bytes * np.maximum(grad_buffer_params - params_updated, 0.0)
+    if linear_params is not None and training is not None and precision.is_fp8(training) \
+            and training.fp8_library == "transformer-engine":
+        moved = moved + precision.weight_quantize_bytes(hw, training) * linear_params
     return moved / achieved_hbm(hw) + hw.efficiency.step_overhead

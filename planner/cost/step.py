@@ -101,9 +101,8 @@ def pipeline_makespan(costs, counts: dict, extra: dict, c, m, uniform: bool) -> 
 def optimizer_time(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c) -> np.ndarray:
     """The optimizer step on the rank with the most parameters (compute.optimizer_time): its
     optimizer shard is updated, its whole (ZeRO-1) or sharded (ZeRO-2/3) gradient buffer zeroed;
-    dense parameters sharded over dp*cp, expert ones over edp (memory.zero_divisors). With
-    Transformer Engine FP8, plus making the FP8 copies of its linear weights (blocks and experts)
-    once per step (precision.weight_quantize_bytes at the achieved HBM bandwidth)."""
+    dense parameters sharded over dp*cp, expert ones over edp (memory.zero_divisors); its linear
+    weights (blocks and experts) are what FP8 quantizes once per step."""
     from .memory import rank_params
     _, grad_div, opt_div = zero_divisors(c)
     _, grad_div_e, opt_div_e = zero_divisors(c, "expert") if model.moe is not None else (1.0, 1.0, 1.0)
@@ -114,12 +113,8 @@ def optimizer_time(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec
         updated.append(dense / opt_div + p["experts"] / opt_div_e)
         buffer.append(dense / grad_div + p["experts"] / grad_div_e)
         linear.append(p["dense"] + p["experts"])
-    t = compute.optimizer_time(np.maximum.reduce(updated), hw, training, np.maximum.reduce(buffer))
-    if precision.is_fp8(training) and training.fp8_library == "transformer-engine":
-        # TE makes the FP8 copies of the rank's linear weights once per step (precision.py)
-        t = t + precision.weight_quantize_bytes(hw, training) * np.maximum.reduce(linear) \
-            / compute.achieved_hbm(hw)
-    return t
+    return compute.optimizer_time(np.maximum.reduce(updated), hw, training, np.maximum.reduce(buffer),
+                                  np.maximum.reduce(linear))
 
 
 def evaluate(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c,
