@@ -14,7 +14,7 @@ from planner import catalog
 from planner.cost.checkpoint import (checkpoint_sizes, evaluate_checkpoint, megatron_format,
                                      rank_bytes, stage_bytes)
 from planner.cost.flops import padded_vocab
-from planner.cost.model_counts import total_params
+from planner.cost.model_counts import mtp_params, total_params
 from planner.cost.step import estimate_layout
 from planner.space import Candidates
 from planner.specs import Layout, ModelSpec, TrainingSpec
@@ -157,3 +157,27 @@ def test_megatron_1t_published_checkpoint_size_and_save_time():
     assert ck["total_bytes"] == pytest.approx(13.8e12, rel=0.03)
     assert ck["write_s"] == pytest.approx(13.8e12 / 273e9, rel=0.03)
     assert ck["blocking_s"] == ck["write_s"]  # synchronous: the whole write stalls training
+
+
+@pytest.mark.parametrize("name, lay", [
+    ("qwen3-30b-a3b", dict(tp=2, pp=2, dp=8, ep=8, etp=1, sequence_parallel=True)),
+    ("mixtral-8x7b", dict(tp=2, pp=1, dp=4, ep=4, etp=2, sequence_parallel=True)),
+    ("deepseek-v3", dict(tp=2, pp=8, dp=64, ep=64, etp=1, sequence_parallel=True,
+                         first_stage_layers=5, last_stage_layers=8)),  # dense layers and MTP
+    ("gpt-oss-20b", dict(tp=1, pp=1, cp=2, dp=4, ep=8, etp=1)),
+])
+def test_moe_checkpoints_hold_every_expert_once(name, lay):
+    """Experts are written too: each GPU writes its E*P_e/(ep*etp) expert parameters' share over
+    the expert-data-parallel group (edp = tp*cp*dp/(ep*etp)); summed over every GPU the bytes are
+    14 B x the model's parameters counted once, experts, dense layers and MTP included."""
+    model = catalog.resolve_model(name)
+    layout = Layout(**{"zero_stage": 1, "micro_batch_size": 1, **lay})
+    c = Candidates.from_layouts([layout])
+    share = layout.dp * layout.cp
+    every_gpu = sum(float(rank_bytes(model, c, r, t, training=TRAINING)[0]) * share
+                    for r in range(layout.pp) for t in range(layout.tp))
+    # + the MTP modules' own weights (DeepSeek-V3: 11.61B; their embedding and output layer are
+    # the main model's, Megatron-Core shares them)
+    want = unique_state(model, layout.tp) + 14.0 * mtp_params(model)
+    assert every_gpu == pytest.approx(want, rel=1e-12)
+    assert checkpoint_sizes(model, TRAINING, c)["total_bytes"][0] == pytest.approx(every_gpu, rel=1e-12)

@@ -25,11 +25,12 @@ main replica). Groups today (``param_groups``):
   tp ranks, spread over dp*cp, written by TP rank 0's GPUs only (``stride`` = tp).
 
 The output layer's copy of tied embeddings on the last pipeline rank (pp > 1) is a replica of
-rank 0's embedding and is not written. Valid layouts have KV heads divisible by tp
-(space.HEADS_RULE), so K/V weights are never replicated over TP.
+rank 0's embedding and is not written. Where tp exceeds the KV heads Megatron-Core replicates K/V
+heads; blocks.block_params counts those weights per GPU and they are written as TP-sharded
+state (a small overcount, one head's K/V per extra TP rank).
 
 Expert parameters (MoE: ep, etp, edp, planner.cost.moe) are one more ParamGroup per pipeline
-rank: ``params`` = the expert weights one GPU holds (its (etp, ep) coordinate's experts),
+rank (tests/test_checkpoint.py checks every expert is written once): ``params`` = the expert weights one GPU holds (its (etp, ep) coordinate's experts),
 ``spread`` = LayoutDegrees.edp (the expert-data-parallel replicas share the writes; Megatron-Core
 ``--ckpt-fully-parallel-save-process-group ep_dp``), ``stride`` = 1 (every GPU holds a distinct
 (etp, ep, edp) coordinate, so every GPU writes); the non-expert groups then hold only the dense
@@ -102,22 +103,32 @@ def _positions(model: ModelSpec) -> float:
 
 def param_groups(model: ModelSpec, c, rank) -> list[ParamGroup]:
     """The parameter groups of one GPU of pipeline rank ``rank`` (int array), from
-    memory.rank_params and flops.layer_params_per_gpu: tp-sharded (written by every GPU) and
-    tp-replicated (norms, row-parallel biases, learned positions; TP rank 0), both spread over
-    the dp*cp group (LayoutDegrees.grad_group). The tied output layer on the last rank (pp > 1)
-    is left out: it is a replica of the first rank's embedding."""
+    memory.rank_params and the rank's blocks (blocks.rank_blocks x blocks.block_params):
+    tp-sharded (written by every GPU) and tp-replicated (norms, row-parallel biases, routers,
+    MLA down-projections, learned positions; TP rank 0), both spread over the dp*cp group
+    (LayoutDegrees.grad_group); experts (E*P_e/(ep*etp) per GPU, every GPU writes its share)
+    spread over the expert-data-parallel group (edp: Megatron-Core shards expert state there,
+    moe.md 3.3). The tied output layer on the last rank (pp > 1) is left out: it is a replica
+    of the first rank's embedding."""
+    from . import blocks
     rank = np.asarray(rank)
     p = memory.rank_params(model, c, rank)
     is_first, is_last = rank == 0, rank == np.asarray(c.pp) - 1
-    _, replicated_layer = flops.layer_params_per_gpu(model, c.tp)
+    counts, per_block = blocks.rank_blocks(model, c, rank), blocks.block_params(model, c)
     norm = float(flops.norm_params(model))
-    replicated = p["layers"] * replicated_layer + np.where(is_first, _positions(model), 0.0) \
-        + np.where(is_last, norm, 0.0)
-    tied_copy = np.where(is_last, p["head"] - norm, 0.0) if model.tie_embeddings else 0.0
-    sharded = p["layer"] * p["layers"] + p["embedding"] + p["head"] - replicated - tied_copy
+    # the final norm and each MTP module's three norms are TP-replicated on the last rank
+    replicated = sum(counts[k] * per_block[k][1] for k in counts) \
+        + np.where(is_first, _positions(model), 0.0) \
+        + np.where(is_last, norm * (1 + 3 * model.mtp_layers), 0.0)
+    tied_copy = p["output"] if model.tie_embeddings else 0.0
+    sharded = p["dense"] + p["embedding"] + p["head"] - replicated - tied_copy
     spread = np.asarray(c.grad_group, dtype=np.float64)
-    return [ParamGroup("tp-sharded", sharded, spread, np.ones_like(spread)),
-            ParamGroup("tp-replicated", replicated, spread, np.asarray(c.tp, dtype=np.float64))]
+    groups = [ParamGroup("tp-sharded", sharded, spread, np.ones_like(spread)),
+              ParamGroup("tp-replicated", replicated, spread, np.asarray(c.tp, dtype=np.float64))]
+    if model.moe is not None:
+        edp = np.asarray(c.edp, dtype=np.float64)
+        groups.append(ParamGroup("experts", p["experts"], edp, np.ones_like(edp)))
+    return groups
 
 
 def rank_bytes(model: ModelSpec, c, rank, tp_rank=0, fmt: CheckpointFormat | None = None,

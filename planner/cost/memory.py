@@ -33,7 +33,8 @@ def rank_params(model: ModelSpec, c, rank) -> dict[str, np.ndarray]:
     vocab-parallel word embedding V_p*h/tp plus learned positions, on rank 0; ``head``: the final
     norm and the output layer V_p*h/tp, on the last rank (the output layer also for tied
     embeddings when pp > 1: Megatron keeps a copy, formulas.md 1.3), and the MTP modules'
-    projection 2h*h/tp and norms (Megatron puts MTP on the last stage; their layers are blocks).
+    projection 2h*h/tp and norms (Megatron puts MTP on the last stage; their layers are blocks);
+    ``output``: the output layer's part of ``head`` (a copy of the embedding when tied).
     """
     from . import blocks
     h = model.hidden_size
@@ -54,7 +55,8 @@ def rank_params(model: ModelSpec, c, rank) -> dict[str, np.ndarray]:
     return {"dense": dense, "experts": experts, "layers": layers,
             "layer": dense / np.maximum(layers, 1),
             "embedding": np.where(rank == 0, word + positions, 0.0),
-            "head": np.where(last, flops.norm_params(model) + output + mtp, 0.0)}
+            "head": np.where(last, flops.norm_params(model) + output + mtp, 0.0),
+            "output": np.where(last, output, 0.0)}
 
 
 def stage_params(model: ModelSpec, c, kind: str) -> np.ndarray:
