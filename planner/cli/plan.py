@@ -71,8 +71,6 @@ def search(
     precision: Optional[PrecisionChoice] = PRECISION,
 ) -> None:
     """Rank the TP/PP/DP/ZeRO layouts that fit, by predicted throughput (or --objective)."""
-    from ..export import make_plan, write_plan
-    from ..outputs import is_stdout, report_to_stderr
     from ..objective import parse_deadline
     from ..search import search as run_search
     m, hw, profile, training = _inputs(
@@ -97,12 +95,21 @@ def search(
         return
     with console.err.status("Searching layouts...", spinner="dots"):
         result = run_search(m, hw, training, gpus, opts)
+    _export_and_show(m, hw, training, profile, result, export, force, lambda: _search_output(
+        m, hw, training, n, result, top, json_out, money, max_gpus is not None, export))
+
+
+def _export_and_show(m, hw, training, profile, result, export, force, show) -> None:
+    """Write the winner as a plan (--export) and print the search (``show``), to stderr when
+    the plan goes to stdout (--export -)."""
+    from ..export import make_plan, write_plan
+    from ..outputs import is_stdout, report_to_stderr
     best = result.ranked
     if export is not None:
         write_plan(make_plan(m, hw, training, best.candidates.layout(0), best.to_dict(0), profile),
                    export, force)
     with report_to_stderr(is_stdout(export)):  # --export -: stdout holds the plan alone
-        _search_output(m, hw, training, n, result, top, json_out, money, max_gpus is not None, export)
+        show()
 
 
 def _check_search_flags(export: Optional[Path], force: bool, why_not: Optional[str],
@@ -278,14 +285,8 @@ def estimate(
              "--grad-dtype": grad_dtype, "--allocator-reserve": allocator_reserve,
              "--precision": precision}
     if plan is not None:
-        from ..export import read_checked_plan
-        given = [flag for flag, value in flags.items() if value is not None]
-        if given:
-            raise UsageError(f"--plan cannot be combined with {', '.join(given)}: the plan fixes "
-                             "them (edit the plan, or estimate from flags without --plan)")
-        p = read_checked_plan(plan)  # the checks of every plan consumer
-        m, hw, training, layout, n = p.model, p.hardware, p.training, p.layout, p.gpus
-        profile = p.framework
+        p = _plan_alone(plan, flags)
+        m, hw, training, layout, n, profile = p.model, p.hardware, p.training, p.layout, p.gpus, p.framework
     else:
         # Checked as given, before the defaults: `--tp 0` is an error, not tp=1.
         check_integers(dict(tp=tp, pp=pp, dp=dp, cp=cp, micro_batch_size=micro_batch_size, vpp=vpp,
@@ -309,6 +310,17 @@ def estimate(
         layout = check_layout(m, hw, training, n, {k: v for k, v in fields.items() if v is not None},
                               allow_cross_node_tp, profile)
     _estimate_output(m, hw, training, n, layout, json_out, p if plan is not None else None, profile)
+
+
+def _plan_alone(plan: Path, flags: dict):
+    """The checked plan of ``estimate --plan`` (export.read_checked_plan); UsageError when other
+    flags are given too (the plan fixes them)."""
+    from ..export import read_checked_plan
+    given = [flag for flag, value in flags.items() if value is not None]
+    if given:
+        raise UsageError(f"--plan cannot be combined with {', '.join(given)}: the plan fixes "
+                         "them (edit the plan, or estimate from flags without --plan)")
+    return read_checked_plan(plan)  # the checks of every plan consumer
 
 
 def _inputs(model, hardware, global_batch_size, seq_length, checkpoint, framework, flash,

@@ -14,6 +14,7 @@ import os
 import time
 from datetime import timedelta
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
@@ -69,10 +70,45 @@ def run_rank(cfg: dict) -> dict:
     Writes rank{R}.json to cfg["out_dir"], or with cfg["gather"] returns on rank 0 the record with
     "all": every rank's record (torch.distributed.gather_object). Returns this rank's record.
     """
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B
+    r = _process_groups(cfg)
+    _build(cfg, r)
+    _pipeline(cfg, r)
+    record = {"rank": r.rank, "coord": {"pp": r.pp_rank, "dp": r.dp_rank, "cp": r.cp_rank,
+                                        "tp": r.mesh["tp"].get_local_rank()},
+              "losses": [], "step_s": [], "comm": [], "live_baseline": [], "live_peak": [],
+              "saved_peak": [], "moe_counts": []}
+    if r.comm is not None:
+        record["coord"].update(etp=r.comm.etp_rank, ep=r.comm.ep_rank, edp=r.comm.edp_rank)
+    inst = Instrument(r.dims)
+    grads_held = 0
+    for step in range(cfg["steps"]):
+        grads_held = _step(cfg, r, step, inst, record)
+    record["params_bytes"] = _nbytes(r.params)
+    record["grads_bytes"] = grads_held
+    record["optimizer_bytes"] = (r.flat.state_bytes() if r.flat is not None else sum(
+        _nbytes(v for k, v in st.items() if k != "step") for st in r.opt.state.values())) + \
+        (r.flat_e.state_bytes() if r.flat_e is not None else 0)
+    if r.device.type == "cuda":
+        record["cuda_max_allocated"] = torch.cuda.max_memory_allocated()
+    record.update(_checkpoint(cfg, r.params, r.flat, r.opt, r.mesh, r.grad_mesh, r.pp_rank, r.out_w))
+    if cfg.get("gather"):  # torchrun: rank 0 collects every record (ranks may be on other nodes)
+        records = [None] * dist.get_world_size() if r.rank == 0 else None
+        dist.gather_object(record, records, dst=0)
+        record["all"] = records
+    else:
+        Path(cfg["out_dir"]).mkdir(parents=True, exist_ok=True)
+        (Path(cfg["out_dir"]) / f"rank{r.rank}.json").write_text(json.dumps(record))
+    dist.barrier()
+    dist.destroy_process_group()
+    return record
 
-    pp, dp, tp, vpp = cfg["pp"], cfg["dp"], cfg["tp"], cfg["vpp"]
+
+def _process_groups(cfg: dict) -> SimpleNamespace:
+    """Start torch.distributed and build the (pp, dp, cp, tp) device mesh: this rank's
+    coordinates, the dense-gradient group over dp*cp (Megatron's intra_dp_cp group), the tied
+    embedding group, and ``dims`` (process-group name -> the dimension the Instrument names)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    pp, dp, tp = cfg["pp"], cfg["dp"], cfg["tp"]
     cp = cfg.get("cp", 1)
     device = torch.device(cfg["device"])
     if device.type == "cuda":
@@ -80,130 +116,128 @@ def run_rank(cfg: dict) -> dict:
         device = torch.device("cuda", torch.cuda.current_device())
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(backend, timeout=timedelta(seconds=cfg.get("timeout_s", 120)))
-    rank = dist.get_rank()
     mesh = init_device_mesh(device.type, (pp, dp, cp, tp), mesh_dim_names=("pp", "dp", "cp", "tp"))
-    pp_rank, dp_rank = mesh["pp"].get_local_rank(), mesh["dp"].get_local_rank()
-    cp_rank = mesh["cp"].get_local_rank()
-    dims = {mesh.get_group(d).group_name: d for d in ("pp", "dp", "cp", "tp")}
-    # dense gradients are reduced (and ZeRO-sharded) over dp*cp (Megatron's intra_dp_cp group)
-    grad_mesh = mesh["dp"] if cp == 1 else mesh["dp", "cp"]._flatten("dp_cp")
-    grad_group = grad_mesh.get_group() if dp * cp > 1 else None
-    if grad_group is not None:
-        if cp > 1 and grad_group.group_name in dims:
+    r = SimpleNamespace(device=device, mesh=mesh, rank=dist.get_rank(), cp=cp,
+                        pp_rank=mesh["pp"].get_local_rank(), dp_rank=mesh["dp"].get_local_rank(),
+                        cp_rank=mesh["cp"].get_local_rank(), embd=None,
+                        tied=cfg["model"]["tie_embeddings"] and pp > 1)
+    r.dims = {mesh.get_group(d).group_name: d for d in ("pp", "dp", "cp", "tp")}
+    r.grad_mesh = mesh["dp"] if cp == 1 else mesh["dp", "cp"]._flatten("dp_cp")
+    r.grad_group = r.grad_mesh.get_group() if dp * cp > 1 else None
+    if r.grad_group is not None:
+        if cp > 1 and r.grad_group.group_name in r.dims:
             raise RuntimeError("the flattened dp*cp group aliases another mesh group")
-        dims[grad_group.group_name] = "dp"
-    embd = None
-    tied = cfg["model"]["tie_embeddings"] and pp > 1
-    if tied:
-        embd = embedding_groups(mesh, pp, dp * cp * tp)
-        dims[embd.group_name] = "embd"
+        r.dims[r.grad_group.group_name] = "dp"
+    if r.tied:
+        r.embd = embedding_groups(mesh, pp, dp * cp * tp)
+        r.dims[r.embd.group_name] = "embd"
+    return r
 
-    model = build_model(cfg).to(device)
-    if cp > 1:
-        set_context_parallel(model, mesh.get_group("cp"), cp_rank, cp)
-    if tied:  # the last stage keeps its own copy of the word embedding (Megatron, formulas.md 1.3)
+
+def _build(cfg: dict, r: SimpleNamespace) -> None:
+    """This rank's model chunks with TP, full recompute and FSDP applied, its experts and the
+    optimizers (into ``r``: chunks, moes, comm, params, opt, flat, flat_e)."""
+    pp, dp, tp = cfg["pp"], cfg["dp"], cfg["tp"]
+    model = build_model(cfg).to(r.device)
+    if r.cp > 1:
+        set_context_parallel(model, r.mesh.get_group("cp"), r.cp_rank, r.cp)
+    if r.tied:  # the last stage keeps its own copy of the word embedding (Megatron, formulas.md 1.3)
         model.head.out.weight = torch.nn.Parameter(model.embed.tok.weight.detach().clone())
-    chunks = build_chunks(model, pp_rank, pp, vpp, cfg.get("stage_layers"))
+    r.chunks = build_chunks(model, r.pp_rank, pp, cfg["vpp"], cfg.get("stage_layers"))
     del model
-    moes, comm = _experts(cfg, chunks, pp_rank, dims)
-    for _, chunk in chunks:
+    r.moes, r.comm = _experts(cfg, r.chunks, r.pp_rank, r.dims)
+    for _, chunk in r.chunks:
         if tp > 1:
-            apply_tp(chunk, mesh["tp"], cfg["sp"])
+            apply_tp(chunk, r.mesh["tp"], cfg["sp"])
             if cfg["model"]["tie_embeddings"] and pp == 1:  # TP made two parameters: tie again
                 chunk.head.out.weight = chunk.embed.tok.weight
         if cfg["recompute"] == "full":
             apply_full_recompute(chunk)
-        if dp * cp > 1 and cfg["zero"] >= 2:
-            apply_fsdp(chunk, grad_mesh, cfg["zero"])
-    params = [p for _, c in chunks for p in c.parameters()]
-    opt, flat, flat_e = _optimizers(cfg, params, moes, comm, grad_group)
+        if dp * r.cp > 1 and cfg["zero"] >= 2:
+            apply_fsdp(chunk, r.grad_mesh, cfg["zero"])
+    r.params = [p for _, c in r.chunks for p in c.parameters()]
+    r.opt, r.flat, r.flat_e = _optimizers(cfg, r.params, r.moes, r.comm, r.grad_group)
 
-    n_stages = pp * vpp
-    m = cfg["gbs"] // (dp * cfg["mbs"])
-    stages = [PipelineStage(c, sid, n_stages, device, group=mesh.get_group("pp")) for sid, c in chunks]
-    has_first = any(sid == 0 for sid, _ in chunks)
-    has_last = any(sid == n_stages - 1 for sid, _ in chunks)
-    if vpp > 1:
-        schedule = ScheduleInterleaved1F1B(stages, n_microbatches=m, loss_fn=loss_fn)
-    else:
-        schedule = Schedule1F1B(stages[0], n_microbatches=m, loss_fn=loss_fn)
-    tok_w = chunks[0][1].embed.tok.weight if has_first and tied else None
-    out_w = chunks[-1][1].head.out.weight if has_last and tied else None
 
-    inst = Instrument(dims)
-    cols = cp_positions(cp_rank, cp, cfg["model"]["seq"]) if cp > 1 else slice(None)
-    record = {"rank": rank, "coord": {"pp": pp_rank, "dp": dp_rank, "cp": cp_rank,
-                                      "tp": mesh["tp"].get_local_rank()},
-              "losses": [], "step_s": [], "comm": [], "live_baseline": [], "live_peak": [],
-              "saved_peak": [], "moe_counts": []}
-    if comm is not None:
-        record["coord"].update(etp=comm.etp_rank, ep=comm.ep_rank, edp=comm.edp_rank)
-    for step in range(cfg["steps"]):
-        ids, targets = batches(cfg, step)
-        rows = slice(dp_rank * m * cfg["mbs"], (dp_rank + 1) * m * cfg["mbs"])
-        ids, targets = ids[rows][:, cols].to(device), targets[rows][:, cols].to(device)
-        dist.barrier()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-        t0 = time.perf_counter()
-        losses: list = []
-        with inst:
-            inst.reset()
-            inst.track_existing(params + [p.grad for p in params] + _opt_tensors(opt, flat)
-                                + (_opt_tensors(None, flat_e) if flat_e else []))
-            baseline = inst.live
-            args = (ids,) if has_first else ()
-            with SavedBytes() as saved:
-                schedule.step(*args, target=targets if has_last else None, losses=losses)
-            reduce_partial_grads(params)
-            if tied:  # all-reduce the two copies' gradients between first and last stage
-                w = tok_w if tok_w is not None else out_w
-                dist.all_reduce(local(w.grad), group=embd)
-            if tp > 1:  # replicated router weights see only this rank's sequence shard
-                for mod in moes:
-                    for p in mod.router.parameters():
-                        dist.all_reduce(p.grad, group=mesh.get_group("tp"))
-            grads_held = _nbytes(p.grad for p in params)
-            if flat_e is not None:
-                flat_e.step()
-            if flat is not None:
-                flat.step()
-            else:
-                opt.step()
-            for p in params:
-                p.grad = None
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        record["step_s"].append(time.perf_counter() - t0)
-        record["comm"].append(inst.snapshot())
-        record["live_baseline"].append(baseline)
-        record["live_peak"].append(inst.peak)
-        record["saved_peak"].append(saved.peak)
-        record["recompute_tracked"] = saved.recompute_tracked
-        record["moe_counts"].append([mod.records[:] for mod in moes])
-        for mod in moes:
-            mod.records.clear()
-        if has_last:
-            record["losses"].append(sum(float(x.detach()) for x in losses) / len(losses))
-    record["params_bytes"] = _nbytes(params)
-    record["grads_bytes"] = grads_held
-    record["optimizer_bytes"] = (flat.state_bytes() if flat is not None else sum(
-        _nbytes(v for k, v in st.items() if k != "step") for st in opt.state.values())) + \
-        (flat_e.state_bytes() if flat_e is not None else 0)
-    if device.type == "cuda":
-        record["cuda_max_allocated"] = torch.cuda.max_memory_allocated()
-    record.update(_checkpoint(cfg, params, flat, opt, mesh, grad_mesh, pp_rank, out_w))
-    if cfg.get("gather"):  # torchrun: rank 0 collects every record (ranks may be on other nodes)
-        records = [None] * dist.get_world_size() if rank == 0 else None
-        dist.gather_object(record, records, dst=0)
-        record["all"] = records
+def _pipeline(cfg: dict, r: SimpleNamespace) -> None:
+    """The pipeline schedule over this rank's chunks (1F1B, interleaved when vpp > 1) and the
+    micro-batch count, whether the rank holds the first / last stage, the tied weights."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B
+    n_stages = cfg["pp"] * cfg["vpp"]
+    r.m = cfg["gbs"] // (cfg["dp"] * cfg["mbs"])
+    stages = [PipelineStage(c, sid, n_stages, r.device, group=r.mesh.get_group("pp"))
+              for sid, c in r.chunks]
+    r.has_first = any(sid == 0 for sid, _ in r.chunks)
+    r.has_last = any(sid == n_stages - 1 for sid, _ in r.chunks)
+    if cfg["vpp"] > 1:
+        r.schedule = ScheduleInterleaved1F1B(stages, n_microbatches=r.m, loss_fn=loss_fn)
     else:
-        Path(cfg["out_dir"]).mkdir(parents=True, exist_ok=True)
-        (Path(cfg["out_dir"]) / f"rank{rank}.json").write_text(json.dumps(record))
+        r.schedule = Schedule1F1B(stages[0], n_microbatches=r.m, loss_fn=loss_fn)
+    r.tok_w = r.chunks[0][1].embed.tok.weight if r.has_first and r.tied else None
+    r.out_w = r.chunks[-1][1].head.out.weight if r.has_last and r.tied else None
+
+
+def _step(cfg: dict, r: SimpleNamespace, step: int, inst: Instrument, record: dict) -> int:
+    """One training step: this rank's rows (and CP columns) of the batch, the schedule, the
+    gradient reductions plan3d's Megatron model makes, the optimizer; appends the step's
+    measurements to ``record``. Returns the gradient bytes held before the update."""
+    cols = cp_positions(r.cp_rank, r.cp, cfg["model"]["seq"]) if r.cp > 1 else slice(None)
+    ids, targets = batches(cfg, step)
+    rows = slice(r.dp_rank * r.m * cfg["mbs"], (r.dp_rank + 1) * r.m * cfg["mbs"])
+    ids, targets = ids[rows][:, cols].to(r.device), targets[rows][:, cols].to(r.device)
     dist.barrier()
-    dist.destroy_process_group()
-    return record
+    if r.device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    losses: list = []
+    with inst:
+        inst.reset()
+        inst.track_existing(r.params + [p.grad for p in r.params] + _opt_tensors(r.opt, r.flat)
+                            + (_opt_tensors(None, r.flat_e) if r.flat_e else []))
+        baseline = inst.live
+        with SavedBytes() as saved:
+            r.schedule.step(*((ids,) if r.has_first else ()),
+                            target=targets if r.has_last else None, losses=losses)
+        grads_held = _reduce_and_update(cfg, r)
+    if r.device.type == "cuda":
+        torch.cuda.synchronize()
+    record["step_s"].append(time.perf_counter() - t0)
+    record["comm"].append(inst.snapshot())
+    record["live_baseline"].append(baseline)
+    record["live_peak"].append(inst.peak)
+    record["saved_peak"].append(saved.peak)
+    record["recompute_tracked"] = saved.recompute_tracked
+    record["moe_counts"].append([mod.records[:] for mod in r.moes])
+    for mod in r.moes:
+        mod.records.clear()
+    if r.has_last:
+        record["losses"].append(sum(float(x.detach()) for x in losses) / len(losses))
+    return grads_held
+
+
+def _reduce_and_update(cfg: dict, r: SimpleNamespace) -> int:
+    """The gradient reductions outside the schedule (partial TP gradients, the tied embedding
+    between first and last stage, replicated routers over TP) and the optimizer step; returns
+    the gradient bytes held before it."""
+    reduce_partial_grads(r.params)
+    if r.tied:  # all-reduce the two copies' gradients between first and last stage
+        w = r.tok_w if r.tok_w is not None else r.out_w
+        dist.all_reduce(local(w.grad), group=r.embd)
+    if cfg["tp"] > 1:  # replicated router weights see only this rank's sequence shard
+        for mod in r.moes:
+            for p in mod.router.parameters():
+                dist.all_reduce(p.grad, group=r.mesh.get_group("tp"))
+    grads_held = _nbytes(p.grad for p in r.params)
+    if r.flat_e is not None:
+        r.flat_e.step()
+    if r.flat is not None:
+        r.flat.step()
+    else:
+        r.opt.step()
+    for p in r.params:
+        p.grad = None
+    return grads_held
 
 
 def _optimizers(cfg: dict, params: list, moes: list, comm, grad_group) -> tuple:
