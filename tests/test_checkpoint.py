@@ -181,3 +181,18 @@ def test_moe_checkpoints_hold_every_expert_once(name, lay):
     want = unique_state(model, layout.tp) + 14.0 * mtp_params(model)
     assert every_gpu == pytest.approx(want, rel=1e-12)
     assert checkpoint_sizes(model, TRAINING, c)["total_bytes"][0] == pytest.approx(every_gpu, rel=1e-12)
+
+
+def test_torchtitan_checkpoint_holds_12_bytes_per_parameter():
+    """torchtitan trains fp32 parameters that are their own master (framework profile
+    memory.param_bytes 4, master_weights false): its DCP holds 4 + Adam's 4 + 4 = 12 B per
+    parameter, the state the memory model holds, not Megatron's 2 + 4 + 8 = 14."""
+    from planner.frameworks.profile import resolve_training
+    model = catalog.resolve_model("llama3-8b")
+    training = resolve_training(TRAINING, catalog.resolve_framework("torchtitan"))
+    fmt = megatron_format(training)
+    assert (fmt.name, fmt.bytes_per_param) == ("torchtitan DCP", 12.0)
+    c = Candidates.from_layouts([Layout(tp=1, pp=1, dp=8, zero_stage=3, micro_batch_size=1)])
+    want = 12.0 * (total_params(model) + (int(padded_vocab(model.vocab_size, 1)) - model.vocab_size)
+                   * model.hidden_size * 2)
+    assert checkpoint_sizes(model, training, c)["total_bytes"][0] == pytest.approx(want, rel=1e-12)

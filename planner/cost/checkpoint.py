@@ -74,10 +74,19 @@ class CheckpointFormat:
         return self.weight_bytes + self.master_bytes + self.moment_bytes
 
 
+# The checkpoint format each framework writes (frameworks_checkpoints.md 3.1)
+FORMAT_NAMES = {"megatron-core": "Megatron-Core torch_dist", "torchtitan": "torchtitan DCP",
+                "deepspeed": "DeepSpeed ZeRO checkpoint"}
+
+
 def megatron_format(training: TrainingSpec) -> CheckpointFormat:
-    """Megatron-Core torch_dist: weights in the training dtype (bf16/fp16: 2 B), fp32 main
-    params (4 B), Adam exp_avg and exp_avg_sq (4 B each): 14 B per parameter."""
-    return CheckpointFormat("Megatron-Core torch_dist", 2.0, 4.0, 8.0, MEGATRON_SOURCE)
+    """The state the training's framework writes, per parameter (memory.state_bytes: the same
+    bytes the memory model holds): Megatron-Core torch_dist weights in the training dtype (2 B),
+    fp32 main params (4 B), Adam exp_avg and exp_avg_sq (4 B each): 14 B; torchtitan's DCP of
+    fp32 parameters that are their own master and Adam's moments: 12 B."""
+    weights, master, moments = memory.state_bytes(training)
+    name = FORMAT_NAMES.get(training.framework, f"{training.framework} checkpoint")
+    return CheckpointFormat(name, weights, master, moments, MEGATRON_SOURCE)
 
 
 @dataclass(frozen=True)

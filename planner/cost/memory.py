@@ -14,6 +14,18 @@ from ..specs import ModelSpec, TrainingSpec
 from . import flops, pipeline, precision
 
 OPTIMIZER_BYTES_PER_PARAM = 12.0  # fp32 master weights + Adam m + v (ZeRO paper K = 12)
+ADAM_MOMENT_BYTES = 8.0  # Adam exp_avg and exp_avg_sq, fp32 each
+MASTER_BYTES = 4.0  # a separate fp32 master copy of a 16-bit parameter
+
+
+def state_bytes(training: TrainingSpec) -> tuple[float, float, float]:
+    """(weights, master copy, Adam moments) bytes per parameter of the model and optimizer state
+    the framework keeps (before any sharding): weights ``param_bytes`` (2 bf16; 4 where the fp32
+    parameter is its own master, FSDP2), the fp32 master 4 when ``master_weights``, moments 8.
+    Megatron: (2, 4, 8); torchtitan: (4, 0, 8). The memory model and the checkpoint size both
+    read this."""
+    master = MASTER_BYTES if training.master_weights else 0.0
+    return float(training.param_bytes), master, ADAM_MOMENT_BYTES
 RANK_KINDS = ("first", "middle", "last")
 
 
@@ -99,7 +111,8 @@ def model_state_bytes(params: np.ndarray, c, training: TrainingSpec,
     w, g, o = zero_divisors(c)
     we, ge, oe = zero_divisors(c, "expert") if np.any(np.asarray(experts) > 0) else (1.0, 1.0, 1.0)
     stage = c.sharding_stage
-    pb, gb = float(training.param_bytes), float(training.grad_bytes)
+    pb, master, moments = state_bytes(training)
+    gb = float(training.grad_bytes)
     lb = pb if hw is None else precision.weight_bytes(hw, training, stage)
     weights = params * pb / w + experts * lb / we
     if precision.is_fp8(training) and hw is not None:
@@ -111,8 +124,8 @@ def model_state_bytes(params: np.ndarray, c, training: TrainingSpec,
     if training.fp32_grad_partition and training.grad_bytes < 4:
         grads = grads + np.where((stage == 1) | (stage == 2),
                                  params * 4.0 / o + experts * 4.0 / oe, 0.0)
-    states = 8.0 + (4.0 if training.master_weights else 0.0)
-    return {"weights": weights, "gradients": grads, "optimizer": (params / o + experts / oe) * states}
+    return {"weights": weights, "gradients": grads,
+            "optimizer": (params / o + experts / oe) * (master + moments)}
 
 
 def layer_activation_terms(model: ModelSpec, training: TrainingSpec) -> tuple[float, float, float]:

@@ -36,8 +36,9 @@ Checkpoints: checkpoint.enable (0.2.x: enable_checkpoint), checkpoint.interval (
 save_interval, formulas.md 12) and checkpoint.async_mode "async" (DCP async_save) or "disabled"
 (torchtitan/components/checkpoint.py CheckpointManager.Config at commit 0014ac2ca45a; 0.2.x
 job_config.py Checkpoint at 000204a4a8bf). torchtitan's DCP checkpoint of bf16 mixed-precision
-training holds fp32 parameters and Adam's moments, 12 B per parameter against the 14 the
-interval was estimated for (a comment says so; the interval scales with the square root).
+training holds fp32 parameters and Adam's moments, 12 B per parameter; a plan of another
+framework's state (Megatron's 14 B) gets a comment saying so (the interval scales with the
+square root of the save time).
 """
 
 from __future__ import annotations
@@ -157,8 +158,11 @@ def _checkpoint(plan: Plan, fmt: str, notes: list[str]) -> dict[str, dict[str, o
     notes.append(interval_note(ck, plan))
     if ck is None:
         return {}
-    notes.append("torchtitan's checkpoint holds fp32 parameters and Adam's moments (12 B per "
-                 "parameter), the interval was estimated for Megatron-Core's 14")
+    from ..cost.memory import state_bytes
+    planned = sum(state_bytes(plan.training))
+    if planned != 12.0:  # a plan of another framework's state, exported to torchtitan
+        notes.append(f"torchtitan's checkpoint holds fp32 parameters and Adam's moments (12 B per "
+                     f"parameter), the interval was estimated for the plan's {planned:g} B")
     return {"checkpoint": {"enable_checkpoint" if fmt == "toml" else "enable": True,
                            "interval": ck["interval_steps"],
                            "async_mode": "async" if ck["async"] else "disabled"}}
