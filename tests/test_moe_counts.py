@@ -125,8 +125,6 @@ def test_deepseek_v3_hand_arithmetic():
     # MTP: eh_proj 2*7168^2 + 3 norms + one MoE layer = 11,610,067,968
     assert mc.mtp_params(m) == 2 * 7168**2 + 3 * 7168 + 11_507_286_016 == 11_610_067_968
     assert mc.mtp_params_with_shared_embeddings(m) == 11_610_067_968 + 2 * 926_679_040
-    # flops.total_params is the same count
-    assert flops.total_params(m) == mc.total_params(m)
 
 
 def test_deepseek_v2_lite_uncompressed_queries():

@@ -97,7 +97,14 @@ def test_recompute_flops_moe():
     logits = 3 * B * s * mf.logits_flops_per_token(m)
     # full: one more forward of every layer = (model FLOPs - logits) / 3
     assert extra[2] == pytest.approx((f_model - logits) / 3, rel=1e-12)
-    assert extra[1] == pytest.approx(B * mf.attention_core_flops_per_sequence_model(m, s))
+    # selective recomputes the attention core of every attention layer (61 + 1 MTP), by hand:
+    # 8 sequences x 62 layers x 2 * 128 heads * (192 + 128) * 4096 * 2048 (causal: s^2/2 scores
+    # of QK^T (d_qk 192) and PV (d_v 128), 2 FLOPs each) = 340,848,604,610,560
+    assert extra[1] == pytest.approx(340_848_604_610_560, rel=1e-12)
+    # full, by hand: 32,768 tokens x (62 layers x (attention 374,214,656 + MoE/dense mean
+    # 792,723,456 FLOPs per token... as the layer GEMMs) + MTP projection 2*(2*7168^2 + 3*7168))
+    # + the selective value = 2,718,354,661,965,824
+    assert extra[2] == pytest.approx(2_718_354_661_965_824, rel=1e-9)
     assert extra[0] == 0
 
 

@@ -138,14 +138,12 @@ def test_time_to_train_from_the_token_budget(gpt3_h100, gpt3_512):
     res = search(m, hw, tr, 512, SearchOptions(objective="time-to-train"))
     assert res.ranked.candidates.layout(0) == gpt3_512.ranked.candidates.layout(0)
     th = res.ranked.throughput
-    # T = 3e11 tokens / (tokens_per_s x goodput); the 175B winner runs ~231,686 tokens/s ->
-    # 1,294,857 s without failures, 14.99 days. On 512 GPUs at Llama 3's 1.9733e-5 failures per
+    # T = 3e11 tokens / (tokens_per_s x goodput). On 512 GPUs at Llama 3's 1.9733e-5 failures per
     # GPU-hour the job's MTBF is 1/(512 x 1.9733e-5) = 98.97 h = 356,300 s, and a restart
     # (600 s + the load) costs R/M = 0.17% of the time: goodput just under 1 - 0.0017.
     g = th["goodput"][0]
     assert 0.995 < g < 1 - 600 / 356_300
     assert th["time_to_train_s"][0] == pytest.approx(3.0e11 / (th["tokens_per_s"][0] * g))
-    assert th["time_to_train_s"][0] / 86400 == pytest.approx(15.0 / g, abs=0.05)
     assert "cost" not in th  # no price given
 
 
