@@ -23,7 +23,7 @@ from .errors import DeadlineError, NoFitError, UsageError
 from .grid import Grid, parallel_splits
 from .inputs import MAX_GPUS, gpu_count  # noqa: F401 (MAX_GPUS re-exported)
 from .refusal import fit_hint, no_fit_message, no_split_reason
-from .scan import CHUNK, FIT_RULE, FLAT_COST, Scan, scan  # noqa: F401 (re-exported)
+from .scan import CHUNK, FIT_RULE, Scan, scan  # noqa: F401 (re-exported)
 from .space import (LAYERS_RULE, TP_RULE, UNEVEN_RULE, Candidates, constraint_masks,
                     default_uneven_split, divisors, uneven_problem, uneven_splits,
                     uneven_vpp_options)

@@ -94,9 +94,15 @@ class Estimate:
         return out
 
 
-def rank_kinds(c) -> tuple[str, ...]:
+def rank_kinds(c, model: ModelSpec | None = None) -> tuple[str, ...]:
     """The rank kinds whose memory can differ: first and last, and the middle one (rank 1)
-    where some split is uneven (its ranks can then hold more layers than the edges)."""
+    where some split is uneven (its ranks can then hold more layers than the edges) or, given
+    ``model``, where its layers differ by rank (MoE every few layers, windowed attention, MTP):
+    then rank 1 can hold more than either edge on an even split too (Llama 4 Maverick, MoE
+    every other layer, 3 layers per rank on pp 16: one MoE layer on rank 0, two on rank 1)."""
+    from .blocks import block_kinds
+    if model is not None and (block_kinds(model) != ("attention", "mlp") or model.mtp_layers):
+        return RANK_KINDS
     return RANK_KINDS if np.any(c.uneven()) else ("first", "last")
 
 
@@ -148,7 +154,7 @@ def least_reserve(hw: HardwareProfile, training: TrainingSpec) -> float:
 def memory_total(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c) -> np.ndarray:
     """Per-GPU peak memory in bytes of the most loaded pipeline rank (the ``memory["total"]`` of
     evaluate, without the step time); the search's fit test. Broadcast array."""
-    per_rank = memory_by_rank(model, hw, training, c, rank_kinds(c))
+    per_rank = memory_by_rank(model, hw, training, c, rank_kinds(c, model))
     return np.maximum.reduce([terms["total"] for terms in per_rank.values()])
 
 
