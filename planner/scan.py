@@ -21,6 +21,7 @@ import numpy as np
 
 from . import objective
 from .cost import evaluate, memory_total
+from .cost.estimate import states_floor
 from .cost.collectives import nvlink_domain
 from .grid import KNOB_FIELDS, Grid, full
 from .space import constraint_masks
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
 FIT_RULE = "does not fit in HBM"
 DEADLINE_RULE = "expected time to train beyond the deadline"
 CHUNK = 65_536  # layouts per evaluated sub-grid: big enough for numpy, small enough for the cache
+RULES_CHUNK = 8 * CHUNK  # layouts per block of the rules (boolean masks: 1 byte a layout)
 CALL_COST = 8_192  # one more call of the cost model costs about as much as this many layouts (measured)
 # Rows are sorted by their box on these axes first: SP and vpp follow from the split (SP with
 # tp > 1 for MoE, the vpp an uneven split allows), so rows of one kind sit together and a merge
@@ -106,8 +108,13 @@ def scan(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, grid: Gr
     layouts); memory is computed on the sub-grids that hold the valid layouts, step time on the
     sub-grids that hold the fitting ones (``chunks``)."""
     out = Scan()
-    state, boxes = rules_pass(model, hw, training, grid, opts, out)
+    state, boxes = rules_pass(model, hw, training, grid, opts, out, usable)
     boxes = memory_pass(model, hw, training, grid, usable, state, boxes, out)
+    if out.fitting == 0 and out.pruned.get(FIT_RULE, 0):  # the closest miss, of every valid layout
+        probe = Scan()
+        valid, every = rules_pass(model, hw, training, grid, opts, probe)
+        memory_pass(model, hw, training, grid, usable, valid, every, probe)
+        out.miss_index, out.miss_over = probe.miss_index, probe.miss_over
     for rows, values in chunks(boxes, CHUNK):
         index = grid.index_of(rows, values)
         sub = grid.take(rows, values)
@@ -124,30 +131,41 @@ def scan(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, grid: Gr
 
 
 def rules_pass(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, grid: Grid,
-               opts: "SearchOptions", out: Scan) -> tuple[np.ndarray, Boxes]:
+               opts: "SearchOptions", out: Scan, usable: float | None = None) -> tuple[np.ndarray, Boxes]:
     """Every layout of ``grid`` through the rules, in blocks of split rows; counts what each
-    rule prunes into ``out``. Returns (valid: flat bool array over the grid, the boxes of the
-    valid layouts: per knob axis, which of its values each row keeps)."""
+    rule prunes into ``out``. With ``usable`` (bytes), the valid layouts whose model states
+    alone exceed it (cost.estimate.states_floor) are counted as not fitting and dropped.
+    Returns (valid: flat bool array over the grid, boxes that hold the valid layouts: per knob
+    axis, the values each row keeps under every rule)."""
     valid = np.zeros(grid.size, dtype=bool)
     boxes = [np.zeros((grid.shape[0], n), dtype=bool) for n in grid.shape[1:]]
     per_row = grid.size // max(grid.shape[0], 1)
-    rows = grid.rows_per_chunk(CHUNK)
+    rows = grid.rows_per_chunk(RULES_CHUNK)
     for lo in range(0, grid.shape[0], rows):
         hi = min(lo + rows, grid.shape[0])
-        alive = np.ones((hi - lo, *grid.shape[1:]), dtype=bool)
+        shape = (hi - lo, *grid.shape[1:])
+        alive, kept = np.ones(shape, dtype=bool), [np.ones((shape[0], n), dtype=bool) for n in shape[1:]]
         n_alive = alive.size
-        for rule, ok in constraint_masks(model, training, nvlink_domain(hw), grid.candidates(lo, hi),
+        c = grid.candidates(lo, hi)
+        for rule, ok in constraint_masks(model, training, nvlink_domain(hw), c,
                                          opts.allow_cross_node_tp, opts.framework).items():
             left = n_alive
             if not np.all(ok):  # most rules pass every layout: no pass over the block for them
                 alive &= ok
                 left = int(np.count_nonzero(alive))
+                kept = [a & b for a, b in zip(kept, boxes_of(ok, shape))]
             out.pruned[rule] = out.pruned.get(rule, 0) + n_alive - left
             out.alive_after[rule] = out.alive_after.get(rule, 0) + left
             n_alive = left
+        if usable is not None:
+            light = states_floor(model, hw, training, c) <= usable
+            alive &= light
+            out.pruned[FIT_RULE] = out.pruned.get(FIT_RULE, 0) + n_alive - int(np.count_nonzero(alive))
+            kept = [a & b for a, b in zip(kept, boxes_of(light, shape))]
         valid[lo * per_row:hi * per_row] = alive.ravel()
-        for box, kept in zip(boxes, boxes_of(alive)):
-            box[lo:hi] = kept
+        anywhere = alive.reshape(shape[0], -1).any(axis=1)[:, None]
+        for box, values in zip(boxes, kept):
+            box[lo:hi] = values & anywhere
     return valid, boxes
 
 
@@ -168,21 +186,25 @@ def memory_pass(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, g
     return fitting
 
 
-def boxes_of(mask: np.ndarray) -> Boxes:
-    """Per knob axis k (axes 1.. of ``mask``), a (rows, len(k)) bool array: which values of k
-    some True layout of each row has. Reduced first over the axes before k (long contiguous
-    runs), then over those after it."""
-    rows, shape = mask.shape[0], mask.shape[1:]
+def boxes_of(mask: np.ndarray, shape: tuple[int, ...] | None = None) -> Boxes:
+    """Per knob axis k (axes 1..), a (rows, len(k)) bool array: which values of k some True
+    layout of each row has. ``mask`` broadcasts to ``shape`` (default: its own) and is reduced
+    on its own shape, first over the axes before k (long contiguous runs), then those after."""
+    mask = np.asarray(mask)
+    shape = mask.shape if shape is None else shape
+    mask = mask.reshape((1,) * (len(shape) - mask.ndim) + mask.shape)
+    rows, own = mask.shape[0], mask.shape[1:]
     anywhere = mask.reshape(rows, -1).any(axis=1)[:, None]
     out = []
-    for axis, n in enumerate(shape):
+    for axis, n in enumerate(own):
         if n == 1:
-            out.append(anywhere)
-            continue
-        before, after = int(np.prod(shape[:axis])), int(np.prod(shape[axis + 1:]))
-        kept = mask.reshape(rows, before, n * after)
-        kept = np.logical_or.reduce(kept, axis=1) if before > 1 else kept[:, 0]
-        out.append(kept.reshape(rows, n, after).any(axis=2) if after > 1 else kept)
+            kept = anywhere
+        else:
+            before, after = int(np.prod(own[:axis])), int(np.prod(own[axis + 1:]))
+            kept = mask.reshape(rows, before, n * after)
+            kept = np.logical_or.reduce(kept, axis=1) if before > 1 else kept[:, 0]
+            kept = kept.reshape(rows, n, after).any(axis=2) if after > 1 else kept
+        out.append(np.broadcast_to(kept, (shape[0], shape[axis + 1])))
     return out
 
 
@@ -200,34 +222,30 @@ def chunks(boxes: Boxes, target: int, order=SORT_AXES) -> Iterator[tuple[np.ndar
     order = np.lexsort(by.T[::-1])
     rows, key = rows[order], key[order]
     starts = np.flatnonzero(np.r_[True, (key[1:] != key[:-1]).any(axis=1)])
-    splits = np.cumsum([box.shape[1] for box in boxes])[:-1]
-    ends = np.r_[starts[1:], rows.size]
-    group, union = [], None  # rows of the sub-grid being built, its box
-    for lo, hi in zip(starts.tolist(), ends.tolist()):
-        box = key[lo]
+    offsets = np.r_[0, np.cumsum([box.shape[1] for box in boxes])[:-1]]
+
+    def size(box: np.ndarray) -> int:  # layouts per row of a box (per-axis masks, concatenated)
+        return int(np.prod(np.add.reduceat(box, offsets, dtype=np.int64)))
+
+    group, union, n, per_row = [], None, 0, 0  # rows of the sub-grid being built, its box
+    for lo, hi in zip(starts.tolist(), np.r_[starts[1:], rows.size].tolist()):
+        box, box_size = key[lo], size(key[lo])
         if union is not None:
-            n = sum(part.size for part in group)
-            merged = (n + hi - lo) * _box_size(union | box, splits)
-            if merged <= min(target, n * _box_size(union, splits) + (hi - lo) * _box_size(box, splits)
-                             + CALL_COST):
+            merged = (n + hi - lo) * size(union | box)
+            if merged <= min(target, n * per_row + (hi - lo) * box_size + CALL_COST):
                 group.append(rows[lo:hi])
-                union = union | box
+                union, n, per_row = union | box, n + hi - lo, merged // (n + hi - lo)
                 continue
-            yield _sub_grid(group, union, splits)
-        step = max(1, target // _box_size(box, splits))
+            yield _sub_grid(group, union, offsets)
+        step = max(1, target // box_size)
         whole = (hi - lo - 1) // step  # a box beyond target: sub-grids of ``step`` rows of it
         for start in range(lo, lo + whole * step, step):
-            yield _sub_grid([rows[start:start + step]], box, splits)
-        group, union = [rows[lo + whole * step:hi]], box
+            yield _sub_grid([rows[start:start + step]], box, offsets)
+        group, union, n, per_row = [rows[lo + whole * step:hi]], box, hi - lo - whole * step, box_size
     if union is not None:
-        yield _sub_grid(group, union, splits)
+        yield _sub_grid(group, union, offsets)
 
 
-def _box_size(key: np.ndarray, splits: np.ndarray) -> int:
-    """Layouts per row of a box given as concatenated per-axis masks."""
-    return int(np.prod([part.sum() for part in np.split(key, splits)]))
-
-
-def _sub_grid(group: list[np.ndarray], key: np.ndarray, splits: np.ndarray):
+def _sub_grid(group: list[np.ndarray], key: np.ndarray, offsets: np.ndarray):
     """(rows ascending, value indices per knob axis) of a box."""
-    return np.sort(np.concatenate(group)), [np.flatnonzero(part) for part in np.split(key, splits)]
+    return np.sort(np.concatenate(group)), [np.flatnonzero(part) for part in np.split(key, offsets[1:])]

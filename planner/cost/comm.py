@@ -51,7 +51,7 @@ class _Timer:
     def __call__(self, x: Collective) -> np.ndarray:
         """calls x the seconds of one call; 0.0 where no candidate makes the call."""
         if id(x) not in self._seconds:
-            self._seconds[id(x)] = (x.calls * self.unit(x) if np.any(x.calls) else 0.0, x)
+            self._seconds[id(x)] = (x.calls * self.unit(x) if np.count_nonzero(x.calls) else 0.0, x)
         return self._seconds[id(x)][0]
 
     def total(self, colls, **match) -> np.ndarray:

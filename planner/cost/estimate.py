@@ -123,8 +123,7 @@ def memory_by_rank(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec
     activations = activation_bytes_by_stage(model, training, c, ranks=targets)
     out = {}
     for kind, rank in targets.items():
-        p = memory.rank_params(model, c, rank)
-        terms = model_state_bytes(p["dense"] + p["embedding"] + p["head"], c, training, p["experts"])
+        terms = rank_states(model, training, c, rank)
         terms["activations"] = activations[kind]
         terms["other"] = other
         terms["reserve"] = reserve_bytes(hw, training, c, activations[kind] + other)
@@ -132,6 +131,28 @@ def memory_by_rank(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec
             + terms["activations"] + terms["reserve"]
         out[kind] = terms
     return out
+
+
+def rank_states(model: ModelSpec, training: TrainingSpec, c, rank) -> dict[str, np.ndarray]:
+    """{weights, gradients, optimizer} bytes on one GPU of pipeline rank ``rank``: the model
+    states (memory.model_state_bytes) of its dense parameters (blocks, embedding, head) and its
+    expert parameters (memory.rank_params). Broadcast arrays of the split and ZeRO fields."""
+    p = memory.rank_params(model, c, rank)
+    return model_state_bytes(p["dense"] + p["embedding"] + p["head"], c, training, p["experts"])
+
+
+def states_floor(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c) -> np.ndarray:
+    """A lower bound of memory_total from the model states alone, on their small shapes (split
+    rows x ZeRO stage x distributed optimizer), bytes: the first and last rank's weights +
+    gradients + optimizer states, summed as memory_by_rank sums them, plus least_reserve.
+    memory_by_rank adds buffers, activations and the rest of the reserve to the same sum, none
+    of them negative, and rounding is monotone: a layout whose floor exceeds the usable memory
+    does not fit (the search drops it before computing its activations)."""
+    floors = []
+    for kind in ("first", "last"):
+        terms = rank_states(model, training, c, memory.rank_index(c, kind))
+        floors.append(terms["weights"] + terms["gradients"] + terms["optimizer"] + least_reserve(hw, training))
+    return np.maximum(*floors)
 
 
 def reserve_bytes(hw: HardwareProfile, training: TrainingSpec, c, working_set) -> np.ndarray:
