@@ -117,7 +117,9 @@ class Grid:
     def index_of(self, rows: np.ndarray, values: list[np.ndarray]) -> np.ndarray:
         """Flat indices into this grid of the layouts of ``take(rows, values)``, in that
         sub-grid's flat (C) order: ascending where ``rows`` and each ``values[k]`` are. Int64."""
-        return np.ravel_multi_index(np.ix_(rows, *values), self.shape).ravel()
+        knobs = np.ravel_multi_index(np.ix_(*values), self.shape[1:]).ravel()
+        return (np.asarray(rows, dtype=np.int64)[:, None] * (self.size // max(self.shape[0], 1))
+                + knobs).ravel()
 
     def flat(self, index: np.ndarray, row_offset: int = 0) -> Candidates:
         """Flat Candidates for flat indices into the grid of rows row_offset: (C order)."""

@@ -141,6 +141,8 @@ def rules_pass(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gr
     boxes = [np.zeros((grid.shape[0], n), dtype=bool) for n in grid.shape[1:]]
     per_row = grid.size // max(grid.shape[0], 1)
     rows = grid.rows_per_chunk(RULES_CHUNK)
+    if usable is not None:  # model states depend on the split and ZeRO fields only: all rows at once
+        light = states_floor(model, hw, training, grid.candidates()) <= usable
     for lo in range(0, grid.shape[0], rows):
         hi = min(lo + rows, grid.shape[0])
         shape = (hi - lo, *grid.shape[1:])
@@ -158,10 +160,9 @@ def rules_pass(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gr
             out.alive_after[rule] = out.alive_after.get(rule, 0) + left
             n_alive = left
         if usable is not None:
-            light = states_floor(model, hw, training, c) <= usable
-            alive &= light
+            alive &= light[lo:hi]
             out.pruned[FIT_RULE] = out.pruned.get(FIT_RULE, 0) + n_alive - int(np.count_nonzero(alive))
-            kept = [a & b for a, b in zip(kept, boxes_of(light, shape))]
+            kept = [a & b for a, b in zip(kept, boxes_of(light[lo:hi], shape))]
         valid[lo * per_row:hi * per_row] = alive.ravel()
         anywhere = alive.reshape(shape[0], -1).any(axis=1)[:, None]
         for box, values in zip(boxes, kept):
