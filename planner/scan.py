@@ -8,8 +8,11 @@ box (the ZeRO stages whose model states fit, the micro-batch sizes whose activat
 the rows are sorted by their box, rows of similar boxes merged, and each group evaluated as a
 sub-grid (Grid.take) of about CHUNK layouts: the cost model still broadcasts (a term of tp and
 the micro-batch size is computed once per such pair), and it computes only the boxes' layouts.
-Memory runs on the boxes of the valid layouts, step time on the boxes of the fitting ones. A
-layout's values do not depend on the sub-grid that holds it (tests/test_search_scale.py).
+Memory runs on the boxes of the valid layouts, step time on the boxes of the fitting ones;
+before memory, the layouts whose model states alone exceed the usable memory (on the small
+shape of split rows x ZeRO stage, cost.estimate.states_floor) are counted as not fitting and
+dropped. A layout's values do not depend on the sub-grid that holds it (tests/test_scan.py,
+tests/test_search_scale.py).
 """
 
 from __future__ import annotations
@@ -34,7 +37,9 @@ FIT_RULE = "does not fit in HBM"
 DEADLINE_RULE = "expected time to train beyond the deadline"
 CHUNK = 65_536  # layouts per evaluated sub-grid: big enough for numpy, small enough for the cache
 RULES_CHUNK = 8 * CHUNK  # layouts per block of the rules (boolean masks: 1 byte a layout)
-CALL_COST = 8_192  # one more call of the cost model costs about as much as this many layouts (measured)
+# One more call of the cost model costs about as much as this many layouts of a sub-grid
+# (measured on the MoE searches: ~3.5 ms a call of the step time against ~0.2 us a layout).
+CALL_COST = 16_384
 # Rows are sorted by their box on these axes first: SP and vpp follow from the split (SP with
 # tp > 1 for MoE, the vpp an uneven split allows), so rows of one kind sit together and a merge
 # rarely doubles a box; then recomputation, ZeRO stage and micro-batch size (measured: about
@@ -104,17 +109,28 @@ def scan(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, grid: Gr
     """Evaluate ``grid``: rules, fit within ``usable`` bytes, score by the objective, keep the
     best. Cost grows linearly with grid.size.
 
-    Every layout goes through the rules (boolean masks on broadcast blocks of about CHUNK
-    layouts); memory is computed on the sub-grids that hold the valid layouts, step time on the
-    sub-grids that hold the fitting ones (``chunks``)."""
+    Every layout goes through the rules (boolean masks on broadcast blocks of RULES_CHUNK
+    layouts) and the model-states floor; memory is computed on the sub-grids that hold the
+    valid layouts, step time on the sub-grids that hold the fitting ones (``chunks``). When
+    nothing fits, the closest miss is taken over every valid layout, the floor's included."""
     out = Scan()
-    state, boxes = rules_pass(model, hw, training, grid, opts, out, usable)
-    boxes = memory_pass(model, hw, training, grid, usable, state, boxes, out)
+    state, boxes = rules_pass(model, hw, training, grid, opts, out, usable)  # state: valid
+    boxes = memory_pass(model, hw, training, grid, usable, state, boxes, out)  # state: fits
     if out.fitting == 0 and out.pruned.get(FIT_RULE, 0):  # the closest miss, of every valid layout
         probe = Scan()
         valid, every = rules_pass(model, hw, training, grid, opts, probe)
         memory_pass(model, hw, training, grid, usable, valid, every, probe)
         out.miss_index, out.miss_over = probe.miss_index, probe.miss_over
+    step_pass(model, hw, training, grid, opts, tokens, state, boxes, out)
+    out.pruned.setdefault(FIT_RULE, 0)
+    return out
+
+
+def step_pass(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, grid: Grid,
+              opts: "SearchOptions", tokens: float | None, fits: np.ndarray, boxes: Boxes,
+              out: Scan) -> None:
+    """Step time and score of the fitting layouts (``fits``, flat over the grid), on the
+    sub-grids of their ``boxes``; each sub-grid's best go to ``out.keep``."""
     for rows, values in chunks(boxes, CHUNK):
         index = grid.index_of(rows, values)
         sub = grid.take(rows, values)
@@ -122,12 +138,10 @@ def scan(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, grid: Gr
         est = evaluate(model, hw, training, c, summary=True)
         score, wall = objective.layout_scores(model, hw, training, c, est.time["step"],
                                               est.throughput["tokens_per_s"], opts, tokens)
-        fit = np.flatnonzero(state[index])
+        fit = np.flatnonzero(fits[index])
         score = full(score, sub.shape).ravel()[fit]
         wall = None if opts.deadline_s is None else full(wall, sub.shape).ravel()[fit]
         out.keep(score, index[fit], opts.keep, wall)
-    out.pruned.setdefault(FIT_RULE, 0)
-    return out
 
 
 def rules_pass(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, grid: Grid,

@@ -4,6 +4,7 @@ memory that does not depend on what else a sub-grid holds."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -87,3 +88,44 @@ def test_sub_grid_indices_are_the_grid_layouts():
     flat, mine = grid.flat(index), sub.flat(np.arange(sub.size))
     for name in ("tp", "pp", "dp", "zero_stage", "micro_batch_size", "recompute", "vpp"):
         assert np.array_equal(getattr(flat, name), getattr(mine, name)), name
+
+
+@settings(max_examples=10, deadline=None)
+@given(name=st.sampled_from(["llama3-8b", "gpt3-175b", "mixtral-8x7b", "deepseek-v2-lite",
+                             "llama4-scout", "gpt-oss-20b"]),
+       nodes=st.sampled_from([1, 2, 8]), batch=st.sampled_from([64, 512]),
+       framework=st.sampled_from(["megatron-core", "deepspeed", "torchtitan"]))
+def test_states_floor_is_below_every_layouts_memory(name, nodes, batch, framework):
+    """The floor the scan drops layouts by (model states of the first and last rank plus the
+    least reserve) never exceeds a layout's peak memory, on every framework's accounting."""
+    from planner.cost.estimate import states_floor
+    from planner.frameworks.profile import resolve_training
+    from planner.grid import full
+    m, hw = catalog.resolve_model(name), catalog.resolve_hardware("dgx-h100")
+    tr = resolve_training(TrainingSpec(seq_length=4096, global_batch_size=batch),
+                          catalog.resolve_framework(framework))
+    grid = build_grid(m, hw, tr, 8 * nodes, SearchOptions(max_micro_batch_size=4, max_vpp=4))
+    c = grid.candidates()
+    floor = full(states_floor(m, hw, tr, c), grid.shape)
+    assert np.all(floor <= full(memory_total(m, hw, tr, c), grid.shape))
+
+
+def test_closest_miss_is_the_valid_layout_nearest_to_fitting():
+    """GPT-3 175B on one H100 node fits nowhere, and most of its layouts are dropped by the
+    model-states floor before their memory is computed; the closest miss is still the valid
+    layout of the least memory over the usable (the lowest grid index on a tie), as a brute
+    force over every layout finds it."""
+    from planner.cost.collectives import nvlink_domain
+    from planner.errors import NoFitError
+    from planner.search import search
+    from planner.space import constraint_masks
+    m, hw = catalog.resolve_model("175b"), catalog.resolve_hardware("dgx-h100")
+    tr = TrainingSpec(seq_length=m.training.seq_length, global_batch_size=m.training.global_batch_size)
+    with pytest.raises(NoFitError) as err:
+        search(m, hw, tr, 8)
+    grid = build_grid(m, hw, tr, 8, SearchOptions())
+    flat = grid.flat(np.arange(grid.size))
+    valid = np.logical_and.reduce([np.broadcast_to(ok, (len(flat),)) for ok in
+                                   constraint_masks(m, tr, nvlink_domain(hw), flat).values()])
+    over = np.where(valid, memory_total(m, hw, tr, flat) - float(hw.gpu.hbm_capacity), np.inf)
+    assert err.value.closest.candidates.layout(0) == flat.layout(int(np.argmin(over)))

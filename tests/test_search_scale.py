@@ -72,7 +72,7 @@ def test_search_winner_equals_brute_force(gpt3_h100, gpt3_512):
 # How the scan cuts the valid and the fitting layouts into sub-grids (scan.CHUNK layouts at most,
 # boxes merged up to scan.CALL_COST wasted layouts): every split row alone and no merging; the
 # whole space as one sub-grid; the defaults.
-SCAN_PATHS = [(1, 0), (10**9, 10**9), (65_536, 8_192)]
+SCAN_PATHS = [(1, 0), (10**9, 10**9), (65_536, 16_384)]
 
 
 @pytest.mark.parametrize("chunk, call_cost", SCAN_PATHS[:2])
