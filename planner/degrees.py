@@ -15,9 +15,40 @@ replicas.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
+
+
+def cached_per_candidates(position: int):
+    """Decorator: cache a function's result on the candidates it is given (argument
+    ``position``) when they keep a memo (space.Candidates: the search evaluates each block
+    through many terms that ask for the same per-rank block counts and parameters); a Layout
+    computes each time. Keyed by the other arguments: arrays by value, numbers as they are,
+    other objects (the model) by identity, kept alive with the entry. The cached arrays are
+    shared: callers never write into them."""
+    def decorate(fn):
+        @functools.wraps(fn)
+        def wrapper(*args):
+            memo = getattr(args[position], "memo", None)
+            if memo is None:
+                return fn(*args)
+            others = [a for i, a in enumerate(args) if i != position]
+            key = (fn.__qualname__, *(_key(a) for a in others))
+            if key not in memo:
+                memo[key] = (fn(*args), others)
+            return memo[key][0]
+        return wrapper
+    return decorate
+
+
+def _key(value):
+    """A hashable key of one argument: arrays by shape, dtype and bytes; numbers by value;
+    anything else by identity."""
+    if isinstance(value, (np.ndarray, np.generic)):
+        return value.shape, value.dtype.str, value.tobytes()
+    return value if isinstance(value, (int, float, str)) else id(value)
 
 
 class LayoutDegrees:
@@ -85,6 +116,7 @@ class LayoutDegrees:
         """True where the pipeline split is uneven (first/last stage layer counts given)."""
         return np.asarray(self.first_stage_layers) > 0
 
+    @cached_per_candidates(0)
     def stage_layers(self, num_layers: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Transformer layers on the first, a middle and the last pipeline rank, as float arrays
         (first, middle, last): L/pp each for an even split; for an uneven one (Megatron's

@@ -108,6 +108,19 @@ class Grid:
             fields[name] = self.knobs[name].reshape(shape)
         return Candidates(**fields)
 
+    def take(self, rows: np.ndarray, values: list[np.ndarray]) -> "Grid":
+        """The sub-grid of split rows ``rows`` and, on each knob axis (KNOB_FIELDS order), the
+        values at ``values[k]``: the layouts of their Cartesian product, still a broadcast grid."""
+        return Grid({k: v[rows] for k, v in self.split.items()},
+                    {name: self.knobs[name][sel] for name, sel in zip(KNOB_FIELDS, values)})
+
+    def index_of(self, rows: np.ndarray, values: list[np.ndarray]) -> np.ndarray:
+        """Flat indices into this grid of the layouts of ``take(rows, values)``, in that
+        sub-grid's flat (C) order: ascending where ``rows`` and each ``values[k]`` are. Int64."""
+        knobs = np.ravel_multi_index(np.ix_(*values), self.shape[1:]).ravel()
+        return (np.asarray(rows, dtype=np.int64)[:, None] * (self.size // max(self.shape[0], 1))
+                + knobs).ravel()
+
     def flat(self, index: np.ndarray, row_offset: int = 0) -> Candidates:
         """Flat Candidates for flat indices into the grid of rows row_offset: (C order)."""
         sub_shape = (self.shape[0] - row_offset, *self.shape[1:])

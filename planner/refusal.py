@@ -29,6 +29,8 @@ from .specs import HardwareProfile, ModelSpec, TrainingSpec
 if TYPE_CHECKING:
     from .search import SearchOptions
 
+FLAT_COST = 8  # one layout evaluated as flat arrays costs about this many grid layouts (measured)
+
 GIB = 2.0**30
 
 
@@ -99,7 +101,7 @@ def fewest_gpus(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, a
     none does. Memory only, no step time: the budget grid's splits in ascending GPU count, in
     blocks of about scan.CHUNK layouts, stopping at the first block with a fit."""
     from . import objective
-    from .scan import CHUNK, FLAT_COST
+    from .scan import CHUNK
     from .search import build_grid
     grid = build_grid(model, hw, training, None, replace(opts, max_gpus=limit))
     counts = grid.split["gpus"]

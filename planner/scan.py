@@ -1,24 +1,33 @@
-"""The scan of a search grid: rules, then memory, then step time, in blocks (planner.search).
+"""The scan of a search grid: rules, then memory, then step time, on sub-grids (planner.search).
 
-Every layout of the grid is checked against the rules (space.constraint_masks, boolean masks
-on the broadcast block); the valid ones get their peak memory per GPU, the ones that fit their
-step time and score, and each block keeps its best. Memory and step time run on the whole
-broadcast block where many layouts are still in, or on flat arrays of just those layouts,
-batched across blocks, where few are. Both give the same values (tests/test_search_scale.py).
+Every layout of the grid is checked against the rules (space.constraint_masks, boolean masks on
+broadcast blocks of split rows). What a split row keeps is close to a box: some values of each
+knob axis (SP only where tp > 1, the micro-batch sizes that divide the batch with its dp, the
+vpp values its pipeline split interleaves with, ...), and what fits of those is again close to a
+box (the ZeRO stages whose model states fit, the micro-batch sizes whose activations do). So
+the rows are sorted by their box, rows of similar boxes merged, and each group evaluated as a
+sub-grid (Grid.take) of about CHUNK layouts: the cost model still broadcasts (a term of tp and
+the micro-batch size is computed once per such pair), and it computes only the boxes' layouts.
+Memory runs on the boxes of the valid layouts, step time on the boxes of the fitting ones;
+before memory, the layouts whose model states alone exceed the usable memory (on the small
+shape of split rows x ZeRO stage, cost.estimate.states_floor) are counted as not fitting and
+dropped. A layout's values do not depend on the sub-grid that holds it (tests/test_scan.py,
+tests/test_search_scale.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
 
 from . import objective
-from .cost import Estimate, evaluate, memory_total
+from .cost import evaluate, memory_total
+from .cost.estimate import states_floor
 from .cost.collectives import nvlink_domain
-from .grid import Grid, full
-from .space import Candidates, constraint_masks
+from .grid import KNOB_FIELDS, Grid, full
+from .space import constraint_masks
 from .specs import HardwareProfile, ModelSpec, TrainingSpec
 
 if TYPE_CHECKING:
@@ -26,14 +35,25 @@ if TYPE_CHECKING:
 
 FIT_RULE = "does not fit in HBM"
 DEADLINE_RULE = "expected time to train beyond the deadline"
-CHUNK = 65_536  # layouts per evaluated block: big enough for numpy, small enough for the cache
-FLAT_COST = 8  # one layout evaluated as flat arrays costs about this many grid layouts (measured)
+CHUNK = 65_536  # layouts per evaluated sub-grid: big enough for numpy, small enough for the cache
+RULES_CHUNK = 8 * CHUNK  # layouts per block of the rules (boolean masks: 1 byte a layout)
+# One more call of the cost model costs about as much as this many layouts of a sub-grid
+# (measured on the MoE searches: ~3.5 ms a call of the step time against ~0.2 us a layout).
+CALL_COST = 16_384
+# Rows are sorted by their box on these axes first: SP and vpp follow from the split (SP with
+# tp > 1 for MoE, the vpp an uneven split allows), so rows of one kind sit together and a merge
+# rarely doubles a box; then recomputation, ZeRO stage and micro-batch size (measured: about
+# half the sub-grids and a fifth fewer layouts than the grid's own axis order).
+SORT_AXES = tuple(KNOB_FIELDS.index(name) for name in (
+    "sequence_parallel", "vpp", "recompute", "zero_stage", "micro_batch_size", "distributed_optimizer"))
+
+Boxes = list  # per knob axis k, a (split rows, len(knob k)) bool array: the values a row keeps
 
 
 @dataclass
 class Scan:
-    """What one pass over a grid keeps: counts per rule, the best ``keep`` of each block (score
-    and flat index into the grid), and the closest miss when nothing fits."""
+    """What one pass over a grid keeps: counts per rule, the best ``keep`` of each sub-grid
+    (score and flat index into the grid), and the closest miss when nothing fits."""
 
     pruned: dict[str, int] = field(default_factory=dict)
     alive_after: dict[str, int] = field(default_factory=dict)
@@ -45,27 +65,22 @@ class Scan:
     fastest_index: int = -1  # with a deadline: the fitting layout with the shortest time to train
     fastest_s: float = np.inf
 
-    def fit(self, total: np.ndarray, usable: float, base: int, n_alive: int,
-            alive: np.ndarray | None = None, index: np.ndarray | None = None) -> np.ndarray:
-        """Record the fit test of ``n_alive`` valid layouts: ``total`` = their memory in bytes,
-        either a whole block in flat (C) order starting at grid index ``base`` with the ``alive``
-        mask of the rules, or the layouts at flat grid ``index``. Returns the grid indices that
-        fit (ascending) and keeps the closest miss."""
-        fits = total <= usable
-        if alive is not None:
-            fits &= alive
-        ok = np.flatnonzero(fits)
-        ok = ok + base if index is None else index[ok]
-        self.fitting += ok.size
-        self.pruned[FIT_RULE] = self.pruned.get(FIT_RULE, 0) + n_alive - ok.size
-        if ok.size == 0:
-            over = total - usable if alive is None else np.where(alive, total - usable, np.inf)
+    def fit(self, total: np.ndarray, alive: np.ndarray, index: np.ndarray, usable: float) -> np.ndarray:
+        """Record the fit test of the valid layouts (``alive``) of a sub-grid: ``total`` = their
+        memory in bytes, ``index`` = their flat grid indices, ascending; flat arrays of the
+        sub-grid. Returns which fit within ``usable`` bytes, and keeps the closest miss."""
+        fits = alive & (total <= usable)
+        n_alive, n_fit = int(np.count_nonzero(alive)), int(np.count_nonzero(fits))
+        self.fitting += n_fit
+        self.pruned[FIT_RULE] = self.pruned.get(FIT_RULE, 0) + n_alive - n_fit
+        if n_alive and not n_fit:
+            over = np.where(alive, total - usable, np.inf)
             j = int(np.argmin(over))
-            at = base + j if index is None else int(index[j])
+            at = int(index[j])
             # the closest miss; an exact tie goes to the lower grid index, whatever the path
             if over[j] < self.miss_over or (over[j] == self.miss_over and at < self.miss_index):
                 self.miss_over, self.miss_index = float(over[j]), at
-        return ok
+        return fits
 
     def keep(self, score: np.ndarray, index: np.ndarray, keep: int,
              wall: np.ndarray | None = None) -> None:
@@ -89,69 +104,163 @@ class Scan:
             self.pool_index.append(index[best])
 
 
-def _batches(parts: list[np.ndarray], size: int):
-    """The concatenated flat indices of ``parts`` in slices of at most ``size``."""
-    if parts:
-        flat = np.concatenate(parts)
-        for lo in range(0, flat.size, size):
-            yield flat[lo:lo + size]
-
-
 def scan(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, grid: Grid,
          opts: "SearchOptions", usable: float, tokens: float | None) -> Scan:
-    """Evaluate ``grid`` in blocks of about CHUNK layouts: rules, fit within ``usable`` bytes,
-    score by the objective, keep the best. Cost grows linearly with grid.size.
+    """Evaluate ``grid``: rules, fit within ``usable`` bytes, score by the objective, keep the
+    best. Cost grows linearly with grid.size.
 
-    Every layout goes through the rules (boolean masks on the broadcast block). Memory and then
-    step time are computed on the whole broadcast block where many layouts are still in, or
-    else gathered as flat arrays of just those layouts, batched across blocks (a flat layout
-    costs about FLAT_COST grid layouts, plus a fixed cost per call). Both give the same values
-    (tests/test_search_scale.py)."""
+    Every layout goes through the rules (boolean masks on broadcast blocks of RULES_CHUNK
+    layouts) and the model-states floor; memory is computed on the sub-grids that hold the
+    valid layouts, step time on the sub-grids that hold the fitting ones (``chunks``). When
+    nothing fits, the closest miss is taken over every valid layout, the floor's included."""
     out = Scan()
-    pruned, alive_after = out.pruned, out.alive_after
-    per_row = grid.size // max(grid.shape[0], 1)
-    rows = grid.rows_per_chunk(CHUNK)
-    sparse_alive: list[np.ndarray] = []  # valid layouts of sparse blocks: memory as flat arrays
-    sparse_fit: list[np.ndarray] = []  # fitting layouts of sparse blocks: step time as flat arrays
+    state, boxes = rules_pass(model, hw, training, grid, opts, out, usable)  # state: valid
+    boxes = memory_pass(model, hw, training, grid, usable, state, boxes, out)  # state: fits
+    if out.fitting == 0 and out.pruned.get(FIT_RULE, 0):  # the closest miss, of every valid layout
+        probe = Scan()
+        valid, every = rules_pass(model, hw, training, grid, opts, probe)
+        memory_pass(model, hw, training, grid, usable, valid, every, probe)
+        out.miss_index, out.miss_over = probe.miss_index, probe.miss_over
+    step_pass(model, hw, training, grid, opts, tokens, state, boxes, out)
+    out.pruned.setdefault(FIT_RULE, 0)
+    return out
 
-    def keep(est: Estimate, c: Candidates, index: np.ndarray, shape=None, base: int = 0) -> None:
+
+def step_pass(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, grid: Grid,
+              opts: "SearchOptions", tokens: float | None, fits: np.ndarray, boxes: Boxes,
+              out: Scan) -> None:
+    """Step time and score of the fitting layouts (``fits``, flat over the grid), on the
+    sub-grids of their ``boxes``; each sub-grid's best go to ``out.keep``."""
+    for rows, values in chunks(boxes, CHUNK):
+        index = grid.index_of(rows, values)
+        sub = grid.take(rows, values)
+        c = sub.candidates()
+        est = evaluate(model, hw, training, c, summary=True)
         score, wall = objective.layout_scores(model, hw, training, c, est.time["step"],
                                               est.throughput["tokens_per_s"], opts, tokens)
-        if shape is not None:  # a broadcast block: the fitting layouts' entries
-            score = np.broadcast_to(score, shape).ravel()[index - base]
-            wall = None if wall is None else np.broadcast_to(wall, shape).ravel()[index - base]
-        out.keep(score, index, opts.keep, wall if opts.deadline_s is not None else None)
+        fit = np.flatnonzero(fits[index])
+        score = full(score, sub.shape).ravel()[fit]
+        wall = None if opts.deadline_s is None else full(wall, sub.shape).ravel()[fit]
+        out.keep(score, index[fit], opts.keep, wall)
 
+
+def rules_pass(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, grid: Grid,
+               opts: "SearchOptions", out: Scan, usable: float | None = None) -> tuple[np.ndarray, Boxes]:
+    """Every layout of ``grid`` through the rules, in blocks of split rows; counts what each
+    rule prunes into ``out``. With ``usable`` (bytes), the valid layouts whose model states
+    alone exceed it (cost.estimate.states_floor) are counted as not fitting and dropped.
+    Returns (valid: flat bool array over the grid, boxes that hold the valid layouts: per knob
+    axis, the values each row keeps under every rule)."""
+    valid = np.zeros(grid.size, dtype=bool)
+    boxes = [np.zeros((grid.shape[0], n), dtype=bool) for n in grid.shape[1:]]
+    per_row = grid.size // max(grid.shape[0], 1)
+    rows = grid.rows_per_chunk(RULES_CHUNK)
+    if usable is not None:  # model states depend on the split and ZeRO fields only: all rows at once
+        light = states_floor(model, hw, training, grid.candidates()) <= usable
     for lo in range(0, grid.shape[0], rows):
         hi = min(lo + rows, grid.shape[0])
         shape = (hi - lo, *grid.shape[1:])
-        c = grid.candidates(lo, hi)
-        alive = np.ones(shape, dtype=bool)
+        alive, kept = np.ones(shape, dtype=bool), [np.ones((shape[0], n), dtype=bool) for n in shape[1:]]
         n_alive = alive.size
+        c = grid.candidates(lo, hi)
         for rule, ok in constraint_masks(model, training, nvlink_domain(hw), c,
                                          opts.allow_cross_node_tp, opts.framework).items():
-            alive &= ok
-            left = int(np.count_nonzero(alive))
-            pruned[rule] = pruned.get(rule, 0) + n_alive - left
-            alive_after[rule] = alive_after.get(rule, 0) + left
+            left = n_alive
+            if not np.all(ok):  # most rules pass every layout: no pass over the block for them
+                alive &= ok
+                left = int(np.count_nonzero(alive))
+                kept = [a & b for a, b in zip(kept, boxes_of(ok, shape))]
+            out.pruned[rule] = out.pruned.get(rule, 0) + n_alive - left
+            out.alive_after[rule] = out.alive_after.get(rule, 0) + left
             n_alive = left
-        if n_alive == 0:
-            continue
-        base = lo * per_row
-        if n_alive * FLAT_COST < alive.size:
-            sparse_alive.append(np.flatnonzero(alive) + base)
-            continue
-        total = full(memory_total(model, hw, training, c), shape).ravel()
-        index = out.fit(total, usable, base, n_alive, alive=alive.ravel())
-        if index.size * FLAT_COST < alive.size:
-            sparse_fit.append(index)
-        elif index.size:
-            keep(evaluate(model, hw, training, c, summary=True), c, index, shape, base)
-    for index in _batches(sparse_alive, CHUNK):
-        total = memory_total(model, hw, training, grid.flat(index))
-        sparse_fit.append(out.fit(total, usable, 0, index.size, index=index))
-    for index in _batches(sparse_fit, CHUNK):
-        fit = grid.flat(index)
-        keep(evaluate(model, hw, training, fit, summary=True), fit, index)
-    pruned.setdefault(FIT_RULE, 0)
+        if usable is not None:
+            alive &= light[lo:hi]
+            out.pruned[FIT_RULE] = out.pruned.get(FIT_RULE, 0) + n_alive - int(np.count_nonzero(alive))
+            kept = [a & b for a, b in zip(kept, boxes_of(light[lo:hi], shape))]
+        valid[lo * per_row:hi * per_row] = alive.ravel()
+        anywhere = alive.reshape(shape[0], -1).any(axis=1)[:, None]
+        for box, values in zip(boxes, kept):
+            box[lo:hi] = values & anywhere
+    return valid, boxes
+
+
+def memory_pass(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, grid: Grid,
+                usable: float, state: np.ndarray, boxes: Boxes, out: Scan) -> Boxes:
+    """Peak memory of the valid layouts (``state``, flat over the grid), on the sub-grids of
+    their ``boxes``; records the fit test into ``out`` and turns ``state`` into which layouts
+    fit. Returns the boxes of the fitting layouts."""
+    fitting = [np.zeros_like(box) for box in boxes]
+    for rows, values in chunks(boxes, CHUNK):
+        index = grid.index_of(rows, values)
+        sub = grid.take(rows, values)
+        total = full(memory_total(model, hw, training, sub.candidates()), sub.shape).ravel()
+        fits = out.fit(total, state[index], index, usable)
+        state[index] = fits
+        for box, kept, sel in zip(fitting, boxes_of(fits.reshape(sub.shape)), values):
+            box[np.ix_(rows, sel)] = kept
+    return fitting
+
+
+def boxes_of(mask: np.ndarray, shape: tuple[int, ...] | None = None) -> Boxes:
+    """Per knob axis k (axes 1..), a (rows, len(k)) bool array: which values of k some True
+    layout of each row has. ``mask`` broadcasts to ``shape`` (default: its own) and is reduced
+    on its own shape, first over the axes before k (long contiguous runs), then those after."""
+    mask = np.asarray(mask)
+    shape = mask.shape if shape is None else shape
+    mask = mask.reshape((1,) * (len(shape) - mask.ndim) + mask.shape)
+    rows, own = mask.shape[0], mask.shape[1:]
+    anywhere = mask.reshape(rows, -1).any(axis=1)[:, None]
+    out = []
+    for axis, n in enumerate(own):
+        if n == 1:
+            kept = anywhere
+        else:
+            before, after = int(np.prod(own[:axis])), int(np.prod(own[axis + 1:]))
+            kept = mask.reshape(rows, before, n * after)
+            kept = np.logical_or.reduce(kept, axis=1) if before > 1 else kept[:, 0]
+            kept = kept.reshape(rows, n, after).any(axis=2) if after > 1 else kept
+        out.append(np.broadcast_to(kept, (shape[0], shape[axis + 1])))
     return out
+
+
+def chunks(boxes: Boxes, target: int, order=SORT_AXES) -> Iterator[tuple[np.ndarray, list[np.ndarray]]]:
+    """Sub-grids (rows ascending, knob value indices per axis) that cover every row's box:
+    rows sorted by their box (its axes in ``order``), equal boxes together, neighbouring boxes
+    merged into their union while that costs fewer layouts than another call of the cost model
+    (CALL_COST) and stays within ``target`` layouts; a box beyond ``target`` is split by rows.
+    Rows with an empty box (nothing kept) are in none."""
+    rows = np.flatnonzero(np.logical_and.reduce([box.any(axis=1) for box in boxes]))
+    if rows.size == 0:
+        return
+    key = np.concatenate(boxes, axis=1)[rows]
+    by = np.concatenate([boxes[axis][rows] for axis in order], axis=1)
+    order = np.lexsort(by.T[::-1])
+    rows, key = rows[order], key[order]
+    starts = np.flatnonzero(np.r_[True, (key[1:] != key[:-1]).any(axis=1)])
+    offsets = np.r_[0, np.cumsum([box.shape[1] for box in boxes])[:-1]]
+
+    def size(box: np.ndarray) -> int:  # layouts per row of a box (per-axis masks, concatenated)
+        return int(np.prod(np.add.reduceat(box, offsets, dtype=np.int64)))
+
+    group, union, n, per_row = [], None, 0, 0  # rows of the sub-grid being built, its box
+    for lo, hi in zip(starts.tolist(), np.r_[starts[1:], rows.size].tolist()):
+        box, box_size = key[lo], size(key[lo])
+        if union is not None:
+            merged = (n + hi - lo) * size(union | box)
+            if merged <= min(target, n * per_row + (hi - lo) * box_size + CALL_COST):
+                group.append(rows[lo:hi])
+                union, n, per_row = union | box, n + hi - lo, merged // (n + hi - lo)
+                continue
+            yield _sub_grid(group, union, offsets)
+        step = max(1, target // box_size)
+        whole = (hi - lo - 1) // step  # a box beyond target: sub-grids of ``step`` rows of it
+        for start in range(lo, lo + whole * step, step):
+            yield _sub_grid([rows[start:start + step]], box, offsets)
+        group, union, n, per_row = [rows[lo + whole * step:hi]], box, hi - lo - whole * step, box_size
+    if union is not None:
+        yield _sub_grid(group, union, offsets)
+
+
+def _sub_grid(group: list[np.ndarray], key: np.ndarray, offsets: np.ndarray):
+    """(rows ascending, value indices per knob axis) of a box."""
+    return np.sort(np.concatenate(group)), [np.flatnonzero(part) for part in np.split(key, offsets[1:])]

@@ -1,8 +1,9 @@
 """Enumerate -> prune (divisibility, topology, fit) -> evaluate -> rank -> explain.
 
 The space is a broadcast grid of numpy arrays (planner.grid), pruned by named masks
-(space.constraint_masks) and evaluated by the vectorized cost model in blocks of about CHUNK
-layouts; each block keeps only its best. No Python loop over candidates.
+(space.constraint_masks) and evaluated by the vectorized cost model on sub-grids of about CHUNK
+layouts that hold the layouts still in (planner.scan); each sub-grid keeps only its best. No
+Python loop over candidates.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from .errors import DeadlineError, NoFitError, UsageError
 from .grid import Grid, parallel_splits
 from .inputs import MAX_GPUS, gpu_count  # noqa: F401 (MAX_GPUS re-exported)
 from .refusal import fit_hint, no_fit_message, no_split_reason
-from .scan import CHUNK, FIT_RULE, FLAT_COST, Scan, scan  # noqa: F401 (re-exported)
+from .scan import CHUNK, FIT_RULE, Scan, scan  # noqa: F401 (re-exported)
 from .space import (LAYERS_RULE, TP_RULE, UNEVEN_RULE, Candidates, constraint_masks,
                     default_uneven_split, divisors, uneven_problem, uneven_splits,
                     uneven_vpp_options)
@@ -222,8 +223,8 @@ def search(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: 
     """Rank every valid layout that fits by the objective (exact ties: lower ZeRO stage, then less memory).
 
     ``gpus`` fixes the count; with ``opts.max_gpus`` (and gpus None) the count is searched too.
-    The grid is evaluated in blocks of about CHUNK layouts; each block keeps its best ``keep``
-    (with its ties), and the best overall are re-evaluated as flat arrays at the end. Raises UsageError when no layout can use
+    The grid is evaluated on sub-grids of about CHUNK layouts (planner.scan); each keeps its
+    best ``keep`` (with its ties), and the best overall are re-evaluated as flat arrays at the end. Raises UsageError when no layout can use
     these GPUs/batch at all (the rule that removed the last candidates is named), NoFitError
     when valid layouts exist but none fits in HBM (with the closest miss).
     """

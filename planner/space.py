@@ -55,6 +55,7 @@ class Candidates(LayoutDegrees):
                 object.__setattr__(self, name, np.ones_like(self.tp))
         if self.distributed_optimizer is None:
             object.__setattr__(self, "distributed_optimizer", np.zeros(np.shape(self.tp), dtype=bool))
+        object.__setattr__(self, "memo", {})  # degrees.cached_per_candidates: terms computed once
 
     def __len__(self) -> int:
         return int(self.tp.shape[0])

@@ -69,13 +69,18 @@ def test_search_winner_equals_brute_force(gpt3_h100, gpt3_512):
     assert np.array_equal(np.sort(tps)[::-1], top)
 
 
-@pytest.mark.parametrize("flat_cost", [0, 10**9])
-def test_scan_paths_give_the_same_ranking(gpt3_h100, gpt3_512, monkeypatch, flat_cost):
-    # The scan evaluates memory and step time on the broadcast block or, when few layouts are
-    # left, on flat arrays of just those (scan.FLAT_COST picks). Forcing every block down one
-    # path (0: always flat arrays, 10**9: always the grid) must not change what is found.
+# How the scan cuts the valid and the fitting layouts into sub-grids (scan.CHUNK layouts at most,
+# boxes merged up to scan.CALL_COST wasted layouts): every split row alone and no merging; the
+# whole space as one sub-grid; the defaults.
+SCAN_PATHS = [(1, 0), (10**9, 10**9), (65_536, 16_384)]
+
+
+@pytest.mark.parametrize("chunk, call_cost", SCAN_PATHS[:2])
+def test_scan_paths_give_the_same_ranking(gpt3_h100, gpt3_512, monkeypatch, chunk, call_cost):
+    # Whatever sub-grids the scan evaluates, what it finds must not change.
     import planner.scan as scan_module
-    monkeypatch.setattr(scan_module, "FLAT_COST", flat_cost)
+    monkeypatch.setattr(scan_module, "CHUNK", chunk)
+    monkeypatch.setattr(scan_module, "CALL_COST", call_cost)
     m, hw, tr = gpt3_h100
     forced = search(m, hw, tr, 512)
     assert forced.fitting == gpt3_512.fitting > 0  # = the brute-force count (test above)
@@ -91,8 +96,9 @@ def test_scan_paths_name_the_same_closest_miss(gpt3_h100, monkeypatch):
     from planner.errors import NoFitError
     m, hw, tr = gpt3_h100
     messages = set()
-    for flat_cost in (0, 10**9):
-        monkeypatch.setattr(scan_module, "FLAT_COST", flat_cost)
+    for chunk, call_cost in SCAN_PATHS:
+        monkeypatch.setattr(scan_module, "CHUNK", chunk)
+        monkeypatch.setattr(scan_module, "CALL_COST", call_cost)
         with pytest.raises(NoFitError) as err:
             search(m, hw, tr, 8)
         messages.add(str(err.value))
@@ -244,15 +250,16 @@ def test_grid_equals_flat_for_any_model(name, nodes, batch, seq, flash):
 
 def test_kept_list_and_tie_rule_do_not_depend_on_the_scan_path(monkeypatch):
     # Llama-3 405B on 256 H100 (uneven pipeline splits next to even ones): the whole kept list,
-    # not just the winner, must be the same whichever way each block goes through the scan, and
+    # not just the winner, must be the same whichever sub-grids the scan cuts, and
     # the winner must follow the tie rule (lower ZeRO stage, then less memory) even with keep=1.
     # Exact ties are common (cp twins, ZeRO-1 vs -2); they used to be cut in pool order.
     import planner.scan as scan_module
     m, hw = catalog.resolve_model("llama3-405b"), catalog.resolve_hardware("dgx-h100")
     tr = TrainingSpec(seq_length=8192, global_batch_size=512)
     lists = []
-    for flat_cost in (0, 8, 10**9):
-        monkeypatch.setattr(scan_module, "FLAT_COST", flat_cost)
+    for chunk, call_cost in SCAN_PATHS:
+        monkeypatch.setattr(scan_module, "CHUNK", chunk)
+        monkeypatch.setattr(scan_module, "CALL_COST", call_cost)
         res = search(m, hw, tr, 256)
         lists.append(([res.ranked.candidates.layout(i) for i in range(len(res.ranked))],
                       res.ranked.throughput["tokens_per_s"]))

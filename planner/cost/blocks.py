@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..degrees import cached_per_candidates
 from ..specs import ModelSpec, TrainingSpec
 from . import model_counts as mc
 from . import model_flops as mf
@@ -49,6 +50,7 @@ def _glu_in(model: ModelSpec) -> int:
 # ----------------------------------------------------------------------------- layer counts
 
 
+@cached_per_candidates(1)
 def rank_blocks(model: ModelSpec, c, rank) -> dict[str, np.ndarray]:
     """Blocks held by pipeline rank ``rank``: {kind: count}, float arrays. Rank r holds layers
     [start, start + rank_layers) (the uneven split's edges and middles, LayoutDegrees); each
@@ -80,6 +82,7 @@ def rank_blocks(model: ModelSpec, c, rank) -> dict[str, np.ndarray]:
 # ----------------------------------------------------------------------------- parameters
 
 
+@cached_per_candidates(1)
 def block_params(model: ModelSpec, c) -> dict[str, tuple]:
     """Per-GPU parameters of one block of each kind: {kind: (tp_sharded, replicated, expert)}.
 

@@ -36,10 +36,11 @@ from .volumes import (Collective, Elements, block_collectives, dp_collectives, e
 
 
 class _Timer:
-    """Link seconds of collectives on one group span; one collective_time per (kind, payload)."""
+    """Link seconds of collectives on one group span; one collective_time per (kind, payload),
+    and each collective timed once however many totals take it."""
 
     def __init__(self, links: Links, span: tuple):
-        self.links, self.span, self._memo = links, span, {}
+        self.links, self.span, self._memo, self._seconds = links, span, {}, {}
 
     def unit(self, x: Collective) -> np.ndarray:
         key = (x.kind, id(x.payload))
@@ -48,7 +49,10 @@ class _Timer:
         return self._memo[key][0]
 
     def __call__(self, x: Collective) -> np.ndarray:
-        return x.calls * self.unit(x)
+        """calls x the seconds of one call; 0.0 where no candidate makes the call."""
+        if id(x) not in self._seconds:
+            self._seconds[id(x)] = (x.calls * self.unit(x) if np.count_nonzero(x.calls) else 0.0, x)
+        return self._seconds[id(x)][0]
 
     def total(self, colls, **match) -> np.ndarray:
         """Sum of the link seconds of the collectives whose fields equal ``match``."""
@@ -63,7 +67,7 @@ class BlockComm:
 
     tp_exposed: object  # forward + backward, exposed
     tp_recompute: object  # the forward's collectives repeated by full recompute
-    tp_link: object
+    tp_link: object = 0.0
     cp_exposed: object = 0.0  # forward + backward + recompute, exposed
     cp_link: object = 0.0
     ep_exposed: object = 0.0  # dispatch and combine forward + backward, exposed
@@ -72,12 +76,13 @@ class BlockComm:
 
 
 def block_comm(model: ModelSpec, training: TrainingSpec, c, links: Links,
-               times: dict[str, LayerTimes], elem: Elements) -> dict[str, BlockComm]:
+               times: dict[str, LayerTimes], elem: Elements, link: bool = True) -> dict[str, BlockComm]:
     """Time of volumes.block_collectives, per block kind: TP on the tp group (the backward's
     hidden collectives under 2 x the block's column-parallel GEMM time), the CP ring between CP
     neighbours, the expert dispatch on the EP group (ep ranks etp apart) and the expert-TP
     group (etp ranks), all-to-all times scaled by training.moe_imbalance (the busiest rank
-    receives that much more, moe.md 4.2). {kind: BlockComm}"""
+    receives that much more, moe.md 4.2). ``link`` False: without the TP link seconds (no
+    step time needs them). {kind: BlockComm}"""
     tp = _Timer(links, group_span(c.tp, 1, links.domain))
     out = {}
     for kind, colls in block_collectives(model, training, c, elem).items():
@@ -87,7 +92,9 @@ def block_comm(model: ModelSpec, training: TrainingSpec, c, links: Links,
         window = 2 * layer.column_parallel_share * layer.gemm_forward if training.tp_backward_overlap else 0.0
         exposed = tp.total(tps, phase="forward") + tp.total(tps, phase="backward", overlap="") \
             + np.maximum(0.0, hidden - window)
-        parts = dict(tp_exposed=exposed, tp_recompute=tp.total(tps, phase="recompute"), tp_link=tp.total(tps))
+        parts = dict(tp_exposed=exposed, tp_recompute=tp.total(tps, phase="recompute"))
+        if link:
+            parts["tp_link"] = tp.total(tps)
         if any(x.group == "cp" for x in colls):
             parts["cp_exposed"], parts["cp_link"] = ring_times(c, colls, links, layer)
         if any(x.group in ("ep", "etp") for x in colls):
@@ -174,12 +181,12 @@ class RankComm:
 
 
 def rank_comm(model: ModelSpec, training: TrainingSpec, c, links: Links, times: dict,
-              elem: Elements, kind: str, counts: dict, output_gemm) -> RankComm:
+              elem: Elements, kind: str, counts: dict, output_gemm, link: bool = True) -> RankComm:
     """Time of the edge, p2p, DP/ZeRO, norm and tied-embedding collectives of a rank kind
     (memory.rank_index) holding ``counts`` blocks (blocks.rank_blocks; ``times``: their
     compute.block_times, the forward and backward that DP/ZeRO traffic hides under);
     ``output_gemm`` (compute.output_gemm_time) is the weight-gradient GEMM the output layer's
-    backward TP collective hides under."""
+    backward TP collective hides under. ``link`` False: no link seconds (RankComm.links {})."""
     rank = rank_index(c, kind)
     tp = _Timer(links, group_span(c.tp, 1, links.domain))
     edges = edge_collectives(model, training, c, rank, elem)
@@ -187,7 +194,7 @@ def rank_comm(model: ModelSpec, training: TrainingSpec, c, links: Links, times: 
     norm = [x for x in dp_colls if x.group == "tp"]
     window = output_gemm if training.tp_backward_overlap else 0.0
     edge_tp = tp.total(edges, overlap="") + np.maximum(0.0, tp.total(edges, overlap="wgrad") - window)
-    edge_link, norm_t = tp.total(edges), tp.total(norm)
+    norm_t = tp.total(norm)
     p2p = p2p_collectives(model, training, c, rank, elem)[0]  # the sends
     t_p2p = p2p_time(p2p.payload, p2p_crosses(c.stage_gpus, c.pp, links.domain), links)
     on = np.asarray(c.pp) > 1
@@ -207,9 +214,9 @@ def rank_comm(model: ModelSpec, training: TrainingSpec, c, links: Links, times: 
     else:
         mb = dp["microbatch", "forward"] + dp["microbatch", "backward"]
         step = dp["step", "forward"] + dp["step", "backward"]
-    links_out = {"edge_tp": edge_link, "norm": norm_t, "p2p": p2p.calls * t_p2p,
+    links_out = {"edge_tp": tp.total(edges), "norm": norm_t, "p2p": p2p.calls * t_p2p,
                  "dp_mb": dp["microbatch", "forward"] + dp["microbatch", "backward"],
-                 "dp_step": dp["step", "forward"] + dp["step", "backward"] + tied_t}
+                 "dp_step": dp["step", "forward"] + dp["step", "backward"] + tied_t} if link else {}
     return RankComm(rank == np.asarray(c.pp) - 1, counts, edge_tp, per_mb, fill, mb,
                     step + tied_t, norm_t, links_out)
 

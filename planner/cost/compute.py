@@ -12,6 +12,7 @@ Arrays have shape (N,), seconds.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -41,11 +42,11 @@ class LayerTimes:
     column_parallel_share: object  # share of the GEMM time in QKV / fc1 (whose backward hides TP comm)
     light_recompute: object = 0.0  # forward seconds selective+ runs again (norms, activations, MLA up-projections)
 
-    @property
+    @cached_property
     def forward(self) -> np.ndarray:
         return self.gemm_forward + self.attention_forward + self.memory_forward
 
-    @property
+    @cached_property
     def backward(self) -> np.ndarray:
         return 2 * self.gemm_forward + self.attention_backward + 2 * self.memory_forward
 

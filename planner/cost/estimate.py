@@ -94,9 +94,15 @@ class Estimate:
         return out
 
 
-def rank_kinds(c) -> tuple[str, ...]:
+def rank_kinds(c, model: ModelSpec | None = None) -> tuple[str, ...]:
     """The rank kinds whose memory can differ: first and last, and the middle one (rank 1)
-    where some split is uneven (its ranks can then hold more layers than the edges)."""
+    where some split is uneven (its ranks can then hold more layers than the edges) or, given
+    ``model``, where its layers differ by rank (MoE every few layers, windowed attention, MTP):
+    then rank 1 can hold more than either edge on an even split too (Llama 4 Maverick, MoE
+    every other layer, 3 layers per rank on pp 16: one MoE layer on rank 0, two on rank 1)."""
+    from .blocks import block_kinds
+    if model is not None and (block_kinds(model) != ("attention", "mlp") or model.mtp_layers):
+        return RANK_KINDS
     return RANK_KINDS if np.any(c.uneven()) else ("first", "last")
 
 
@@ -117,9 +123,7 @@ def memory_by_rank(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec
     activations = activation_bytes_by_stage(model, training, c, ranks=targets)
     out = {}
     for kind, rank in targets.items():
-        p = memory.rank_params(model, c, rank)
-        terms = model_state_bytes(p["dense"] + p["embedding"] + p["head"], c, training, p["experts"],
-                                  linear=p["dense"], hw=hw)
+        terms = rank_states(model, hw, training, c, rank)
         terms["activations"] = activations[kind]
         terms["other"] = other
         terms["reserve"] = reserve_bytes(hw, training, c, activations[kind] + other)
@@ -127,6 +131,31 @@ def memory_by_rank(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec
             + terms["activations"] + terms["reserve"]
         out[kind] = terms
     return out
+
+
+def rank_states(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c,
+                rank) -> dict[str, np.ndarray]:
+    """{weights, gradients, optimizer} bytes on one GPU of pipeline rank ``rank``: the model
+    states (memory.model_state_bytes) of its dense parameters (blocks, embedding, head) and its
+    expert parameters (memory.rank_params), the blocks' and experts' linear weights at the FP8
+    recipe's bytes where the precision is FP8. Broadcast arrays of the split and ZeRO fields."""
+    p = memory.rank_params(model, c, rank)
+    return model_state_bytes(p["dense"] + p["embedding"] + p["head"], c, training, p["experts"],
+                             linear=p["dense"], hw=hw)
+
+
+def states_floor(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c) -> np.ndarray:
+    """A lower bound of memory_total from the model states alone, on their small shapes (split
+    rows x ZeRO stage x distributed optimizer), bytes: the first and last rank's weights +
+    gradients + optimizer states, summed as memory_by_rank sums them, plus least_reserve.
+    memory_by_rank adds buffers, activations and the rest of the reserve to the same sum, none
+    of them negative, and rounding is monotone: a layout whose floor exceeds the usable memory
+    does not fit (the search drops it before computing its activations)."""
+    floors = []
+    for kind in ("first", "last"):
+        terms = rank_states(model, hw, training, c, memory.rank_index(c, kind))
+        floors.append(terms["weights"] + terms["gradients"] + terms["optimizer"] + least_reserve(hw, training))
+    return np.maximum(*floors)
 
 
 def reserve_bytes(hw: HardwareProfile, training: TrainingSpec, c, working_set) -> np.ndarray:
@@ -149,7 +178,7 @@ def least_reserve(hw: HardwareProfile, training: TrainingSpec) -> float:
 def memory_total(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c) -> np.ndarray:
     """Per-GPU peak memory in bytes of the most loaded pipeline rank (the ``memory["total"]`` of
     evaluate, without the step time); the search's fit test. Broadcast array."""
-    per_rank = memory_by_rank(model, hw, training, c, rank_kinds(c))
+    per_rank = memory_by_rank(model, hw, training, c, rank_kinds(c, model))
     return np.maximum.reduce([terms["total"] for terms in per_rank.values()])
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..degrees import cached_per_candidates
 from ..specs import ModelSpec, TrainingSpec
 from . import flops, pipeline, precision
 
@@ -35,6 +36,7 @@ def rank_index(c, kind: str):
     return {"first": np.zeros_like(pp), "middle": np.minimum(1, pp - 1), "last": pp - 1}[kind]
 
 
+@cached_per_candidates(1)
 def rank_params(model: ModelSpec, c, rank) -> dict[str, np.ndarray]:
     """Parameters on one GPU of pipeline rank ``rank``, by part. {part: array}
 

@@ -12,6 +12,7 @@ what overlaps them. All arrays broadcast over candidates; seconds.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property, reduce
 
 import numpy as np
 
@@ -36,7 +37,7 @@ class LayerCost:
     cp: object  # exposed CP ring communication (forward + backward + recompute)
     ep: object  # exposed expert dispatch and combine (forward + backward)
 
-    @property
+    @cached_property
     def total(self) -> np.ndarray:
         return self.compute + self.recompute + self.tp + self.cp + self.ep
 
@@ -81,17 +82,20 @@ def pipeline_makespan(costs, counts: dict, extra: dict, c, m, uniform: bool) -> 
     pipeline.even_pipeline_time runs on small shapes; otherwise the general schedule
     pipeline.pipeline_time over the ranks' totals (formulas.md 6), for the uneven splits only
     where the search mixes them, so that a layout's numbers do not depend on what else is
-    evaluated with it."""
-    middle = _stage_work(costs, counts["middle"]) + sum(extra["middle"].values())
-    extra_first = sum(extra["first"].values()) - sum(extra["middle"].values())
-    extra_last = sum(extra["last"].values()) - sum(extra["middle"].values())
-    t_pipe, bubble = pipeline.even_pipeline_time(middle, extra_first, extra_last, c.pp, c.vpp, m)
-    totals = {"first": middle + extra_first, "middle": middle, "last": middle + extra_last}
+    evaluated with it. Each of the two runs only where some layout takes it."""
     general_rows = c.uneven() if uniform else np.ones(np.shape(c.pp), dtype=bool)
     if np.any(general_rows):
         general = _stage_times(costs, counts, extra)
         t_general, bubble_general = pipeline.pipeline_time(general["first"], general["middle"],
                                                            general["last"], c.pp, c.vpp, m)
+        if np.all(general_rows):
+            return t_general, bubble_general, general
+    middle = _stage_work(costs, counts["middle"]) + sum(extra["middle"].values())
+    extra_first = sum(extra["first"].values()) - sum(extra["middle"].values())
+    extra_last = sum(extra["last"].values()) - sum(extra["middle"].values())
+    t_pipe, bubble = pipeline.even_pipeline_time(middle, extra_first, extra_last, c.pp, c.vpp, m)
+    totals = {"first": middle + extra_first, "middle": middle, "last": middle + extra_last}
+    if np.any(general_rows):
         t_pipe = np.where(general_rows, t_general, t_pipe)
         bubble = np.where(general_rows, bubble_general, bubble)
         totals = {k: np.where(general_rows, general[k], totals[k]) for k in totals}
@@ -107,7 +111,7 @@ def optimizer_time(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec
     _, grad_div, opt_div = zero_divisors(c)
     _, grad_div_e, opt_div_e = zero_divisors(c, "expert") if model.moe is not None else (1.0, 1.0, 1.0)
     updated, buffer, linear = [], [], []
-    for kind in rank_kinds(c):
+    for kind in rank_kinds(c, model):
         p = rank_params(model, c, rank_index(c, kind))
         dense = p["dense"] + p["embedding"] + p["head"]
         updated.append(dense / opt_div + p["experts"] / opt_div_e)
@@ -131,18 +135,18 @@ def evaluate(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c,
     m = c.num_microbatches(training.global_batch_size)
     counts = {kind: rank_blocks(model, c, rank_index(c, kind)) for kind in RANK_KINDS}  # blocks per rank
     times = compute.block_times(model, training, hw, c)                  # kernels, per block
-    comms = block_comm(model, training, c, links, times, elem)            # TP, CP, EP per block
+    comms = block_comm(model, training, c, links, times, elem, not summary)  # TP, CP, EP per block
     costs = {k: block_cost(times[k], comms[k], c) for k in times}
     output = compute.output_layer_time(model, training, hw, c) * (1 + model.mtp_layers)
     output_gemm = compute.output_gemm_time(model, training, hw, c)
-    ranks = {kind: rank_comm(model, training, c, links, times, elem, kind, counts[kind], output_gemm)
-             for kind in RANK_KINDS}                                       # edges, p2p, DP
+    ranks = {kind: rank_comm(model, training, c, links, times, elem, kind, counts[kind], output_gemm,
+                             not summary) for kind in RANK_KINDS}          # edges, p2p, DP
     edges = {kind: np.where(ranks[kind].is_last, output, 0.0) for kind in RANK_KINDS}
     extra = {kind: rank_extra(kind, edges, ranks[kind]) for kind in RANK_KINDS}
     uniform = set(times) == {"attention", "mlp"} and model.mtp_layers == 0
     t_pipe, bubble, totals = pipeline_makespan(costs, counts, extra, c, m, uniform)
-    dp_once = np.maximum.reduce([ranks[k].dp_step_exposed for k in RANK_KINDS])  # slowest rank
-    norm_once = np.maximum.reduce([ranks[k].norm_exposed for k in RANK_KINDS])
+    dp_once = reduce(np.maximum, [ranks[k].dp_step_exposed for k in RANK_KINDS])  # slowest rank
+    norm_once = reduce(np.maximum, [ranks[k].norm_exposed for k in RANK_KINDS])
     p2p_fill = ranks["middle"].p2p_fill
     t_opt = optimizer_time(model, hw, training, c)
     step = t_pipe + (p2p_fill + dp_once + norm_once + t_opt)
@@ -159,7 +163,7 @@ def evaluate(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c,
     link = {g: _pick(slowest, {k: ranks[k].link_per_step(g, comms, m) for k in RANK_KINDS})
             for g in LINK_GROUPS}
     per_rank = memory_by_rank(model, hw, training, c, RANK_KINDS)
-    mem = peak_memory({k: per_rank[k] for k in rank_kinds(c)}, c, float(hw.gpu.hbm_capacity))
+    mem = peak_memory({k: per_rank[k] for k in rank_kinds(c, model)}, c, float(hw.gpu.hbm_capacity))
     stages = {k: {"memory_total": per_rank[k]["total"], "activations": per_rank[k]["activations"],
                   "microbatch_time": totals[k]} for k in RANK_KINDS}
     return Estimate(c, mem, time, _throughput(model, hw, training, c, step, causal_flops), link,
