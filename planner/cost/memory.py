@@ -83,7 +83,8 @@ def model_state_bytes(params: np.ndarray, c, training: TrainingSpec,
     Per parameter, each divided by zero_divisors of its group (n = dp*cp for dense parameters,
     edp for experts, where the stage shards it): weights ``param_bytes`` (2 bf16; 4 where the
     fp32 parameter is its own master, FSDP2), gradients ``grad_bytes`` (4 fp32 main grads in
-    Megatron, 2 16-bit), optimizer 8 (Adam m, v) + 4 for a separate fp32 master copy
+    Megatron, 2 16-bit), optimizer 2 x ``optimizer_moment_bytes`` (Adam m, v: 8 in fp32, 4 in
+    bf16 with the precision-aware optimizer) + 4 for a separate fp32 master copy
     (``master_weights``). Megatron (2, 4, 12): stage 0 18 B; stage 1 (distributed optimizer)
     2 + 4 + 12/n; stage 2 2 + 16/n; stage 3 18/n.
     Framework terms (TrainingSpec, from the framework profile): ``fp32_grad_partition`` adds
@@ -109,7 +110,7 @@ def model_state_bytes(params: np.ndarray, c, training: TrainingSpec,
     if training.fp32_grad_partition and training.grad_bytes < 4:
         grads = grads + np.where((stage == 1) | (stage == 2),
                                  params * 4.0 / o + experts * 4.0 / oe, 0.0)
-    states = 8.0 + (4.0 if training.master_weights else 0.0)
+    states = 2.0 * training.optimizer_moment_bytes + (4.0 if training.master_weights else 0.0)
     return {"weights": weights, "gradients": grads, "optimizer": (params / o + experts / oe) * states}
 
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..cost.flops import total_params
+import numpy as np
+
+from ..cost.flops import model_flops_per_step, total_params
 from ..cost.step import estimate_layout
 from ..specs import HardwareProfile
 from . import conventions
@@ -49,6 +51,11 @@ def source_flops(case: RunCase) -> dict[str, float]:
         f_hw = {"selective": conventions.korthikanti_hardware_flops(B, s, L, h, V),
                 "full": conventions.narayanan_flops(B, s, L, h, V)}.get(lay.recompute, f_model)
         return {"flops": f_model, "mfu": f_model, "hfu": f_hw}
+    if case.convention == "megatron":
+        # Megatron-LM's num_floating_point_operations of 2024 (full, non-causal attention: the
+        # causal count arrived in 2025-03), which plan3d's model FLOPs follow (formulas.md 4.1)
+        f = float(np.asarray(model_flops_per_step(m, s, B, np.asarray([lay.tp]), causal=False))[0])
+        return {"flops": f, "mfu": f}
     if case.convention == "mosaic":
         n = float(total_params(m))
         f_model = conventions.mosaic_flops(B, s, L, h, n)
@@ -65,7 +72,7 @@ def compare(case: RunCase, hardware: HardwareProfile | None = None) -> Compariso
     step = float(est.time["step"][0])
     out = Comparison(case=case, fits=bool(est.fits[0]), step_s=step)
     gpus = case.layout.gpus
-    peak = conventions.SOURCE_PEAK_FLOPS[case.peak_key]
+    peak = case.peak_flops
     flops = source_flops(case)
     meas = case.measured
 
