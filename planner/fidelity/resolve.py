@@ -78,7 +78,16 @@ def _matches_split(layout: Layout, case: RunCase) -> bool:
 
 def resolve(case: RunCase) -> Resolution:
     """Replace ``case.layout`` / ``case.training`` by the fastest fitting layout consistent with
-    what the run states (in place). Runs with nothing unknown are left as they are."""
+    what the run states (in place; ``case.resolution`` is set to the status). Runs with nothing
+    unknown are left as they are."""
+    result = _resolve(case)
+    case.resolution = result.status
+    if result.status in ("false-oom", "outside-space"):
+        case.assumptions.append(result.note)
+    return result
+
+
+def _resolve(case: RunCase) -> Resolution:
     if case.skipped or not case.unknown:
         return Resolution("stated", "")
     best, why_not = None, ""
@@ -104,7 +113,7 @@ def resolve(case: RunCase) -> Resolution:
         return Resolution("false-oom", "FALSE OOM: no layout consistent with the source fits")
     _, case.layout, case.training, words = best
     chosen = " ".join(f"{k}={_value(case.layout, k)}" for k in case.unknown
-                      if k not in TRAINING_CHOICES)
+                      if k not in TRAINING_CHOICES and k != "distributed_optimizer")
     stale = tuple(f"{k}=" for k in case.unknown) + ("pipeline split",)
     case.assumptions[:] = [a for a in case.assumptions if not a.startswith(stale)]
     note = f"resolved by search: {' '.join(x for x in (chosen, words) if x)}"

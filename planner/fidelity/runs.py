@@ -53,7 +53,8 @@ PEAKS = {"a100": 312e12, "h100": 989e12}  # the dense 16-bit peaks the sources d
 class RunCase:
     """One measured run as planner inputs. ``measured`` is in SI units (s, FLOP/s, fractions,
     bytes). ``unknown``: the layout and training settings neither the row nor its facts state
-    (each took a default, planner.fidelity.run_layout); ``sources``: the facts' sources."""
+    (each took a default, planner.fidelity.run_layout); ``sources``: the facts' sources;
+    ``resolution``: what --resolve search did (planner.fidelity.resolve)."""
 
     id: str
     group: str
@@ -72,6 +73,7 @@ class RunCase:
     unknown: list[str] = field(default_factory=list)
     sources: list[str] = field(default_factory=list)
     dataset: str = ""
+    resolution: str = ""  # --resolve search: resolved | false-oom | outside-space | stated
 
 
 def dataset_path(name: str) -> Path:
