@@ -30,7 +30,7 @@ from pydantic import Field, model_validator
 
 from .quantities import NAME_PATTERN, Bandwidth, Bytes, _Strict
 
-Recompute = Literal["none", "selective", "full"]
+Recompute = Literal["none", "selective", "full", "selective+"]
 GradDtype = Literal["fp32", "bf16", "fp16"]
 
 

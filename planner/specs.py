@@ -221,6 +221,10 @@ class TrainingSpec(_Strict):
     # ep > 1, no full recompute and, with pp > 1, interleaving (transformer_config.py
     # L3003-3050), and is off for the layouts that break that.
     moe_a2a_overlap: bool = False
+    # Bytes of each of Adam's two moments per parameter: 4 (fp32, Megatron's default) or 2 (bf16:
+    # Megatron-Core's precision-aware optimizer with --exp-avg-dtype/--exp-avg-sq-dtype bf16, as
+    # Megatron-Bridge's DeepSeek-V3 recipe sets them; megatron/core/optimizer/optimizer_config.py).
+    optimizer_moment_bytes: Literal[2, 4] = 4
     # Checkpoints and failures (planner.checkpoint_spec; cost.checkpoint, formulas.md 12): the
     # failure rate per GPU-hour, the restart time before the load, async or synchronous saves.
     checkpoint: CheckpointSpec = CheckpointSpec()

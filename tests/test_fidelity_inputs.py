@@ -76,15 +76,15 @@ def test_shipped_rows_all_load_with_the_field_check():
 
 
 @pytest.mark.parametrize("where, key, accepted", [
-    ("layout", "micro_batch_size", "tp, pp, dp, cp, ep, vpp, micro_batch, global_batch, zero_stage, "
-                                   "recompute, sequence_parallel"),
+    ("layout", "micro_batch_size", "tp, pp, dp, cp, ep, etp, vpp, micro_batch, global_batch, "
+                                   "zero_stage, recompute, sequence_parallel"),
     ("layout", "zero", None),
     ("model", "layer", "name, params_b, layers, hidden, heads, kv_heads, ffn_hidden, vocab, seq_len, "
-                       "arch_notes"),
-    ("hardware", "gpu_count", "gpu, gpus, gpus_per_node, intra_node, inter_node"),
+                       "arch_notes, num_experts, top_k, moe_ffn_hidden, shared_experts, dense_layers"),
+    ("hardware", "gpu_count", "gpu, gpus, gpus_per_node, intra_node, inter_node, profile"),
     ("measured", "mfu", "tflops_per_gpu, mfu_percent, hfu_percent, tokens_per_s, iteration_s, "
                         "peak_memory_gb"),
-    (None, "foo", "id, source, model, hardware, layout, measured, notes, framework"),
+    (None, "foo", "id, source, model, hardware, layout, measured, notes, framework, precision"),
 ])
 def test_unknown_field_is_named_with_the_accepted_ones(tmp_path, where, key, accepted):
     row = _row()
@@ -141,6 +141,7 @@ def test_calibrate_reports_unused_runs_and_a_weak_fit(tmp_path):
     used = _row("mine-used", iteration_s=13.75)
     h100 = _row("mine-h100", iteration_s=13.75)
     h100["hardware"]["gpu"] = "H100-80GB"
+    h100["hardware"]["profile"] = "dgx-h100"  # no profile's GPU is named "H100-80GB"
     no_convention = _row("mine-mfu", mfu_percent=51.4)
     excluded = _row("mine-excluded", iteration_s=13.75)
     out = tmp_path / "fitted.yaml"

@@ -489,7 +489,7 @@ def test_a_run_names_its_framework_or_assumes_megatron_core(tmp_path):
     row = next(r for r in rows if r["id"] == "korthikanti22-175b-selective-sp")
     mine = dict(row, id="my-run", framework={"framework": "megatron-lm-2021", "dtype": "fp16"})
     plain = dict(row, id="my-plain-run")
-    path = tmp_path / "runs.yaml"  # no published_runs_frameworks.yaml beside it: the shipped one
+    path = tmp_path / "runs.yaml"  # no runs_facts.yaml beside it: the shipped facts files
     path.write_text(yaml.safe_dump([mine, plain]))
     cases = {c.id: c for c in load_runs(path)}
     assert cases["my-run"].training.framework == "megatron-lm-2021"

@@ -28,6 +28,7 @@ NVIDIA_SMI_MIB = {
     "dgx-h200": 143_771,      # MLPerf Training v4.0 H200: "143771 MiB"
     "dgx-b200": 183_359,      # NVIDIA/TensorRT-LLM issue #10278 (driver 580.95.05): 183359MiB
     "gb200-nvl72": 189_471,   # MLPerf Training v5.1 Tyche (GB200 NVL72): "189471 MiB"
+    "grand-teton-h100": 98_304,  # assumed = 96 GiB from torchtitan's "96GB HBM2e" (profile says so)
 }
 
 

@@ -69,7 +69,7 @@ def test_runs_files_check_the_batch_like_every_command(tmp_path, batch, message)
     # batch is checked as --global-batch-size is, in one line)
     runs = tmp_path / "runs.yaml"
     runs.write_text(yaml.safe_dump([{
-        "id": "mylab-1", "source": "mylab", "hardware": {"gpu": "A100 80GB", "gpus": 8},
+        "id": "mylab-1", "source": "mylab", "hardware": {"gpu": "A100 80GB", "gpus": 8, "profile": "dgx-a100-80g"},
         "model": {"layers": 2, "hidden": 1024, "heads": 16, "seq_len": 2048, "vocab": 51200},
         "layout": {"tp": 8, "pp": 1, "dp": 1, "global_batch": batch},
         "measured": {"iteration_s": 1.0}}]))

@@ -36,25 +36,55 @@ def regress(
 @app.command()
 @handle_errors
 def accuracy(
-    runs: Optional[Path] = typer.Argument(None, help="Runs YAML (published_runs.yaml schema); default: the shipped dataset."),
+    runs: Optional[Path] = typer.Argument(None, help="Runs YAML (published_runs.yaml schema); default: the shipped datasets."),
+    dataset: str = typer.Option("all", "--dataset", help="Without RUNS: the shipped dataset to check, published "
+                                "(dense, A100/H100, 2020-24), modern (MoE, FP8/MXFP8, H100/B200/GB200) or all."),
+    resolve: str = typer.Option("default", "--resolve", help="What a run leaves unknown becomes: default (one "
+                                "stated default each) or search (the planner's best layout consistent with the run)."),
+    loso: bool = typer.Option(True, "--loso/--no-loso", help="Also predict each source with factors fitted "
+                              "without it (leave-one-source-out)."),
     json_out: bool = JSON,
 ) -> None:
     """Measured vs predicted for published (or your own) training runs, with errors per source."""
     from ..fidelity.compare import compare_all, summarize
     from ..render.fidelity import accuracy_json, accuracy_tables
-    from ..fidelity.runs import load_runs
-    cases = load_runs(runs)
+    cases = _accuracy_cases(runs, dataset, resolve)
     comparisons = compare_all(cases)
     skipped = [c for c in cases if c.skipped is not None]
     if not comparisons:
         first = skipped[0]
         more = f" (and {len(skipped) - 1} more)" if len(skipped) > 1 else ""
         raise UsageError(f"{runs}: no run can be compared; run {first.id}: {first.skipped}{more}")
-    summary = summarize(comparisons)
+    held = None
+    if loso:
+        from ..fidelity.loso import loso_errors
+        with console.err.status("Refitting without each source (leave-one-source-out)...", spinner="dots"):
+            held = loso_errors(cases)
+    summary = summarize(comparisons, held)
     if json_out:
-        console.print_json(accuracy_json(comparisons, skipped, summary))
+        console.print_json(accuracy_json(comparisons, skipped, summary, held))
     else:
-        accuracy_tables(comparisons, skipped, summary)
+        accuracy_tables(comparisons, skipped, summary, held)
+
+
+def _accuracy_cases(runs: Optional[Path], dataset: str, resolve: str) -> list:
+    """The runs to check: the RUNS file, or the shipped ``dataset`` (published, modern, all);
+    with ``resolve`` search, each run's unknown settings resolved (planner.fidelity.resolve)."""
+    from ..fidelity.runs import DATASETS, load_datasets, load_runs
+    if resolve not in ("default", "search"):
+        raise UsageError(f"--resolve must be default or search, got {resolve!r}")
+    if runs is not None:
+        cases = load_runs(runs)
+    elif dataset == "all":
+        cases = load_datasets(list(DATASETS))
+    else:
+        cases = load_datasets([dataset])
+    if resolve == "search":
+        from ..fidelity.resolve import resolve as resolve_case
+        with console.err.status("Resolving unknown settings by search...", spinner="dots"):
+            for case in cases:
+                resolve_case(case)
+    return cases
 
 
 
@@ -72,7 +102,7 @@ def calibrate(
 ) -> None:
     """Fit a hardware profile's efficiency factors to measured runs; write a new profile."""
     from ..outputs import check_destination, is_stdout, report_to_stderr, shown
-    from ..fidelity.calibrate import FACTORS, fit, partition, source_text, with_factors
+    from ..fidelity.calibrate import factors_of, fit, partition, source_text, with_factors
     from ..fidelity.profile_io import write_profile
     from ..render.fidelity import calibration_notes, calibration_report
     from ..fidelity.runs import load_runs, select_runs
@@ -89,7 +119,7 @@ def calibrate(
         if c.id not in kept:
             unused[c.id] = "excluded by --exclude" if any(fnmatch(c.id, p) for p in exclude) else \
                 f"excluded by --min-trust {min_trust} (trust: {c.trust})"
-    calibration_notes(unused, len(used), len(FACTORS), hw.name)
+    calibration_notes(unused, len(used), len(factors_of(hw)), hw.name)
     if not used:
         why = "after --exclude/--min-trust" if len(kept) < len(loaded) else "to calibrate on"
         raise UsageError(f"no usable measured run on hardware {hw.name} {why}")

@@ -193,6 +193,7 @@ def optimizer_bytes_per_param(training: TrainingSpec | None) -> float:
     DistributedOptimizer's shard), pass by pass:
 
     - fused Adam (apex / TE multi-tensor): read fp32 param, grad, m, v; write param, m, v: 28 B
+      (12 + 4 x ``optimizer_moment_bytes``: 20 B with bf16 moments)
     - copy the fp32 main params to the 16-bit model params: read 4, write 2: 6 B
     - gradient norm for clipping (multi_tensor_l2norm): read the fp32 grad: 4 B
     - zero the gradient buffer for the next step: write it: ``grad_bytes`` (4 fp32, 2 16-bit)
@@ -202,7 +203,8 @@ def optimizer_bytes_per_param(training: TrainingSpec | None) -> float:
     bf16 with fp32 grads (Megatron's default): 42 B; fp16 with fp32 grads: 50 B; fp16 with an
     fp16 buffer (pre-2022 Megatron default): 54 B. ``training`` None: bf16 with fp32 grads."""
     grad_bytes = 4.0 if training is None else float(training.grad_bytes)
-    total = 28.0 + 6.0 + 4.0 + grad_bytes
+    moment = 4.0 if training is None else float(training.optimizer_moment_bytes)
+    total = 12.0 + 4.0 * moment + 6.0 + 4.0 + grad_bytes  # Adam: 28 B with fp32 moments
     if grad_bytes < 4:
         total += 2.0 + 4.0
     if training is not None and training.dtype == "fp16":

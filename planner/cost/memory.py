@@ -15,18 +15,18 @@ from ..specs import ModelSpec, TrainingSpec
 from . import flops, pipeline, precision
 
 OPTIMIZER_BYTES_PER_PARAM = 12.0  # fp32 master weights + Adam m + v (ZeRO paper K = 12)
-ADAM_MOMENT_BYTES = 8.0  # Adam exp_avg and exp_avg_sq, fp32 each
 MASTER_BYTES = 4.0  # a separate fp32 master copy of a 16-bit parameter
 
 
 def state_bytes(training: TrainingSpec) -> tuple[float, float, float]:
     """(weights, master copy, Adam moments) bytes per parameter of the model and optimizer state
     the framework keeps (before any sharding): weights ``param_bytes`` (2 bf16; 4 where the fp32
-    parameter is its own master, FSDP2), the fp32 master 4 when ``master_weights``, moments 8.
-    Megatron: (2, 4, 8); torchtitan: (4, 0, 8). The memory model and the checkpoint size both
-    read this."""
+    parameter is its own master, FSDP2), the fp32 master 4 when ``master_weights``, moments
+    2 x ``optimizer_moment_bytes`` (8 in fp32; 4 with the bf16 moments of Megatron's
+    precision-aware optimizer). Megatron: (2, 4, 8); torchtitan: (4, 0, 8). The memory model
+    and the checkpoint size both read this."""
     master = MASTER_BYTES if training.master_weights else 0.0
-    return float(training.param_bytes), master, ADAM_MOMENT_BYTES
+    return float(training.param_bytes), master, 2.0 * float(training.optimizer_moment_bytes)
 RANK_KINDS = ("first", "middle", "last")
 
 
@@ -99,7 +99,8 @@ def model_state_bytes(params: np.ndarray, c, training: TrainingSpec,
     Per parameter, each divided by zero_divisors of its group (n = dp*cp for dense parameters,
     edp for experts, where the stage shards it): weights ``param_bytes`` (2 bf16; 4 where the
     fp32 parameter is its own master, FSDP2), gradients ``grad_bytes`` (4 fp32 main grads in
-    Megatron, 2 16-bit), optimizer 8 (Adam m, v) + 4 for a separate fp32 master copy
+    Megatron, 2 16-bit), optimizer 2 x ``optimizer_moment_bytes`` (Adam m, v: 8 in fp32, 4 in
+    bf16 with the precision-aware optimizer) + 4 for a separate fp32 master copy
     (``master_weights``). Megatron (2, 4, 12): stage 0 18 B; stage 1 (distributed optimizer)
     2 + 4 + 12/n; stage 2 2 + 16/n; stage 3 18/n.
     Framework terms (TrainingSpec, from the framework profile): ``fp32_grad_partition`` adds

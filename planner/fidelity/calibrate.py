@@ -1,7 +1,7 @@
 """Fit a hardware profile's efficiency factors to measured runs (``plan3d calibrate``).
 
-Unknowns: the seven factors of ``Efficiency`` (matmul, matmul_half_flops, attention, hbm, nvlink,
-network, step_overhead), each bounded to a physically meaningful range. Residual per run: log(T_pred / T_meas),
+Unknowns: the factors of ``Efficiency`` (matmul, matmul_fp8 where the GPU has FP8, matmul_half_flops,
+attention, hbm, nvlink, network, step_overhead), each bounded to a physically meaningful range. Residual per run: log(T_pred / T_meas),
 the log ratio of predicted to measured step time implied by the run's headline figure (iteration
 time directly; TFLOP/s, MFU and tokens/s inversely, as they are proportional to 1/T). A weak
 prior pulls each factor toward the given profile's own value (datasheet / micro-benchmark for a
@@ -9,12 +9,14 @@ profile that was never calibrated), so factors that the runs cannot identify sta
 sources put them:
     minimize  sum_runs log(T_pred/T_meas)^2 + w^2 * sum_factors log(x/x0)^2,   w = PRIOR_WEIGHT.
 Solved with scipy.optimize.least_squares (trust-region reflective, bounds). Leave-one-out: refit
-without each run (warm-started at the full fit) and predict the run left out.
+without each run (warm-started at the full fit) and predict the run left out. A fitted factor on
+its bound, or more than PRIOR_RATIO_WARN from its prior, is a finding (``FitResult.warnings``):
+the model misses something the factor absorbs, it is not a value to ship silently.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -23,14 +25,22 @@ from ..specs import Efficiency, HardwareProfile
 from .compare import Comparison, compare
 from .runs import RunCase
 
-FACTORS = ("matmul", "matmul_half_flops", "attention", "hbm", "nvlink", "network", "step_overhead")
-BOUNDS = {"matmul": (0.3, 1.0), "matmul_half_flops": (1e7, 1e11), "attention": (0.1, 1.0),
+FACTORS = ("matmul", "matmul_fp8", "matmul_half_flops", "attention", "hbm", "nvlink", "network",
+           "step_overhead")
+BOUNDS = {"matmul": (0.3, 1.0), "matmul_fp8": (0.2, 1.0), "matmul_half_flops": (1e7, 1e11),
+          "attention": (0.1, 1.0),
           "hbm": (0.2, 1.0), "nvlink": (0.2, 1.0), "network": (0.1, 1.0),
           "step_overhead": (1e-3, 1.0)}
 # Prior of a factor the profile leaves at 0 (T_misc): 10 ms, weakly held like the others.
 PRIOR_FLOOR = {"step_overhead": 1e-2}
 PRIOR_WEIGHT = 0.1
+PRIOR_RATIO_WARN = 2.0  # a fitted factor this far (either way) from its prior is reported
 TIME_LIKE = {"iteration_s"}
+
+
+def factors_of(hw: HardwareProfile) -> tuple[str, ...]:
+    """The factors a profile has: FACTORS without matmul_fp8 where the GPU has no FP8 (None)."""
+    return tuple(k for k in FACTORS if getattr(hw.efficiency, k) is not None)
 
 
 @dataclass
@@ -41,6 +51,22 @@ class FitResult:
     runs: list[str]
     fit_errors: dict[str, float]
     loo_errors: dict[str, float]
+    prior: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def warnings(self) -> list[str]:
+        """One line per fitted factor on its bound (within 1%) or more than PRIOR_RATIO_WARN
+        from its prior: what the runs pushed a factor to, which the model should explain."""
+        out = []
+        for key, value in self.factors.items():
+            lo, hi = BOUNDS[key]
+            if value <= lo * 1.01 or value >= hi / 1.01:
+                out.append(f"{key} {value:.4g} is on its bound ({lo:g}..{hi:g})")
+            base = max(self.prior.get(key, value), PRIOR_FLOOR.get(key, 0.0))
+            if base > 0 and max(value / base, base / value) > PRIOR_RATIO_WARN:
+                out.append(f"{key} {value:.4g} is {max(value / base, base / value):.1f}x from its "
+                           f"prior {base:.4g}")
+        return out
 
     @staticmethod
     def _stats(errors: dict[str, float]) -> tuple[float, float]:
@@ -67,20 +93,17 @@ def with_factors(hw: HardwareProfile, factors: dict[str, float], source: str | N
     return hw.model_copy(update={"efficiency": Efficiency.model_validate(eff)})
 
 
-def _to_x(factors: dict[str, float]) -> np.ndarray:
-    return np.array([np.log(max(factors[k], PRIOR_FLOOR.get(k, 0.0))) for k in FACTORS])
+def _to_x(factors: dict[str, float], keys: tuple[str, ...]) -> np.ndarray:
+    return np.array([np.log(max(factors[k], PRIOR_FLOOR.get(k, 0.0))) for k in keys])
 
 
-def _from_x(x: np.ndarray) -> dict[str, float]:
-    return {k: float(np.exp(v)) for k, v in zip(FACTORS, x)}
+def _from_x(x: np.ndarray, keys: tuple[str, ...]) -> dict[str, float]:
+    return {k: float(np.exp(v)) for k, v in zip(keys, x)}
 
 
 def _log_time_ratio(c: Comparison) -> float:
     """log(T_pred / T_meas) implied by the headline figure."""
-    key = c.primary
-    assert key is not None
-    ratio = c.predicted[key] / c.measured[key]
-    return float(np.log(ratio) if key in TIME_LIKE else -np.log(ratio))
+    return float(np.log(c.time_ratio))
 
 
 def usable(cases: list[RunCase], hw: HardwareProfile) -> list[RunCase]:
@@ -112,12 +135,13 @@ def _solve(cases: list[RunCase], hw: HardwareProfile, x0: np.ndarray, prior: np.
            max_nfev: int | None = None) -> np.ndarray:
     from scipy.optimize import least_squares
 
-    lo = np.log([BOUNDS[k][0] for k in FACTORS])
-    hi = np.log([BOUNDS[k][1] for k in FACTORS])
+    keys = factors_of(hw)
+    lo = np.log([BOUNDS[k][0] for k in keys])
+    hi = np.log([BOUNDS[k][1] for k in keys])
 
     def residuals(x: np.ndarray) -> np.ndarray:
-        trial = with_factors(hw, _from_x(x))
-        runs = [_log_time_ratio(compare(c, trial)) for c in cases]
+        trial = with_factors(hw, _from_x(x, keys))
+        runs = [_log_time_ratio(compare(c, trial, time_only=True)) for c in cases]
         return np.concatenate([runs, PRIOR_WEIGHT * (x - prior)])
 
     start = np.clip(x0, lo + 1e-9, hi - 1e-9)
@@ -130,17 +154,33 @@ def fit(cases: list[RunCase], hw: HardwareProfile, leave_one_out: bool = True) -
     runs = usable(cases, hw)
     if not runs:
         raise UsageError(f"no usable measured run on hardware {hw.name} to calibrate on")
-    prior = _to_x({k: float(getattr(hw.efficiency, k)) for k in FACTORS})
+    keys = factors_of(hw)
+    start = {k: float(getattr(hw.efficiency, k)) for k in keys}
+    prior = _to_x(start, keys)
     x = _solve(runs, hw, prior, prior)
-    fitted = with_factors(hw, _from_x(x))
-    fit_errors = {c.id: float(compare(c, fitted).primary_error) for c in runs}
+    fitted = with_factors(hw, _from_x(x, keys))
+    fit_errors = {c.id: float(compare(c, fitted, time_only=True).primary_error) for c in runs}
     loo: dict[str, float] = {}
     if leave_one_out and len(runs) > 1:
         for i, c in enumerate(runs):
             rest = runs[:i] + runs[i + 1:]
             xi = _solve(rest, hw, x, prior, max_nfev=40)
-            loo[c.id] = float(compare(c, with_factors(hw, _from_x(xi))).primary_error)
-    return FitResult(_from_x(x), [c.id for c in runs], fit_errors, loo)
+            loo[c.id] = float(compare(c, with_factors(hw, _from_x(xi, keys)), time_only=True).primary_error)
+    return FitResult(_from_x(x, keys), [c.id for c in runs], fit_errors, loo, start)
+
+
+def refit(cases: list[RunCase], hw: HardwareProfile, start: dict[str, float],
+          max_nfev: int = 40) -> HardwareProfile:
+    """``hw`` with its factors refitted to ``cases`` (prior: ``hw``'s own factors; search
+    warm-started at ``start``), without leave-one-out: what leave-one-source-out refits use.
+    ``hw`` unchanged if no case is usable."""
+    runs = usable(cases, hw)
+    if not runs:
+        return hw
+    keys = factors_of(hw)
+    prior = _to_x({k: float(getattr(hw.efficiency, k)) for k in keys}, keys)
+    x = _solve(runs, hw, _to_x(start, keys), prior, max_nfev=max_nfev)
+    return with_factors(hw, _from_x(x, keys))
 
 
 def source_text(result: FitResult, dataset: str) -> str:

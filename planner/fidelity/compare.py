@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..cost.flops import total_params
+import numpy as np
+
+from ..cost.flops import model_flops_per_step, total_params
 from ..cost.step import estimate_layout
 from ..specs import HardwareProfile
 from . import conventions
@@ -35,6 +37,24 @@ class Comparison:
     def primary_error(self) -> float | None:
         return self.error.get(self.primary) if self.primary else None
 
+    @property
+    def time_ratio(self) -> float:
+        """T_pred / T_meas implied by the headline figure (iteration time directly; TFLOP/s,
+        MFU, HFU and tokens/s inversely: each is proportional to 1/T)."""
+        assert self.primary is not None
+        ratio = self.predicted[self.primary] / self.measured[self.primary]
+        return ratio if self.primary == "iteration_s" else 1.0 / ratio
+
+    @property
+    def step_error(self) -> float:
+        """(T_pred - T_meas) / T_meas: the step-time error the headline figure implies."""
+        return self.time_ratio - 1.0
+
+    @property
+    def tokens_error(self) -> float:
+        """The tokens/s error the headline figure implies: T_meas / T_pred - 1."""
+        return 1.0 / self.time_ratio - 1.0
+
 
 def source_flops(case: RunCase) -> dict[str, float]:
     """FLOPs of one step as the run's source counts them: keys 'flops' (TFLOP/s numerator), 'mfu', 'hfu'."""
@@ -49,6 +69,11 @@ def source_flops(case: RunCase) -> dict[str, float]:
         f_hw = {"selective": conventions.korthikanti_hardware_flops(B, s, L, h, V),
                 "full": conventions.narayanan_flops(B, s, L, h, V)}.get(lay.recompute, f_model)
         return {"flops": f_model, "mfu": f_model, "hfu": f_hw}
+    if case.convention == "megatron":
+        # Megatron-LM's num_floating_point_operations of 2024 (full, non-causal attention: the
+        # causal count arrived in 2025-03), which plan3d's model FLOPs follow (formulas.md 4.1)
+        f = float(np.asarray(model_flops_per_step(m, s, B, np.asarray([lay.tp]), causal=False))[0])
+        return {"flops": f, "mfu": f}
     if case.convention == "mosaic":
         n = float(total_params(m))
         f_model = conventions.mosaic_flops(B, s, L, h, n)
@@ -57,15 +82,25 @@ def source_flops(case: RunCase) -> dict[str, float]:
     return {}
 
 
-def compare(case: RunCase, hardware: HardwareProfile | None = None) -> Comparison:
-    """Predict one (non-skipped) run and compare with what was measured; ``hardware`` overrides the profile."""
+def compare(case: RunCase, hardware: HardwareProfile | None = None,
+            time_only: bool = False) -> Comparison:
+    """Predict one (non-skipped) run and compare with what was measured; ``hardware`` overrides
+    the profile. ``time_only``: the step time alone (cost.evaluate's summary pass, what fits
+    need), no memory: ``fits`` stays True and peak memory is not compared."""
     hw = hardware or case.hardware
     assert hw is not None and case.model is not None and case.training is not None and case.layout
-    est = estimate_layout(case.model, hw, case.training, case.layout)
+    if time_only:
+        from ..cost.step import evaluate
+        from ..space import Candidates
+        est = evaluate(case.model, hw, case.training, Candidates.from_layouts([case.layout]), summary=True)
+        fits = True
+    else:
+        est = estimate_layout(case.model, hw, case.training, case.layout)
+        fits = bool(est.fits[0])
     step = float(est.time["step"][0])
-    out = Comparison(case=case, fits=bool(est.fits[0]), step_s=step)
+    out = Comparison(case=case, fits=fits, step_s=step)
     gpus = case.layout.gpus
-    peak = conventions.SOURCE_PEAK_FLOPS[case.peak_key]
+    peak = case.peak_flops
     flops = source_flops(case)
     meas = case.measured
 
@@ -83,7 +118,7 @@ def compare(case: RunCase, hardware: HardwareProfile | None = None) -> Compariso
     if "tokens_per_s" in meas:
         add("tokens_per_s", meas["tokens_per_s"], case.training.global_batch_size *
             case.training.seq_length / step)
-    if "peak_memory" in meas:
+    if "peak_memory" in meas and not time_only:
         # Sources report the allocator's peak (PyTorch max memory allocated): states, activations
         # and buffers, but not the reserve (CUDA context, NCCL buffers, what the allocator holds
         # above allocated), so the reserve is left out of the predicted side.
@@ -111,21 +146,36 @@ def compare_all(cases: list[RunCase]) -> list[Comparison]:
     return out
 
 
-def summarize(comparisons: list[Comparison]) -> dict[str, dict[str, float]]:
-    """Per group: n, mean and max |error| of the headline metric, and of peak memory where measured."""
+def _stats(values: list[float]) -> tuple[float, float]:
+    """(mean, max) of absolute values; NaN for none."""
+    vals = [abs(v) for v in values]
+    return (sum(vals) / len(vals), max(vals)) if vals else (float("nan"), float("nan"))
+
+
+def summarize(comparisons: list[Comparison],
+              loso: dict[str, float] | None = None) -> dict[str, dict[str, float]]:
+    """Per group (source): n; mean and max |error| of the headline metric, of the step time and
+    tokens/s it implies, of the step time predicted without the source (``loso``: run id ->
+    error, planner.fidelity.loso) and of peak memory where measured; how many runs are
+    predicted not to fit and how many of those --resolve search found no layout for (false OOM)."""
     groups: dict[str, list[Comparison]] = {}
     for c in comparisons:
         groups.setdefault(c.case.group, []).append(c)
     summary = {}
     for name, items in groups.items():
-        errs = [abs(c.primary_error) for c in items if c.primary_error is not None]
-        mem = [abs(c.error["peak_memory"]) for c in items if "peak_memory" in c.error]
+        timed = [c for c in items if c.primary is not None]
+        mean, worst = _stats([c.primary_error for c in timed])
         row = {"runs": float(len(items)), "metric": items[0].primary or "",
-               "mean_abs_error": sum(errs) / len(errs) if errs else float("nan"),
-               "max_abs_error": max(errs) if errs else float("nan"),
-               "predicted_not_to_fit": float(sum(not c.fits for c in items))}
+               "mean_abs_error": mean, "max_abs_error": worst,
+               "predicted_not_to_fit": float(sum(not c.fits for c in items)),
+               "false_oom": float(sum(c.case.resolution == "false-oom" for c in items))}
+        row["step_mean_abs_error"], row["step_max_abs_error"] = _stats([c.step_error for c in timed])
+        row["tokens_mean_abs_error"], row["tokens_max_abs_error"] = _stats([c.tokens_error for c in timed])
+        if loso is not None:
+            held = [loso[c.case.id] for c in timed if c.case.id in loso]
+            row["loso_mean_abs_error"], row["loso_max_abs_error"] = _stats(held)
+        mem = [c.error["peak_memory"] for c in items if "peak_memory" in c.error]
         if mem:
-            row["memory_mean_abs_error"] = sum(mem) / len(mem)
-            row["memory_max_abs_error"] = max(mem)
+            row["memory_mean_abs_error"], row["memory_max_abs_error"] = _stats(mem)
         summary[name] = row
     return summary

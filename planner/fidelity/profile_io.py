@@ -14,7 +14,7 @@ import yaml
 from ..specs import HardwareProfile
 
 DIGITS = 4
-NUMBER_FACTORS = ("matmul", "matmul_half_flops", "attention", "hbm", "nvlink", "network")
+NUMBER_FACTORS = ("matmul", "matmul_fp8", "matmul_half_flops", "attention", "hbm", "nvlink", "network")
 
 
 def profile_data(hw: HardwareProfile) -> dict:
@@ -24,7 +24,9 @@ def profile_data(hw: HardwareProfile) -> dict:
     data = hw.model_dump(mode="json")
     eff = data["efficiency"]
     for key in NUMBER_FACTORS:
-        eff[key] = float(f"{float(getattr(hw.efficiency, key)):.{DIGITS}g}")
+        value = getattr(hw.efficiency, key)
+        if value is not None:  # matmul_fp8 is None on a GPU without FP8
+            eff[key] = float(f"{float(value):.{DIGITS}g}")
     eff["step_overhead"] = duration_text(float(hw.efficiency.step_overhead), DIGITS)
     return data
 

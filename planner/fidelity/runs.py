@@ -1,40 +1,26 @@
-"""Load published, measured training runs (benchmarks/published_runs.yaml schema) as planner inputs.
+"""Load measured training runs (benchmarks/published_runs.yaml, benchmarks/modern_runs.yaml schema).
 
 Each row becomes a :class:`RunCase`: (ModelSpec, HardwareProfile, TrainingSpec, Layout, measured
-figures in SI units), plus the list of defaults it had to assume, or the reason it is skipped.
-The rules below are the ONLY defaults; each is applied to every row that leaves the field unknown
-and the row then lists it in ``assumptions`` (``plan3d accuracy`` prints them):
+figures in SI units), plus the defaults it had to assume, or the reason it is skipped. What the
+row does not carry -- the training framework, the model code, the hardware profile, the
+precision, the FLOP convention of its figures, settings its source's configuration states --
+comes from the run's facts (planner.fidelity.facts: the row's ``framework`` field, else the
+``*_facts.yaml`` entries beside the runs file or shipped), each entry with its source; nothing
+is inferred from an id's year, a GPU string's wording or a note. Defaults for what neither
+states are in planner.fidelity.run_layout (layout, training) and run_model (model), each listed
+in the run's ``assumptions`` (``plan3d accuracy`` prints them).
 
-- micro_batch unknown -> 1; vpp unknown -> 1 (plain 1F1B); recompute unknown -> full where the
-  source counts FLOPs with Narayanan's formula (which assumes full recomputation), else none;
-  sequence_parallel unknown -> off; zero_stage unknown -> 0 (Megatron DDP: the distributed
-  optimizer arrived in Megatron-LM in 2022); ffn_hidden unknown -> 4*hidden.
-- tp and pp unknown, dp known (Narayanan 2021 Table 2 gives only t*p): tp = 8 (one DGX node,
-  as every PTD-P layout of the paper's Table 1 from 18B up), pp = (gpus/dp)/8.
-- seq_len / vocab unknown (2020 Megatron README): 1024 / 51200, the GPT-2 context and Megatron's
-  padded GPT-2 vocabulary; with them the row's own iteration time and TFLOP/s agree under
-  Narayanan's formula to 0.1 % (tests/test_fidelity.py checks this).
-- framework: every fact of how the run was trained -- flash attention, gradient dtype, overlap
-  of the DP reduce and of the interleaved p2p, Narayanan's p2p scatter/gather, synchronous TP in
-  backward, what and how fast ZeRO-3 gathers, memory accounting and reserve -- comes from the
-  framework profile the run names (planner.fidelity.run_framework: the row's ``framework``
-  field, else published_runs_frameworks.yaml beside the runs file: megatron-lm-2021 for
-  Narayanan 2021 and the 2020 README, deepspeed-2021 for Narayanan's ZeRO-3 rows,
-  megatron-lm-2022 for Korthikanti 2022, llm-foundry for MosaicML, megatron-core for the rest),
-  with the single facts it overrides (the PURE bf16 MosaicML rows: --grad-dtype bf16) and its
-  training dtype; megatron-core in bf16 when nothing names one (stated as an assumption).
-- architecture: GeLU MLP, LayerNorm; the framework entry's ``architecture`` gives the rest:
-  megatron-gpt (biases, learned positions, dropout 0.1 and tied embeddings unless the row says
-  "untied") or mpt (llm-foundry defaults: no biases, ALiBi, dropout 0, tied embeddings).
-- FLOP convention of the source's TFLOP/s / MFU: by id prefix for the shipped sources (GROUPS);
-  a user row may tag its notes ``[flops=narayanan|korthikanti|mosaic]``, otherwise only its
-  iteration time and tokens/s are compared.
-- peak memory: the "GB" of a source whose code builds on Megatron-LM (the vocabulary-parallelism
-  rows) is read as GiB: Megatron-LM's ``report_memory`` logs torch.cuda.max_memory_allocated()
-  divided by 1024*1024 under the label "MB" (megatron/training/utils.py). A user row may tag its
-  notes ``[memory=GiB]`` or ``[memory=GB]``; otherwise GB is 10^9 bytes.
-- hardware: A100-SXM4-80GB -> dgx-a100-80g, A100 40GB -> dgx-a100-40g, A100 of unstated size
-  (2020) -> dgx-a100-40g, H100 -> dgx-h100; TPUs and anything else are skipped.
+- hardware: the row's ``hardware.profile``, else the facts' ``hardware``, else the catalog
+  profile whose GPU name is the row's ``hardware.gpu`` exactly (assumed); otherwise skipped.
+- FLOP convention of TFLOP/s and MFU: the notes tag ``[flops=narayanan|korthikanti|mosaic]``,
+  else the facts' ``flops``; without one only iteration time and tokens/s are compared. The
+  peak an MFU divides by: the facts' ``peak`` (a100 312, h100 989 TFLOP/s), else the profile's
+  dense 16-bit peak.
+- peak memory: GB = 10^9 bytes unless the notes tag ``[memory=GiB]`` or the facts'
+  ``memory_unit: GiB`` says the source's code prints binary units (Megatron-LM's report_memory
+  divides by 1024^2 and labels it "MB").
+- skipped: a GPU count, the architecture (layers/hidden/heads, unless the facts name a catalog
+  model), the parallel layout or the global batch not given; hardware with no profile.
 """
 
 from __future__ import annotations
@@ -45,39 +31,30 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from ..catalog import describe_validation_error, read_yaml, resolve_hardware, validate
+from ..catalog import describe_validation_error, hardware_profiles, read_yaml, resolve_hardware
+from ..cost.precision import check_precision
 from ..degrees import split_problem
 from ..errors import UsageError
-from ..inputs import check_integers, field_of, training_spec
-from ..specs import NAME_PATTERN, HardwareProfile, Layout, ModelSpec, TrainingDefaults, TrainingSpec
-from ..frameworks.profile import resolve_training
-from .run_framework import run_framework
+from ..inputs import check_integers
+from ..specs import NAME_PATTERN, HardwareProfile, Layout, ModelSpec, TrainingSpec
+from .facts import RunFacts, run_facts
+from .run_layout import layout_of, training_of
+from .run_model import run_model
 from .schema import check_fields, notes_tags
 
-REPO_DATASET = Path(__file__).resolve().parents[2] / "benchmarks" / "published_runs.yaml"
-WHEEL_DATASET = Path(__file__).resolve().parents[1] / "_catalog" / "published_runs.yaml"
-
-# (id prefix, group shown in the report, FLOP convention of the source's TFLOP/s / MFU / HFU)
-GROUPS: tuple[tuple[str, str, str], ...] = (
-    ("megatron21-t1-", "Narayanan 2021 Table 1", "narayanan"),
-    ("megatron21-t2-zero3-", "Narayanan 2021 Table 2 ZeRO-3", "narayanan"),
-    ("megatron21-t2-ptd-", "Narayanan 2021 Table 2 PTD-P", "narayanan"),
-    ("korthikanti22-530b-2240gpu", "Korthikanti 2022 dp=8 (2240 GPUs)", "korthikanti"),
-    ("korthikanti22-", "Korthikanti 2022 Table 5", "korthikanti"),
-    ("megatron-readme2020-", "Megatron-LM README 2020", "narayanan"),
-    ("megatron-readme-h100-", "Megatron-LM README H100", "megatron"),
-    ("mosaic-", "MosaicML llm-foundry FSDP", "mosaic"),
-    ("vocabpar-", "Vocabulary Parallelism 1F1B baseline", "korthikanti"),
-    ("palm-", "PaLM", "palm"),
-    ("gopher-", "Gopher", "palm"),
-)
-# Sources whose peak-memory "GB" is Megatron-LM's binary unit (see the module docstring).
-MEMORY_GIB_PREFIXES = ("vocabpar-",)
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+WHEEL = Path(__file__).resolve().parents[1] / "_catalog"
+DATASETS = {"published": "published_runs.yaml", "modern": "modern_runs.yaml"}
+REPO_DATASET = BENCHMARKS / DATASETS["published"]
+PEAKS = {"a100": 312e12, "h100": 989e12}  # the dense 16-bit peaks the sources divide by
 
 
 @dataclass
 class RunCase:
-    """One published run as planner inputs. ``measured`` is in SI units (s, FLOP/s, fractions, bytes)."""
+    """One measured run as planner inputs. ``measured`` is in SI units (s, FLOP/s, fractions,
+    bytes). ``unknown``: the layout and training settings neither the row nor its facts state
+    (each took a default, planner.fidelity.run_layout); ``sources``: the facts' sources;
+    ``resolution``: what --resolve search did (planner.fidelity.resolve)."""
 
     id: str
     group: str
@@ -89,18 +66,35 @@ class RunCase:
     hardware: HardwareProfile | None = None
     training: TrainingSpec | None = None
     layout: Layout | None = None
-    peak_key: str = "a100"
+    peak_flops: float = PEAKS["a100"]
     trust: str = "unknown"
     assumptions: list[str] = field(default_factory=list)
     skipped: str | None = None
+    unknown: list[str] = field(default_factory=list)
+    sources: list[str] = field(default_factory=list)
+    dataset: str = ""
+    resolution: str = ""  # --resolve search: resolved | false-oom | outside-space | stated
+
+
+def dataset_path(name: str) -> Path:
+    """A shipped dataset (published | modern): the repository's benchmarks/ copy, else the
+    wheel's. UsageError for another name or a missing file."""
+    if name not in DATASETS:
+        raise UsageError(f"--dataset must be one of {', '.join(DATASETS)} or all, got {name!r}")
+    for folder in (BENCHMARKS, WHEEL):
+        if (folder / DATASETS[name]).is_file():
+            return folder / DATASETS[name]
+    raise UsageError(f"the shipped {DATASETS[name]} is missing from this installation")
 
 
 def default_dataset() -> Path:
-    """The shipped dataset: the repository's benchmarks/ copy, else the wheel's."""
-    for path in (REPO_DATASET, WHEEL_DATASET):
-        if path.is_file():
-            return path
-    raise UsageError("the shipped published_runs.yaml is missing from this installation")
+    """The shipped dense dataset (published_runs.yaml)."""
+    return dataset_path("published")
+
+
+def load_datasets(names: list[str]) -> list[RunCase]:
+    """The runs of several shipped datasets, in order (ids are unique across them)."""
+    return [c for name in names for c in load_runs(dataset_path(name))]
 
 
 def load_runs(path: Path | None = None) -> list[RunCase]:
@@ -122,7 +116,7 @@ def load_runs(path: Path | None = None) -> list[RunCase]:
                              f"and {i + 1}); ids must be unique")
         seen[row["id"]] = i + 1
         try:
-            cases.append(_case(row, path))
+            case = _case(row, path)
         except KeyError as exc:
             raise UsageError(f"{path}: run {row['id']}: missing field {exc}") from None
         except ValidationError as exc:  # one line naming the field, as catalog.validate words it
@@ -131,6 +125,8 @@ def load_runs(path: Path | None = None) -> list[RunCase]:
             raise UsageError(f"{path}: run {row['id']}: malformed ({exc})") from None
         except UsageError as exc:
             raise UsageError(f"{path}: run {row['id']}: {exc}") from None
+        case.dataset = path.stem
+        cases.append(case)
     return cases
 
 
@@ -147,15 +143,6 @@ def select_runs(cases: list[RunCase], exclude: list[str] | None = None,
     floor = TRUST_LEVELS.index(min_trust) if min_trust else -1
     return [c for c in cases if not any(fnmatch(c.id, pat) for pat in exclude or ())
             and (floor < 0 or (c.trust in TRUST_LEVELS and TRUST_LEVELS.index(c.trust) >= floor))]
-
-
-def _group(row: dict, tags: dict[str, str]) -> tuple[str, str]:
-    """(group shown in the report, FLOP convention): a shipped source's by id prefix, else the
-    source's first comma-separated part; a ``[flops=...]`` tag overrides the convention."""
-    for prefix, group, convention in GROUPS:
-        if row["id"].startswith(prefix):
-            return group, tags.get("flops", convention)
-    return str(row.get("source") or "user runs").split(",")[0][:60], tags.get("flops", "none")
 
 
 MEASURED_SCALE = {"tflops_per_gpu": 1e12, "mfu_percent": 1e-2, "hfu_percent": 1e-2,
@@ -184,131 +171,87 @@ def _measured(m: object) -> dict[str, float]:
     return out
 
 
-def _hardware(gpu: str, notes: list[str]) -> tuple[str | None, str]:
-    """(profile name or None, peak key) for a row's GPU string."""
-    g = gpu.upper()
-    if "H100" in g:
-        return "dgx-h100", "h100"
-    if "A100" in g:
-        if "NOT STATED" in g:
-            notes.append("A100 40GB (size unstated)")
-            return "dgx-a100-40g", "a100"
-        return ("dgx-a100-40g" if "40" in g else "dgx-a100-80g"), "a100"
-    return None, "a100"
+def _hardware(hw_row: dict, facts: RunFacts, assume) -> str | None:
+    """The hardware profile of a run: the row's ``hardware.profile``, else the facts', else the
+    catalog profile whose GPU is named exactly as the row's ``hardware.gpu`` (assumed); None if
+    none is."""
+    named = hw_row.get("profile") or facts.hardware
+    if named is not None:
+        return str(named)
+    gpu = str(hw_row.get("gpu") or "").strip().lower()
+    for name, hw in hardware_profiles().items():
+        if gpu and hw.gpu.name.lower() == gpu:
+            assume(f"hardware={name} (its GPU is {hw_row['gpu']})")
+            return name
+    return None
+
+
+def _sections(row: dict) -> tuple[dict, dict, dict]:
+    """The row's hardware, model and layout mappings (UsageError if one is missing)."""
+    for key in ("hardware", "model", "layout"):
+        if not isinstance(row.get(key), dict):
+            raise UsageError(f"missing field '{key}'" if row.get(key) is None else
+                             f"{key} must be a mapping of fields, got {row[key]!r}")
+    return row["hardware"], row["model"], row["layout"]
+
+
+def _skip_reason(hw_row: dict, model_row: dict, lay: dict, facts: RunFacts, profile) -> str | None:
+    """Why a row cannot be predicted (None if it can)."""
+    catalog = isinstance(facts.model, dict) and "catalog" in facts.model
+    if profile is None:
+        return f"hardware not modelled by plan3d ({hw_row.get('gpu')})"
+    if not hw_row.get("gpus"):
+        return "GPU count not given"
+    if not catalog and any(model_row.get(k) is None for k in ("layers", "hidden", "heads")):
+        return "architecture not given (layers/hidden/heads only in the source's images)"
+    if lay.get("dp") is None and (lay.get("tp") is None or lay.get("pp") is None):
+        return "parallel layout not given"
+    if lay.get("global_batch") is None and (facts.layout is None or facts.layout.global_batch is None):
+        return "global batch not given"
+    return None
 
 
 def _case(row: dict, path: Path | None = None) -> RunCase:
     check_fields(row)
     tags = notes_tags(str(row.get("notes") or ""))
-    group, convention = _group(row, tags)
-    for key in ("hardware", "model", "layout"):
-        if not isinstance(row.get(key), dict):
-            raise UsageError(f"missing field '{key}'" if row.get(key) is None else
-                             f"{key} must be a mapping of fields, got {row[key]!r}")
-    hw_row, model_row, lay = row["hardware"], row["model"], row["layout"]
+    facts, sources = run_facts(row, path)
+    hw_row, model_row, lay = _sections(row)
     source = str(row.get("source") or "")
-    case = RunCase(id=row["id"], group=group, convention=convention, source=source,
-                   gpus=int(hw_row.get("gpus") or 0), measured=_measured(row.get("measured")))
-    if "peak_memory" in case.measured:
-        tag = tags.get("memory")
-        binary = tag == "GiB" if tag else row["id"].startswith(MEMORY_GIB_PREFIXES)
-        if binary:
-            case.measured["peak_memory"] *= 2**30 / 1e9
-            if not tag:
-                case.assumptions.append("memory GB = GiB (Megatron report_memory)")
-    case.trust = tags.get("trust", "unknown")
-    profile, case.peak_key = _hardware(str(hw_row.get("gpu") or ""), case.assumptions)
-    if profile is None:
-        case.skipped = f"hardware not modelled by plan3d ({hw_row.get('gpu')})"
-        return case
-    if any(model_row.get(k) is None for k in ("layers", "hidden", "heads")):
-        case.skipped = "architecture not given (layers/hidden/heads only in the source's images)"
-        return case
-    if lay.get("dp") is None and (lay.get("tp") is None or lay.get("pp") is None):
-        case.skipped = "parallel layout not given"
-        return case
-    if (lay.get("cp") or 1) > 1 or (lay.get("ep") or 1) > 1:
-        case.skipped = "context/expert parallelism not modelled by this comparison"
-        return case
-    if lay.get("global_batch") is None:
-        raise UsageError("missing field 'layout.global_batch'")
-    # the batch and sequence as every command checks them (planner.inputs)
-    check_integers({"global_batch_size": lay["global_batch"]}, label=lambda _: "layout.global_batch")
-    check_integers({"seq_length": model_row.get("seq_len")}, label=lambda _: "model.seq_len")
-    case.hardware = resolve_hardware(profile)
+    case = RunCase(id=row["id"], group=facts.group or source.split(",")[0][:60] or "user runs",
+                   convention=tags.get("flops") or facts.flops or "none", source=source,
+                   gpus=int(hw_row.get("gpus") or 0), measured=_measured(row.get("measured")),
+                   trust=tags.get("trust", "unknown"), sources=sources)
     assume = case.assumptions.append
-    software, assumed = run_framework(row, path)
-    if assumed:
-        assume(f"framework={software.framework} {software.dtype}")
-
-    seq, vocab = model_row.get("seq_len"), model_row.get("vocab")
+    for note in facts.approximations:
+        assume(note)
+    if "peak_memory" in case.measured and (tags.get("memory") or facts.memory_unit) == "GiB":
+        case.measured["peak_memory"] *= 2**30 / 1e9  # stated by the tag or the facts' source
+    profile = _hardware(hw_row, facts, assume)
+    case.skipped = _skip_reason(hw_row, model_row, lay, facts, profile)
+    if case.skipped:
+        return case
+    batch = lay["global_batch"] if lay.get("global_batch") is not None else facts.layout.global_batch
+    check_integers({"global_batch_size": batch}, label=lambda _: "layout.global_batch")
+    seq = model_row.get("seq_len")
     if seq is None:
         seq = 1024
         assume("seq_len=1024")
-    if vocab is None:
-        vocab = 51200
-        assume("vocab=51200")
-    h = int(model_row["hidden"])
-    ffn = model_row.get("ffn_hidden")
-    if ffn is None:
-        ffn = 4 * h
-        assume("ffn=4h")
-    megatron = software.architecture == "megatron-gpt"
-    case.model = validate(ModelSpec, dict(
-        name=case.id, source=source or "user run", num_layers=int(model_row["layers"]), hidden_size=h,
-        num_attention_heads=int(model_row["heads"]),
-        num_kv_heads=int(model_row.get("kv_heads") or model_row["heads"]), ffn_hidden_size=int(ffn),
-        vocab_size=int(vocab), activation="gelu",
-        # Megatron GPT ties input/output embeddings by default; the vocab-parallel paper unties them.
-        tie_embeddings="untied" not in str(model_row.get("arch_notes") or "").lower(),
-        norm="layernorm", bias=megatron, position_embedding="learned" if megatron else "alibi",
-        max_position_embeddings=int(seq), dropout=0.1 if megatron else 0.0,
-        training=TrainingDefaults(seq_length=int(seq), global_batch_size=int(lay["global_batch"]))),
-        f"run {case.id} model")
-
-    _run_layout(case, lay, convention)
-    _run_training(case, int(seq), int(lay["global_batch"]), software)
-    problem = split_problem(case.gpus, {k: getattr(case.layout, k) for k in ("tp", "pp", "dp")},
+    check_integers({"seq_length": seq}, label=lambda _: "model.seq_len")
+    case.hardware = resolve_hardware(profile)
+    case.peak_flops = PEAKS[facts.peak] if facts.peak else case.hardware.gpu.peak_tflops["bf16"] * 1e12
+    model_facts = facts.model if isinstance(facts.model, dict) else None
+    case.model = run_model(case.id, model_row, model_facts, facts.architecture, int(seq), int(batch), assume)
+    case.layout, unknown = layout_of(case.id, case.gpus, lay, facts, case.model, case.convention, assume)
+    precision = row.get("precision") or facts.precision
+    if precision is None:
+        precision = "bf16"
+        assume("precision=bf16")
+    case.training, unknown_training = training_of(case.id, case.model, int(seq), int(batch), facts,
+                                                  str(precision), assume)
+    case.unknown = unknown + unknown_training
+    check_precision(case.hardware, case.training)
+    problem = split_problem(case.gpus, {k: getattr(case.layout, k) for k in ("tp", "cp", "pp", "dp")},
                             exact=True)
     if problem:
         raise UsageError(problem)
     return case
-
-
-def _run_layout(case: RunCase, lay: dict, convention: str) -> None:
-    """``case.layout`` from the row's layout, each unstated value a stated default (listed in
-    ``case.assumptions`` unless it cannot change the prediction)."""
-    tp, pp, dp = lay.get("tp"), lay.get("pp"), lay.get("dp")
-    if tp is None or pp is None:
-        mp = case.gpus // int(dp)
-        tp, pp = 8, mp // 8
-        case.assumptions.append(f"tp=8,pp={pp} (tp*pp={mp})")
-    dp = int(dp) if dp is not None else case.gpus // (int(tp) * int(pp))
-    # Narayanan's FLOP formula assumes full recomputation, so a source counting with it ran it.
-    defaults = {"micro_batch": 1, "vpp": 1,
-                "recompute": "full" if convention == "narayanan" else "none",
-                "sequence_parallel": False, "zero_stage": 0}
-    value = {}
-    for key, default in defaults.items():
-        raw = lay.get(key)
-        if raw is None or (key == "zero_stage" and not isinstance(raw, int)):
-            value[key] = default
-            moot = (key == "vpp" and int(pp) == 1) or (key == "zero_stage" and dp == 1)
-            if not moot:  # a default that cannot change the prediction is not an assumption
-                case.assumptions.append(f"{key}={default}")
-        else:
-            value[key] = raw
-    case.layout = validate(Layout, dict(
-        tp=int(tp), pp=int(pp), dp=dp, zero_stage=int(value["zero_stage"]),
-        micro_batch_size=int(value["micro_batch"]), recompute=value["recompute"],
-        sequence_parallel=bool(value["sequence_parallel"]), vpp=int(value["vpp"])), f"run {case.id} layout")
-
-
-def _run_training(case: RunCase, seq: int, batch: int, software) -> None:
-    """``case.training`` of the run: the job (sequence, batch, the framework entry's dtype)
-    checked as every command checks one (planner.inputs.training_spec), run by the framework
-    profile the run names with its single-fact overrides (frameworks.profile.resolve_training)."""
-    job = training_spec(case.model, {"seq_length": seq, "global_batch_size": batch,
-                                     "dtype": software.dtype}, field_of("training"),
-                        f"run {case.id} training")
-    case.training = resolve_training(job, software.profile(), software.overrides())

@@ -3,9 +3,12 @@
 A misspelled field (``layout.micro_batch_size`` for ``micro_batch``) or tag (``[memory=MiB]``)
 would otherwise be ignored and the run compared under a default the user did not mean, so both
 are rejected with a one-line UsageError. The accepted names are the union of what the shipped
-dataset uses and what planner/fidelity/runs.py reads (the descriptive fields model.name,
-model.params_b, hardware.gpus_per_node, intra_node and inter_node are not read, but the shipped
-rows carry them).
+datasets (published_runs.yaml, modern_runs.yaml) use and what planner/fidelity/runs.py reads (the
+descriptive fields model.name, params_b, dense_layers, arch_notes, hardware.gpus_per_node,
+intra_node and inter_node are not read, but the shipped rows carry them; the modern rows' MoE
+block: num_experts, top_k, moe_ffn_hidden, shared_experts {count, ffn_hidden}, and layout.etp).
+A row may add ``precision`` (bf16 | fp8 | fp8-blockwise | mxfp8) and ``hardware.profile`` (a
+hardware profile) beside its ``framework``.
 """
 
 from __future__ import annotations
@@ -14,13 +17,15 @@ import re
 
 from ..errors import UsageError
 
-TOP_FIELDS = ("id", "source", "model", "hardware", "layout", "measured", "notes", "framework")
+TOP_FIELDS = ("id", "source", "model", "hardware", "layout", "measured", "notes", "framework",
+              "precision")
 SECTION_FIELDS: dict[str, tuple[str, ...]] = {
     "model": ("name", "params_b", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab",
-              "seq_len", "arch_notes"),
-    "hardware": ("gpu", "gpus", "gpus_per_node", "intra_node", "inter_node"),
-    "layout": ("tp", "pp", "dp", "cp", "ep", "vpp", "micro_batch", "global_batch", "zero_stage",
-               "recompute", "sequence_parallel"),
+              "seq_len", "arch_notes", "num_experts", "top_k", "moe_ffn_hidden", "shared_experts",
+              "dense_layers"),
+    "hardware": ("gpu", "gpus", "gpus_per_node", "intra_node", "inter_node", "profile"),
+    "layout": ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "micro_batch", "global_batch",
+               "zero_stage", "recompute", "sequence_parallel"),
     "measured": ("tflops_per_gpu", "mfu_percent", "hfu_percent", "tokens_per_s", "iteration_s",
                  "peak_memory_gb"),
 }

@@ -73,6 +73,15 @@ def hardware_table(profiles) -> None:
                   "hardware --json): " + "; ".join(escape(x) for x in marked))
 
 
+def _recompute_modes(modes) -> str:
+    """'none/selective/full', with selective+ (selective plus named modules) folded into
+    'selective(+)' where a profile offers both, so the table keeps 80 columns."""
+    names = list(modes)
+    if "selective" in names and "selective+" in names:
+        names = ["selective(+)" if m == "selective" else m for m in names if m != "selective+"]
+    return "/".join(names)
+
+
 def frameworks_table(profiles) -> None:
     """One row per framework profile: name over its exporter, what it runs (CP kind,
     interleaving, ZeRO stages, recompute), flash attention and gradient dtype (bf16 training),
@@ -87,7 +96,7 @@ def frameworks_table(profiles) -> None:
         r = f.rules
         t.add_row(tables.stacked([escape(f.name), f.export or "-"]),
                   tables.stacked([r.context_parallel, "yes" if r.interleaving else "no"]),
-                  tables.stacked([",".join(map(str, r.zero_stages)), "/".join(r.recompute)]),
+                  tables.stacked([",".join(map(str, r.zero_stages)), _recompute_modes(r.recompute)]),
                   tables.stacked(["yes" if f.runtime.flash_attention else "no",
                                   f.memory.gradients["bf16"]]),
                   fmt.percent(f.reserve.allocator, 0))

@@ -42,6 +42,7 @@ def comparison_dict(c) -> dict:
             "measured": figures(c.measured), "predicted": figures(c.predicted),
             "error": figures(c.error),
             "fits": c.fits, "predicted_step_s": c.step_s, "assumptions": c.case.assumptions,
+            "resolution": c.case.resolution or None, "precision": c.case.training.precision,
             "layout": c.case.layout.model_dump() if c.case.layout else None,
             "hardware": c.case.hardware.name if c.case.hardware else None}
 
@@ -50,13 +51,23 @@ def _finite(value):
     """NaN (no figure to compare) becomes null, so the output stays valid JSON."""
     if isinstance(value, dict):
         return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
     return None if isinstance(value, float) and math.isnan(value) else value
 
 
-def accuracy_json(comparisons, skipped, summary: dict) -> dict:
-    """``plan3d accuracy --json``: runs, skipped runs and the per-source summary."""
-    keys = ("memory_mean_abs_error", "memory_max_abs_error")  # null for a source without memory
-    return {"runs": [comparison_dict(c) for c in comparisons],
+def accuracy_json(comparisons, skipped, summary: dict, loso: dict | None = None) -> dict:
+    """``plan3d accuracy --json``: runs (each with its step-time error in-sample and, with
+    ``loso``, predicted without its source), skipped runs and the per-source summary."""
+    keys = ("memory_mean_abs_error", "memory_max_abs_error", "loso_mean_abs_error",
+            "loso_max_abs_error")  # null where a source has none
+    runs = []
+    for c in comparisons:
+        run = comparison_dict(c)
+        run["step_error"] = c.step_error if c.primary else None
+        run["loso_step_error"] = (loso or {}).get(c.case.id)
+        runs.append(run)
+    return {"runs": _finite(runs),
             "skipped": [{"id": s.id, "reason": s.skipped} for s in skipped],
             "summary": _finite({name: {**row, **{k: row.get(k) for k in keys}}
                                 for name, row in summary.items()})}
@@ -73,30 +84,39 @@ def _prefix(ids: list[str]) -> str:
     return common[:common.rfind("-") + 1]
 
 
-def _layout(lay) -> str:
+def _layout(lay, training=None) -> str:
     if lay is None:
         return ""
-    return (f"t{lay.tp} p{lay.pp} d{lay.dp} v{lay.vpp} z{lay.zero_stage} b{lay.micro_batch_size} "
-            f"{lay.recompute[:3]}{'+sp' if lay.sequence_parallel else ''}")
+    extra = "".join(f" {k}{v}" for k, v in (("c", lay.cp), ("e", lay.ep)) if v > 1)
+    precision = "" if training is None or training.precision == "bf16" else f" {training.precision}"
+    return (f"t{lay.tp} p{lay.pp} d{lay.dp}{extra} v{lay.vpp} z{lay.zero_stage} "
+            f"b{lay.micro_batch_size} {lay.recompute[:4]}{'+sp' if lay.sequence_parallel else ''}"
+            f"{precision}")
 
 
-def _group_table(group: str, comparisons):
+def _group_table(group: str, comparisons, loso: dict | None = None):
     prefix = _prefix([c.case.id for c in comparisons])
     mfu = any("mfu" in c.error and c.primary != "mfu" for c in comparisons)
     mem = any("peak_memory" in c.error for c in comparisons)
     title = f"{escape(group)}" + (f": runs {escape(prefix)}*" if prefix else "")
     t = tables.new(title)
     tables.text_column(t, "run\nlayout")
-    for col in ("measured\npredicted", "error") + ("MFU meas.\nMFU pred.",) * mfu + \
+    held = ("step err\nLOSO",) if loso is not None else ()
+    for col in ("measured\npredicted", "error") + held + ("MFU meas.\nMFU pred.",) * mfu + \
             ("mem meas.\nmem pred.", "mem\nerror") * mem:
         tables.number_column(t, col)
     for c in comparisons:
         key = c.primary or ""
         run = escape(c.case.id[len(prefix):]) + ("*" if c.case.assumptions else "")
-        cells = [tables.stacked([run, _layout(c.case.layout)]),
+        no_fit = "" if c.fits else ("\n[red]false OOM[/]" if c.case.resolution == "false-oom"
+                                    else "\n[red]no fit[/]")
+        cells = [tables.stacked([run, _layout(c.case.layout, c.case.training)]),
                  tables.stacked([figure(key, c.measured[key]), figure(key, c.predicted[key])])
                  if key else "",
-                 fmt.percent(c.primary_error, signed=True) + ("" if c.fits else "\n[red]no fit[/]")]
+                 fmt.percent(c.primary_error, signed=True) + no_fit]
+        if loso is not None:
+            cells.append(tables.stacked([fmt.percent(c.step_error, signed=True),
+                                         fmt.percent(loso.get(c.case.id), signed=True)]) if key else "")
         if mfu:
             cells.append(tables.stacked([fmt.percent(c.measured["mfu"]), fmt.percent(c.predicted["mfu"])])
                          if "mfu" in c.error and c.primary != "mfu" else "")
@@ -108,7 +128,7 @@ def _group_table(group: str, comparisons):
     return t
 
 
-def accuracy_tables(comparisons, skipped, summary: dict) -> None:
+def accuracy_tables(comparisons, skipped, summary: dict, loso: dict | None = None) -> None:
     """Run by run (one table per source), the per-source summary, then the defaults assumed
     and the skipped runs."""
     out.print("[bold]Measured vs predicted, run by run[/] (* = assumes defaults; error = "
@@ -117,8 +137,12 @@ def accuracy_tables(comparisons, skipped, summary: dict) -> None:
     for c in comparisons:
         groups.setdefault(c.case.group, []).append(c)
     for group, members in groups.items():
-        tables.show(_group_table(group, members), out)
+        tables.show(_group_table(group, members, loso), out)
     summary_table(summary)
+    if loso is not None:
+        out.print(f"Leave-one-source-out: {loso.get('__refits__', 0)} refits of the fitted profiles "
+                  "(benchmarks/calibration.yaml) without the source predicted; runs on profiles "
+                  "that are not fitted, or of sources they are not fitted on, are held out already.")
     counts: dict[str, int] = {}
     for c in comparisons:
         for a in c.case.assumptions:
@@ -132,23 +156,33 @@ def accuracy_tables(comparisons, skipped, summary: dict) -> None:
             out.print(f"  {s.id}: {s.skipped}", markup=False)
 
 
+def _pair(row: dict, key: str) -> str:
+    """ "mean/max" in per cent of a summary row's ``key``_mean/_max_abs_error ("" where absent):
+    "3.0/5.6"."""
+    mean, worst = row.get(f"{key}_mean_abs_error"), row.get(f"{key}_max_abs_error")
+    if mean is None or math.isnan(mean):
+        return ""
+    return f"{100 * mean:.1f}/{100 * worst:.1f}"
+
+
 def summary_table(summary: dict) -> None:
-    """One row per source: runs, headline figure, mean and max |error|, memory errors where
-    measured, and how many runs are predicted not to fit."""
+    """One row per source: runs, mean / max |error| of the step time in-sample and predicted
+    without the source (LOSO, where computed), of tokens/s and of peak memory where measured,
+    and how many runs are predicted not to fit (of which false OOMs under --resolve search)."""
+    loso = any("loso_mean_abs_error" in row for row in summary.values())
     mem = any("memory_mean_abs_error" in row for row in summary.values())
-    t = tables.new("Error per source (|predicted - measured| / measured)")
+    t = tables.new("Error per source, % mean/max of |predicted - measured| / measured")
     tables.text_column(t, "source")
     tables.number_column(t, "runs")
-    tables.code_column(t, "figure")
-    for col in ("mean", "max") + ("memory\nmean", "memory\nmax") * mem + ("no fit",):
-        tables.number_column(t, col)
+    columns = [("step", "step time\nin-sample")] + [("loso", "step time\nLOSO")] * loso + \
+        [("tokens", "tokens/s\nin-sample")] + [("memory", "peak\nmemory")] * mem
+    for _, header in columns:
+        tables.number_column(t, header)
+    tables.number_column(t, "no fit")
     for name, row in summary.items():
-        cells = [escape(name), str(int(row["runs"])), LABELS.get(row["metric"], row["metric"]),
-                 fmt.percent(row["mean_abs_error"]), fmt.percent(row["max_abs_error"])]
-        if mem:
-            cells += [fmt.percent(row.get("memory_mean_abs_error")),
-                      fmt.percent(row.get("memory_max_abs_error"))]
-        t.add_row(*cells, str(int(row["predicted_not_to_fit"])))
+        oom = int(row.get("false_oom", 0))
+        no_fit = str(int(row["predicted_not_to_fit"])) + (f" ({oom} false)" if oom else "")
+        t.add_row(escape(name), str(int(row["runs"])), *[_pair(row, key) for key, _ in columns], no_fit)
     tables.show(t, out)
 
 
@@ -181,6 +215,9 @@ def calibration_report(result, hw_name: str, path: str, loo: bool = True) -> Non
         lmean, lworst = result.loo_stats
         out.print(f"Leave-one-out: mean |err| {fmt.percent(lmean)}, max {fmt.percent(lworst)}")
     out.print(f"Wrote the calibrated profile to {path}", markup=False)
+    for warning in result.warnings:  # on stderr: a factor the runs pushed to a bound or far away
+        note(f"warning: {warning}: the model misses something this factor absorbs; a finding, "
+             "not a value to trust")
 
 
 def calibration_notes(unused: dict[str, str], used: int, factors: int, hw_name: str) -> None:

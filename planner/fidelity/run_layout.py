@@ -1,0 +1,132 @@
+"""The layout and the training job of a measured run: what the row and its facts state, and the
+one default for each setting neither states (listed in the run's assumptions and ``unknown``).
+
+Defaults (the ONLY ones; ``plan3d accuracy --resolve search`` replaces them by the planner's best
+layout consistent with what is stated, planner.fidelity.resolve):
+- micro_batch 1; vpp 1 (plain 1F1B); recompute full where the source counts FLOPs with
+  Narayanan's formula (which assumes full recomputation), else none; sequence_parallel off;
+  zero_stage 0 without the distributed optimizer; etp 1 (Megatron's guidance for MoE; moe.md 6);
+  tp = 8 and pp = (gpus/dp)/8 where only dp is given (Narayanan 2021 Table 2 gives only t*p:
+  one DGX node of TP, as every PTD-P layout of its Table 1 from 18B up);
+- a pipeline that pp does not divide: space.default_uneven_split (the middle stages one layer
+  more than the edges, as Llama 3's);
+- training: the framework profile's facts (planner.frameworks.profile) with the facts'
+  overrides; precision bf16; moe_a2a_overlap off (Megatron-Core's default).
+A default that cannot change the prediction (vpp with pp = 1, ZeRO with one data-parallel
+rank, etp without experts) is not listed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..catalog import resolve_framework, validate
+from ..errors import UsageError
+from ..frameworks.profile import gradient_dtype_name, resolve_training
+from ..inputs import field_of, training_spec
+from ..specs import Layout, ModelSpec, TrainingSpec
+from .facts import RunFacts
+
+# Layout settings a row may leave unknown, with their defaults (recompute: see layout_of).
+LAYOUT_DEFAULTS: dict[str, Any] = {"micro_batch": 1, "vpp": 1, "recompute": "none",
+                                   "sequence_parallel": False, "zero_stage": 0,
+                                   "distributed_optimizer": False, "etp": 1}
+TRAINING_DEFAULTS: dict[str, Any] = {"moe_a2a_overlap": False}
+
+
+def _stated(lay: dict, facts: RunFacts, key: str, assume=None) -> Any:
+    """The facts' value of a layout setting, else the row's, else None. The facts win: they are
+    the sourced reading of what the row's field means (torchtitan's rows put the local batch in
+    ``micro_batch``; its pipeline micro-batch is 1), and a value that differs from the row's is
+    listed through ``assume``. A row's ZeRO stage given as text (torchtitan's "FSDP over 8") is
+    not a stage number: the facts must give it."""
+    raw = lay.get(key)
+    if key == "zero_stage" and not isinstance(raw, int):
+        raw = None
+    stated = getattr(facts.layout, key, None) if facts.layout is not None else None
+    if stated is None:
+        return raw
+    if raw is not None and raw != stated and assume is not None:
+        assume(f"{key}={stated} (facts) for the row's {raw}")
+    return stated
+
+
+def split_degrees(gpus: int, lay: dict, assume) -> tuple[int, int, int, int]:
+    """(tp, pp, cp, dp) of a row: as given, dp = gpus/(tp*pp*cp) where dp is not given, and
+    tp = 8, pp = (gpus/dp)/(8*cp) where only dp is (listed as assumed)."""
+    tp, pp, dp, cp = lay.get("tp"), lay.get("pp"), lay.get("dp"), int(lay.get("cp") or 1)
+    if tp is None or pp is None:
+        mp = gpus // (int(dp) * cp)
+        tp, pp = 8, mp // 8
+        assume(f"tp=8,pp={pp} (tp*pp={mp})")
+    dp = int(dp) if dp is not None else gpus // (int(tp) * int(pp) * cp)
+    return int(tp), int(pp), cp, dp
+
+
+def layout_of(run_id: str, gpus: int, lay: dict, facts: RunFacts, model: ModelSpec,
+              convention: str, assume) -> tuple[Layout, list[str]]:
+    """(Layout of the run, the settings it leaves unknown). Each unknown setting takes its
+    LAYOUT_DEFAULTS value, listed through ``assume`` unless it cannot change the prediction."""
+    from ..space import default_uneven_split
+    tp, pp, cp, dp = split_degrees(gpus, lay, assume)
+    ep = int(lay.get("ep") or 1)
+    defaults = dict(LAYOUT_DEFAULTS, recompute="full" if convention == "narayanan" else "none")
+    if model.moe is None:
+        defaults.pop("etp")
+    distopt = _stated(lay, facts, "distributed_optimizer") is True
+    value, unknown = {"etp": 1}, []
+    for key, default in defaults.items():
+        raw = _stated(lay, facts, key, assume)
+        if raw is None and key == "zero_stage" and distopt:
+            raw = 0  # Megatron's distributed optimizer is stated: the ZeRO-1 alternative, stage 0
+        if raw is None:
+            value[key] = default
+            unknown.append(key)
+            # the distributed optimizer is the zero_stage setting's other half: listed with it
+            moot = (key == "vpp" and pp == 1) or (key == "zero_stage" and dp * cp == 1) \
+                or key == "distributed_optimizer" or (key == "etp" and ep == 1) \
+                or (key == "sequence_parallel" and tp == 1)
+            if not moot:
+                assume(f"{key}={default}")
+        else:
+            value[key] = raw
+    first, last = (_stated(lay, facts, k) for k in ("first_stage_layers", "last_stage_layers"))
+    if first is None and model.num_layers % pp:
+        first, last = default_uneven_split(model.num_layers, pp)
+        assume(f"pipeline split {first}+..+{last} (pp={pp} does not divide {model.num_layers} layers)")
+        unknown.append("split")
+    layout = validate(Layout, dict(
+        tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=int(value["etp"]), zero_stage=int(value["zero_stage"]),
+        distributed_optimizer=bool(value["distributed_optimizer"]),
+        micro_batch_size=int(value["micro_batch"]), recompute=value["recompute"],
+        sequence_parallel=bool(value["sequence_parallel"]) and tp > 1, vpp=int(value["vpp"]),
+        first_stage_layers=int(first or 0), last_stage_layers=int(last or 0)), f"run {run_id} layout")
+    return layout, unknown
+
+
+def training_of(run_id: str, model: ModelSpec, seq: int, batch: int, facts: RunFacts,
+                precision: str, assume) -> tuple[TrainingSpec, list[str]]:
+    """(TrainingSpec of the run, the training settings it leaves unknown): the job (sequence,
+    batch, dtype) checked as every command checks one (planner.inputs.training_spec), run by the
+    framework profile the facts name with their overrides (frameworks.profile.resolve_training),
+    in ``precision``, with the facts' training settings; megatron-core in bf16 when no framework
+    is named (assumed)."""
+    framework = facts.framework or "megatron-core"
+    dtype = facts.dtype or "bf16"
+    if facts.framework is None:
+        assume(f"framework={framework} {dtype}")
+    job = training_spec(model, {"seq_length": seq, "global_batch_size": batch, "dtype": dtype},
+                        field_of("training"), f"run {run_id} training")
+    training = resolve_training(job, resolve_framework(framework), facts.overrides())
+    given = facts.training.model_dump(exclude_none=True) if facts.training is not None else {}
+    unknown = [k for k in TRAINING_DEFAULTS if k not in given] if model.moe is not None else []
+    for key in unknown:
+        assume(f"{key}={TRAINING_DEFAULTS[key]}")
+    if facts.grad_dtype is None:  # the profile's default, not a statement of the source
+        unknown.append("grad_dtype")
+        assume(f"grad_dtype={gradient_dtype_name(training)} ({framework} default)")
+    data = {**training.model_dump(mode="json"), **TRAINING_DEFAULTS, **given, "precision": precision}
+    try:
+        return TrainingSpec.model_validate(data), unknown
+    except ValueError as exc:
+        raise UsageError(f"training: {exc}") from None
