@@ -213,8 +213,10 @@ class TrainingSpec(_Strict):
     # received tokens, expert GEMMs, activations and all-to-all time (moe.md 4.2, 6).
     moe_imbalance: float = Field(default=1.0, ge=1.0, le=64.0)
     # Token dispatcher (Megatron-Core --moe-token-dispatcher-type): alltoall (the default for
-    # expert parallelism) or allgather (moe.md 4.1-4.3).
-    moe_dispatcher: Literal["alltoall", "allgather"] = "alltoall"
+    # expert parallelism), allgather, or flex (DeepEP / HybridEP: the same rows per rank, but one
+    # copy per destination rank over NVLink and per destination node over the network, moe.md
+    # 4.1-4.4; cost.moe.flex_shares).
+    moe_dispatcher: Literal["alltoall", "allgather", "flex"] = "alltoall"
     # Megatron-Core's EP communication overlap (--overlap-moe-expert-parallel-comm with
     # --delay-wgrad-compute, pipeline_parallel/combined_1f1b.py): the dispatch and combine of one
     # micro-batch run under another's compute. Off by default, as in Megatron-Core; it needs

@@ -70,7 +70,7 @@ class TrainingFacts(_Strict):
     """Settings of the job a source states: TrainingSpec fields (planner.specs)."""
 
     moe_a2a_overlap: bool | None = None
-    moe_dispatcher: Literal["alltoall", "allgather"] | None = None
+    moe_dispatcher: Literal["alltoall", "allgather", "flex"] | None = None
     moe_imbalance: float | None = Field(default=None, ge=1.0, le=64.0)
     overlap_grad_reduce: bool | None = None
     tp_backward_overlap: bool | None = None
