@@ -278,7 +278,8 @@ def activation_bytes_per_token(model: ModelSpec, training: TrainingSpec, c, reco
     MoE (moe.md 5.2, on the SP shard T = tokens/t): R = 2h norm input + 2h MoE input
       (layernorm); per token of T: router state 12E, dispatched tokens 2*k*g*etp*h, fc1 output
       2*k*g*glu_in*F, fc2 input 2*k*g*F (dropped by moe_act), probs and maps 12*k*g*etp, shared
-      experts 2*(glu_in + 1)*F_sh (g = moe_imbalance on the busiest rank).
+      experts 2*(glu_in + 1)*F_sh (g = moe_imbalance on the busiest rank); with
+      training.moe_activation_offload the dispatched tokens and fc1 output are in host memory.
     Full recompute keeps the layer input, 2h/sp on the attention block, nothing on the MLP.
     FP8 with Transformer Engine (precision.linear_input_bytes q = 1 + scales, fp8_hardware.md
     3.2): the inputs of linear layers (QKV / down-projection, fc1, fc2, the experts' dispatched
@@ -305,7 +306,9 @@ def activation_bytes_per_token(model: ModelSpec, training: TrainingSpec, c, reco
     if model.moe is not None:
         m, g = model.moe, training.moe_imbalance
         glu_in, F = _glu_in(model), m.ffn_hidden_size
-        per_row = q * c.etp * h + 2.0 * glu_in * F + np.where(light, 0.0, q * F) + MAP_BYTES_PER_ROW * c.etp
+        offload = 0.0 if training.moe_activation_offload else 1.0  # expert_fc1 and moe_act inputs
+        per_row = offload * (q * c.etp * h + 2.0 * glu_in * F) + np.where(light, 0.0, q * F) \
+            + MAP_BYTES_PER_ROW * c.etp
         shard_t = ROUTER_BYTES_PER_SCORE * m.num_experts + m.router_topk * g * per_row \
             + (2.0 * glu_in + q) * m.shared_experts * m.shared_ffn
         out[MOE] = np.where(full, 0.0, (2.0 * h + norm_out) / sp + shard_t / tp)

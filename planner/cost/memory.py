@@ -110,6 +110,7 @@ def model_state_bytes(params: np.ndarray, c, training: TrainingSpec,
     FP8 (``hw`` given): the ``linear`` part of ``params`` and all ``experts`` are linear-layer
     weights held as precision.weight_bytes (FP8 copies, transposes, scales) instead of
     param_bytes; gradients and optimizer states are unchanged (fp8_hardware.md 3.1).
+    ``optimizer_offload_fraction`` of the optimizer states sits in host memory, not here.
     """
     w, g, o = zero_divisors(c)
     we, ge, oe = zero_divisors(c, "expert") if np.any(np.asarray(experts) > 0) else (1.0, 1.0, 1.0)
@@ -127,8 +128,9 @@ def model_state_bytes(params: np.ndarray, c, training: TrainingSpec,
     if training.fp32_grad_partition and training.grad_bytes < 4:
         grads = grads + np.where((stage == 1) | (stage == 2),
                                  params * 4.0 / o + experts * 4.0 / oe, 0.0)
+    on_gpu = 1.0 - float(training.optimizer_offload_fraction)
     return {"weights": weights, "gradients": grads,
-            "optimizer": (params / o + experts / oe) * (master + moments)}
+            "optimizer": (params / o + experts / oe) * (master + moments) * on_gpu}
 
 
 def layer_activation_terms(model: ModelSpec, training: TrainingSpec) -> tuple[float, float, float]:
@@ -198,7 +200,7 @@ def activation_bytes_by_stage(model: ModelSpec, training: TrainingSpec, c,
     flight on its first chunk, 8 B/token of ids (+ 1 B/token*h embedding dropout mask, /sp); the
     last rank, for the micro-batch in backward: final-norm and output-layer inputs 2*2*h per
     token (/sp), bf16 logits 2*V_p/t and fp32 softmax 4*V_p/t per token (once per output head:
-    the MTP modules add theirs). Per-layer terms shared by the ranks are computed once.
+    the MTP modules add theirs; only the bf16 logits with training.cross_entropy_in_place). Per-layer terms shared by the ranks are computed once.
     """
     from .blocks import block_kinds
     h = model.hidden_size
@@ -208,7 +210,8 @@ def activation_bytes_by_stage(model: ModelSpec, training: TrainingSpec, c,
     per_layer = activation_per_layer(model, training, c) if uniform else None
     sp_div = c.sp_divisor
     vocab = flops.padded_vocab(model.vocab_size, c.tp).astype(np.float64)
-    last_edge = tokens * (4.0 * h / sp_div + 6.0 * vocab / c.tp) * (1 + model.mtp_layers)
+    per_logit = 2.0 if training.cross_entropy_in_place else 6.0
+    last_edge = tokens * (4.0 * h / sp_div + per_logit * vocab / c.tp) * (1 + model.mtp_layers)
     out = {}
     targets = ranks if ranks is not None else {kind: rank_index(c, kind) for kind in kinds}
     for kind, rank in targets.items():
