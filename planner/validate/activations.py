@@ -23,6 +23,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from ..space import Candidates
+from ..cost.blocks import kv_heads_per_rank
 from ..cost.flops import padded_vocab
 
 # Every layout tried (13 miniatures, 24 pipeline ranks: 1F1B, interleaved, uneven split, CP,
@@ -92,7 +93,7 @@ def _dims(run) -> SimpleNamespace:
     t, cp, b, s = lay.tp, lay.cp, lay.micro_batch_size, tr.seq_length
     return SimpleNamespace(
         t=t, cp=cp, b=b, s=s, T=b * s / cp, e=run.elem, h=m.hidden_size, d=m.kv_channels,
-        a_l=m.num_attention_heads / t, g_l=max(m.kv_heads, t) / t, f_l=m.ffn / t,
+        a_l=m.num_attention_heads / t, g_l=float(kv_heads_per_rank(m, t)), f_l=m.ffn / t,
         V=int(padded_vocab(m.vocab_size, t)), sp=t if lay.sequence_parallel else 1,
         rope=m.position_embedding == "rope", swiglu=m.activation == "swiglu",
         rms=m.norm == "rmsnorm", flash=tr.flash_attention)
