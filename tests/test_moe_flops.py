@@ -10,7 +10,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planner import catalog
-from planner.cost import flops
 from planner.cost import model_flops as mf
 
 G = 1e9
@@ -82,9 +81,9 @@ def test_mistral_sliding_window():
     assert mf.model_flops_per_token(full, 8192) / G == pytest.approx(49.10, abs=0.005)
     # the step total (MFU's numerator) counts the window too, for every tp
     tp = np.array([1, 2, 8])
-    step = flops.model_flops_per_step(m, 8192, 64, tp)
+    step = mf.model_flops_per_step(m, 8192, 64, tp)
     assert step[0] == pytest.approx(64 * 8192 * mf.model_flops_per_token(m, 8192), rel=1e-12)
-    assert step.shape == (3,) and np.all(step < flops.model_flops_per_step(full, 8192, 64, tp))
+    assert step.shape == (3,) and np.all(step < mf.model_flops_per_step(full, 8192, 64, tp))
     # at s <= window the window changes nothing
     assert mf.model_flops_per_token(m, 4096) == pytest.approx(mf.model_flops_per_token(full, 4096))
 
@@ -92,8 +91,8 @@ def test_mistral_sliding_window():
 def test_recompute_flops_moe():
     m = catalog.resolve_model("deepseek-v3")
     s, B = 4096, 8
-    f_model = flops.model_flops_per_step(m, s, B, np.array([1]))[0]
-    extra = flops.recompute_flops_per_step(m, s, B, np.array([0, 1, 2]))
+    f_model = mf.model_flops_per_step(m, s, B, np.array([1]))[0]
+    extra = mf.recompute_flops_per_step(m, s, B, np.array([0, 1, 2]))
     logits = 3 * B * s * mf.logits_flops_per_token(m)
     # full: one more forward of every layer = (model FLOPs - logits) / 3
     assert extra[2] == pytest.approx((f_model - logits) / 3, rel=1e-12)
@@ -109,15 +108,23 @@ def test_recompute_flops_moe():
 
 
 def test_dense_models_unchanged():
-    # every dense catalog model: the general layer sums equal section 4.1's formula
+    # every dense catalog model: the layer sums equal section 4.1's formula written out,
+    # F = 6*B*s*[L*(2*h*d*(a + g) + glu*h*f) + h*V_p] + 3*B*L*(4*s^2*a*d)/2 (causal half),
+    # glu = 3 (SwiGLU) or 2, V_p = ceil(V/(128*tp))*128*tp
+    B, s = 16, 2048
     for m in catalog.models().values():
-        if m.moe is None and m.sliding_window is None:
+        if m.moe is None and m.sliding_window is None and m.mtp_layers == 0:
+            h, d, a, g, f = (m.hidden_size, m.kv_channels, m.num_attention_heads, m.kv_heads, m.ffn)
+            glu = 3 if m.activation == "swiglu" else 2
             for tp in (1, 8):
-                plain = flops.model_flops_per_step(m, 2048, 16, np.array([tp]))[0]
-                general = 16 * 2048 * mf.model_flops_per_token(m, 2048, tp)
-                assert general == pytest.approx(plain, rel=1e-12), m.name
-                assert mf.attention_core_flops_per_sequence(m, 2048) == \
-                    flops.attention_flops_per_sequence_layer(m, 2048, causal=True)
+                vp = -(-m.vocab_size // (128 * tp)) * 128 * tp
+                by_hand = 6.0 * B * s * (m.num_layers * (2 * h * d * (a + g) + glu * h * f) + h * vp) \
+                    + 3.0 * B * m.num_layers * 4.0 * s * s * a * d / 2
+                plain = mf.model_flops_per_step(m, s, B, np.array([tp]))[0]
+                general = B * s * mf.model_flops_per_token(m, s, tp)
+                assert plain == pytest.approx(by_hand, rel=1e-12), m.name
+                assert general == pytest.approx(by_hand, rel=1e-12), m.name
+            assert mf.attention_core_flops_per_sequence(m, s) == 2.0 * s * s * a * d
 
 
 @settings(max_examples=200, deadline=None)

@@ -51,7 +51,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..specs import HardwareProfile, ModelSpec, TrainingSpec
-from . import failures, flops, memory
+from . import failures, memory
+from . import model_counts as mc
 from .memory import RANK_KINDS, rank_index
 
 MEGATRON_SOURCE = ("Megatron-LM @ d98e8a64ddf3 megatron/core/optimizer/distrib_optimizer.py "
@@ -124,7 +125,7 @@ def param_groups(model: ModelSpec, c, rank) -> list[ParamGroup]:
     p = memory.rank_params(model, c, rank)
     is_first, is_last = rank == 0, rank == np.asarray(c.pp) - 1
     counts, per_block = blocks.rank_blocks(model, c, rank), blocks.block_params(model, c)
-    norm = float(flops.norm_params(model))
+    norm = float(mc.norm_params(model))
     # the final norm and each MTP module's three norms are TP-replicated on the last rank
     replicated = sum(counts[k] * per_block[k][1] for k in counts) \
         + np.where(is_first, _positions(model), 0.0) \

@@ -17,7 +17,7 @@ from functools import cached_property
 import numpy as np
 
 from ..specs import HardwareProfile, ModelSpec, TrainingSpec
-from . import blocks, flops, precision
+from . import blocks, precision
 from . import model_flops as mf
 
 SOFTMAX_BYTES_PER_SCORE = 9.0  # fused scale-mask-softmax read 2 + write 2, dropout read 2 + write 2 + mask 1
@@ -171,7 +171,7 @@ def output_gemm_time(model: ModelSpec, training: TrainingSpec, hw: HardwareProfi
     on one GPU of the last stage (forward, input gradient and weight gradient each take this).
     Broadcast array."""
     tokens = c.tokens_per_microbatch(training.seq_length)
-    vocab = flops.padded_vocab(model.vocab_size, c.tp).astype(np.float64)
+    vocab = mf.padded_vocab(model.vocab_size, c.tp).astype(np.float64)
     gemm = 2.0 * tokens * model.hidden_size * vocab / c.tp
     return gemm / (peak_flops(hw, training) * gemm_efficiency(gemm, hw))
 
@@ -182,7 +182,7 @@ def output_layer_time(model: ModelSpec, training: TrainingSpec, hw: HardwareProf
     entropy (CROSS_ENTROPY_BYTES_PER_LOGIT per logit at the achieved HBM bandwidth), per
     micro-batch on one GPU of the last stage. Broadcast array."""
     tokens = c.tokens_per_microbatch(training.seq_length)
-    vocab = flops.padded_vocab(model.vocab_size, c.tp).astype(np.float64)
+    vocab = mf.padded_vocab(model.vocab_size, c.tp).astype(np.float64)
     t_loss = tokens * vocab / c.tp * CROSS_ENTROPY_BYTES_PER_LOGIT / achieved_hbm(hw)
     return 3 * output_gemm_time(model, training, hw, c) + t_loss
 

@@ -30,6 +30,11 @@ def _norm_width(model: ModelSpec, width: int) -> int:
     return (2 if model.norm == "layernorm" else 1) * width
 
 
+def norm_params(model: ModelSpec) -> int:
+    """Parameters of ONE norm over the hidden size: 2h (LayerNorm gamma, beta) or h (RMSNorm)."""
+    return _norm_width(model, model.hidden_size)
+
+
 # ----------------------------------------------------------------------------- layer pattern
 
 

@@ -17,7 +17,8 @@ from functools import cached_property, reduce
 import numpy as np
 
 from ..specs import HardwareProfile, Layout, ModelSpec, TrainingSpec
-from . import compute, flops, pipeline, precision
+from . import compute, pipeline, precision
+from . import model_flops as mf
 from .collectives import Links
 from .blocks import rank_blocks
 from .comm import BlockComm, RankComm, block_comm, rank_comm
@@ -207,9 +208,9 @@ def _throughput(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c
     precisions); FP8 adds ``mfu_fp8_peak``, the same FLOPs over the FP8 peak (dgxc-benchmarking's
     convention)."""
     gpus = np.asarray(c.gpus, dtype=np.float64)
-    f_model = flops.model_flops_per_step(model, training.seq_length, training.global_batch_size,
+    f_model = mf.model_flops_per_step(model, training.seq_length, training.global_batch_size,
                                          c.tp, causal=causal_flops)
-    f_hw = f_model + flops.recompute_flops_per_step(model, training.seq_length,
+    f_hw = f_model + mf.recompute_flops_per_step(model, training.seq_length,
                                                     training.global_batch_size, c.recompute,
                                                     causal=causal_flops)
     peak = compute.peak_flops(hw, training)

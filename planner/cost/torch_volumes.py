@@ -50,7 +50,7 @@ import numpy as np
 
 from ..space import Candidates
 from ..specs import Layout, ModelSpec, TrainingSpec
-from . import flops
+from .model_flops import padded_vocab
 from .context_parallel import kv_chunk_bytes
 from .memory import rank_params
 from .volumes import Collective, Elements, per_step, rank_collectives
@@ -87,7 +87,7 @@ def embedding_all_reduce(colls, c, elem, model, training, rank, **_):
 
 def logits_all_gather(colls, c, elem, model, training, rank, **_):
     last = (np.asarray(rank) == np.asarray(c.pp) - 1) * (np.asarray(c.tp) > 1) * 1.0
-    vocab = flops.padded_vocab(model.vocab_size, c.tp)
+    vocab = padded_vocab(model.vocab_size, c.tp)
     logits = c.tokens_per_microbatch(training.seq_length) * vocab * elem.act
     out = _drop(colls, lambda x: x.what.startswith("vocab-parallel cross entropy"))
     return out + [Collective("tp", "all_gather", "microbatch", "forward", "", last, logits, "logits all-gather")]

@@ -45,7 +45,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..specs import ModelSpec, TrainingSpec
-from . import flops
+from .model_flops import padded_vocab
 from .context_parallel import kv_chunk_bytes
 from .memory import rank_params
 
@@ -230,7 +230,7 @@ def dp_collectives(model: ModelSpec, training: TrainingSpec, c, rank, elem: Elem
                           (norms + biases) * elem.grad,
                           "SP norm and row-parallel bias gradients, coalesced"))
     tied = model.tie_embeddings * (pp > 1) * ((rank == 0) | last)
-    vocab = flops.padded_vocab(model.vocab_size, c.tp).astype(np.float64)
+    vocab = padded_vocab(model.vocab_size, c.tp).astype(np.float64)
     out.append(Collective("embd", "all_reduce", "step", "step", "", tied * 1.0,
                           vocab * model.hidden_size / c.tp * elem.grad,
                           "tied word-embedding gradient, first <-> last rank"))

@@ -50,7 +50,7 @@ megatron-core framework profile's rules (planner.frameworks.rules), the ones its
 
 from __future__ import annotations
 
-from ..cost.flops import padded_vocab
+from ..cost.model_flops import padded_vocab
 from ..cost import precision
 from ..specs import Plan
 from .common import (RANK_ORDER_NOTE, Export, describe, interval_note, layers_per_virtual_stage,

@@ -27,7 +27,7 @@ import yaml
 
 from ..errors import UsageError
 from ..specs import Plan
-from ..cost.flops import padded_vocab
+from ..cost.model_flops import padded_vocab
 from .common import (ARCHITECTURE_FIELDS, RANK_ORDER_NOTE, Export, describe, interval_note,
                      microbatches, recompute_modules, rope_note, save_interval, unwritten_note)
 from .megatron_model import moe_args

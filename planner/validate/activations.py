@@ -24,7 +24,7 @@ import numpy as np
 
 from ..space import Candidates
 from ..cost.blocks import kv_heads_per_rank
-from ..cost.flops import padded_vocab
+from ..cost.model_flops import padded_vocab
 
 # Every layout tried (13 miniatures, 24 pipeline ranks: 1F1B, interleaved, uneven split, CP,
 # SP, ZeRO-0..3, no / selective / full recompute, GPT-3 and Llama kinds, float64 and float32)

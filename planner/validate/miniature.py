@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..cost import memory
-from ..cost.flops import padded_vocab
+from ..cost.model_flops import padded_vocab
 from ..cost.torch_volumes import step_volumes
 from ..errors import UsageError
 from ..space import Candidates
