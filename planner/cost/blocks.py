@@ -52,11 +52,6 @@ def kv_heads_per_rank(model: ModelSpec, tp) -> np.ndarray:
     return np.maximum(model.kv_heads, tp) / tp
 
 
-def _glu_in(model: ModelSpec) -> int:
-    """Column outputs of fc1 per unit of width: 2 (gate and up) for SwiGLU, 1 otherwise."""
-    return 2 if model.activation == "swiglu" else 1
-
-
 # ----------------------------------------------------------------------------- layer counts
 
 
@@ -111,7 +106,7 @@ def block_params(model: ModelSpec, c) -> dict[str, tuple]:
     if WINDOW in block_kinds(model):
         out[WINDOW] = out[ATTENTION]
     f, glu = model.ffn, mc.glu_factor(model)
-    col_bias = (_glu_in(model) * f) if model.bias else 0
+    col_bias = (mc.fc1_outputs(model) * f) if model.bias else 0
     if MLP in block_kinds(model):
         out[MLP] = ((glu * h * f + col_bias) / tp, np.broadcast_to(norm + (h if model.bias else 0.0), tp.shape), 0.0)
     if model.moe is not None:
@@ -194,7 +189,7 @@ def gemm_flops_per_token(model: ModelSpec, c) -> dict[str, np.ndarray]:
         out[WINDOW] = out[ATTENTION]
     glu = mc.glu_factor(model)
     if MLP in block_kinds(model):
-        out[MLP] = (2.0 * glu * h * model.ffn / tp, _glu_in(model) / glu)
+        out[MLP] = (2.0 * glu * h * model.ffn / tp, mc.fc1_outputs(model) / glu)
     if model.moe is not None:
         shared = mf.shared_expert_flops_per_token(model) / tp
         routed = model.moe.router_topk * mf.expert_flops_per_token(model) / tp
@@ -309,12 +304,12 @@ def activation_bytes_per_token(model: ModelSpec, training: TrainingSpec, c, reco
     if WINDOW in block_kinds(model):
         out[WINDOW] = out[ATTENTION]
     f = model.ffn
-    mlp = (2.0 * h + norm_out + mask) / sp + (2.0 * _glu_in(model) * f + q * f) / tp
+    mlp = (2.0 * h + norm_out + mask) / sp + (2.0 * mc.fc1_outputs(model) * f + q * f) / tp
     if MLP in block_kinds(model):
         out[MLP] = np.where(full, 0.0, mlp)
     if model.moe is not None:
         m, g = model.moe, training.moe_imbalance
-        glu_in, F = _glu_in(model), m.ffn_hidden_size
+        glu_in, F = mc.fc1_outputs(model), m.ffn_hidden_size
         per_row = q * c.etp * h + 2.0 * glu_in * F + np.where(light, 0.0, q * F) + MAP_BYTES_PER_ROW * c.etp
         shard_t = ROUTER_BYTES_PER_SCORE * m.num_experts + m.router_topk * g * per_row \
             + (2.0 * glu_in + q) * m.shared_experts * m.shared_ffn

@@ -18,6 +18,7 @@ import numpy as np
 
 from ..specs import HardwareProfile, ModelSpec, TrainingSpec
 from . import blocks, precision
+from . import model_counts as mc
 from . import model_flops as mf
 
 SOFTMAX_BYTES_PER_SCORE = 9.0  # fused scale-mask-softmax read 2 + write 2, dropout read 2 + write 2 + mask 1
@@ -132,7 +133,7 @@ def _expert_gemm_flops(model: ModelSpec, c, training: TrainingSpec) -> np.ndarra
     """FLOPs of one GEMM of one local expert (the mean of fc1 and fc2): the per-expert rows x
     h x (glu*F/etp)/2 x 2 FLOPs (moe.md 6)."""
     rows = blocks.moe_rows(model, c, training)["per_expert"] / training.moe_imbalance
-    glu = 3 if model.activation == "swiglu" else 2
+    glu = mc.glu_factor(model)
     return rows * model.hidden_size * glu * model.moe.ffn_hidden_size / np.asarray(c.etp, dtype=np.float64)
 
 
@@ -141,7 +142,7 @@ def _shared_fc1_share(model: ModelSpec, t_shared, t_gemm):
     shared experts are the block's only TP-sharded GEMMs; 0 without them)."""
     if not model.moe.shared_experts:
         return 0.0
-    glu = 3 if model.activation == "swiglu" else 2
+    glu = mc.glu_factor(model)
     return (glu - 1) / glu * t_shared / np.maximum(t_gemm, 1e-300)
 
 

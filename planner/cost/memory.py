@@ -62,12 +62,11 @@ def rank_params(model: ModelSpec, c, rank) -> dict[str, np.ndarray]:
     layers = c.rank_layers(model.num_layers, rank)
     vocab = padded_vocab(model.vocab_size, c.tp).astype(np.float64)
     word = vocab * h / c.tp
-    positions = float((model.max_position_embeddings or 0) * h) \
-        if model.position_embedding == "learned" else 0.0
+    positions = float(mc.position_embedding_params(model))
     last = rank == np.asarray(c.pp) - 1
     output = np.where((np.asarray(c.pp) > 1) | (not model.tie_embeddings), word, 0.0)
-    mtp = model.mtp_layers * (2.0 * h * h / np.asarray(c.tp, dtype=np.float64)
-                              + 3 * mc.norm_params(model))
+    mtp = model.mtp_layers * (mc.mtp_projection_params(model) / np.asarray(c.tp, dtype=np.float64)
+                              + mc.mtp_norm_params(model))
     return {"dense": dense, "experts": experts, "layers": layers,
             "layer": dense / np.maximum(layers, 1),
             "embedding": np.where(rank == 0, word + positions, 0.0),
@@ -240,7 +239,7 @@ def transient_bytes(model: ModelSpec, training: TrainingSpec, c) -> np.ndarray:
         # largest GEMM weight per GPU: fused QKV h*d_h*(a+2g)/t, or fc1 h*f/t (GeLU) /
         # fused gate+up 2*h*f/t (SwiGLU)
         d, a, g = model.kv_channels, model.num_attention_heads, model.kv_heads
-        fc1 = (2 if model.activation == "swiglu" else 1) * h * model.ffn
+        fc1 = mc.fc1_outputs(model) * h * model.ffn
         unit = max(h * d * (a + 2 * g), fc1) / np.asarray(c.tp, dtype=np.float64)
     fsdp = np.where(c.sharding_stage >= 3, unit * (2 * 2.0 + training.grad_bytes), 0.0)
     return gather + fsdp

@@ -50,6 +50,7 @@ import numpy as np
 
 from ..space import Candidates
 from ..specs import Layout, ModelSpec, TrainingSpec
+from . import model_counts as mc
 from .model_flops import padded_vocab
 from .context_parallel import kv_chunk_bytes
 from .memory import rank_params
@@ -96,7 +97,7 @@ def logits_all_gather(colls, c, elem, model, training, rank, **_):
 def sp_norms_per_tensor(colls, c, elem, model, rank, **_):
     p = rank_params(model, c, rank)
     last = np.asarray(rank) == np.asarray(c.pp) - 1
-    tensors = (2.0 * p["layers"] + last) * (2 if model.norm == "layernorm" else 1)
+    tensors = (2.0 * p["layers"] + last) * mc.norm_params(model) / model.hidden_size  # gamma (+ beta)
     sp_on = np.asarray(c.sequence_parallel) * (np.asarray(c.tp) > 1)
     out = _drop(colls, lambda x: x.what.startswith("SP norm"))
     return out + [Collective("tp", "all_reduce", "step", "step", "", sp_on * tensors,

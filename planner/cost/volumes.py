@@ -45,6 +45,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..specs import ModelSpec, TrainingSpec
+from . import model_counts as mc
 from .model_flops import padded_vocab
 from .context_parallel import kv_chunk_bytes
 from .memory import rank_params
@@ -223,7 +224,7 @@ def dp_collectives(model: ModelSpec, training: TrainingSpec, c, rank, elem: Elem
     rank = np.asarray(rank)
     pp = np.asarray(c.pp)
     last = rank == pp - 1
-    norms = (2.0 * p["layers"] + last) * (2 if model.norm == "layernorm" else 1) * model.hidden_size
+    norms = (2.0 * p["layers"] + last) * mc.norm_params(model)  # two per layer + the final norm
     biases = 2.0 * p["layers"] * model.hidden_size if model.bias else 0.0
     sp_on = np.asarray(c.sequence_parallel) * (np.asarray(c.tp) > 1)
     out.append(Collective("tp", "all_reduce", "step", "step", "", sp_on * 1.0,
