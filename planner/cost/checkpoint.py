@@ -124,7 +124,7 @@ def param_groups(model: ModelSpec, c, rank) -> list[ParamGroup]:
         + np.where(is_first, float(mc.position_embedding_params(model)), 0.0) \
         + np.where(is_last, norm + model.mtp_layers * mc.mtp_norm_params(model), 0.0)
     tied_copy = p["output"] if model.tie_embeddings else 0.0
-    sharded = p["dense"] + p["embedding"] + p["head"] - replicated - tied_copy
+    sharded = memory.non_expert_params(p) - replicated - tied_copy
     spread = np.asarray(c.grad_group, dtype=np.float64)
     groups = [ParamGroup("tp-sharded", sharded, spread, np.ones_like(spread)),
               ParamGroup("tp-replicated", replicated, spread, np.asarray(c.tp, dtype=np.float64))]

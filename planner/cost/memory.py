@@ -74,10 +74,17 @@ def rank_params(model: ModelSpec, c, rank) -> dict[str, np.ndarray]:
             "output": np.where(last, output, 0.0)}
 
 
+def non_expert_params(p: dict) -> np.ndarray:
+    """The parameters of a rank_params result that are not routed experts: its blocks'
+    (``dense``), the embedding's and the head's, the ones reduced and sharded over the dp*cp
+    group (zero_divisors "dense"). Array (or float) of the result's shape."""
+    return p["dense"] + p["embedding"] + p["head"]
+
+
 def stage_params(model: ModelSpec, c, kind: str) -> np.ndarray:
     """Parameters held by one GPU of the ``first``, ``middle`` or ``last`` pipeline rank."""
     p = rank_params(model, c, rank_index(c, kind))
-    return p["dense"] + p["experts"] + p["embedding"] + p["head"]
+    return non_expert_params(p) + p["experts"]
 
 
 def zero_divisors(c, group: str = "dense") -> tuple[np.ndarray, np.ndarray, np.ndarray]:

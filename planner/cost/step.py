@@ -108,13 +108,13 @@ def optimizer_time(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec
     optimizer shard is updated, its whole (ZeRO-1) or sharded (ZeRO-2/3) gradient buffer zeroed;
     dense parameters sharded over dp*cp, expert ones over edp (memory.zero_divisors); its linear
     weights (blocks and experts) are what FP8 quantizes once per step."""
-    from .memory import rank_params
+    from .memory import non_expert_params, rank_params
     _, grad_div, opt_div = zero_divisors(c)
     _, grad_div_e, opt_div_e = zero_divisors(c, "expert") if model.moe is not None else (1.0, 1.0, 1.0)
     updated, buffer, linear = [], [], []
     for kind in rank_kinds(c, model):
         p = rank_params(model, c, rank_index(c, kind))
-        dense = p["dense"] + p["embedding"] + p["head"]
+        dense = non_expert_params(p)
         updated.append(dense / opt_div + p["experts"] / opt_div_e)
         buffer.append(dense / grad_div + p["experts"] / grad_div_e)
         linear.append(p["dense"] + p["experts"])

@@ -53,7 +53,7 @@ from ..specs import Layout, ModelSpec, TrainingSpec
 from . import model_counts as mc
 from .model_flops import padded_vocab
 from .context_parallel import kv_chunk_bytes
-from .memory import rank_params
+from .memory import non_expert_params, rank_params
 from .volumes import Collective, Elements, per_step, rank_collectives
 
 Key = tuple[str, str]
@@ -111,7 +111,7 @@ def _params(model, c, rank) -> dict[str, float]:
 def flat_buffer_padding(colls, c, elem, model, rank, **_):
     p = _params(model, c, rank)
     n = float(np.asarray(c.grad_group).ravel()[0])
-    padded = -(-(p["dense"] + p["embedding"] + p["head"]) // n) * n
+    padded = -(-non_expert_params(p) // n) * n
     return [replace(x, payload=padded * (elem.weight if x.kind == "all_gather" else elem.grad))
             if x.group == "dp" and x.per == "step" else x for x in colls]
 

@@ -48,7 +48,7 @@ from ..specs import ModelSpec, TrainingSpec
 from . import model_counts as mc
 from .model_flops import padded_vocab
 from .context_parallel import kv_chunk_bytes
-from .memory import rank_params
+from .memory import non_expert_params, rank_params
 
 GROUPS = ("tp", "cp", "pp", "dp", "embd")
 
@@ -218,7 +218,7 @@ def dp_collectives(model: ModelSpec, training: TrainingSpec, c, rank, elem: Elem
     """Dense-gradient and ZeRO traffic of rank ``rank`` over the dp*cp group (formulas.md 5.6),
     the SP norm-gradient all-reduce and the tied-embedding all-reduce. List of Collective."""
     p = rank_params(model, c, rank)
-    out = _dp_group(p["dense"] + p["embedding"] + p["head"], c.grad_group, "dp", c, elem)
+    out = _dp_group(non_expert_params(p), c.grad_group, "dp", c, elem)
     if model.moe is not None:
         out += _dp_group(p["experts"], c.edp, "edp", c, elem, "expert ")
     rank = np.asarray(rank)

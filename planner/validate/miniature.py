@@ -272,7 +272,7 @@ def predict(run: Run, pp_rank: int) -> dict:
         return {"memory": memory_bytes(run, pp_rank), "comm": base_volumes(run, pp_rank, e)}
     c = Candidates.from_layouts([lay])
     p = memory.rank_params(run.model, c, pp_rank)
-    params = p["layer"] * p["layers"] + p["embedding"] + p["head"]
+    params = memory.non_expert_params(p)
     fsdp = lay.zero_stage >= 2 and lay.grad_group > 1
     # the miniature's own torch code holds Megatron's accounting, whatever framework the plan is for
     training = run.training.model_copy(update=dict(param_bytes=2, master_weights=True,
