@@ -52,11 +52,6 @@ class LayerTimes:
         return 2 * self.gemm_forward + self.attention_backward + 2 * self.memory_forward
 
 
-def peak_flops(hw: HardwareProfile, training: TrainingSpec) -> float:
-    """Dense peak FLOP/s of the training dtype."""
-    return hw.gpu.peak_tflops[training.dtype if training.dtype in hw.gpu.peak_tflops else "bf16"] * 1e12
-
-
 def achieved_hbm(hw: HardwareProfile) -> float:
     """Bytes/s that memory-bound kernels reach: HBM bandwidth x the profile's ``hbm`` efficiency."""
     return hw.gpu.hbm_bandwidth * hw.efficiency.hbm
@@ -89,7 +84,7 @@ def block_times(model: ModelSpec, training: TrainingSpec, hw: HardwareProfile, c
             routed = tokens * share  # gemm_flops_per_token gives the routed experts' FLOPs here
             router = tokens * mf.router_flops_per_token(model) / np.asarray(c.tp, dtype=np.float64)
             shared = tokens * flops_per_token - router
-            t_router = router / (peak_flops(hw, training) * gemm_efficiency(router, hw))
+            t_router = router / (precision.dtype_peak(hw, training) * gemm_efficiency(router, hw))
             t_shared = shared / (peak * precision.linear_efficiency(np.maximum(shared / 2, 1.0), hw, training))
             t_gemm = t_router + t_shared + training.moe_imbalance * routed / (peak * precision.linear_efficiency(
                 _expert_gemm_flops(model, c, training), hw, training))
@@ -156,7 +151,7 @@ def _attention_core_times(model: ModelSpec, training: TrainingSpec, hw: Hardware
     s, a = training.seq_length, model.num_attention_heads
     b = np.asarray(c.micro_batch_size, dtype=np.float64)
     tp = np.asarray(c.tp, dtype=np.float64)
-    peak = peak_flops(hw, training)
+    peak = precision.dtype_peak(hw, training)
     attn = b * blocks.attention_flops_per_sequence(model, training, windowed) / (tp * c.cp)
     if training.flash_attention:
         t_f = attn / (peak * hw.efficiency.attention)
@@ -174,7 +169,7 @@ def output_gemm_time(model: ModelSpec, training: TrainingSpec, hw: HardwareProfi
     tokens = c.tokens_per_microbatch(training.seq_length)
     vocab = mf.padded_vocab(model.vocab_size, c.tp).astype(np.float64)
     gemm = 2.0 * tokens * model.hidden_size * vocab / c.tp
-    return gemm / (peak_flops(hw, training) * gemm_efficiency(gemm, hw))
+    return gemm / (precision.dtype_peak(hw, training) * gemm_efficiency(gemm, hw))
 
 
 def output_layer_time(model: ModelSpec, training: TrainingSpec, hw: HardwareProfile,

@@ -213,7 +213,7 @@ def _throughput(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c
     f_hw = f_model + mf.recompute_flops_per_step(model, training.seq_length,
                                                     training.global_batch_size, c.recompute,
                                                     causal=causal_flops)
-    peak = compute.peak_flops(hw, training)
+    peak = precision.dtype_peak(hw, training)
     out = {"tokens_per_s": training.global_batch_size * training.seq_length / step,
            "model_tflops_per_gpu": f_model / (step * gpus) / 1e12,
            "mfu": f_model / (step * gpus * peak),
