@@ -178,7 +178,7 @@ def torch_deltas(run, pp_rank: int, plan: dict) -> list[dict]:
         working = core_working_bytes(run)
         rows.append(("core attention recompute", 1.0, working))  # often 0: see the function
     if pp_rank == 0:
-        m = run.training.global_batch_size // (lay.dp * lay.micro_batch_size)
+        m = int(lay.num_microbatches(run.training.global_batch_size))
         held = first_chunk_microbatches(lay.pp, lay.vpp, m)
         rows.append(("token ids", 1.0, 8 * k.T * (held - plan["first_microbatches"] * k.e / 2)))
         if run.model.position_embedding == "learned" and k.cp > 1:

@@ -61,7 +61,7 @@ class Run:
         lay, n = self.layout, self.model.num_layers
         if not lay.first_stage_layers or lay.vpp > 1:
             return None
-        middle = [(n - lay.first_stage_layers - lay.last_stage_layers) // max(lay.pp - 2, 1)]
+        middle = [int(lay.stage_layers(n)[1])]
         return [lay.first_stage_layers] + middle * (lay.pp - 2) + [lay.last_stage_layers]
 
     def worker_config(self, out_dir: str, timeout_s: int = 120) -> dict:
