@@ -64,8 +64,8 @@ def predicted_activations(run, pp_rank: int) -> dict:
     call into the cost model's activation terms (formulas.md 3.2-3.6).
 
     Returns bytes at the run's element size e (the formula's bf16 bytes x e/2):
-    "bytes": memory.activation_bytes of the rank (first / last; a middle rank r of a deeper
-    pipeline: its in-flight layers x the per-layer bytes, plus the full-recompute working set);
+    "bytes": memory.activation_bytes_by_stage of the rank (its in-flight layers x its per-layer
+    bytes, the full-recompute working set, and rank 0's / the last rank's edge buffers);
     "inflight_layers": pipeline.inflight_layers of rank r (its own chunk sizes);
     "first_microbatches": the micro-batches whose token ids the formula holds on rank 0
     (pipeline.inflight_first_chunk); "layer_bytes": activation_per_layer without recompute,
@@ -77,11 +77,8 @@ def predicted_activations(run, pp_rank: int) -> dict:
     m = c.num_microbatches(training.global_batch_size)
     layers = float(pipeline.inflight_layers(c, model.num_layers, m, pp_rank)[0])
     layer = float(memory.activation_per_layer(model, training, c, np.zeros_like(c.recompute))[0])
-    if pp_rank in (0, lay.pp - 1):
-        total = float(memory.activation_bytes(model, training, c, "first" if pp_rank == 0 else "last")[0])
-    else:
-        stored = float(memory.activation_per_layer(model, training, c)[0])
-        total = layers * stored + (layer if lay.recompute == "full" else 0.0)
+    total = float(memory.activation_bytes_by_stage(model, training, c, ranks={"rank": np.array([pp_rank])})
+                  ["rank"][0])
     first_mb = float(pipeline.inflight_first_chunk(c, m, 0)[0])
     e = run.elem / 2
     return {"bytes": total * e, "inflight_layers": layers, "first_microbatches": first_mb,
