@@ -167,8 +167,7 @@ def output_gemm_time(model: ModelSpec, training: TrainingSpec, hw: HardwareProfi
     on one GPU of the last stage (forward, input gradient and weight gradient each take this).
     Broadcast array."""
     tokens = c.tokens_per_microbatch(training.seq_length)
-    vocab = mf.padded_vocab(model.vocab_size, c.tp).astype(np.float64)
-    gemm = 2.0 * tokens * model.hidden_size * vocab / c.tp
+    gemm = 2.0 * tokens * model.hidden_size * mf.vocab_per_rank(model, c.tp)
     return gemm / (precision.dtype_peak(hw, training) * gemm_efficiency(gemm, hw))
 
 
@@ -178,8 +177,7 @@ def output_layer_time(model: ModelSpec, training: TrainingSpec, hw: HardwareProf
     entropy (CROSS_ENTROPY_BYTES_PER_LOGIT per logit at the achieved HBM bandwidth), per
     micro-batch on one GPU of the last stage. Broadcast array."""
     tokens = c.tokens_per_microbatch(training.seq_length)
-    vocab = mf.padded_vocab(model.vocab_size, c.tp).astype(np.float64)
-    t_loss = tokens * vocab / c.tp * CROSS_ENTROPY_BYTES_PER_LOGIT / achieved_hbm(hw)
+    t_loss = tokens * mf.vocab_per_rank(model, c.tp) * CROSS_ENTROPY_BYTES_PER_LOGIT / achieved_hbm(hw)
     return 3 * output_gemm_time(model, training, hw, c) + t_loss
 
 

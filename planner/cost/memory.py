@@ -14,7 +14,7 @@ from ..degrees import cached_per_candidates
 from ..specs import ModelSpec, TrainingSpec
 from . import model_counts as mc
 from . import pipeline, precision
-from .model_flops import padded_vocab
+from .model_flops import vocab_per_rank
 
 OPTIMIZER_BYTES_PER_PARAM = 12.0  # fp32 master weights + Adam m + v (ZeRO paper K = 12)
 MASTER_BYTES = 4.0  # a separate fp32 master copy of a 16-bit parameter
@@ -60,8 +60,7 @@ def rank_params(model: ModelSpec, c, rank) -> dict[str, np.ndarray]:
     dense = sum(counts[k] * (per_block[k][0] + per_block[k][1]) for k in counts)
     experts = sum(counts[k] * per_block[k][2] for k in counts)
     layers = c.rank_layers(model.num_layers, rank)
-    vocab = padded_vocab(model.vocab_size, c.tp).astype(np.float64)
-    word = vocab * h / c.tp
+    word = vocab_per_rank(model, c.tp) * h
     positions = float(mc.position_embedding_params(model))
     last = rank == np.asarray(c.pp) - 1
     output = np.where((np.asarray(c.pp) > 1) | (not model.tie_embeddings), word, 0.0)
@@ -195,8 +194,7 @@ def activation_bytes_by_stage(model: ModelSpec, training: TrainingSpec, c,
     uniform = block_kinds(model) == ("attention", "mlp")
     per_layer = activation_per_layer(model, training, c) if uniform else None
     sp_div = c.sp_divisor
-    vocab = padded_vocab(model.vocab_size, c.tp).astype(np.float64)
-    last_edge = tokens * (4.0 * h / sp_div + 6.0 * vocab / c.tp) * (1 + model.mtp_layers)
+    last_edge = tokens * (4.0 * h / sp_div + 6.0 * vocab_per_rank(model, c.tp)) * (1 + model.mtp_layers)
     out = {}
     targets = ranks if ranks is not None else {kind: rank_index(c, kind) for kind in kinds}
     for kind, rank in targets.items():

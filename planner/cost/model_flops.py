@@ -32,6 +32,13 @@ def padded_vocab(vocab_size: int, tp, divisible_by: int = 128):
     return -(-vocab_size // multiple) * multiple
 
 
+def vocab_per_rank(model: ModelSpec, tp) -> np.ndarray:
+    """Vocabulary rows one TP rank holds of the vocab-parallel embedding and output layer (its
+    logits columns): V_p(t)/t, float array of the shape of ``tp``."""
+    tp = np.asarray(tp)
+    return padded_vocab(model.vocab_size, tp).astype(np.float64) / tp
+
+
 def keys_per_query(seq_length: int, window: int | None = None, causal: bool = True) -> float:
     """Average keys each query attends to in a sequence of ``seq_length`` tokens.
 

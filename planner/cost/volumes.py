@@ -46,7 +46,7 @@ import numpy as np
 
 from ..specs import ModelSpec, TrainingSpec
 from . import model_counts as mc
-from .model_flops import padded_vocab
+from .model_flops import vocab_per_rank
 from .context_parallel import kv_chunk_bytes
 from .memory import non_expert_params, rank_params
 
@@ -231,9 +231,8 @@ def dp_collectives(model: ModelSpec, training: TrainingSpec, c, rank, elem: Elem
                           (norms + biases) * elem.grad,
                           "SP norm and row-parallel bias gradients, coalesced"))
     tied = model.tie_embeddings * (pp > 1) * ((rank == 0) | last)
-    vocab = padded_vocab(model.vocab_size, c.tp).astype(np.float64)
     out.append(Collective("embd", "all_reduce", "step", "step", "", tied * 1.0,
-                          vocab * model.hidden_size / c.tp * elem.grad,
+                          vocab_per_rank(model, c.tp) * model.hidden_size * elem.grad,
                           "tied word-embedding gradient, first <-> last rank"))
     return out
 
