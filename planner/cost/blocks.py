@@ -250,7 +250,7 @@ def elementwise_bytes_per_token(model: ModelSpec, c, training: TrainingSpec) -> 
     tp = np.asarray(c.tp, dtype=np.float64)
     h = model.hidden_size
     sp = c.sp_divisor
-    act = 6.0 if model.activation == "swiglu" else 4.0
+    act = 2.0 * (mc.fc1_outputs(model) + 1)  # bf16: read the fc1 outputs, write the product
     out = {ATTENTION: 11.0 * h / sp}
     if WINDOW in block_kinds(model):
         out[WINDOW] = out[ATTENTION]

@@ -122,7 +122,7 @@ def base_volumes(run, pp_rank: int, elem: int) -> dict[str, list[int]]:
     ids = _rank_layer_ids(run, pp_rank)
     n_moe = int(sum(model_counts.moe_layer_mask(m)[ids]))
     micro = int(lay.num_microbatches(tr.global_batch_size))
-    x = tr.seq_length * lay.micro_batch_size // lay.cp * m.hidden_size * elem
+    x = int(lay.tokens_per_microbatch(tr.seq_length)) * m.hidden_size * elem
     if lay.tp > 1 and n_moe:
         if not m.moe.shared_experts:  # no TP-sharded MLP: its SP gather / scatter, both passes
             for kind in ("all_gather", "reduce_scatter"):
