@@ -46,3 +46,7 @@ def test_recorded_in_the_plan_and_read_by_the_estimate(tmp_path):
     flex = json.loads(runner.invoke(app, [*flags, "--moe-dispatcher", "flex"]).stdout)
     assert flex["time"]["link"]["ep"] < plain["time"]["link"]["ep"]
     assert "--no-moe-a2a-overlap" in runner.invoke(app, ["estimate", "--help"]).stdout
+    # the title names a dispatcher or overlap that is not the default
+    shown = runner.invoke(app, [*flags[:-1], "--moe-dispatcher", "flex", "--moe-a2a-overlap"]).stdout
+    assert "MoE: flex token dispatcher, EP communication overlapped" in shown
+    assert "MoE:" not in runner.invoke(app, flags[:-1]).stdout
