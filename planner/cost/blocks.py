@@ -278,7 +278,8 @@ def activation_bytes_per_token(model: ModelSpec, training: TrainingSpec, c, reco
     MoE (moe.md 5.2, on the SP shard T = tokens/t): R = 2h norm input + 2h MoE input
       (layernorm); per token of T: router state 12E, dispatched tokens 2*k*g*etp*h, fc1 output
       2*k*g*glu_in*F, fc2 input 2*k*g*F (dropped by moe_act), probs and maps 12*k*g*etp, shared
-      experts 2*(glu_in + 1)*F_sh (g = moe_imbalance on the busiest rank).
+      experts 2*(glu_in + 1)*F_sh (g = moe_imbalance on the busiest rank); with
+      training.moe_activation_offload the dispatched tokens and fc1 output are in host memory.
     Full recompute keeps the layer input, 2h/sp on the attention block, nothing on the MLP.
     FP8 with Transformer Engine (precision.linear_input_bytes q = 1 + scales, fp8_hardware.md
     3.2): the inputs of linear layers (QKV / down-projection, fc1, fc2, the experts' dispatched
@@ -310,7 +311,9 @@ def activation_bytes_per_token(model: ModelSpec, training: TrainingSpec, c, reco
     if model.moe is not None:
         m, g = model.moe, training.moe_imbalance
         glu_in, F = _glu_in(model), m.ffn_hidden_size
-        per_row = q * c.etp * h + 2.0 * glu_in * F + np.where(light, 0.0, q * F) + MAP_BYTES_PER_ROW * c.etp
+        offload = 0.0 if training.moe_activation_offload else 1.0  # expert_fc1 and moe_act inputs
+        per_row = offload * (q * c.etp * h + 2.0 * glu_in * F) + np.where(light, 0.0, q * F) \
+            + MAP_BYTES_PER_ROW * c.etp
         shard_t = ROUTER_BYTES_PER_SCORE * m.num_experts + m.router_topk * g * per_row \
             + (2.0 * glu_in + q) * m.shared_experts * m.shared_ffn
         out[MOE] = np.where(full, 0.0, (2.0 * h + norm_out) / sp + shard_t / tp)
@@ -318,9 +321,8 @@ def activation_bytes_per_token(model: ModelSpec, training: TrainingSpec, c, reco
 
 
 def per_op_modelled(model: ModelSpec) -> bool:
-    """Whether per-op selective checkpointing is costed by its policy for ``model``: dense
-    GQA/MHA blocks. MoE and MLA blocks (whose matmul order the policy counts differently) keep
-    the core-attention costing, an approximation."""
+    """Whether per-op selective checkpointing is costed by its policy for ``model``: dense GQA/MHA
+    blocks (MoE and MLA keep the core-attention costing, an approximation)."""
     return model.moe is None and model.attention_kind != "mla"
 
 
@@ -355,10 +357,9 @@ def per_op_saved_per_token(model: ModelSpec, c) -> dict[str, np.ndarray]:
 
 
 def per_op_recomputed_gemm_share(model: ModelSpec, kind: str) -> float:
-    """Share of a block's forward GEMM FLOPs that per-op selective checkpointing runs again
-    (the even-numbered matmuls, see per_op_saved_per_token): attention wk + wo over wq, wk, wv,
-    wo = (g + n)*d*h / (2*(n + g)*d*h) = 1/2; SwiGLU MLP w3 of w1, w3, w2 = 1/3; GeLU MLP fc2
-    of fc1, fc2 = 1/2. 0 for other block kinds."""
+    """Share of a block's forward GEMM FLOPs per-op selective checkpointing runs again (the
+    even matmuls, per_op_saved_per_token): attention wk + wo = (g + n)*d*h of 2*(n + g)*d*h =
+    1/2; SwiGLU MLP w3 of w1, w3, w2 = 1/3; GeLU MLP fc2 of fc1, fc2 = 1/2; else 0."""
     if kind in (ATTENTION, WINDOW):
         return 0.5
     if kind == MLP:

@@ -112,6 +112,7 @@ def model_state_bytes(params: np.ndarray, c, training: TrainingSpec,
     FP8 (``hw`` given): the ``linear`` part of ``params`` and all ``experts`` are linear-layer
     weights held as precision.weight_bytes (FP8 copies, transposes, scales) instead of
     param_bytes; gradients and optimizer states are unchanged (fp8_hardware.md 3.1).
+    ``optimizer_offload_fraction`` of the optimizer states sits in host memory, not here.
     """
     w, g, o = zero_divisors(c)
     we, ge, oe = zero_divisors(c, "expert") if np.any(np.asarray(experts) > 0) else (1.0, 1.0, 1.0)
@@ -133,8 +134,9 @@ def model_state_bytes(params: np.ndarray, c, training: TrainingSpec,
     if training.fp32_grad_partition and training.grad_bytes < 4:
         grads = grads + np.where((stage == 1) | (stage == 2),
                                  params * 4.0 / o + experts * 4.0 / oe, 0.0)
+    on_gpu = 1.0 - float(training.optimizer_offload_fraction)
     return {"weights": weights, "gradients": grads,
-            "optimizer": (params / o + experts / oe) * (master + moments)}
+            "optimizer": (params / o + experts / oe) * (master + moments) * on_gpu}
 
 
 def layer_activation_terms(model: ModelSpec, training: TrainingSpec) -> tuple[float, float, float]:
@@ -203,9 +205,11 @@ def activation_bytes_by_stage(model: ModelSpec, training: TrainingSpec, c,
     recomputed in backward (formulas.md 3.3). Edge buffers (3.6): rank 0, per micro-batch in
     flight on its first chunk, 8 B/token of ids (+ 1 B/token*h embedding dropout mask, /sp); the
     last rank, for the micro-batch in backward: final-norm and output-layer inputs 2*2*h per
-    token (/sp), and the loss's loss_bytes_per_logit*V_p/t per token (6: bf16 logits 2*V_p/t
-    and fp32 softmax 4*V_p/t; the framework's, TrainingSpec) (once per output head:
-    the MTP modules add theirs). Per-layer terms shared by the ranks are computed once.
+    token (/sp), and the loss's bytes per logit x V_p/t per token: the framework's
+    loss_bytes_per_logit (6 = bf16 logits 2*V_p/t and fp32 softmax 4*V_p/t in Megatron; 12 in
+    torchtitan's fp32 loss), or 2 (the bf16 logits alone) with training.cross_entropy_in_place
+    (once per output head: the MTP modules add theirs). Per-layer terms shared by the ranks are
+    computed once.
     """
     from .blocks import block_kinds, per_op_modelled
     h = model.hidden_size
@@ -215,8 +219,8 @@ def activation_bytes_by_stage(model: ModelSpec, training: TrainingSpec, c,
     per_layer = activation_per_layer(model, training, c) if uniform else None
     sp_div = c.sp_divisor
     vocab = flops.padded_vocab(model.vocab_size, c.tp).astype(np.float64)
-    logit = training.loss_bytes_per_logit
-    last_edge = tokens * (4.0 * h / sp_div + logit * vocab / c.tp) * (1 + model.mtp_layers)
+    per_logit = 2.0 if training.cross_entropy_in_place else training.loss_bytes_per_logit
+    last_edge = tokens * (4.0 * h / sp_div + per_logit * vocab / c.tp) * (1 + model.mtp_layers)
     out = {}
     targets = ranks if ranks is not None else {kind: rank_index(c, kind) for kind in kinds}
     for kind, rank in targets.items():
