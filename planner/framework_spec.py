@@ -126,6 +126,7 @@ class Runtime(_Facts):
     zero3_gather_unit: Literal["layer", "module"]
     zero3_throughput: Bandwidth | None = Field(default=None, gt=0)
     fp8_library: Literal["transformer-engine", "torchao", "none"]
+    selective_recompute: Literal["core_attention", "per_op"]
 
 
 class Memory(_Facts):
@@ -138,13 +139,16 @@ class Memory(_Facts):
     ``fp32_grad_partition``: with 16-bit gradients, ZeRO stages 1-2 also hold an fp32 gradient
     partition of 4/N B (DeepSpeed ``stage_1_and_2.py``); ``pp_unsharded_params``: with ZeRO-3
     and pp > 1 the stage's bf16 parameters stay gathered from forward to backward (FSDP2's
-    reshard_after_forward off under PP), 2 B per parameter."""
+    reshard_after_forward off under PP), 2 B per parameter; ``loss_bytes_per_logit``: bytes
+    per logit (per token, on the vocabulary shard) the output layer and loss hold at the start
+    of the backward (formulas.md 3.6)."""
 
     gradients: dict[Literal["bf16", "fp16"], GradDtype]
     param_bytes: Literal[2, 4]
     master_weights: bool
     fp32_grad_partition: bool
     pp_unsharded_params: bool
+    loss_bytes_per_logit: float = Field(gt=0, le=64)
 
     @model_validator(mode="after")
     def _both_dtypes(self) -> "Memory":

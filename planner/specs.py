@@ -207,6 +207,11 @@ class TrainingSpec(_Strict):
     # inputs saved for backward, FP8 parameter all-gather), torchao (casts each step, saves the
     # 16-bit inputs), or none (no FP8 training).
     fp8_library: Literal["transformer-engine", "torchao", "none"] = "transformer-engine"
+    # What selective recomputation (recompute code 1) saves: core_attention (Megatron: all but
+    # the attention core, Korthikanti et al. 2022 sec. 4.2) or per_op (torchtitan's per-op
+    # selective activation checkpointing: the block input, the outputs of every other matmul,
+    # of attention and of reduce-scatters; cost.blocks.per_op_saved_per_token).
+    selective_recompute: Literal["core_attention", "per_op"] = "core_attention"
     # Mixture of experts: the busiest EP rank's routed load over the mean (>= 1; 1 = balanced,
     # as the published benchmark runs force it: Megatron-Bridge performance-summary footnote
     # "token routing is force-balanced and token-dropless"); it scales the busiest rank's
@@ -258,6 +263,11 @@ class TrainingSpec(_Strict):
     master_weights: bool = True
     fp32_grad_partition: bool = False
     pp_unsharded_params: bool = False
+    # Bytes per logit (per token, vocabulary shard) held by the output layer and the loss at
+    # the start of the backward: 6 = bf16 logits + fp32 softmax (Megatron's fused
+    # vocab-parallel cross entropy); 12 in torchtitan (fp32 log-softmax output, its gradient
+    # and the input gradient, framework_profiles/torchtitan.yaml).
+    loss_bytes_per_logit: float = Field(default=6.0, gt=0, le=64)
     reserve_runtime: float = Field(default=float(2**30), ge=0)  # bytes
     reserve_per_communicator: float = Field(default=float(600 * 2**20), ge=0)  # bytes
     reserve_allocator: float = Field(default=0.2, ge=0.0, le=2.0)

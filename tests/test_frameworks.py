@@ -262,10 +262,17 @@ def test_torchtitan_toml_and_zero_mapping():
     assert cfg["parallelism"]["data_parallel_shard_degree"] == 1
     assert cfg["training"]["local_batch_size"] == 2 and cfg["training"]["global_batch_size"] == 512
     assert cfg["activation_checkpoint"] == {"mode": "full"}
-    # selective recomputation in torchtitan is per-op SAC, not Megatron's core attention: refused
-    with pytest.raises(UsageError, match="torchtitan offers recompute none / full"):
-        export_plan(make("llama3-8b", 16, gbs=512, tp=2, pp=1, dp=8, zero_stage=0,
-                         micro_batch_size=2, recompute="selective"), "torchtitan", "toml")
+    # selective recomputation in torchtitan is per-op SAC (costed as such): 0.2.x defaults
+    # selective_ac_option to "2" (every other layer, config_manager.py @9dec370), so "op" is set
+    sel = make("llama3-8b", 16, gbs=512, tp=2, pp=1, dp=8, zero_stage=0, micro_batch_size=2,
+               recompute="selective")
+    sel_cfg = tomllib.loads("\n".join(ln for ln in export_plan(sel, "torchtitan", "toml").text.splitlines()
+                                      if not ln.startswith("#")))
+    assert sel_cfg["activation_checkpoint"] == {"mode": "selective", "selective_ac_option": "op"}
+    assert set(flatten(sel_cfg)) <= TITAN_02
+    # 0.3 has no option: its SelectiveAC is per-op
+    sel_o = titan_overrides(export_plan(sel, "torchtitan").text)
+    assert sel_o["activation_checkpoint.mode"] == "selective" and set(sel_o) <= TITAN_03
     assert "pipeline_parallel_schedule" not in cfg["parallelism"]
     # TP without SP cannot be expressed in 0.2.x: a comment says so
     assert "always shards norms on the sequence" in exp.text

@@ -42,6 +42,7 @@ class LayerTimes:
     memory_forward: np.ndarray
     column_parallel_share: object  # share of the GEMM time in QKV / fc1 (whose backward hides TP comm)
     light_recompute: object = 0.0  # forward seconds selective+ runs again (norms, activations, MLA up-projections)
+    selective_recompute: object = None  # forward seconds selective (code 1) runs again; None: the attention core
 
     @cached_property
     def forward(self) -> np.ndarray:
@@ -97,7 +98,10 @@ def block_times(model: ModelSpec, training: TrainingSpec, hw: HardwareProfile, c
         if kind in (blocks.ATTENTION, blocks.WINDOW):
             t_f, t_b = _attention_core_times(model, training, hw, c, kind == blocks.WINDOW)
             light = t_mem + t_gemm * blocks.mla_up_share(model)
-        out[kind] = LayerTimes(t_gemm, t_f, t_b, t_mem, share, light)
+        selective = None
+        if training.selective_recompute == "per_op" and blocks.per_op_modelled(model):
+            selective = t_gemm * blocks.per_op_recomputed_gemm_share(model, kind) + t_mem
+        out[kind] = LayerTimes(t_gemm, t_f, t_b, t_mem, share, light, selective)
     return out
 
 

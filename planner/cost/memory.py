@@ -113,7 +113,9 @@ def model_state_bytes(params: np.ndarray, c, training: TrainingSpec,
     Framework terms (TrainingSpec, from the framework profile): ``fp32_grad_partition`` adds
     an fp32 gradient partition 4/n to 16-bit gradients at stages 1-2 (DeepSpeed ZeRO-2:
     2 + 18/n, its estimator after PR #5099); ``pp_unsharded_params`` adds the stage's bf16
-    parameters, 2 B, at stage 3 with pp > 1 (FSDP2 does not reshard after forward under PP).
+    parameters, 2 B, at stage 3 with pp > 1 (FSDP2 does not reshard after forward under PP),
+    and the stage's unsharded gradients, grad_bytes (accumulated over the micro-batches before
+    the last one's reduce-scatter under PyTorch pipelining).
     FP8 (``hw`` given): the ``linear`` part of ``params`` and all ``experts`` are linear-layer
     weights held as precision.weight_bytes (FP8 copies, transposes, scales) instead of
     param_bytes; gradients and optimizer states are unchanged (fp8_hardware.md 3.1).
@@ -128,10 +130,14 @@ def model_state_bytes(params: np.ndarray, c, training: TrainingSpec,
     weights = params * pb / w + experts * lb / we
     if precision.is_fp8(training) and hw is not None:
         weights = weights + linear * (lb - pb) / w
-    if training.pp_unsharded_params:
-        weights = weights + np.where((stage >= 3) & (np.asarray(c.pp) > 1),
-                                     (params + experts) * 2.0, 0.0)
     grads = params * gb / g + experts * gb / ge
+    if training.pp_unsharded_params:
+        held = (stage >= 3) & (np.asarray(c.pp) > 1)
+        weights = weights + np.where(held, (params + experts) * 2.0, 0.0)
+        # micro-batches before the last skip the reduce-scatter and accumulate the unsharded
+        # gradient in the reduce dtype (torch fsdp/_fully_shard/_fsdp_param.py
+        # to_accumulated_grad_if_needed; pipelining/stage.py backward_maybe_with_nosync)
+        grads = grads + np.where(held, (params + experts) * gb, 0.0)
     if training.fp32_grad_partition and training.grad_bytes < 4:
         grads = grads + np.where((stage == 1) | (stage == 2),
                                  params * 4.0 / o + experts * 4.0 / oe, 0.0)
@@ -186,23 +192,28 @@ def activation_bytes_by_stage(model: ModelSpec, training: TrainingSpec, c,
     recomputed in backward (formulas.md 3.3). Edge buffers (3.6): rank 0, per micro-batch in
     flight on its first chunk, 8 B/token of ids (+ 1 B/token*h embedding dropout mask, /sp); the
     last rank, for the micro-batch in backward: final-norm and output-layer inputs 2*2*h per
-    token (/sp), bf16 logits 2*V_p/t and fp32 softmax 4*V_p/t per token (once per output head:
-    the MTP modules add theirs; only the bf16 logits with training.cross_entropy_in_place). Per-layer terms shared by the ranks are computed once.
+    token (/sp), and the loss's bytes per logit x V_p/t per token: the framework's
+    loss_bytes_per_logit (6 = bf16 logits 2*V_p/t and fp32 softmax 4*V_p/t in Megatron; 12 in
+    torchtitan's fp32 loss), or 2 (the bf16 logits alone) with training.cross_entropy_in_place
+    (once per output head: the MTP modules add theirs). Per-layer terms shared by the ranks are
+    computed once.
     """
-    from .blocks import block_kinds
+    from .blocks import block_kinds, per_op_modelled
     h = model.hidden_size
     tokens = c.tokens_per_microbatch(training.seq_length)
     m = c.num_microbatches(training.global_batch_size)
     uniform = block_kinds(model) == ("attention", "mlp")
     per_layer = activation_per_layer(model, training, c) if uniform else None
     sp_div = c.sp_divisor
-    per_logit = 2.0 if training.cross_entropy_in_place else 6.0
+    per_logit = 2.0 if training.cross_entropy_in_place else training.loss_bytes_per_logit
     last_edge = tokens * (4.0 * h / sp_div + per_logit * vocab_per_rank(model, c.tp)) * (1 + model.mtp_layers)
     out = {}
     targets = ranks if ranks is not None else {kind: rank_index(c, kind) for kind in kinds}
     for kind, rank in targets.items():
         layer = per_layer if uniform else activation_per_layer(model, training, c, rank=rank)
-        working = np.where(c.recompute == 2, activation_per_layer(
+        per_op = training.selective_recompute == "per_op" and per_op_modelled(model)
+        recomputed = (c.recompute == 2) | ((c.recompute == 1) & per_op)
+        working = np.where(recomputed, activation_per_layer(
             model, training, c, np.zeros_like(c.recompute), None if uniform else rank), 0.0)
         total = pipeline.inflight_layers(c, model.num_layers, m, rank) * layer + working
         held_first = pipeline.inflight_first_chunk(c, m, rank)

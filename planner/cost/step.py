@@ -46,12 +46,14 @@ class LayerCost:
 def block_cost(times: compute.LayerTimes, comm: BlockComm, c) -> LayerCost:
     """A block's terms from its compute times and its exposed communication (comm.block_comm).
     Full recompute runs the block's forward again, with its TP and EP collectives; selective
-    recompute (core attention) runs the attention core forward again; selective+ (layernorm,
+    recompute (core attention) runs the attention core forward again (torchtitan's per-op
+    policy: LayerTimes.selective_recompute, its unsaved matmuls and memory-bound ops); selective+ (layernorm,
     moe_act, mla_up_proj) the block's memory-bound forward (norms, activation functions) and
     MLA's up-projection GEMMs (LayerTimes.light_recompute)."""
     rc = np.asarray(c.recompute)
+    selective = times.attention_forward if times.selective_recompute is None else times.selective_recompute
     recompute = np.where(rc == 2, times.forward + comm.tp_recompute + comm.ep_recompute,
-                         np.where(rc == 1, times.attention_forward,
+                         np.where(rc == 1, selective,
                                   np.where(rc == 3, times.light_recompute, 0.0)))
     return LayerCost(times.forward + times.backward, recompute, comm.tp_exposed, comm.cp_exposed,
                      comm.ep_exposed)

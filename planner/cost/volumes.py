@@ -218,9 +218,10 @@ def dp_collectives(model: ModelSpec, training: TrainingSpec, c, rank, elem: Elem
     """Dense-gradient and ZeRO traffic of rank ``rank`` over the dp*cp group (formulas.md 5.6),
     the SP norm-gradient all-reduce and the tied-embedding all-reduce. List of Collective."""
     p = rank_params(model, c, rank)
-    out = _dp_group(non_expert_params(p), c.grad_group, "dp", c, elem)
+    held = _stage_held(training, c)
+    out = _dp_group(non_expert_params(p), c.grad_group, "dp", c, elem, held=held)
     if model.moe is not None:
-        out += _dp_group(p["experts"], c.edp, "edp", c, elem, "expert ")
+        out += _dp_group(p["experts"], c.edp, "edp", c, elem, "expert ", held)
     rank = np.asarray(rank)
     pp = np.asarray(c.pp)
     last = rank == pp - 1
@@ -237,13 +238,28 @@ def dp_collectives(model: ModelSpec, training: TrainingSpec, c, rank, elem: Elem
     return out
 
 
-def _dp_group(params, size, group: str, c, elem: Elements, what: str = "") -> list[Collective]:
+def _stage_held(training: TrainingSpec, c) -> np.ndarray:
+    """1.0 where ZeRO-3 keeps the stage's parameters gathered across micro-batches (FSDP2 under
+    PP, ``pp_unsharded_params``: reshard_after_forward=False, pytorch/torchtitan
+    parallelize_llama.py apply_fsdp @9dec370), else 0.0. PyTorch pipelining then also skips the
+    gradient reduce-scatter of all but the last micro-batch (torch/distributed/pipelining/
+    stage.py backward_maybe_with_nosync: set_requires_gradient_sync(False)), so a held stage
+    gathers and reduce-scatters once per step. Float array broadcast over candidates."""
+    on = bool(training.pp_unsharded_params)
+    return ((np.asarray(c.pp) > 1) & on).astype(np.float64)
+
+
+def _dp_group(params, size, group: str, c, elem: Elements, what: str = "",
+              held=0.0) -> list[Collective]:
     """The DP/ZeRO collectives of ``params`` per GPU reduced and sharded over a group of
-    ``size`` ranks (dense: dp*cp; experts: edp), by the ZeRO stage that applies."""
+    ``size`` ranks (dense: dp*cp; experts: edp), by the ZeRO stage that applies. ``held``
+    (_stage_held, 0/1 array): ZeRO-3 gathers and reduce-scatters once per step instead of per
+    micro-batch (forward gather + backward gather + reduce-scatter per micro-batch otherwise)."""
     grad, weight = params * elem.grad, params * elem.weight
     on = (np.asarray(size) > 1).astype(np.float64)
     z = c.sharding_stage
     zs = {k: np.where(z == k, on, 0.0) for k in range(4)}
+    z3_step, z3_micro = zs[3] * held, zs[3] * (1.0 - held)
     out = [
         Collective(group, "all_reduce", "step", "backward", "backward", zs[0], grad, what + "gradient all-reduce"),
         Collective(group, "reduce_scatter", "step", "backward", "backward", zs[1], grad,
@@ -252,12 +268,16 @@ def _dp_group(params, size, group: str, c, elem: Elements, what: str = "") -> li
                    what + "updated-parameter all-gather"),
         Collective(group, "reduce_scatter", "microbatch", "backward", "backward", zs[2], grad,
                    what + "ZeRO-2 gradient reduce-scatter"),
-        Collective(group, "all_gather", "microbatch", "forward", "forward", zs[3], weight,
+        Collective(group, "all_gather", "microbatch", "forward", "forward", z3_micro, weight,
                    "ZeRO-3 parameter all-gather for the forward"),
-        Collective(group, "all_gather", "microbatch", "backward", "backward", zs[3], weight,
+        Collective(group, "all_gather", "microbatch", "backward", "backward", z3_micro, weight,
                    "ZeRO-3 parameter all-gather for the backward"),
-        Collective(group, "reduce_scatter", "microbatch", "backward", "backward", zs[3], grad,
+        Collective(group, "reduce_scatter", "microbatch", "backward", "backward", z3_micro, grad,
                    "ZeRO-3 gradient reduce-scatter"),
+        Collective(group, "all_gather", "step", "forward", "forward", z3_step, weight,
+                   "ZeRO-3 parameter all-gather, once per step (stage held gathered under PP)"),
+        Collective(group, "reduce_scatter", "step", "backward", "backward", z3_step, grad,
+                   "ZeRO-3 gradient reduce-scatter, once per step (last micro-batch)"),
     ]
     return out
 

@@ -131,11 +131,23 @@ def partition(cases: list[RunCase], hw: HardwareProfile) -> tuple[list[RunCase],
     return keep, unused
 
 
+def _keys(hw: HardwareProfile, only: list[str] | tuple[str, ...] | None) -> tuple[str, ...]:
+    """The factors a fit moves: those of ``hw`` (factors_of), or the ``only`` ones among them
+    (the rest stay at the profile's values). UsageError for a name that is not a factor."""
+    keys = factors_of(hw)
+    if only is None:
+        return keys
+    unknown = [k for k in only if k not in keys]
+    if unknown:
+        raise UsageError(f"{unknown[0]!r} is not a factor of {hw.name} to fit (factors: {', '.join(keys)})")
+    return tuple(k for k in keys if k in only)
+
+
 def _solve(cases: list[RunCase], hw: HardwareProfile, x0: np.ndarray, prior: np.ndarray,
-           max_nfev: int | None = None) -> np.ndarray:
+           max_nfev: int | None = None, keys: tuple[str, ...] | None = None) -> np.ndarray:
     from scipy.optimize import least_squares
 
-    keys = factors_of(hw)
+    keys = factors_of(hw) if keys is None else keys
     lo = np.log([BOUNDS[k][0] for k in keys])
     hi = np.log([BOUNDS[k][1] for k in keys])
 
@@ -149,37 +161,40 @@ def _solve(cases: list[RunCase], hw: HardwareProfile, x0: np.ndarray, prior: np.
                          diff_step=1e-3, max_nfev=max_nfev).x
 
 
-def fit(cases: list[RunCase], hw: HardwareProfile, leave_one_out: bool = True) -> FitResult:
-    """Fit the factors of ``hw`` to ``cases`` (all on that hardware). UsageError if there are none."""
+def fit(cases: list[RunCase], hw: HardwareProfile, leave_one_out: bool = True,
+        only: list[str] | None = None) -> FitResult:
+    """Fit the factors of ``hw`` (all, or the ``only`` ones: the rest stay at ``hw``'s values)
+    to ``cases`` (all on that hardware). UsageError if there are none."""
     runs = usable(cases, hw)
     if not runs:
         raise UsageError(f"no usable measured run on hardware {hw.name} to calibrate on")
-    keys = factors_of(hw)
+    keys = _keys(hw, only)
     start = {k: float(getattr(hw.efficiency, k)) for k in keys}
     prior = _to_x(start, keys)
-    x = _solve(runs, hw, prior, prior)
+    x = _solve(runs, hw, prior, prior, keys=keys)
     fitted = with_factors(hw, _from_x(x, keys))
     fit_errors = {c.id: float(compare(c, fitted, time_only=True).primary_error) for c in runs}
     loo: dict[str, float] = {}
     if leave_one_out and len(runs) > 1:
         for i, c in enumerate(runs):
             rest = runs[:i] + runs[i + 1:]
-            xi = _solve(rest, hw, x, prior, max_nfev=40)
+            xi = _solve(rest, hw, x, prior, max_nfev=40, keys=keys)
             loo[c.id] = float(compare(c, with_factors(hw, _from_x(xi, keys)), time_only=True).primary_error)
     return FitResult(_from_x(x, keys), [c.id for c in runs], fit_errors, loo, start)
 
 
 def refit(cases: list[RunCase], hw: HardwareProfile, start: dict[str, float],
-          max_nfev: int = 40) -> HardwareProfile:
+          max_nfev: int = 40, only: list[str] | None = None) -> HardwareProfile:
     """``hw`` with its factors refitted to ``cases`` (prior: ``hw``'s own factors; search
-    warm-started at ``start``), without leave-one-out: what leave-one-source-out refits use.
+    warm-started at ``start``; ``only``: the factors moved, as in fit), without leave-one-out:
+    what leave-one-source-out refits use.
     ``hw`` unchanged if no case is usable."""
     runs = usable(cases, hw)
     if not runs:
         return hw
-    keys = factors_of(hw)
+    keys = _keys(hw, only)
     prior = _to_x({k: float(getattr(hw.efficiency, k)) for k in keys}, keys)
-    x = _solve(runs, hw, _to_x(start, keys), prior, max_nfev=max_nfev)
+    x = _solve(runs, hw, _to_x(start, keys), prior, max_nfev=max_nfev, keys=keys)
     return with_factors(hw, _from_x(x, keys))
 
 

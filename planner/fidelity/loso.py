@@ -38,6 +38,10 @@ class ProfilePlan(_Strict):
     priors: dict[str, float]
     prior_sources: str = Field(min_length=1)
     why_excluded: str | None = None
+    # the factors the fit moves (default: all of the profile's); the rest keep the prior values
+    fitted: list[str] | None = None
+    # a profile of the plan whose (fitted) factors are this one's priors, ``priors`` over them
+    priors_from: str | None = None
 
 
 def calibration_plan(path: Path | None = None) -> dict[str, ProfilePlan]:
@@ -55,9 +59,14 @@ def calibration_plan(path: Path | None = None) -> dict[str, ProfilePlan]:
 
 def prior_profile(name: str, plan: ProfilePlan):
     """The shipped profile ``name`` with its factors set to the plan's priors (what a fit
-    starts from and is pulled toward)."""
+    starts from and is pulled toward): ``priors`` over, with ``priors_from``, the shipped
+    factors of that profile."""
     hw = resolve_hardware(name)
-    return with_factors(hw, {k: v for k, v in plan.priors.items() if k in factors_of(hw)})
+    priors = dict(plan.priors)
+    if plan.priors_from is not None:
+        base = resolve_hardware(plan.priors_from).efficiency
+        priors = {**{k: float(getattr(base, k)) for k in factors_of(hw)}, **priors}
+    return with_factors(hw, {k: v for k, v in priors.items() if k in factors_of(hw)})
 
 
 def fit_set(cases: list[RunCase], name: str, plan: ProfilePlan) -> list[RunCase]:
@@ -86,11 +95,13 @@ def loso_errors(cases: list[RunCase], plan: dict[str, ProfilePlan] | None = None
             continue
         prior = prior_profile(name, p)
         shipped = resolve_hardware(name)
-        start = {k: float(getattr(shipped.efficiency, k)) for k in factors_of(prior)}
+        start = {k: float(getattr(shipped.efficiency, k)) for k in factors_of(prior)
+                 if p.fitted is None or k in p.fitted}
         fitted_on = fit_set(cases, name, p)
         for group in dict.fromkeys(c.group for c in on_profile):
             rest = [c for c in fitted_on if c.group != group]
-            held = refit(rest, prior, start, max_nfev=LOSO_NFEV) if len(rest) < len(fitted_on) else shipped
+            held = refit(rest, prior, start, max_nfev=LOSO_NFEV, only=p.fitted) \
+                if len(rest) < len(fitted_on) else shipped
             refits += len(rest) < len(fitted_on)
             for c in on_profile:
                 if c.group == group:

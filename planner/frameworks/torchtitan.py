@@ -23,9 +23,11 @@ training.mixed_precision_reduce.
 Batch: with pp > 1 all m micro-batches of a DP rank run in one pipeline step
 (local_batch_size = B/dp, pipeline_parallel_microbatch_size = b); with pp = 1 the local batch is
 b and torchtitan accumulates B/(dp*b) steps (global_batch_size = B).
-Recompute: none/full -> activation_checkpoint.mode none/full. torchtitan's TP always uses
+Recompute: none/selective/full -> activation_checkpoint.mode (selective is torchtitan's per-op
+SAC, which plan3d costs: 0.2.x TOML also gets selective_ac_option "op"; 0.3's SelectiveAC is
+per-op). torchtitan's TP always uses
 sequence parallelism in 0.2.x (norms sharded on the sequence); 0.3 has enable_sequence_parallel.
-What torchtitan cannot run (ZeRO-1/2, selective recomputation as Megatron's, fp16, tied
+What torchtitan cannot run (ZeRO-1/2, fp16, tied
 embeddings with PP, 1F1B with fewer micro-batches than stages, other interleaved uneven splits)
 is refused before this module runs, by the torchtitan framework profile's rules
 (planner.frameworks.rules.check_plan), the same rules ``--framework torchtitan`` searches with.
@@ -106,6 +108,9 @@ def torchtitan_settings(plan: Plan, fmt: str) -> tuple[dict[str, dict[str, objec
                 "seq_len": tr.seq_length, "mixed_precision_param": "bfloat16",
                 "mixed_precision_reduce": "float32" if tr.grad_bytes == 4 else "bfloat16"}
     ac: dict[str, object] = {"mode": lay.recompute}
+    if lay.recompute == "selective" and fmt == "toml":
+        # 0.2.x defaults selective_ac_option to "2" (every other layer); plan3d costs per-op SAC
+        ac["selective_ac_option"] = "op"
     if not tr.flash_attention:
         notes.append("the plan assumed attention without flash attention (scores stored); "
                      "torchtitan's SDPA / FlexAttention use flash kernels: memory will be lower")

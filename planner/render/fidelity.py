@@ -11,6 +11,7 @@ import math
 
 from rich.markup import escape
 
+from ..fidelity.pairs import precision_pairs
 from . import fmt, tables
 from .console import note, out
 
@@ -68,9 +69,45 @@ def accuracy_json(comparisons, skipped, summary: dict, loso: dict | None = None)
         run["loso_step_error"] = (loso or {}).get(c.case.id)
         runs.append(run)
     return {"runs": _finite(runs),
+            "precision_pairs": _finite([pair_dict(p, loso) for p in precision_pairs(comparisons)]),
             "skipped": [{"id": s.id, "reason": s.skipped} for s in skipped],
             "summary": _finite({name: {**row, **{k: row.get(k) for k in keys}}
                                 for name, row in summary.items()})}
+
+
+def pair_dict(pair, loso: dict | None = None) -> dict:
+    """One precision pair as JSON: the two run ids and precisions, the measured and predicted
+    speed-ups (T_base / T_other) and their difference in percentage points; with ``loso``, the
+    speed-up predicted without the source (each run's LOSO step error applied to its measured
+    time), null where a run has none."""
+    out = {"base": pair.base.case.id, "other": pair.other.case.id,
+           "base_precision": pair.base.case.training.precision,
+           "other_precision": pair.other.case.training.precision,
+           "measured_speedup": pair.measured, "predicted_speedup": pair.predicted,
+           "error_points": pair.error_points, "loso_speedup": None}
+    eb, eo = (loso or {}).get(pair.base.case.id), (loso or {}).get(pair.other.case.id)
+    if eb is not None and eo is not None:
+        out["loso_speedup"] = pair.measured * (1 + eb) / (1 + eo)
+    return out
+
+
+def pairs_table(comparisons, loso: dict | None = None) -> None:
+    """Precision pairs (fidelity.pairs): per pair the measured and predicted speed-up of the
+    lower precision over the higher (T_base / T_other) and the error in percentage points, in
+    sample and without the source (LOSO, where computed). Nothing when there is no pair."""
+    pairs = [pair_dict(p, loso) for p in precision_pairs(comparisons)]
+    if not pairs:
+        return
+    t = tables.new("Precision speed-ups of same-layout pairs (T_base / T_other; error in points)")
+    tables.text_column(t, "pair")
+    for header in ("measured", "predicted", "error", "LOSO error"):
+        tables.number_column(t, header)
+    for p in pairs:
+        lo = "" if p["loso_speedup"] is None else f"{100 * (p['loso_speedup'] - p['measured_speedup']):+.1f}"
+        t.add_row(tables.stacked([escape(p["base"]), escape(p["other"])]),
+                  f"{p['measured_speedup']:.3f}", f"{p['predicted_speedup']:.3f}",
+                  f"{p['error_points']:+.1f}", lo)
+    tables.show(t, out)
 
 
 def _prefix(ids: list[str]) -> str:
@@ -139,6 +176,7 @@ def accuracy_tables(comparisons, skipped, summary: dict, loso: dict | None = Non
     for group, members in groups.items():
         tables.show(_group_table(group, members, loso), out)
     summary_table(summary)
+    pairs_table(comparisons, loso)
     if loso is not None:
         out.print(f"Leave-one-source-out: {loso.get('__refits__', 0)} refits of the fitted profiles "
                   "(benchmarks/calibration.yaml) without the source predicted; runs on profiles "
