@@ -131,10 +131,13 @@ def model_flops_per_step(model: ModelSpec, seq_length: int, global_batch_size: i
 
 
 def recompute_flops_per_step(model: ModelSpec, seq_length: int, global_batch_size: int,
-                             recompute: np.ndarray, causal: bool = True) -> np.ndarray:
+                             recompute: np.ndarray, causal: bool = True,
+                             full_share=1.0) -> np.ndarray:
     """Extra hardware FLOPs of recomputation per step (formulas.md 4.2). (N,)
 
-    full (code 2): one more forward of every layer (GEMMs + attention), not the logits.
+    full (code 2): one more forward of every layer (GEMMs + attention), not the logits; of
+    ``full_share`` of the layers where the block method recomputes N per chunk
+    (LayoutDegrees.recomputed_layers / L; the mean layer's FLOPs).
     selective (code 1): one more forward of the attention core. MoE, MLA, MTP and windows:
     the layer sums of model_flops (active experts, the window's keys).
     """
@@ -143,8 +146,8 @@ def recompute_flops_per_step(model: ModelSpec, seq_length: int, global_batch_siz
         attention = global_batch_size * model_flops.attention_core_flops_per_sequence_model(
             model, seq_length, causal)
         layers = tokens * model_flops.body_gemm_flops_per_token(model) + attention
-        return np.where(recompute == 2, layers, np.where(recompute == 1, attention, 0.0))
+        return np.where(recompute == 2, full_share * layers, np.where(recompute == 1, attention, 0.0))
     attention = global_batch_size * model.num_layers * \
         attention_flops_per_sequence_layer(model, seq_length, causal)
     layers = 2.0 * tokens * model.num_layers * (attention_weights(model) + mlp_weights(model)) + attention
-    return np.where(recompute == 2, layers, np.where(recompute == 1, attention, 0.0))
+    return np.where(recompute == 2, full_share * layers, np.where(recompute == 1, attention, 0.0))

@@ -194,7 +194,8 @@ def activation_bytes_by_stage(model: ModelSpec, training: TrainingSpec, c,
 
     in-flight layers (pipeline.inflight_layers, the rank's own chunk sizes) x the rank's mean
     per-layer bytes (activation_per_layer); with full recompute add the working set of one layer
-    recomputed in backward (formulas.md 3.3). Edge buffers (3.6): rank 0, per micro-batch in
+    recomputed in backward (formulas.md 3.3); full recompute of N layers per chunk mixes the
+    recomputed and stored layers (block_recompute_layer). Edge buffers (3.6): rank 0, per micro-batch in
     flight on its first chunk, 8 B/token of ids (+ 1 B/token*h embedding dropout mask, /sp); the
     last rank, for the micro-batch in backward: final-norm and output-layer inputs 2*2*h per
     token (/sp), bf16 logits 2*V_p/t and fp32 softmax 4*V_p/t per token (once per output head:
@@ -211,10 +212,14 @@ def activation_bytes_by_stage(model: ModelSpec, training: TrainingSpec, c,
     last_edge = tokens * (4.0 * h / sp_div + 6.0 * vocab / c.tp) * (1 + model.mtp_layers)
     out = {}
     targets = ranks if ranks is not None else {kind: rank_index(c, kind) for kind in kinds}
+    block = np.any(np.asarray(c.recompute_num_layers) > 0)
     for kind, rank in targets.items():
         layer = per_layer if uniform else activation_per_layer(model, training, c, rank=rank)
-        working = np.where(c.recompute == 2, activation_per_layer(
-            model, training, c, np.zeros_like(c.recompute), None if uniform else rank), 0.0)
+        stored = activation_per_layer(model, training, c, np.zeros_like(c.recompute),
+                                      None if uniform else rank)
+        working = np.where(c.recompute == 2, stored, 0.0)
+        if block:  # full recompute of the first N layers of each chunk: the rest store theirs
+            layer, working = block_recompute_layer(c, model.num_layers, rank, layer, stored)
         total = pipeline.inflight_layers(c, model.num_layers, m, rank) * layer + working
         held_first = pipeline.inflight_first_chunk(c, m, rank)
         first_edge = held_first * tokens * (8.0 + (h / sp_div if model.dropout > 0 else 0.0))
@@ -222,6 +227,20 @@ def activation_bytes_by_stage(model: ModelSpec, training: TrainingSpec, c,
         is_last = rank == np.asarray(c.pp) - 1
         out[kind] = total + np.where(is_first, first_edge, 0.0) + np.where(is_last, last_edge, 0.0)
     return out
+
+
+def block_recompute_layer(c, num_layers: int, rank, layer, stored) -> tuple[np.ndarray, np.ndarray]:
+    """(mean bytes per in-flight layer, recompute working set) on pipeline rank ``rank`` when
+    full recompute covers the first N layers of each model chunk (Megatron's block method,
+    Layout.recompute_num_layers; formulas.md 3.3). ``layer``: a layer's bytes at the layout's
+    recompute mode (a fully recomputed layer keeps its input), ``stored``: without recompute.
+    With the share q = min(N, c)/c of the chunk's c layers (LayoutDegrees.recompute_share)
+    the in-flight layer holds q*layer + (1 - q)*stored; the working set of one recomputed
+    layer (``stored``) is added only where every layer is recomputed (q = 1): with N < c the
+    backward reaches the recomputed layers after the chunk's c - N stored layers of that
+    micro-batch have freed theirs, at least one layer's worth. Broadcast arrays, bytes."""
+    q = c.recompute_share(num_layers, rank)
+    return q * layer + (1.0 - q) * stored, np.where((c.recompute == 2) & (q >= 1.0), stored, 0.0)
 
 
 def activation_bytes(model: ModelSpec, training: TrainingSpec, c, kind: str) -> np.ndarray:

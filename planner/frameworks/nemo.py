@@ -83,7 +83,8 @@ def nemo_fields(plan: Plan, ck: dict | None = None) -> dict[str, dict[str, objec
     recompute = {"none": (None, None, None, None),
                  "selective": ("selective", None, None, ["core_attn"]),
                  "selective+": ("selective", None, None, recompute_modules(plan.model)),
-                 "full": ("full", "uniform", 1, None)}[lay.recompute]
+                 "full": ("full", "block", lay.recompute_num_layers, None) if lay.recompute_num_layers
+                 else ("full", "uniform", 1, None)}[lay.recompute]
     fsdp = lay.zero_stage >= 2
     return {
         "model": {

@@ -67,6 +67,9 @@ def framework_masks(profile: FrameworkProfile, model: ModelSpec, training: Train
     codes = [RECOMPUTE_CODES[x] for x in r.recompute]
     if len(codes) < len(RECOMPUTE_CODES):
         out[f"{d} offers recompute {' / '.join(r.recompute)}"] = np.isin(c.recompute, codes)
+    if not r.recompute_num_layers:
+        out[f"{d} recomputes every layer in full (no recompute_num_layers N > 0)"] = \
+            np.asarray(c.recompute_num_layers) == 0
     if not r.expert_parallel:
         out[f"{d} has no expert parallelism (ep = 1)"] = np.asarray(c.ep) == 1
     elif model.moe is not None:
