@@ -48,9 +48,10 @@ class Candidates(LayoutDegrees):
     first_stage_layers: np.ndarray = field(default=None)  # type: ignore[assignment]
     last_stage_layers: np.ndarray = field(default=None)  # type: ignore[assignment]
     recompute_num_layers: np.ndarray = field(default=None)  # type: ignore[assignment]
+    offload_layers: np.ndarray = field(default=None)  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
-        for name in ("first_stage_layers", "last_stage_layers", "recompute_num_layers"):
+        for name in ("first_stage_layers", "last_stage_layers", "recompute_num_layers", "offload_layers"):
             if getattr(self, name) is None:
                 object.__setattr__(self, name, np.zeros_like(self.tp))
         for name in ("cp", "ep", "etp"):
@@ -155,6 +156,7 @@ def constraint_masks(model: ModelSpec, training: TrainingSpec, nvlink_domain: in
             ~c.distributed_optimizer | (c.zero_stage == 0),
         UNEVEN_RULE: _uneven_ok(L, c),
         RECOMPUTE_LAYERS_RULE: _recompute_layers_ok(L, c),
+        "offload_layers fewer than the layers": np.asarray(c.offload_layers) < L,
         **expert_rules(model, c),
     }
     masks.update(framework_masks(profile_for(training, framework), model, training, c))

@@ -260,6 +260,9 @@ class Layout(LayoutDegrees, _Strict):
     --recompute-method uniform --recompute-num-layers 1); N >= 1 = the first N layers of each
     model chunk (virtual pipeline stage) recomputed, the rest store their activations
     (--recompute-method block --recompute-num-layers N; formulas.md 3.3).
+    ``offload_layers``: activations of that many layers moved to host memory over the host
+    link during forward and back for backward (Megatron-Core --cpu-offloading-num-layers;
+    formulas.md 3.3.2); 0 = none.
     Derived quantities (GPUs, gradient group, micro-batches, layers per rank, ...) come from
     degrees.LayoutDegrees.
     """
@@ -279,6 +282,7 @@ class Layout(LayoutDegrees, _Strict):
     first_stage_layers: int = Field(default=0, ge=0)
     last_stage_layers: int = Field(default=0, ge=0)
     recompute_num_layers: int = Field(default=0, ge=0)
+    offload_layers: int = Field(default=0, ge=0)
 
     @model_validator(mode="after")
     def _split_pairs(self) -> "Layout":
@@ -301,8 +305,10 @@ class Layout(LayoutDegrees, _Strict):
         dist = " distopt" if self.distributed_optimizer else ""
         split = f" ({self.first_stage_layers}+..+{self.last_stage_layers} layers)" \
             if self.first_stage_layers or self.last_stage_layers else ""
+        offload = f" offload={self.offload_layers}" if self.offload_layers else ""
         return (f"tp={self.tp}{cp} pp={self.pp}{split} dp={self.dp}{ep}{etp} zero={self.zero_stage}"
-                f"{dist} mbs={self.micro_batch_size} vpp={self.vpp} recompute={self.recompute_label}{sp}")
+                f"{dist} mbs={self.micro_batch_size} vpp={self.vpp} recompute={self.recompute_label}"
+                f"{offload}{sp}")
 
     @property
     def recompute_label(self) -> str:

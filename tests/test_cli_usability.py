@@ -89,11 +89,14 @@ def _layout_dict(short: str) -> dict:
     """The Layout fields of a short form 'tp=8 cp=16 pp=96 dp=64 zero=2 mbs=1 vpp=1 recompute=full sp'."""
     names = {"zero": "zero_stage", "mbs": "micro_batch_size"}
     fields = dict(cp=1, ep=1, etp=1, distributed_optimizer=False, first_stage_layers=0,
-                  last_stage_layers=0, sequence_parallel=False, recompute_num_layers=0)
+                  last_stage_layers=0, sequence_parallel=False, recompute_num_layers=0,
+                  offload_layers=0)
     for part in short.split():
         key, _, value = part.partition("=")
         if key == "sp":
             fields["sequence_parallel"] = True
+        elif key == "offload":
+            fields["offload_layers"] = int(value)
         elif key == "recompute":  # full:N = full recompute of N layers per chunk
             mode, _, n = value.partition(":")
             fields["recompute"], fields["recompute_num_layers"] = mode, int(n or 0)

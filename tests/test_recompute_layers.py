@@ -214,3 +214,52 @@ def test_estimate_json_says_which_recompute():
     r = d["recompute"]
     assert (r["mode"], r["method"], r["num_layers"], r["chunk_layers"]) == ("full", "block", 5, 20.0)
     assert r["recomputed_layers"] == 20.0  # 4 stages x 5
+
+
+# ----------------------------------------------------------------------------- activation offload
+
+LLAMA8 = catalog.resolve_model("llama3-8b")
+TRAIN8 = TrainingSpec(seq_length=8192, global_batch_size=512)
+
+
+def offload_layout(n: int, **kw) -> Layout:
+    return Layout(**{**dict(tp=1, pp=1, dp=8, zero_stage=3, micro_batch_size=2, offload_layers=n), **kw})
+
+
+def test_offload_memory_by_hand():
+    # Llama 3 8B, s 8192, b 2, TP 1: B = (8h + 2*d*(a+2g) + 2*a*d + 6f + 4a) x s*b =
+    # (32,768 + 12,288 + 8,192 + 86,016 + 128) x 16,384 = 2,283,798,528 B per layer; pp 1
+    # holds one micro-batch of 32 layers. N = 16 offloaded, one layer in transfer kept:
+    # activations fall by 16 B - B = 15 B.
+    B = 2_283_798_528
+    act = {n: estimate_layout(LLAMA8, H100, TRAIN8, offload_layout(n)).memory["activations"][0]
+           for n in (0, 16)}
+    assert float(act[0] - act[16]) == pytest.approx(15 * B, rel=1e-12)
+
+
+def test_offload_time_is_the_excess_over_compute():
+    # B / 64 GB/s = 35.7 ms per copy on PCIe Gen5; the exposed time is linear in N and 0 when
+    # the host link is fast enough to hide behind a layer's compute
+    t = {n: float(estimate_layout(LLAMA8, H100, TRAIN8, offload_layout(n)).time["offload"][0])
+         for n in (8, 16)}
+    assert t[8] > 0 and t[16] == pytest.approx(2 * t[8], rel=1e-12)
+    fast = H100.model_copy(update={"host_link": H100.host_link.model_copy(
+        update={"bandwidth_per_gpu": 1e15})})
+    assert float(estimate_layout(LLAMA8, fast, TRAIN8, offload_layout(16)).time["offload"][0]) == 0.0
+    none = estimate_layout(LLAMA8, H100, TRAIN8, offload_layout(0))
+    assert float(none.time["offload"][0]) == 0.0
+
+
+def test_offload_exports_and_refusals():
+    p = Plan(plan3d_version=__version__, model=LLAMA8, hardware=H100, gpus=8, training=TRAIN8,
+             layout=offload_layout(16))
+    flags = megatron_flags(export_plan(p, "megatron").text)
+    assert flags["--cpu-offloading-num-layers"] == "16" and "--cpu-offloading-num-layers" in MEGATRON
+    with pytest.raises(UsageError, match="export --to megatron"):
+        export_plan(p, "nemo")
+    for target in ("deepspeed", "torchtitan"):
+        with pytest.raises(UsageError, match="has no activation offload"):
+            export_plan(p, target)
+    res = CliRunner().invoke(app, ["estimate", "-m", "llama3-8b", "-g", "8", "--pp", "2",
+                                   "--offload-layers", "4"])
+    assert res.exit_code != 0 and "activation offload needs pp = 1 and no recomputation" in res.output

@@ -87,6 +87,10 @@ HEADROOM = typer.Option(None, "--min-memory-headroom",
 # The training framework and single facts of it (planner.frameworks.profile.Overrides)
 FRAMEWORK = typer.Option(None, "--framework", help="Framework profile name or YAML file "
                          "(plan3d frameworks) \\[default: megatron-core].")
+OFFLOAD_LAYERS = typer.Option(
+    None, "--offload-layers",
+    help="Move the activations of N layers to host memory over the host link (Megatron-Core "
+         "--cpu-offloading-num-layers: pp 1, no recomputation) \\[default: 0].")
 RECOMPUTE_LAYERS = typer.Option(
     None, "--recompute-num-layers",
     help="Full recompute of only the first N layers of each model chunk (Megatron's block "

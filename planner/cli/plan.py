@@ -11,7 +11,7 @@ from .. import catalog
 from ..errors import UsageError
 from ..render import console
 from ..inputs import check_integers, check_numbers, search_options
-from .app import (RECOMPUTE_LAYERS, ALLOCATOR, ASYNC_SAVE, DEADLINE, FAILURE_RATE, FLASH, FRAMEWORK, GBS, GPUS,
+from .app import (OFFLOAD_LAYERS, RECOMPUTE_LAYERS, ALLOCATOR, ASYNC_SAVE, DEADLINE, FAILURE_RATE, FLASH, FRAMEWORK, GBS, GPUS,
                   GRAD_DTYPE, HARDWARE, HEADROOM, JSON, MODEL, PRECISION, RESTART_TIME, SEQ,
                   PrecisionChoice, RecomputeChoice,
                   _checkpoint, _require, _training, app,
@@ -251,6 +251,7 @@ def estimate(
     recompute: Optional[RecomputeChoice] = typer.Option(None, "--recompute",
                                                         help="Recomputation \\[default: none]."),
     recompute_num_layers: Optional[int] = RECOMPUTE_LAYERS,
+    offload_layers: Optional[int] = OFFLOAD_LAYERS,
     sequence_parallel: Optional[bool] = typer.Option(None, "--sequence-parallel/--no-sequence-parallel",
                                                      help="Sequence parallelism \\[default: off]."),
     vpp: Optional[int] = typer.Option(None, "--vpp", help="Virtual pipeline stages per rank \\[default: 1]."),
@@ -282,6 +283,7 @@ def estimate(
              "--global-batch-size": global_batch_size, "--seq-length": seq_length, "--tp": tp,
              "--pp": pp, "--dp": dp, "--zero-stage": zero_stage, "--micro-batch-size": micro_batch_size,
              "--recompute": recompute, "--recompute-num-layers": recompute_num_layers,
+             "--offload-layers": offload_layers,
              "--sequence-parallel": sequence_parallel, "--vpp": vpp,
              "--cp": cp, "--ep": ep, "--etp": etp, "--distributed-optimizer": distributed_optimizer,
              "--first-stage-layers": first_stage_layers, "--last-stage-layers": last_stage_layers,
@@ -299,7 +301,8 @@ def estimate(
                             ep=ep, etp=etp))
         check_integers(dict(first_stage_layers=first_stage_layers,
                             last_stage_layers=last_stage_layers,
-                            recompute_num_layers=recompute_num_layers), allow_zero=True)
+                            recompute_num_layers=recompute_num_layers,
+                            offload_layers=offload_layers), allow_zero=True)
         zero_stage = _zero_stage(zero_stage, distributed_optimizer)
         m, hw, profile, training = _inputs(
             model, hardware or "dgx-h100", global_batch_size, seq_length,
@@ -313,7 +316,8 @@ def estimate(
                       distributed_optimizer=bool(distributed_optimizer), ep=ep or 1, etp=etp or 1,
                       first_stage_layers=first_stage_layers or 0,
                       last_stage_layers=last_stage_layers or 0,
-                      recompute_num_layers=recompute_num_layers or 0)
+                      recompute_num_layers=recompute_num_layers or 0,
+                      offload_layers=offload_layers or 0)
         # tp, cp, pp default to 1 and dp to what they leave (search.check_layout)
         layout = check_layout(m, hw, training, n, {k: v for k, v in fields.items() if v is not None},
                               allow_cross_node_tp, profile)

@@ -213,6 +213,7 @@ def activation_bytes_by_stage(model: ModelSpec, training: TrainingSpec, c,
     out = {}
     targets = ranks if ranks is not None else {kind: rank_index(c, kind) for kind in kinds}
     block = np.any(np.asarray(c.recompute_num_layers) > 0)
+    offload = np.any(np.asarray(c.offload_layers) > 0)
     for kind, rank in targets.items():
         layer = per_layer if uniform else activation_per_layer(model, training, c, rank=rank)
         stored = activation_per_layer(model, training, c, np.zeros_like(c.recompute),
@@ -220,7 +221,10 @@ def activation_bytes_by_stage(model: ModelSpec, training: TrainingSpec, c,
         working = np.where(c.recompute == 2, stored, 0.0)
         if block:  # full recompute of the first N layers of each chunk: the rest store theirs
             layer, working = block_recompute_layer(c, model.num_layers, rank, layer, stored)
-        total = pipeline.inflight_layers(c, model.num_layers, m, rank) * layer + working
+        held = pipeline.inflight_layers(c, model.num_layers, m, rank)
+        total = held * layer + working
+        if offload:
+            total = total + offloaded_bytes(c, held, layer)
         held_first = pipeline.inflight_first_chunk(c, m, rank)
         first_edge = held_first * tokens * (8.0 + (h / sp_div if model.dropout > 0 else 0.0))
         is_first = rank == 0
@@ -241,6 +245,15 @@ def block_recompute_layer(c, num_layers: int, rank, layer, stored) -> tuple[np.n
     micro-batch have freed theirs, at least one layer's worth. Broadcast arrays, bytes."""
     q = c.recompute_share(num_layers, rank)
     return q * layer + (1.0 - q) * stored, np.where((c.recompute == 2) & (q >= 1.0), stored, 0.0)
+
+
+def offloaded_bytes(c, held, layer) -> np.ndarray:
+    """Change of a rank's activation bytes when the activations of N = ``offload_layers`` of
+    its ``held`` in-flight layers (``layer`` bytes each) live in host memory (formulas.md
+    3.3.2): -min(N, held) x layer, + one layer being copied (the staging of the layer in
+    transfer while the next one computes). 0 where N = 0. Broadcast array, bytes."""
+    n = np.asarray(c.offload_layers, dtype=np.float64)
+    return np.where(n > 0, (1.0 - np.minimum(n, held)) * layer, 0.0)
 
 
 def activation_bytes(model: ModelSpec, training: TrainingSpec, c, kind: str) -> np.ndarray:

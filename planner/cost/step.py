@@ -164,6 +164,9 @@ def evaluate(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c,
                              not summary) for kind in RANK_KINDS}          # edges, p2p, DP
     edges = {kind: np.where(ranks[kind].is_last, output, 0.0) for kind in RANK_KINDS}
     extra = {kind: rank_extra(kind, edges, ranks[kind]) for kind in RANK_KINDS}
+    if np.any(np.asarray(c.offload_layers) > 0):
+        for kind in RANK_KINDS:
+            extra[kind]["offload"] = offload_time(model, hw, training, c, times, counts[kind], kind)
     uniform = set(times) == {"attention", "mlp"} and model.mtp_layers == 0
     shares = recompute_shares(model, c)
     t_pipe, bubble, totals = pipeline_makespan(costs, counts, extra, c, m, uniform, shares)
@@ -214,7 +217,7 @@ def _breakdown(slowest, costs, counts, extra, m, shares=None) -> dict[str, np.nd
     per_block = {"compute": "compute", "recompute": "recompute", "tp_comm": "tp", "cp_comm": "cp",
                  "ep_comm": "ep"}
     out = {}
-    for name in ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm"):
+    for name in ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm", "offload"):
         term = per_block.get(name)
         values = {k: (_stage_work(costs, counts[k], term, _share(shares, k)) if term else 0.0)
                   + extra[k].get(name, 0.0)
@@ -244,6 +247,27 @@ def _throughput(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c
     if precision.is_fp8(training):  # the FP8-peak figure NVIDIA's benchmarks print, beside it
         out["mfu_fp8_peak"] = f_model / (step * gpus * precision.linear_peak(hw, training))
     return out
+
+
+def offload_time(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c, times,
+                 counts: dict, kind: str) -> np.ndarray:
+    """Exposed seconds per micro-batch of activation offload on rank kind ``kind`` (formulas.md
+    3.3.2): each of the N = ``offload_layers`` layers copies its stored bytes B (memory.
+    activation_per_layer, no recompute) to the host in forward and back in backward over the
+    host link (``hw.host_link_bandwidth_per_gpu``, one direction each way), overlapped with the
+    next layer's forward / backward (Megatron-Core's CPU offload context keeps one layer in
+    flight): N x (max(0, B/bw - f) + max(0, B/bw - b)) with f, b the rank's mean layer forward
+    and backward seconds. Broadcast array."""
+    from .memory import activation_per_layer
+    rank = rank_index(c, kind)
+    layers = np.maximum(c.rank_layers(model.num_layers, rank), 1.0)
+    uniform = set(times) == {"attention", "mlp"}
+    stored = activation_per_layer(model, training, c, np.zeros_like(c.recompute), None if uniform else rank)
+    move = stored / hw.host_link_bandwidth_per_gpu
+    forward = sum(counts[k] * times[k].forward for k in counts) / layers
+    backward = sum(counts[k] * times[k].backward for k in counts) / layers
+    n = np.minimum(np.asarray(c.offload_layers, dtype=np.float64), layers)
+    return n * (np.maximum(move - forward, 0.0) + np.maximum(move - backward, 0.0))
 
 
 def _full_share(model: ModelSpec, c):

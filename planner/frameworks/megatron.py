@@ -96,6 +96,8 @@ def megatron_args(plan: Plan) -> list[tuple[str, str | None]]:
     elif lay.zero_stage in FSDP_STRATEGY:
         args += [("--use-megatron-fsdp", None),
                  ("--data-parallel-sharding-strategy", FSDP_STRATEGY[lay.zero_stage])]
+    if lay.offload_layers:  # Megatron-Core: sets cpu_offloading (arguments.py L1950-1951)
+        args.append(("--cpu-offloading-num-layers", str(lay.offload_layers)))
     if lay.recompute == "full" and lay.recompute_num_layers:  # the first N of each model chunk
         args += [("--recompute-granularity", "full"), ("--recompute-method", "block"),
                  ("--recompute-num-layers", str(lay.recompute_num_layers))]
