@@ -26,7 +26,7 @@ from . import objective
 from .cost import evaluate, memory_total
 from .cost.estimate import states_floor
 from .cost.estimate import memory_by_rank, rank_kinds
-from .cost.recompute import layers_from_totals, least_recompute_layers
+from .cost.recompute import layer_terms, layers_from_totals, least_recompute_layers
 from .cost.collectives import nvlink_domain
 from .grid import KNOB_FIELDS, Grid, full
 from .space import constraint_masks
@@ -58,6 +58,7 @@ class GridLayers:
     none is recorded): one small integer per layout, allocated at the first non-zero one."""
 
     size: int = 0
+    dtype: type = np.uint16  # N <= a chunk's layers: uint8 for models of fewer than 256 layers
     values: np.ndarray | None = None
 
     def add(self, index: np.ndarray, layers: np.ndarray) -> None:
@@ -66,7 +67,7 @@ class GridLayers:
         if not np.any(keep):
             return
         if self.values is None:
-            self.values = np.zeros(self.size, dtype=np.uint16)  # N <= a chunk's layers
+            self.values = np.zeros(self.size, dtype=self.dtype)
         self.values[index[keep]] = layers[keep]
 
     def find(self, index: np.ndarray) -> np.ndarray:
@@ -141,7 +142,7 @@ def scan(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, grid: Gr
     layouts) and the model-states floor; memory is computed on the sub-grids that hold the
     valid layouts, step time on the sub-grids that hold the fitting ones (``chunks``). When
     nothing fits, the closest miss is taken over every valid layout, the floor's included."""
-    out = Scan(recompute_layers=GridLayers(grid.size))
+    out = Scan(recompute_layers=GridLayers(grid.size, np.uint8 if model.num_layers < 256 else np.uint16))
     state, boxes = rules_pass(model, hw, training, grid, opts, out, usable)  # state: valid
     boxes = memory_pass(model, hw, training, grid, usable, state, boxes, out,  # state: fits
                         offers_recompute_layers(training, opts))
@@ -262,19 +263,20 @@ def memory_pass(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, g
         total = full(np.maximum.reduce(list(totals.values())), sub.shape).ravel()
         fits = out.fit(total, state[index], index, usable)
         if choose_layers and np.any(sub.knobs["recompute"] == 2):
-            _least_layers(model, training, sub, totals, usable, index, fits, out)
+            _least_layers(model, training, sub, c, totals, usable, index, fits, out)
         state[index] = fits
         for box, kept, sel in zip(fitting, boxes_of(fits.reshape(sub.shape)), values):
             box[np.ix_(rows, sel)] = kept
     return fitting
 
 
-def _least_layers(model: ModelSpec, training: TrainingSpec, sub: Grid, totals: dict, usable: float,
-                  index: np.ndarray, fits: np.ndarray, out: Scan) -> None:
+def _least_layers(model: ModelSpec, training: TrainingSpec, sub: Grid, c, totals: dict,
+                  usable: float, index: np.ndarray, fits: np.ndarray, out: Scan) -> None:
     """Record into ``out.recompute_layers`` the least N (cost.recompute.layers_from_totals) of
     the fitting full-recompute layouts of sub-grid ``sub`` whose twin without recomputation
     does not fit (where it fits, it costs no recompute at all and N stays 0), computed on the
-    code-2 slice only (``totals``: per rank kind, the sub-grid's memory with every layer
+    code-2 slice only (``c``: the sub-grid's candidates, whose cached per-layer terms the
+    memory pass computed; ``totals``: per rank kind, the sub-grid's memory with every layer
     recomputed; ``index``, ``fits``: flat over the sub-grid). The twin is valid whenever the
     full-recompute layout is (no rule depends on the recompute mode but the framework's, and
     every framework offers none), so it sits in the same sub-grid."""
@@ -291,8 +293,13 @@ def _least_layers(model: ModelSpec, training: TrainingSpec, sub: Grid, totals: d
     values = [np.arange(n) for n in sub.shape[1:]]
     values[axis - 1] = at
     part = sub.take(np.arange(sub.shape[0]), values)
+
+    def cut(a):  # the code-2 slice of an array of the sub-grid's broadcast shape
+        a = np.asarray(a)
+        return np.take(a, at, axis=axis) if a.ndim == len(sub.shape) and a.shape[axis] > 1 else a
     sliced = {k: np.take(full(v, sub.shape), at, axis=axis) for k, v in totals.items()}
-    n = full(layers_from_totals(model, training, part.candidates(), sliced, usable), part.shape)
+    terms = {k: tuple(cut(x) for x in v) for k, v in layer_terms(model, training, c, tuple(totals)).items()}
+    n = full(layers_from_totals(model, training, part.candidates(), sliced, usable, terms), part.shape)
     out.recompute_layers.add(index[where], np.where(need, n.ravel(), 0))
 
 

@@ -161,6 +161,13 @@ def activation_per_layer(model: ModelSpec, training: TrainingSpec, c,
     formulas.md 3.2); a model of mixed layers (MoE, windows, MTP) takes the mean layer of
     pipeline rank ``rank`` (blocks.rank_blocks; default: of the whole model's layers).
     """
+    return _activation_per_layer(model, training, c, recompute_mode, rank)
+
+
+@cached_per_candidates(2)
+def _activation_per_layer(model: ModelSpec, training: TrainingSpec, c, recompute_mode, rank) -> np.ndarray:
+    """activation_per_layer, cached on the candidates (the search's memory pass and its least
+    full-recompute solver ask for the same terms)."""
     from . import blocks
     rc = c.recompute if recompute_mode is None else recompute_mode
     per_token = blocks.activation_bytes_per_token(model, training, c, rc)

@@ -58,28 +58,42 @@ def least_recompute_layers(model: ModelSpec, hw: HardwareProfile, training: Trai
     return n
 
 
-def layers_from_totals(model: ModelSpec, training: TrainingSpec, c, totals: dict, usable: float) -> np.ndarray:
+def layers_from_totals(model: ModelSpec, training: TrainingSpec, c, totals: dict, usable: float,
+                       terms: dict | None = None) -> np.ndarray:
     """The least N of the module docstring from each rank kind's memory with every layer
     recomputed (``totals``: {rank kind: bytes}, memory_by_rank's totals for ``c`` with
     recompute_num_layers 0): M_r(none) = M_r(all) + (1 + a)(H_r (S_r - F_r) - S_r) (the all-layers
     memory holds F_r per layer and one layer's working set S_r), then N_r as above. 0 where
-    the recompute code is not 2 or some rank's N_r would cover every chunk. Int64 array."""
+    the recompute code is not 2 or some rank's N_r would cover every chunk. ``terms``: {rank
+    kind: (S_r, F_r, H_r)} computed by the caller (layer_terms), else here. Int64 array."""
     full = np.asarray(c.recompute) == 2
     m = c.num_microbatches(training.global_batch_size)
     grow = 1.0 + training.reserve_allocator
     need, largest = 1.0, 1.0
-    layer = _layer_bytes(model, training, c, None) if _uniform(model) else None
+    terms = terms or layer_terms(model, training, c, tuple(totals))
     for kind, total in totals.items():
         rank = memory.rank_index(c, kind)
         chunk = np.maximum(c.rank_chunk_layers(model.num_layers, rank)[0], 1.0)
-        stored, recomputed = layer or _layer_bytes(model, training, c, rank)
-        held = pipeline.inflight_layers(c, model.num_layers, m, rank)
+        stored, recomputed, held = terms[kind]
         saving = grow * held * (stored - recomputed)  # none -> every layer, less the working set
         deficit = total + (saving - grow * stored) - usable * (1.0 - MARGIN)
         n_rank = np.where(deficit <= 0, 1.0, np.ceil(deficit * chunk / np.maximum(saving, 1e-300)))
         n_rank = np.where(n_rank >= chunk, np.inf, np.maximum(n_rank, 1.0))  # inf: every layer
         need, largest = np.maximum(need, n_rank), np.maximum(largest, chunk)
     return np.where(full & np.isfinite(need) & (need < largest), need, 0.0).astype(np.int64)
+
+
+def layer_terms(model: ModelSpec, training: TrainingSpec, c, kinds) -> dict:
+    """{rank kind: (S_r, F_r, H_r)}: a layer's stored and fully recomputed bytes (_layer_bytes)
+    and the in-flight layers of each rank kind in ``kinds``. Broadcast arrays."""
+    m = c.num_microbatches(training.global_batch_size)
+    layer = _layer_bytes(model, training, c, None) if _uniform(model) else None
+    out = {}
+    for kind in kinds:
+        rank = memory.rank_index(c, kind)
+        stored, recomputed = layer or _layer_bytes(model, training, c, rank)
+        out[kind] = (stored, recomputed, pipeline.inflight_layers(c, model.num_layers, m, rank))
+    return out
 
 
 def _layer_bytes(model: ModelSpec, training: TrainingSpec, c, rank) -> tuple:

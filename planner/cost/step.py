@@ -92,6 +92,9 @@ def recompute_shares(model: ModelSpec, c) -> dict[str, np.ndarray] | None:
     N layers of each chunk in full (LayoutDegrees.recompute_share), else None."""
     if not np.any(np.asarray(c.recompute_num_layers) > 0):
         return None
+    if not np.any(c.uneven()):  # every rank's chunks hold L/(pp*vpp) layers: one share
+        share = c.recompute_share(model.num_layers, 0)
+        return {kind: share for kind in RANK_KINDS}
     return {kind: c.recompute_share(model.num_layers, rank_index(c, kind)) for kind in RANK_KINDS}
 
 
