@@ -25,7 +25,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from planner.cost.flops import total_params
+from planner.cost.model_counts import total_params
 from planner.cost.step import estimate_layout
 from planner.errors import UsageError
 from planner.fidelity.compare import source_flops

@@ -21,10 +21,9 @@ import re
 import numpy as np
 
 from .errors import UsageError
-from .units import format_gib
+from .units import GIB, format_gib
 
 OBJECTIVES = ("throughput", "time-to-train", "cost")
-GIB = 2.0**30
 
 
 def check(objective: str, tokens: float | None, price_per_gpu_hour: float | None) -> None:
@@ -54,6 +53,11 @@ def wall_time(tokens: float, tokens_per_s, goodput=1.0) -> np.ndarray:
     return tokens / (np.asarray(tokens_per_s) * goodput)
 
 
+def gpu_hours(gpus, t_train_s):
+    """GPU-hours of a run: gpus x its wall-clock seconds / 3600. Broadcast array."""
+    return gpus * t_train_s / 3600.0
+
+
 def score(objective: str, tokens_per_s: np.ndarray, gpus: np.ndarray, tokens: float | None,
           price_per_gpu_hour: float | None, goodput=1.0,
           deadline_s: float | None = None) -> np.ndarray:
@@ -65,7 +69,7 @@ def score(objective: str, tokens_per_s: np.ndarray, gpus: np.ndarray, tokens: fl
     elif objective == "time-to-train":
         out = -t_train
     else:
-        out = -(gpus * t_train / 3600.0 * (price_per_gpu_hour or 1.0))
+        out = -(gpu_hours(gpus, t_train) * (price_per_gpu_hour or 1.0))
     if deadline_s is not None:
         out = np.where(t_train <= deadline_s, out, -np.inf)
     return out
@@ -96,7 +100,7 @@ def annotate(throughput: dict[str, np.ndarray], gpus: np.ndarray, tokens: float 
     t_train = wall_time(tokens, throughput["tokens_per_s"], goodput)
     throughput["goodput"] = goodput
     throughput["time_to_train_s"] = t_train
-    throughput["gpu_hours"] = gpus * t_train / 3600.0
+    throughput["gpu_hours"] = gpu_hours(gpus, t_train)
     if price_per_gpu_hour is not None:
         throughput["cost"] = throughput["gpu_hours"] * price_per_gpu_hour
 

@@ -31,7 +31,6 @@ if TYPE_CHECKING:
 
 FLAT_COST = 8  # one layout evaluated as flat arrays costs about this many grid layouts (measured)
 
-GIB = 2.0**30
 
 
 def no_split_reason(model: ModelSpec, hw: HardwareProfile, gpus: int | None,

@@ -214,8 +214,10 @@ class TrainingSpec(_Strict):
     # received tokens, expert GEMMs, activations and all-to-all time (moe.md 4.2, 6).
     moe_imbalance: float = Field(default=1.0, ge=1.0, le=64.0)
     # Token dispatcher (Megatron-Core --moe-token-dispatcher-type): alltoall (the default for
-    # expert parallelism) or allgather (moe.md 4.1-4.3).
-    moe_dispatcher: Literal["alltoall", "allgather"] = "alltoall"
+    # expert parallelism), allgather, or flex (DeepEP / HybridEP: the same rows per rank, but one
+    # copy per destination rank over NVLink and per destination node over the network, moe.md
+    # 4.1-4.4; cost.moe.flex_shares).
+    moe_dispatcher: Literal["alltoall", "allgather", "flex"] = "alltoall"
     # Megatron-Core's EP communication overlap (--overlap-moe-expert-parallel-comm with
     # --delay-wgrad-compute, pipeline_parallel/combined_1f1b.py): the dispatch and combine of one
     # micro-batch run under another's compute. Off by default, as in Megatron-Core; it needs
@@ -226,6 +228,23 @@ class TrainingSpec(_Strict):
     # Megatron-Core's precision-aware optimizer with --exp-avg-dtype/--exp-avg-sq-dtype bf16, as
     # Megatron-Bridge's DeepSeek-V3 recipe sets them; megatron/core/optimizer/optimizer_config.py).
     optimizer_moment_bytes: Literal[2, 4] = 4
+    # Share of the optimizer states (fp32 master copy and moments) kept in host memory:
+    # Megatron-Core's --optimizer-cpu-offload with --optimizer-offload-fraction (0 = none, the
+    # default; 1 = all, the fraction's default once offloading is on; optimizer/
+    # cpu_offloading/hybrid_optimizer.py). Only GPU memory is modelled: the host step and its
+    # copies are taken as hidden (Yan et al. 2026 App. B.2 runs it on GB200's Grace CPU).
+    optimizer_offload_fraction: float = Field(default=0.0, ge=0.0, le=1.0)
+    # Megatron-Core's fine-grained activation offloading of the routed experts' fc1 input and
+    # activation input (--fine-grained-activation-offloading, offload modules expert_fc1 and
+    # moe_act): those saved tensors live in host memory between forward and backward; their
+    # copies run on a side stream and are taken as hidden.
+    moe_activation_offload: bool = False
+    # The loss computed in place on the 16-bit logits (Transformer Engine's parallel cross
+    # entropy, Megatron-Core --cross-entropy-fusion-impl te: its kernel writes the logits'
+    # gradient into the logits tensor in forward and saves that tensor, 2 B per logit;
+    # transformer_engine/pytorch/cross_entropy.py) instead of Megatron's vocab-parallel cross
+    # entropy, which saves an fp32 softmax beside the bf16 logits (6 B per logit at its peak).
+    cross_entropy_in_place: bool = False
     # Checkpoints and failures (planner.checkpoint_spec; cost.checkpoint, formulas.md 12): the
     # failure rate per GPU-hour, the restart time before the load, async or synchronous saves.
     checkpoint: CheckpointSpec = CheckpointSpec()

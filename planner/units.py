@@ -10,11 +10,14 @@ import re
 
 from .errors import UsageError
 
+MIB = 2.0**20  # bytes in a MiB
+GIB = 2.0**30  # bytes in a GiB: the one definition (render and messages show memory in GiB)
+
 # Multipliers to the SI base unit (bytes, bytes/s, seconds). Bits are converted to bytes (/8).
 _BYTES = {
     "B": 1.0,
     "kB": 1e3, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12,
-    "KiB": 2.0**10, "MiB": 2.0**20, "GiB": 2.0**30, "TiB": 2.0**40,
+    "KiB": 2.0**10, "MiB": MIB, "GiB": GIB, "TiB": 2.0**40,
 }
 _BITS = {"b": 1.0, "kb": 1e3, "Kb": 1e3, "Mb": 1e6, "Gb": 1e9, "Tb": 1e12}
 _TIME = {"s": 1.0, "ms": 1e3, "us": 1e6, "µs": 1e6, "ns": 1e9}  # divisors
@@ -95,7 +98,7 @@ def format_gib(value: float) -> str:
     within 0.05 of a whole number ("80" for 80 GiB), else one decimal ("79.6" for the H100's
     81,559 MiB, "140.4" for the H200's 143,771 MiB), so it is never rounded to a whole number a
     one-decimal total beside it could exceed or undercut."""
-    gib = float(value) / 2.0**30
+    gib = float(value) / GIB
     return f"{gib:.0f}" if abs(gib - round(gib)) < 0.05 else f"{gib:.1f}"
 
 

@@ -1,7 +1,7 @@
 import pytest
 
 from planner import catalog
-from planner.cost.flops import total_params
+from planner.cost.model_counts import total_params
 from planner.errors import UsageError
 
 # Published parameter counts: GPT-3 175B from Brown et al. 2020 (174.6B per formulas.md 1.2 with

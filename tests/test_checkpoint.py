@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from planner import catalog
 from planner.cost.checkpoint import (checkpoint_sizes, evaluate_checkpoint, megatron_format,
                                      rank_bytes, stage_bytes)
-from planner.cost.flops import padded_vocab
+from planner.cost.model_flops import padded_vocab
 from planner.cost.model_counts import mtp_params, total_params
 from planner.cost.step import estimate_layout
 from planner.space import Candidates

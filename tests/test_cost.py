@@ -5,7 +5,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.cost import flops, memory, pipeline
+from planner.cost import memory, pipeline
+from planner.cost.model_flops import model_flops_per_step
 from planner.cost.collectives import Links, collective_time, group_span
 from planner.space import Candidates
 from planner.specs import Layout, TrainingSpec
@@ -65,8 +66,8 @@ def test_korthikanti_params_plus_optimizer(name, L, h, a, p, published_gib):
     # Exactly: column-parallel weights+biases (12h^2 + 7h)/t, replicated norms and row-parallel
     # biases 6h, so per GPU (L/p)*((12h^2 + 7h)/8 + 6h) parameters.
     model = gpt(name, L, h, a)
-    sharded, replicated = flops.layer_params_per_gpu(model, np.array([8]))
-    per_gpu = L / p * (sharded[0] + replicated[0])
+    c = cands(tp=8, pp=p)
+    per_gpu = float(memory.rank_params(model, c, memory.rank_index(c, "middle"))["dense"][0])
     assert per_gpu == pytest.approx(L / p * ((12 * h * h + 7 * h) / 8 + 6 * h), rel=1e-15)
     training = TrainingSpec(seq_length=2048, global_batch_size=8)
     states = memory.model_state_bytes(np.array([per_gpu]), cands(), training)
@@ -166,7 +167,7 @@ def test_flops_test_vectors():
     from planner import catalog
     for name, gflops in (("llama3-8b", 51.47), ("llama3-70b", 449.22), ("llama3-405b", 2523.96)):
         m = catalog.resolve_model(name)
-        per_token = flops.model_flops_per_step(m, 8192, 1, np.array([1]))[0] / 8192
+        per_token = model_flops_per_step(m, 8192, 1, np.array([1]))[0] / 8192
         assert per_token / 1e9 == pytest.approx(gflops, abs=0.005)
 
 
@@ -174,7 +175,7 @@ def test_korthikanti_mfu_from_table5():
     # formulas.md §9 item 3: 175B, B=64 on 64 A100 (312 TFLOP/s), 13.75 s per iteration gives
     # MFU 51.39 % with 72*B*s*L*h^2*(1 + s/(6h) + V/(12*L*h)) (non-causal attention).
     model = gpt("175B", 96, 12288, 96)
-    f = flops.model_flops_per_step(model, 2048, 64, np.array([8]), causal=False)[0]
+    f = model_flops_per_step(model, 2048, 64, np.array([8]), causal=False)[0]
     B, s, L, h, V = 64, 2048, 96, 12288, 51200
     closed_form = 72 * B * s * L * h**2 * (1 + s / (6 * h) + V / (12 * L * h))
     assert f == pytest.approx(closed_form, rel=1e-12)

@@ -101,7 +101,16 @@ def test_evaluate_checkpoint_composes_the_terms(gpt3, h100):
     assert d["write_s"] == pytest.approx(2_444_621_856_768 / 2e12)
     assert d["mtbf_s"] == pytest.approx(3600 / (512 * 419 / (54 * 24 * 16_384)))
     assert d["restart_s"] == pytest.approx(600 + d["load_s"])
-    assert d["optimal_interval_s"] == pytest.approx(234.48, abs=0.01)
+    # Daly (FGCS 2006): sqrt(2*delta*M)*(1 + x/3 + x^2/9) - delta, x = sqrt(delta/(2M)), with
+    # delta = 0.077184072 s and M = 3600*54*24*16384/(512*419) = 356,322.67 s:
+    # sqrt(2 x 0.077184072 x 356,322.67) = sqrt(55,004.87) = 234.5312; x = sqrt(0.077184072 /
+    # 712,645.35) = 3.2910e-4, 1 + x/3 + x^2/9 = 1.00010971; 234.5312 x 1.00010971 - 0.0772
+    # = 234.4797 s
+    delta, mtbf = 4_939_780_608 / 64e9, 3600 * 54 * 24 * 16_384 / (512 * 419)
+    x = (delta / (2 * mtbf)) ** 0.5
+    assert d["optimal_interval_s"] == pytest.approx((2 * delta * mtbf) ** 0.5 * (1 + x / 3 + x * x / 9)
+                                                    - delta, rel=1e-12)
+    assert d["optimal_interval_s"] == pytest.approx(234.4797, abs=1e-4)
     step = float(est.time["step"][0])
     assert d["interval_steps"] == max(1, round(d["optimal_interval_s"] / step))
     assert d["interval_s"] == pytest.approx(d["interval_steps"] * step)

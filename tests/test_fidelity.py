@@ -2,7 +2,9 @@
 
 The benchmark (benchmarks/fidelity.py) runs on the shipped dataset with the shipped profiles;
 the thresholds below are the issue's targets. Where the model does not meet a target yet, the
-threshold is set at what it achieves today (a regression guard) and says so: NOT_YET.
+test of the target is a strict xfail that says by how much (it fails once the target is met, so
+the mark comes off); exact predicted numbers are pinned only by the golden baseline
+(tests/golden), never by a threshold set at today's error.
 """
 
 import importlib.util
@@ -145,12 +147,18 @@ def test_korthikanti_table5_iteration_times(bench):
     _, _, comps, _ = bench
     errs = _errors({k: v for k, v in comps.items() if "2240" not in k}, "korthikanti22-", "iteration_s")
     assert len(errs) == 8
-    # IN-SAMPLE (these rows are among the dgx-a100-80g calibration runs). Issue target mean 3 %:
-    # 3.0 % since the cost core times every collective of cost.volumes (the cross-entropy and
-    # SP-norm all-reduces, the output layer's input-gradient collective under its weight-gradient
-    # GEMM): a hair above, 3.01 %; the 1T rows are +5-6 % (pp = 64, vpp not stated); max 5.6 %.
-    assert sum(errs) / len(errs) <= 0.031
+    # IN-SAMPLE (these rows are among the dgx-a100-80g calibration runs). Issue target max 6 %,
+    # met: the 1T rows are +5-6 % (pp = 64, vpp not stated), max 5.6 %.
     assert max(errs) <= 0.06
+
+
+@pytest.mark.xfail(strict=True, reason="mean 3.01 %, a hair above the 3 % target, since the cost "
+                   "core times every collective of cost.volumes (cross-entropy and SP-norm "
+                   "all-reduces, the output layer's input-gradient collective)")
+def test_korthikanti_table5_mean_target(bench):
+    _, _, comps, _ = bench
+    errs = _errors({k: v for k, v in comps.items() if "2240" not in k}, "korthikanti22-", "iteration_s")
+    assert sum(errs) / len(errs) <= 0.03  # issue target: mean 3 %
 
 
 def test_narayanan_table1_tflops(bench):
@@ -165,14 +173,16 @@ def test_narayanan_table2_ptdp_within_10_percent(bench):
     assert max(_errors(comps, "megatron21-t2-ptd-", "flops_per_gpu")) <= 0.10  # issue target, met
 
 
-def test_narayanan_table2_zero3_regression_guard(bench):
+@pytest.mark.xfail(strict=True, reason="mean 14.5 %, max 23.3 %: DeepSpeed ZeRO-3 of 2021 follows "
+                   "no single parameter-gather rate (test_zero3_rows_follow_no_single_rate)")
+def test_narayanan_table2_zero3_target(bench):
     _, _, comps, _ = bench
     errs = _errors(comps, "megatron21-t2-zero3-", "flops_per_gpu")
-    # NOT_YET: issue target 10 %. DeepSpeed ZeRO-3 of 2021 moved parameters at ~21 GB/s per GPU,
-    # bound by its synchronous per-submodule gathers (DeepSpeed issue #1174, PR #1188), with
-    # nothing overlapped (fidelity/runs.py): mean 14.5 %, max 23.3 % (the compute-heavy rows are
-    # predicted too slow, so some overlap did happen). Guard at today's error.
-    assert sum(errs) / len(errs) <= 0.15 and max(errs) <= 0.24
+    # Issue target 10 %. DeepSpeed ZeRO-3 of 2021 moved parameters at ~21 GB/s per GPU, bound by
+    # its synchronous per-submodule gathers (DeepSpeed issue #1174, PR #1188), with nothing
+    # overlapped (fidelity/runs.py); the compute-heavy rows are predicted too slow, so some
+    # overlap did happen.
+    assert len(errs) == 6 and max(errs) <= 0.10
 
 
 def test_zero3_rows_follow_no_single_rate():

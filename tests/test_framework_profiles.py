@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from planner import catalog
-from planner.cost.flops import total_params
+from planner.cost.model_counts import total_params
 from planner.cost.memory import activation_per_layer
 from planner.errors import UsageError
 from planner.frameworks import export_plan

@@ -1,7 +1,7 @@
 """Hugging Face config.json import (planner.hf_config) and `plan3d models --show`.
 
 Inputs are the architecture fields of public Hub configs (tests/data/hf/SOURCES.md). Parameter
-counts are recomputed by hand below with planner.cost.flops.total_params' formula
+counts are recomputed by hand below with planner.cost.model_counts.total_params' formula
 P = L*(attention + MLP + biases + 2 norms) + final norm + embeddings (+ learned positions).
 """
 
@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from planner import catalog
 from planner.cli import app
-from planner.cost.flops import total_params
+from planner.cost.model_counts import total_params
 from planner.errors import UsageError
 from planner.hf_config import from_hf_dict, load_hf_config
 

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from planner import catalog
 from planner.cli import app
-from planner.cost.flops import total_params
+from planner.cost.model_counts import total_params
 
 HF = Path(__file__).parent / "data" / "hf"
 runner = CliRunner()

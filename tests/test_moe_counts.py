@@ -13,7 +13,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planner import catalog
-from planner.cost import flops
 from planner.cost import model_counts as mc
 from planner.specs import ModelSpec
 
@@ -187,8 +186,14 @@ def test_dense_counts_unchanged():
         if m.moe is None:
             positions = (m.max_position_embeddings or 0) * m.hidden_size \
                 if m.position_embedding == "learned" else 0
-            old = m.num_layers * flops.layer_params(m) + flops.norm_params(m) + \
-                m.vocab_size * m.hidden_size * (1 if m.tie_embeddings else 2) + positions
+            h, d, a, g, f = (m.hidden_size, m.kv_channels, m.num_attention_heads, m.kv_heads, m.ffn)
+            norm = (2 if m.norm == "layernorm" else 1) * h  # LayerNorm gamma + beta, RMSNorm gamma
+            glu = 3 if m.activation == "swiglu" else 2
+            biases = (a + 2 * g) * d + h + (glu - 1) * f + h if m.bias else \
+                ((a + 2 * g) * d if m.qkv_bias else 0)  # QKV, O, fc1 (gate+up), fc2
+            layer = 2 * h * d * (a + g) + glu * h * f + biases + 2 * norm
+            old = m.num_layers * layer + norm + \
+                m.vocab_size * h * (1 if m.tie_embeddings else 2) + positions
             assert mc.total_params(m) == old == mc.active_params(m), m.name
 
 

@@ -10,7 +10,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planner import catalog
-from planner.cost import flops
 from planner.cost import model_flops as mf
 
 G = 1e9
@@ -28,7 +27,7 @@ VECTORS = [
     ("qwen3-235b-a22b", 148.03),   # 25.11-26.08 tables: 147.7-148.3
     ("qwen3-30b-a3b", 23.01),      # 22.8-23.1
     ("gpt-oss-120b", 32.63),       # 26.06+ tables: 32.6 (GLU counted as 3 matrices, 18 SWA layers)
-    ("gpt-oss-20b", 22.91),
+    ("gpt-oss-20b", 22.91),        # the four below: derived by hand in BY_HAND
     ("mixtral-8x7b", 79.71),
     ("mixtral-8x22b", 242.20),
     ("olmoe-1b-7b", 7.87),
@@ -39,6 +38,36 @@ VECTORS = [
 def test_flops_per_token_vectors(name, gflop):
     m = catalog.resolve_model(name)
     assert mf.model_flops_per_token(m, 4096) / G == pytest.approx(gflop, abs=0.01)
+
+
+# By hand from the architectures (models/*.yaml), s = 4096, tp = 1: 3 x forward per token of
+#   attention projections 2*(h*(n*d + 2*g*d) + n*d*h) and k routed experts k*2*3*h*F per layer,
+#   logits 2*h*V_p (V_p = V: each vocabulary below is a multiple of 128), and the causal core
+#   2*n*(2d)*c per layer, c = s/2 = 2048 (a window w: c = w - w*(w - 1)/(2s)).
+# Mixtral-8x7B (h 4096, n 32, g 8, d 128, L 32, F 14336, k 2, V 32000):
+#   attention 2*(4096*6144 + 4096*4096) = 83,886,080; experts 2*6*4096*14336 = 704,643,072;
+#   32 layers x 788,529,152 = 25,232,932,864; logits 2*4096*32000 = 262,144,000;
+#   core 32 x 2*32*256*2048 = 1,073,741,824; 3 x 26,568,818,688 = 79,706,456,064
+# Mixtral-8x22B (h 6144, n 48, g 8, d 128, L 56, F 16384, k 2, V 32768):
+#   attention 2*(6144*8192 + 6144*6144) = 176,160,768; experts 2*6*6144*16384 = 1,207,959,552;
+#   56 x 1,384,120,320 = 77,510,737,920; logits 2*6144*32768 = 402,653,184;
+#   core 56 x 2*48*256*2048 = 2,818,572,288; 3 x 80,731,963,392 = 242,195,890,176
+# OLMoE-1B-7B (h 2048, n = g = 16, d 128, L 16, F 1024, k 8, V 50304; QK norms are no GEMM):
+#   attention 2*(2048*6144 + 2048*2048) = 33,554,432; experts 8*6*2048*1024 = 100,663,296;
+#   16 x 134,217,728 = 2,147,483,648; logits 2*2048*50304 = 206,045,184;
+#   core 16 x 2*16*256*2048 = 268,435,456; 3 x 2,621,964,288 = 7,865,892,864
+# GPT-OSS-20B (h 2880, n 64, g 8, d 64, L 24, F 2880, k 4, V 201088 = 1571*128; window 128 on
+#   the 12 even layers): attention 2*(2880*5120 + 4096*2880) = 53,084,160; experts
+#   4*6*2880*2880 = 199,065,600; 24 x 252,149,760 = 6,051,594,240; logits 2*2880*201088 =
+#   1,158,266,880; core: 12 full x 2*64*128*2048 = 402,653,184 + 12 windowed x 16384 *
+#   (128 - 128*127/8192 = 126.015625) = 24,775,680; 3 x 7,637,289,984 = 22,911,869,952
+BY_HAND = [("mixtral-8x7b", 79_706_456_064), ("mixtral-8x22b", 242_195_890_176),
+           ("olmoe-1b-7b", 7_865_892_864), ("gpt-oss-20b", 22_911_869_952)]
+
+
+@pytest.mark.parametrize("name, flops", BY_HAND)
+def test_flops_per_token_by_hand(name, flops):
+    assert mf.model_flops_per_token(catalog.resolve_model(name), 4096) == pytest.approx(flops, rel=1e-12)
 
 
 def test_deepseek_v3_terms_by_hand():
@@ -82,9 +111,9 @@ def test_mistral_sliding_window():
     assert mf.model_flops_per_token(full, 8192) / G == pytest.approx(49.10, abs=0.005)
     # the step total (MFU's numerator) counts the window too, for every tp
     tp = np.array([1, 2, 8])
-    step = flops.model_flops_per_step(m, 8192, 64, tp)
+    step = mf.model_flops_per_step(m, 8192, 64, tp)
     assert step[0] == pytest.approx(64 * 8192 * mf.model_flops_per_token(m, 8192), rel=1e-12)
-    assert step.shape == (3,) and np.all(step < flops.model_flops_per_step(full, 8192, 64, tp))
+    assert step.shape == (3,) and np.all(step < mf.model_flops_per_step(full, 8192, 64, tp))
     # at s <= window the window changes nothing
     assert mf.model_flops_per_token(m, 4096) == pytest.approx(mf.model_flops_per_token(full, 4096))
 
@@ -92,8 +121,8 @@ def test_mistral_sliding_window():
 def test_recompute_flops_moe():
     m = catalog.resolve_model("deepseek-v3")
     s, B = 4096, 8
-    f_model = flops.model_flops_per_step(m, s, B, np.array([1]))[0]
-    extra = flops.recompute_flops_per_step(m, s, B, np.array([0, 1, 2]))
+    f_model = mf.model_flops_per_step(m, s, B, np.array([1]))[0]
+    extra = mf.recompute_flops_per_step(m, s, B, np.array([0, 1, 2]))
     logits = 3 * B * s * mf.logits_flops_per_token(m)
     # full: one more forward of every layer = (model FLOPs - logits) / 3
     assert extra[2] == pytest.approx((f_model - logits) / 3, rel=1e-12)
@@ -109,15 +138,23 @@ def test_recompute_flops_moe():
 
 
 def test_dense_models_unchanged():
-    # every dense catalog model: the general layer sums equal section 4.1's formula
+    # every dense catalog model: the layer sums equal section 4.1's formula written out,
+    # F = 6*B*s*[L*(2*h*d*(a + g) + glu*h*f) + h*V_p] + 3*B*L*(4*s^2*a*d)/2 (causal half),
+    # glu = 3 (SwiGLU) or 2, V_p = ceil(V/(128*tp))*128*tp
+    B, s = 16, 2048
     for m in catalog.models().values():
-        if m.moe is None and m.sliding_window is None:
+        if m.moe is None and m.sliding_window is None and m.mtp_layers == 0:
+            h, d, a, g, f = (m.hidden_size, m.kv_channels, m.num_attention_heads, m.kv_heads, m.ffn)
+            glu = 3 if m.activation == "swiglu" else 2
             for tp in (1, 8):
-                plain = flops.model_flops_per_step(m, 2048, 16, np.array([tp]))[0]
-                general = 16 * 2048 * mf.model_flops_per_token(m, 2048, tp)
-                assert general == pytest.approx(plain, rel=1e-12), m.name
-                assert mf.attention_core_flops_per_sequence(m, 2048) == \
-                    flops.attention_flops_per_sequence_layer(m, 2048, causal=True)
+                vp = -(-m.vocab_size // (128 * tp)) * 128 * tp
+                by_hand = 6.0 * B * s * (m.num_layers * (2 * h * d * (a + g) + glu * h * f) + h * vp) \
+                    + 3.0 * B * m.num_layers * 4.0 * s * s * a * d / 2
+                plain = mf.model_flops_per_step(m, s, B, np.array([tp]))[0]
+                general = B * s * mf.model_flops_per_token(m, s, tp)
+                assert plain == pytest.approx(by_hand, rel=1e-12), m.name
+                assert general == pytest.approx(by_hand, rel=1e-12), m.name
+            assert mf.attention_core_flops_per_sequence(m, s) == 2.0 * s * s * a * d
 
 
 @settings(max_examples=200, deadline=None)

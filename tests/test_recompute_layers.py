@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 
 from planner import __version__, catalog
 from planner.cli import app
-from planner.cost import flops, memory, memory_total
+from planner.cost import memory, memory_total
+from planner.cost import model_flops as flops
 from planner.cost.recompute import least_recompute_layers
 from planner.cost.step import estimate_layout
 from planner.errors import UsageError

@@ -16,7 +16,7 @@ from planner import baseline as bl
 from planner import catalog
 from planner.cli import app
 from planner.cost import compute, memory, pipeline
-from planner.cost.flops import total_params
+from planner.cost.model_counts import total_params
 from planner.regress import Change, compare, count_changed, evaluate_case, evaluate_cases, load_cases
 
 GOLDEN = Path(__file__).parent / "golden"

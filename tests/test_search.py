@@ -10,6 +10,9 @@ from planner.errors import NoFitError, UsageError
 from planner.search import SearchOptions, enumerate_space, search
 from planner.specs import TrainingSpec
 
+# The project's accuracy target for MFU figures (README "Accuracy": 10 %), relative
+MFU_RTOL = 0.10
+
 MODELS = ["llama2-7b", "llama3-8b", "gpt-neox-20b", "llama2-70b", "megatron-22b"]
 SETTINGS = settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -84,7 +87,26 @@ def test_175b_on_512_h100(gpt3, h100, gpt3_training):
     assert best.tp * best.pp >= 8
     assert result.enumerated == sum(result.pruned.values()) + result.fitting
     assert len(result.ranked) == min(result.fitting, SearchOptions().keep)
-    assert 0.3 < result.ranked.throughput["mfu"][0] < 0.8
+    # Megatron-LM README (commit 0010ab7, "Strong Scaling Results"): GPT-3 175B on H100 at a
+    # fixed batch falls from 47 % MFU on 96 GPUs to 42 % on 4608; 512 GPUs lie between, so
+    # within the project's 10 % MFU target: 0.42 x 0.9 = 0.378 <= MFU <= 0.47 x 1.1 = 0.517
+    assert 0.42 * (1 - MFU_RTOL) <= result.ranked.throughput["mfu"][0] <= 0.47 * (1 + MFU_RTOL)
+
+
+@pytest.mark.parametrize("gpus, published", [
+    (96, 0.47),
+    pytest.param(4608, 0.42, marks=pytest.mark.xfail(strict=True, reason=(
+        "plan3d's best layout reaches about 34 % MFU on 4608 GPUs, 8 points below the published "
+        "42 %: the exposed communication at that scale is over-estimated"))),
+])
+def test_gpt3_strong_scaling_matches_megatron_readme(gpt3, h100, gpus, published):
+    # Megatron-LM README (commit 0010ab7, "Strong Scaling Results"): GPT-3 175B strong scaled
+    # from 96 to 4608 H100 GPUs "using the same batch size of 1152 sequences throughout",
+    # MFU from 47 % to 42 %. The layouts are only in an image; the search's best layout should
+    # reach the published MFU within MFU_RTOL (it may pick a better one than NVIDIA ran, but
+    # not by more than the target).
+    result = search(gpt3, h100, TrainingSpec(seq_length=2048, global_batch_size=1152), gpus)
+    assert result.ranked.throughput["mfu"][0] == pytest.approx(published, rel=MFU_RTOL)
 
 
 def test_pins_are_respected(gpt3, h100, gpt3_training):

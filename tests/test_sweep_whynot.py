@@ -37,7 +37,10 @@ def test_sweep_tokens_never_fall_as_gpus_double(gpt3_h100):
         assert r["scaling_efficiency"] == pytest.approx((r["tokens_per_s"] / r["gpus"]) / (tps[0] / 64))
     # the 512-GPU row is exactly the 512-GPU search's winner
     assert rows[3]["tokens_per_s"] == float(search(m, hw, tr, 512).ranked.throughput["tokens_per_s"][0])
-    assert all(0.4 < r["mfu"] < 0.6 for r in rows)  # 46-51% with the calibrated H100 profile
+    # Megatron-LM README (commit 0010ab7): GPT-3 175B strong scaling on H100, 47 % MFU on 96
+    # GPUs to 42 % on 4608; every row inside that range is within the project's 10 % MFU
+    # target of it: 0.42 x 0.9 = 0.378 <= MFU <= 0.47 x 1.1 = 0.517 (64 GPUs lie outside)
+    assert all(0.42 * 0.9 <= r["mfu"] <= 0.47 * 1.1 for r in rows if r["gpus"] >= 96)
 
 
 def test_batch_sweep(gpt3_h100):

@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 
 from planner import __version__, catalog
-from planner.cost.flops import layer_params_per_gpu
-from planner.cost.memory import stage_params
+from planner.cost.memory import rank_params, stage_params
 from planner.cost.step import TIME_TERMS, estimate_layout
 from planner.errors import UsageError
 from planner.search import SearchOptions, check_layout, search
@@ -41,8 +40,7 @@ def test_stage_parameters_by_hand():
     m = catalog.resolve_model("llama3-405b")
     c = Candidates.from_layouts([Layout(tp=8, pp=16, dp=1, zero_stage=1, micro_batch_size=1,
                                         first_stage_layers=7, last_stage_layers=7)])
-    sharded, replicated = layer_params_per_gpu(m, c.tp)
-    layer = float(sharded[0] + replicated[0])
+    layer = float(rank_params(m, c, 1)["layer"][0])  # a middle rank's mean layer
     # (2*16384*128*128 + 2*16384*128*8 + 3*16384*53248)/8 + 2*16384 norms = 398,491,648 per layer
     assert layer == 398_491_648
     # word embedding: V_p = ceil(128256/1024)*1024 = 129,024; 129024 * 16384 / 8 = 264,241,152

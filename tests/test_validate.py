@@ -175,9 +175,9 @@ def test_activations_follow_cp_1_to_2_and_fail_on_a_wrong_formula(monkeypatch):
     assert act[2]["formula"] / act[1]["formula"] - 1 == -0.5  # the formula alone: -50 %
     assert any(n.startswith("activation delta 'cp gathered kv'") for n in runs[2][0]["notes"])
 
-    real = memory.activation_bytes
-    monkeypatch.setattr(memory, "activation_bytes",
-                        lambda *a, **k: np.asarray(real(*a, **k)) / 2)
+    real = memory.activation_bytes_by_stage
+    monkeypatch.setattr(memory, "activation_bytes_by_stage",
+                        lambda *a, **k: {r: np.asarray(v) / 2 for r, v in real(*a, **k).items()})
     result, records = runs[2]
     reference = [c["predicted"] for c in result["checks"] if c["name"].startswith("loss")]
     wrong = compare(miniature(llama2_plan(2), world=4, steps=2), records, reference)

@@ -62,6 +62,33 @@ def test_uniform_routing_is_moe_md_4_2():
     np.testing.assert_allclose(ag / 2, 16384 * (2 * 2048 + 4))
 
 
+def test_cost_model_dispatch_bytes_equal_the_validators_for_uniform_routing():
+    # The two descriptions of the alltoall dispatcher (cost.moe.expert_collectives, vectorized
+    # over layouts, and cost.moe_dispatch for a recorded routing) must move the same bytes per
+    # MoE layer (forward + backward, no recompute) when routing is uniform (R = S = T*k):
+    # all-to-alls 4*S*h*a + 2*S*4 (probs out in forward, their gradient back); ETP all-gathers
+    # etp*S*(h*a + 4) + etp*S*h*4 and reduce-scatters etp*S*h*4 + etp*S*h*a (fp32 combine).
+    # Qwen3-30B-A3B (h 2048, k 8, E 128), s 4096, b 1, tp 2 with SP, etp 2, ep 4: T = 2048.
+    from planner.cost.moe import expert_collectives
+    from planner.cost.volumes import Elements
+    from planner.space import Candidates
+    m = catalog.resolve_model("qwen3-30b-a3b")
+    tr = TrainingSpec(seq_length=4096, global_batch_size=8)
+    c = Candidates.from_layouts([Layout(tp=2, pp=1, dp=4, ep=4, etp=2, zero_stage=1,
+                                       micro_batch_size=1, sequence_parallel=True)])
+    cost = {}
+    for x in expert_collectives(m, tr, c, Elements(), full=False):
+        if x.phase != "recompute":
+            key = (x.group, x.kind)
+            cost[key] = cost.get(key, 0.0) + float(np.asarray(x.calls * x.payload).ravel()[0])
+    T, k, h, S = 2048, 8, 2048, 2048 * 8
+    v = moe_dispatch_volumes(uniform_counts(T, k, 128, 4, etp=2), hidden=h, act_bytes=2)
+    assert cost[("ep", "all_to_all")] == 4 * S * h * 2 + 2 * S * 4 == v[("ep", "all_to_all")][1][0, 0]
+    assert cost[("etp", "all_gather")] == 2 * S * (h * 2 + 4) + 2 * S * h * 4 == v[("etp", "all_gather")][1][0, 0]
+    assert cost[("etp", "reduce_scatter")] == 2 * S * h * 4 + 2 * S * h * 2 \
+        == v[("etp", "reduce_scatter")][1][0, 0]
+
+
 def test_moe_miniature_maps_experts_and_says_what_it_leaves_out():
     plan = _plan("deepseek-v3", tp=2, pp=8, dp=8, ep=16, etp=1, zero_stage=3, micro_batch_size=1,
                  sequence_parallel=True, recompute="full", first_stage_layers=7,

@@ -42,9 +42,14 @@ def block_kinds(model: ModelSpec) -> tuple[str, ...]:
     return tuple(kinds)
 
 
-def _glu_in(model: ModelSpec) -> int:
-    """Column outputs of fc1 per unit of width: 2 (gate and up) for SwiGLU, 1 otherwise."""
-    return 2 if model.activation == "swiglu" else 1
+def kv_heads_per_rank(model: ModelSpec, tp) -> np.ndarray:
+    """KV heads (query groups) one TP rank holds: max(g, t)/t, float array of the shape of
+    ``tp``. g/t when t divides g; one replicated KV head per rank when g < t (Megatron-Core
+    replicates a group's K/V on every rank of its query heads; formulas.md 1.3). The one owner
+    of this rule: attention weights, FLOPs, FP8 inputs, saved activations and the CP ring's
+    K/V block all read it."""
+    tp = np.asarray(tp, dtype=np.float64)
+    return np.maximum(model.kv_heads, tp) / tp
 
 
 # ----------------------------------------------------------------------------- layer counts
@@ -101,7 +106,7 @@ def block_params(model: ModelSpec, c) -> dict[str, tuple]:
     if WINDOW in block_kinds(model):
         out[WINDOW] = out[ATTENTION]
     f, glu = model.ffn, mc.glu_factor(model)
-    col_bias = (_glu_in(model) * f) if model.bias else 0
+    col_bias = (mc.fc1_outputs(model) * f) if model.bias else 0
     if MLP in block_kinds(model):
         out[MLP] = ((glu * h * f + col_bias) / tp, np.broadcast_to(norm + (h if model.bias else 0.0), tp.shape), 0.0)
     if model.moe is not None:
@@ -125,11 +130,11 @@ def _attention_params(model: ModelSpec, tp, norm) -> tuple:
             up += m.q_lora_rank * n * qk
         return up / tp, np.broadcast_to(float(down + norm), tp.shape), 0.0
     d, g = model.kv_channels, model.kv_heads
-    kv = np.maximum(g, tp)
-    sharded = (2 * h * d * n + 2 * h * d * kv) / tp
+    kv = kv_heads_per_rank(model, tp)
+    sharded = 2 * h * d * n / tp + 2 * h * d * kv
     replicated = float(norm)
     if model.bias:
-        sharded = sharded + (n * d + 2 * d * kv) / tp
+        sharded = sharded + n * d / tp + 2 * d * kv
         replicated += h
     if model.attention_sinks:
         sharded = sharded + n / tp
@@ -175,8 +180,8 @@ def gemm_flops_per_token(model: ModelSpec, c) -> dict[str, np.ndarray]:
         attn = 2.0 * (sharded + replicated)
         share = 0.5
     else:
-        d, n, g = model.kv_channels, model.num_attention_heads, model.kv_heads
-        qkv = 2 * h * d * (n + np.maximum(g, tp)) - n * d * h
+        d, n = model.kv_channels, model.num_attention_heads
+        qkv = 2 * h * d * (n + kv_heads_per_rank(model, tp) * tp) - n * d * h
         attn = 2.0 * (qkv + n * d * h) / tp
         share = qkv / (qkv + n * d * h)
     out[ATTENTION] = (attn, share)
@@ -184,7 +189,7 @@ def gemm_flops_per_token(model: ModelSpec, c) -> dict[str, np.ndarray]:
         out[WINDOW] = out[ATTENTION]
     glu = mc.glu_factor(model)
     if MLP in block_kinds(model):
-        out[MLP] = (2.0 * glu * h * model.ffn / tp, _glu_in(model) / glu)
+        out[MLP] = (2.0 * glu * h * model.ffn / tp, mc.fc1_outputs(model) / glu)
     if model.moe is not None:
         shared = mf.shared_expert_flops_per_token(model) / tp
         routed = model.moe.router_topk * mf.expert_flops_per_token(model) / tp
@@ -212,8 +217,8 @@ def linear_io_per_token(model: ModelSpec, c, training: TrainingSpec) -> dict[str
         up = (r_q + m.kv_lora_rank) + n * (2 * m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim) / tp
         attn = 3.0 * h / sp + r_q + m.kv_lora_rank + m.qk_rope_head_dim + up + n * m.v_head_dim / tp
     else:
-        d, g = model.kv_channels, np.maximum(model.kv_heads, tp)
-        attn = 2.0 * h / sp + (n + 2 * g) * d / tp + n * d / tp
+        d, g = model.kv_channels, kv_heads_per_rank(model, tp)
+        attn = 2.0 * h / sp + (n / tp + 2 * g) * d + n * d / tp
     out = {ATTENTION: attn}
     if WINDOW in block_kinds(model):
         out[WINDOW] = attn
@@ -245,7 +250,7 @@ def elementwise_bytes_per_token(model: ModelSpec, c, training: TrainingSpec) -> 
     tp = np.asarray(c.tp, dtype=np.float64)
     h = model.hidden_size
     sp = c.sp_divisor
-    act = 6.0 if model.activation == "swiglu" else 4.0
+    act = 2.0 * (mc.fc1_outputs(model) + 1)  # bf16: read the fc1 outputs, write the product
     out = {ATTENTION: 11.0 * h / sp}
     if WINDOW in block_kinds(model):
         out[WINDOW] = out[ATTENTION]
@@ -278,7 +283,8 @@ def activation_bytes_per_token(model: ModelSpec, training: TrainingSpec, c, reco
     MoE (moe.md 5.2, on the SP shard T = tokens/t): R = 2h norm input + 2h MoE input
       (layernorm); per token of T: router state 12E, dispatched tokens 2*k*g*etp*h, fc1 output
       2*k*g*glu_in*F, fc2 input 2*k*g*F (dropped by moe_act), probs and maps 12*k*g*etp, shared
-      experts 2*(glu_in + 1)*F_sh (g = moe_imbalance on the busiest rank).
+      experts 2*(glu_in + 1)*F_sh (g = moe_imbalance on the busiest rank); with
+      training.moe_activation_offload the dispatched tokens and fc1 output are in host memory.
     Full recompute keeps the layer input, 2h/sp on the attention block, nothing on the MLP.
     FP8 with Transformer Engine (precision.linear_input_bytes q = 1 + scales, fp8_hardware.md
     3.2): the inputs of linear layers (QKV / down-projection, fc1, fc2, the experts' dispatched
@@ -299,13 +305,15 @@ def activation_bytes_per_token(model: ModelSpec, training: TrainingSpec, c, reco
     if WINDOW in block_kinds(model):
         out[WINDOW] = out[ATTENTION]
     f = model.ffn
-    mlp = (2.0 * h + norm_out + mask) / sp + (2.0 * _glu_in(model) * f + q * f) / tp
+    mlp = (2.0 * h + norm_out + mask) / sp + (2.0 * mc.fc1_outputs(model) * f + q * f) / tp
     if MLP in block_kinds(model):
         out[MLP] = np.where(full, 0.0, mlp)
     if model.moe is not None:
         m, g = model.moe, training.moe_imbalance
-        glu_in, F = _glu_in(model), m.ffn_hidden_size
-        per_row = q * c.etp * h + 2.0 * glu_in * F + np.where(light, 0.0, q * F) + MAP_BYTES_PER_ROW * c.etp
+        glu_in, F = mc.fc1_outputs(model), m.ffn_hidden_size
+        offload = 0.0 if training.moe_activation_offload else 1.0  # expert_fc1 and moe_act inputs
+        per_row = offload * (q * c.etp * h + 2.0 * glu_in * F) + np.where(light, 0.0, q * F) \
+            + MAP_BYTES_PER_ROW * c.etp
         shard_t = ROUTER_BYTES_PER_SCORE * m.num_experts + m.router_topk * g * per_row \
             + (2.0 * glu_in + q) * m.shared_experts * m.shared_ffn
         out[MOE] = np.where(full, 0.0, (2.0 * h + norm_out) / sp + shard_t / tp)
@@ -323,7 +331,7 @@ def _attention_saved(model: ModelSpec, training: TrainingSpec, tp, norm_out, cor
         qkv = 2.0 * n * (2 * (m.qk_nope_head_dim + m.qk_rope_head_dim) + m.v_head_dim)
         shard = np.where(light, 0.0, qkv) + (2.0 + o_copy) * n * m.v_head_dim + 4.0 * n
         return 2.0 * h + norm_out + latents, shard
-    d, g = model.kv_channels, np.maximum(model.kv_heads, tp)  # one KV head per rank when g < t
+    d, g = model.kv_channels, kv_heads_per_rank(model, tp) * tp  # g' = max(g, t), over the TP group
     dropout = model.dropout > 0
     shard = 2.0 * d * (n + 2 * g) + (2.0 + o_copy) * n * d
     if training.flash_attention:

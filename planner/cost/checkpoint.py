@@ -51,7 +51,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..specs import HardwareProfile, ModelSpec, TrainingSpec
-from . import failures, flops, memory
+from . import failures, memory
+from . import model_counts as mc
 from .memory import RANK_KINDS, rank_index
 
 MEGATRON_SOURCE = ("Megatron-LM @ d98e8a64ddf3 megatron/core/optimizer/distrib_optimizer.py "
@@ -103,13 +104,6 @@ class ParamGroup:
     stride: np.ndarray
 
 
-def _positions(model: ModelSpec) -> float:
-    """Learned position embeddings h*P_max (replicated over TP), else 0."""
-    if model.position_embedding != "learned":
-        return 0.0
-    return float((model.max_position_embeddings or 0) * model.hidden_size)
-
-
 def param_groups(model: ModelSpec, c, rank) -> list[ParamGroup]:
     """The parameter groups of one GPU of pipeline rank ``rank`` (int array), from
     memory.rank_params and the rank's blocks (blocks.rank_blocks x blocks.block_params):
@@ -124,13 +118,13 @@ def param_groups(model: ModelSpec, c, rank) -> list[ParamGroup]:
     p = memory.rank_params(model, c, rank)
     is_first, is_last = rank == 0, rank == np.asarray(c.pp) - 1
     counts, per_block = blocks.rank_blocks(model, c, rank), blocks.block_params(model, c)
-    norm = float(flops.norm_params(model))
+    norm = float(mc.norm_params(model))
     # the final norm and each MTP module's three norms are TP-replicated on the last rank
     replicated = sum(counts[k] * per_block[k][1] for k in counts) \
-        + np.where(is_first, _positions(model), 0.0) \
-        + np.where(is_last, norm * (1 + 3 * model.mtp_layers), 0.0)
+        + np.where(is_first, float(mc.position_embedding_params(model)), 0.0) \
+        + np.where(is_last, norm + model.mtp_layers * mc.mtp_norm_params(model), 0.0)
     tied_copy = p["output"] if model.tie_embeddings else 0.0
-    sharded = p["dense"] + p["embedding"] + p["head"] - replicated - tied_copy
+    sharded = memory.non_expert_params(p) - replicated - tied_copy
     spread = np.asarray(c.grad_group, dtype=np.float64)
     groups = [ParamGroup("tp-sharded", sharded, spread, np.ones_like(spread)),
               ParamGroup("tp-replicated", replicated, spread, np.asarray(c.tp, dtype=np.float64))]

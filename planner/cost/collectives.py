@@ -26,6 +26,7 @@ class Links:
     intra_latency: float
     inter_latency: float
     domain: int  # GPUs of one NVLink domain (formulas.md 5.3): groups inside it use NVLink
+    inter_peak: float = 0.0  # NIC bandwidth per GPU, one direction, before efficiency
 
     @classmethod
     def of(cls, hw: HardwareProfile) -> "Links":
@@ -33,7 +34,7 @@ class Links:
         return cls(intra_bw=hw.intra_node.bandwidth_per_gpu * eff.nvlink,
                    inter_bw=hw.network_bandwidth_per_gpu * eff.network,
                    intra_latency=hw.intra_node.latency, inter_latency=hw.inter_node.latency,
-                   domain=nvlink_domain(hw))
+                   domain=nvlink_domain(hw), inter_peak=hw.network_bandwidth_per_gpu)
 
 
 def nvlink_domain(hw: HardwareProfile) -> int:
@@ -84,7 +85,7 @@ _PHASE_FACTOR = {"all_reduce": 2.0, "reduce_scatter": 1.0, "all_gather": 1.0}
 
 
 def collective_time(op: str, size_bytes: np.ndarray, n_local: np.ndarray, n_nodes: np.ndarray,
-                    links: Links) -> np.ndarray:
+                    links: Links, shares: tuple | None = None) -> np.ndarray:
     """Seconds for ``op`` (all_reduce | reduce_scatter | all_gather | all_to_all) of S bytes per
     rank on a group of n_local ranks per NVLink domain on n_nodes domains.
 
@@ -94,7 +95,9 @@ def collective_time(op: str, size_bytes: np.ndarray, n_local: np.ndarray, n_node
       k*(n_l-1)/n_l * S/B_nvl + k*(n_r-1)/n_r * (S/n_l)/B_ib  (k = 2 for all-reduce, else 1)
     plus one latency per phase that is used. All-to-all (formulas.md 5.8): a rank sends
     (n_l - 1)/n of S over NVLink and (n - n_l)/n over its NIC share at the same time, so
-    max(S*(n_l-1)/n / B_nvl, S*(n-n_l)/n / B_ib) plus the latencies. A group of one rank costs 0.
+    max(S*(n_l-1)/n / B_nvl, S*(n-n_l)/n / B_ib) plus the latencies; ``shares`` (all-to-all
+    only) replaces those two fractions of S by (NVLink share, NIC share), as a deduplicating
+    dispatcher sends (moe.flex_shares). A group of one rank costs 0.
     """
     n_local = np.asarray(n_local, dtype=np.float64)
     n_nodes = np.asarray(n_nodes, dtype=np.float64)
@@ -103,8 +106,8 @@ def collective_time(op: str, size_bytes: np.ndarray, n_local: np.ndarray, n_node
         np.where(n_nodes > 1, links.inter_latency, 0.0)
     if op == "all_to_all":
         n = n_local * n_nodes
-        return np.maximum(size * (n_local - 1) / n / links.intra_bw,
-                          size * (n - n_local) / n / links.inter_bw) + latency
+        nvl, nic = shares if shares is not None else ((n_local - 1) / n, (n - n_local) / n)
+        return np.maximum(size * nvl / links.intra_bw, size * nic / links.inter_bw) + latency
     k = _PHASE_FACTOR[op]
     intra = k * (n_local - 1) / n_local * size / links.intra_bw
     inter = k * (n_nodes - 1) / n_nodes * (size / n_local) / links.inter_bw

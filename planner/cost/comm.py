@@ -39,13 +39,14 @@ class _Timer:
     """Link seconds of collectives on one group span; one collective_time per (kind, payload),
     and each collective timed once however many totals take it."""
 
-    def __init__(self, links: Links, span: tuple):
-        self.links, self.span, self._memo, self._seconds = links, span, {}, {}
+    def __init__(self, links: Links, span: tuple, shares: tuple | None = None):
+        self.links, self.span, self.shares, self._memo, self._seconds = links, span, shares, {}, {}
 
     def unit(self, x: Collective) -> np.ndarray:
         key = (x.kind, id(x.payload))
         if key not in self._memo:
-            self._memo[key] = (collective_time(x.kind, x.payload, *self.span, self.links), x.payload)
+            shares = self.shares if x.kind == "all_to_all" else None
+            self._memo[key] = (collective_time(x.kind, x.payload, *self.span, self.links, shares), x.payload)
         return self._memo[key][0]
 
     def __call__(self, x: Collective) -> np.ndarray:
@@ -98,21 +99,28 @@ def block_comm(model: ModelSpec, training: TrainingSpec, c, links: Links,
         if any(x.group == "cp" for x in colls):
             parts["cp_exposed"], parts["cp_link"] = ring_times(c, colls, links, layer)
         if any(x.group in ("ep", "etp") for x in colls):
-            parts.update(_expert_times(training, c, links, colls, times))
+            parts.update(_expert_times(model, training, c, links, colls, times))
         out[kind] = BlockComm(**parts)
     return out
 
 
-def _expert_times(training: TrainingSpec, c, links: Links, colls: list[Collective], times: dict) -> dict:
+def _expert_times(model: ModelSpec, training: TrainingSpec, c, links: Links, colls: list[Collective],
+                  times: dict) -> dict:
     """Exposed, recompute and link seconds of an MoE block's dispatch and combine: the ep group
     (moe.ep_group) and the expert-TP group. Exposed in full, or with Megatron-Core's EP overlap
     (training.moe_a2a_overlap, where the layout allows it: no full recompute, interleaving when
     pp > 1) only what exceeds the compute of one MoE layer (its attention and MoE blocks,
     forward and backward), the other micro-batch's work that the combined 1F1B schedule runs
-    beside it (pipeline_parallel/combined_1f1b.py)."""
-    from .moe import ep_group
+    beside it (pipeline_parallel/combined_1f1b.py). The flex dispatcher (DeepEP / HybridEP)
+    times its all-to-alls with the deduplicated NVLink and NIC shares of moe.flex_shares, on
+    the NIC at the RDMA rate DeepEP measures (moe.flex_links)."""
+    from .moe import ep_group, flex_links, flex_shares
     size, stride = ep_group(c, training)
-    timers = {"ep": _Timer(links, group_span(size, stride, links.domain)),
+    span = group_span(size, stride, links.domain)
+    shares, ep_links = None, links
+    if training.moe_dispatcher == "flex":
+        shares, ep_links = flex_shares(model, *span), flex_links(links)
+    timers = {"ep": _Timer(ep_links, span, shares),
               "etp": _Timer(links, group_span(c.etp, 1, links.domain))}
     gamma = training.moe_imbalance
 

@@ -17,7 +17,8 @@ from functools import cached_property
 import numpy as np
 
 from ..specs import HardwareProfile, ModelSpec, TrainingSpec
-from . import blocks, flops, precision
+from . import blocks, precision
+from . import model_counts as mc
 from . import model_flops as mf
 
 SOFTMAX_BYTES_PER_SCORE = 9.0  # fused scale-mask-softmax read 2 + write 2, dropout read 2 + write 2 + mask 1
@@ -49,11 +50,6 @@ class LayerTimes:
     @cached_property
     def backward(self) -> np.ndarray:
         return 2 * self.gemm_forward + self.attention_backward + 2 * self.memory_forward
-
-
-def peak_flops(hw: HardwareProfile, training: TrainingSpec) -> float:
-    """Dense peak FLOP/s of the training dtype."""
-    return hw.gpu.peak_tflops[training.dtype if training.dtype in hw.gpu.peak_tflops else "bf16"] * 1e12
 
 
 def achieved_hbm(hw: HardwareProfile) -> float:
@@ -88,7 +84,7 @@ def block_times(model: ModelSpec, training: TrainingSpec, hw: HardwareProfile, c
             routed = tokens * share  # gemm_flops_per_token gives the routed experts' FLOPs here
             router = tokens * mf.router_flops_per_token(model) / np.asarray(c.tp, dtype=np.float64)
             shared = tokens * flops_per_token - router
-            t_router = router / (peak_flops(hw, training) * gemm_efficiency(router, hw))
+            t_router = router / (precision.dtype_peak(hw, training) * gemm_efficiency(router, hw))
             t_shared = shared / (peak * precision.linear_efficiency(np.maximum(shared / 2, 1.0), hw, training))
             t_gemm = t_router + t_shared + training.moe_imbalance * routed / (peak * precision.linear_efficiency(
                 _expert_gemm_flops(model, c, training), hw, training))
@@ -132,7 +128,7 @@ def _expert_gemm_flops(model: ModelSpec, c, training: TrainingSpec) -> np.ndarra
     """FLOPs of one GEMM of one local expert (the mean of fc1 and fc2): the per-expert rows x
     h x (glu*F/etp)/2 x 2 FLOPs (moe.md 6)."""
     rows = blocks.moe_rows(model, c, training)["per_expert"] / training.moe_imbalance
-    glu = 3 if model.activation == "swiglu" else 2
+    glu = mc.glu_factor(model)
     return rows * model.hidden_size * glu * model.moe.ffn_hidden_size / np.asarray(c.etp, dtype=np.float64)
 
 
@@ -141,7 +137,7 @@ def _shared_fc1_share(model: ModelSpec, t_shared, t_gemm):
     shared experts are the block's only TP-sharded GEMMs; 0 without them)."""
     if not model.moe.shared_experts:
         return 0.0
-    glu = 3 if model.activation == "swiglu" else 2
+    glu = mc.glu_factor(model)
     return (glu - 1) / glu * t_shared / np.maximum(t_gemm, 1e-300)
 
 
@@ -155,7 +151,7 @@ def _attention_core_times(model: ModelSpec, training: TrainingSpec, hw: Hardware
     s, a = training.seq_length, model.num_attention_heads
     b = np.asarray(c.micro_batch_size, dtype=np.float64)
     tp = np.asarray(c.tp, dtype=np.float64)
-    peak = peak_flops(hw, training)
+    peak = precision.dtype_peak(hw, training)
     attn = b * blocks.attention_flops_per_sequence(model, training, windowed) / (tp * c.cp)
     if training.flash_attention:
         t_f = attn / (peak * hw.efficiency.attention)
@@ -171,9 +167,8 @@ def output_gemm_time(model: ModelSpec, training: TrainingSpec, hw: HardwareProfi
     on one GPU of the last stage (forward, input gradient and weight gradient each take this).
     Broadcast array."""
     tokens = c.tokens_per_microbatch(training.seq_length)
-    vocab = flops.padded_vocab(model.vocab_size, c.tp).astype(np.float64)
-    gemm = 2.0 * tokens * model.hidden_size * vocab / c.tp
-    return gemm / (peak_flops(hw, training) * gemm_efficiency(gemm, hw))
+    gemm = 2.0 * tokens * model.hidden_size * mf.vocab_per_rank(model, c.tp)
+    return gemm / (precision.dtype_peak(hw, training) * gemm_efficiency(gemm, hw))
 
 
 def output_layer_time(model: ModelSpec, training: TrainingSpec, hw: HardwareProfile,
@@ -182,8 +177,7 @@ def output_layer_time(model: ModelSpec, training: TrainingSpec, hw: HardwareProf
     entropy (CROSS_ENTROPY_BYTES_PER_LOGIT per logit at the achieved HBM bandwidth), per
     micro-batch on one GPU of the last stage. Broadcast array."""
     tokens = c.tokens_per_microbatch(training.seq_length)
-    vocab = flops.padded_vocab(model.vocab_size, c.tp).astype(np.float64)
-    t_loss = tokens * vocab / c.tp * CROSS_ENTROPY_BYTES_PER_LOGIT / achieved_hbm(hw)
+    t_loss = tokens * mf.vocab_per_rank(model, c.tp) * CROSS_ENTROPY_BYTES_PER_LOGIT / achieved_hbm(hw)
     return 3 * output_gemm_time(model, training, hw, c) + t_loss
 
 

@@ -14,14 +14,14 @@ from __future__ import annotations
 import numpy as np
 
 from ..specs import ModelSpec, TrainingSpec
+from .blocks import kv_heads_per_rank
 
 
 def kv_chunk_bytes(model: ModelSpec, training: TrainingSpec, c, act_bytes: float = 2.0) -> np.ndarray:
     """X_kv = 2 (K, V) * (s/cp) * b * d_h * (g/tp) * e: the local K/V block of one CP rank, which
-    the ring passes to its neighbour at every step (formulas.md 5.7). g/tp KV heads per TP rank
-    (space rule: KV heads divisible by tp). Bytes, broadcast shape."""
-    tp = np.asarray(c.tp, dtype=np.float64)
-    heads = np.maximum(model.kv_heads, tp) / tp
+    the ring passes to its neighbour at every step (formulas.md 5.7). blocks.kv_heads_per_rank KV heads
+    per TP rank (max(g, t)/t). Bytes, broadcast shape."""
+    heads = kv_heads_per_rank(model, c.tp)
     return 2.0 * c.tokens_per_microbatch(training.seq_length) * model.kv_channels * heads * act_bytes
 
 

@@ -140,7 +140,7 @@ def rank_states(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c
     expert parameters (memory.rank_params), the blocks' and experts' linear weights at the FP8
     recipe's bytes where the precision is FP8. Broadcast arrays of the split and ZeRO fields."""
     p = memory.rank_params(model, c, rank)
-    return model_state_bytes(p["dense"] + p["embedding"] + p["head"], c, training, p["experts"],
+    return model_state_bytes(memory.non_expert_params(p), c, training, p["experts"],
                              linear=p["dense"], hw=hw)
 
 

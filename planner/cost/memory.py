@@ -12,7 +12,9 @@ import numpy as np
 
 from ..degrees import cached_per_candidates
 from ..specs import ModelSpec, TrainingSpec
-from . import flops, pipeline, precision
+from . import model_counts as mc
+from . import pipeline, precision
+from .model_flops import vocab_per_rank
 
 OPTIMIZER_BYTES_PER_PARAM = 12.0  # fp32 master weights + Adam m + v (ZeRO paper K = 12)
 MASTER_BYTES = 4.0  # a separate fp32 master copy of a 16-bit parameter
@@ -58,25 +60,30 @@ def rank_params(model: ModelSpec, c, rank) -> dict[str, np.ndarray]:
     dense = sum(counts[k] * (per_block[k][0] + per_block[k][1]) for k in counts)
     experts = sum(counts[k] * per_block[k][2] for k in counts)
     layers = c.rank_layers(model.num_layers, rank)
-    vocab = flops.padded_vocab(model.vocab_size, c.tp).astype(np.float64)
-    word = vocab * h / c.tp
-    positions = float((model.max_position_embeddings or 0) * h) \
-        if model.position_embedding == "learned" else 0.0
+    word = vocab_per_rank(model, c.tp) * h
+    positions = float(mc.position_embedding_params(model))
     last = rank == np.asarray(c.pp) - 1
     output = np.where((np.asarray(c.pp) > 1) | (not model.tie_embeddings), word, 0.0)
-    mtp = model.mtp_layers * (2.0 * h * h / np.asarray(c.tp, dtype=np.float64)
-                              + 3 * flops.norm_params(model))
+    mtp = model.mtp_layers * (mc.mtp_projection_params(model) / np.asarray(c.tp, dtype=np.float64)
+                              + mc.mtp_norm_params(model))
     return {"dense": dense, "experts": experts, "layers": layers,
             "layer": dense / np.maximum(layers, 1),
             "embedding": np.where(rank == 0, word + positions, 0.0),
-            "head": np.where(last, flops.norm_params(model) + output + mtp, 0.0),
+            "head": np.where(last, mc.norm_params(model) + output + mtp, 0.0),
             "output": np.where(last, output, 0.0)}
+
+
+def non_expert_params(p: dict) -> np.ndarray:
+    """The parameters of a rank_params result that are not routed experts: its blocks'
+    (``dense``), the embedding's and the head's, the ones reduced and sharded over the dp*cp
+    group (zero_divisors "dense"). Array (or float) of the result's shape."""
+    return p["dense"] + p["embedding"] + p["head"]
 
 
 def stage_params(model: ModelSpec, c, kind: str) -> np.ndarray:
     """Parameters held by one GPU of the ``first``, ``middle`` or ``last`` pipeline rank."""
     p = rank_params(model, c, rank_index(c, kind))
-    return p["dense"] + p["experts"] + p["embedding"] + p["head"]
+    return non_expert_params(p) + p["experts"]
 
 
 def zero_divisors(c, group: str = "dense") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -110,6 +117,7 @@ def model_state_bytes(params: np.ndarray, c, training: TrainingSpec,
     FP8 (``hw`` given): the ``linear`` part of ``params`` and all ``experts`` are linear-layer
     weights held as precision.weight_bytes (FP8 copies, transposes, scales) instead of
     param_bytes; gradients and optimizer states are unchanged (fp8_hardware.md 3.1).
+    ``optimizer_offload_fraction`` of the optimizer states sits in host memory, not here.
     """
     w, g, o = zero_divisors(c)
     we, ge, oe = zero_divisors(c, "expert") if np.any(np.asarray(experts) > 0) else (1.0, 1.0, 1.0)
@@ -127,27 +135,9 @@ def model_state_bytes(params: np.ndarray, c, training: TrainingSpec,
     if training.fp32_grad_partition and training.grad_bytes < 4:
         grads = grads + np.where((stage == 1) | (stage == 2),
                                  params * 4.0 / o + experts * 4.0 / oe, 0.0)
+    on_gpu = 1.0 - float(training.optimizer_offload_fraction)
     return {"weights": weights, "gradients": grads,
-            "optimizer": (params / o + experts / oe) * (master + moments)}
-
-
-def layer_activation_terms(model: ModelSpec, training: TrainingSpec) -> tuple[float, float, float]:
-    """Per-token bytes of one layer's saved activations, split as (R, S, scores_per_s) (formulas.md 3.2).
-
-    R (replicated under TP without SP) = 4h norm inputs + 2h QKV input + 2h fc1 input + 2h
-    dropout masks (if dropout); S (TP-sharded) = 2*d_h*(a+2g) Q,K,V + 2*a*d_h out-proj input +
-    4f (GeLU) or 6f (SwiGLU); attention scores per token without flash attention:
-    (2 softmax + 3 if dropout: mask 1 + output 2) * a * s, so the score term is scores_per_s * s.
-    With flash attention only the fp32 log-sum-exp 4*a per token remains.
-    MHA + GeLU(4h) + dropout reproduces Korthikanti's s*b*h*(34 + 5*a*s/h) exactly.
-    """
-    h, d, a, g, f = (model.hidden_size, model.kv_channels, model.num_attention_heads,
-                     model.kv_heads, model.ffn)
-    dropout = model.dropout > 0
-    replicated = 8.0 * h + (2.0 * h if dropout else 0.0)
-    sharded = 2.0 * d * (a + 2 * g) + 2.0 * a * d + (6.0 if model.activation == "swiglu" else 4.0) * f
-    scores = (5.0 if dropout else 2.0) * a if not training.flash_attention else 0.0
-    return replicated, sharded, scores
+            "optimizer": (params / o + experts / oe) * (master + moments) * on_gpu}
 
 
 def activation_per_layer(model: ModelSpec, training: TrainingSpec, c,
@@ -186,7 +176,6 @@ def _activation_per_layer(model: ModelSpec, training: TrainingSpec, c, recompute
 
 def _model_mix(model: ModelSpec) -> tuple[int, int, int, int]:
     """(full-attention, windowed, dense-MLP, MoE) blocks among the model's decoder layers."""
-    from . import model_counts as mc
     windowed = int(mc.window_layer_mask(model).sum())
     dense, moe = mc.layer_kind_counts(model)
     return model.num_layers - windowed, windowed, dense, moe
@@ -206,7 +195,7 @@ def activation_bytes_by_stage(model: ModelSpec, training: TrainingSpec, c,
     flight on its first chunk, 8 B/token of ids (+ 1 B/token*h embedding dropout mask, /sp); the
     last rank, for the micro-batch in backward: final-norm and output-layer inputs 2*2*h per
     token (/sp), bf16 logits 2*V_p/t and fp32 softmax 4*V_p/t per token (once per output head:
-    the MTP modules add theirs). Per-layer terms shared by the ranks are computed once.
+    the MTP modules add theirs; only the bf16 logits with training.cross_entropy_in_place). Per-layer terms shared by the ranks are computed once.
     """
     from .blocks import block_kinds
     h = model.hidden_size
@@ -215,8 +204,8 @@ def activation_bytes_by_stage(model: ModelSpec, training: TrainingSpec, c,
     uniform = block_kinds(model) == ("attention", "mlp")
     per_layer = activation_per_layer(model, training, c) if uniform else None
     sp_div = c.sp_divisor
-    vocab = flops.padded_vocab(model.vocab_size, c.tp).astype(np.float64)
-    last_edge = tokens * (4.0 * h / sp_div + 6.0 * vocab / c.tp) * (1 + model.mtp_layers)
+    per_logit = 2.0 if training.cross_entropy_in_place else 6.0
+    last_edge = tokens * (4.0 * h / sp_div + per_logit * vocab_per_rank(model, c.tp)) * (1 + model.mtp_layers)
     out = {}
     targets = ranks if ranks is not None else {kind: rank_index(c, kind) for kind in kinds}
     block = np.any(np.asarray(c.recompute_num_layers) > 0)
@@ -297,7 +286,7 @@ def transient_bytes(model: ModelSpec, training: TrainingSpec, c) -> np.ndarray:
         # largest GEMM weight per GPU: fused QKV h*d_h*(a+2g)/t, or fc1 h*f/t (GeLU) /
         # fused gate+up 2*h*f/t (SwiGLU)
         d, a, g = model.kv_channels, model.num_attention_heads, model.kv_heads
-        fc1 = (2 if model.activation == "swiglu" else 1) * h * model.ffn
+        fc1 = mc.fc1_outputs(model) * h * model.ffn
         unit = max(h * d * (a + 2 * g), fc1) / np.asarray(c.tp, dtype=np.float64)
     fsdp = np.where(c.sharding_stage >= 3, unit * (2 * 2.0 + training.grad_bytes), 0.0)
     return gather + fsdp

@@ -25,9 +25,20 @@ def glu_factor(model: ModelSpec) -> int:
     return 3 if model.activation == "swiglu" else 2
 
 
+def fc1_outputs(model: ModelSpec) -> int:
+    """Column outputs of fc1 per unit of MLP width: 2 (gate and up) for SwiGLU, 1 otherwise
+    (glu_factor - 1; fc2 is the other matrix)."""
+    return glu_factor(model) - 1
+
+
 def _norm_width(model: ModelSpec, width: int) -> int:
     """Parameters of one norm over ``width`` features: 2*width (LayerNorm) or width (RMSNorm)."""
     return (2 if model.norm == "layernorm" else 1) * width
+
+
+def norm_params(model: ModelSpec) -> int:
+    """Parameters of ONE norm over the hidden size: 2h (LayerNorm gamma, beta) or h (RMSNorm)."""
+    return _norm_width(model, model.hidden_size)
 
 
 # ----------------------------------------------------------------------------- layer pattern
@@ -160,7 +171,7 @@ def mlp_params(model: ModelSpec, ffn: int) -> int:
     h = model.hidden_size
     p = glu_factor(model) * h * ffn
     if model.bias:
-        p += (2 * ffn if model.activation == "swiglu" else ffn) + h
+        p += fc1_outputs(model) * ffn + h
     return p
 
 
@@ -225,11 +236,17 @@ def layer_kind_counts(model: ModelSpec) -> tuple[int, int]:
     return model.num_layers - n_moe, n_moe
 
 
+def position_embedding_params(model: ModelSpec) -> int:
+    """Learned absolute positions s_max*h (GPT-2/3 style); 0 for RoPE, ALiBi or none."""
+    if model.position_embedding != "learned":
+        return 0
+    return (model.max_position_embeddings or 0) * model.hidden_size
+
+
 def embedding_params(model: ModelSpec) -> int:
     """Input embedding V*h + untied output layer V*h + learned positions (s_max*h)."""
     h = model.hidden_size
-    positions = (model.max_position_embeddings or 0) * h if model.position_embedding == "learned" else 0
-    return model.vocab_size * h * (1 if model.tie_embeddings else 2) + positions
+    return model.vocab_size * h * (1 if model.tie_embeddings else 2) + position_embedding_params(model)
 
 
 def _model_params(model: ModelSpec, active: bool) -> int:
@@ -265,14 +282,23 @@ def active_params(model: ModelSpec, input_embedding: bool = True) -> int:
     return p
 
 
+def mtp_projection_params(model: ModelSpec) -> int:
+    """ONE MTP module's eh_proj, 2h*h (concatenated [h; embedding] -> h; TP-sharded)."""
+    return 2 * model.hidden_size * model.hidden_size
+
+
+def mtp_norm_params(model: ModelSpec) -> int:
+    """ONE MTP module's three norms (enorm, hnorm, the head's final norm): 3 x norm_params."""
+    return 3 * norm_params(model)
+
+
 def mtp_module_params(model: ModelSpec) -> int:
     """ONE MTP module's own weights: eh_proj 2h*h, three norms (enorm, hnorm, the head's norm),
     one decoder layer of the last layer's kind; embedding and output head are shared
     (Megatron-LM ``multi_token_prediction.py``; DeepSeek-V3 Sec. 2.2). DeepSeek-V3: 11,610,067,968."""
-    h = model.hidden_size
     is_moe, _ = mtp_layer_kind(model)
     layer = moe_layer_params(model) if is_moe else dense_layer_params(model)
-    return 2 * h * h + 3 * _norm_width(model, h) + layer
+    return mtp_projection_params(model) + mtp_norm_params(model) + layer
 
 
 def mtp_params(model: ModelSpec) -> int:

@@ -32,6 +32,13 @@ def padded_vocab(vocab_size: int, tp, divisible_by: int = 128):
     return -(-vocab_size // multiple) * multiple
 
 
+def vocab_per_rank(model: ModelSpec, tp) -> np.ndarray:
+    """Vocabulary rows one TP rank holds of the vocab-parallel embedding and output layer (its
+    logits columns): V_p(t)/t, float array of the shape of ``tp``."""
+    tp = np.asarray(tp)
+    return padded_vocab(model.vocab_size, tp).astype(np.float64) / tp
+
+
 def keys_per_query(seq_length: int, window: int | None = None, causal: bool = True) -> float:
     """Average keys each query attends to in a sequence of ``seq_length`` tokens.
 
@@ -157,10 +164,13 @@ def body_gemm_flops_per_token(model: ModelSpec) -> float:
     return layers + mtp_proj_flops_per_token(model)
 
 
-def logits_flops_per_token(model: ModelSpec, tp: int = 1) -> float:
+def logits_flops_per_token(model: ModelSpec, tp=1):
     """Forward FLOPs per token of the output layer over the padded vocabulary V_p(tp)
-    (Megatron's --make-vocab-size-divisible-by 128 x tp), once per head: 2*h*V_p*(1 + D)."""
-    return 2.0 * model.hidden_size * float(padded_vocab(model.vocab_size, tp)) * (1 + model.mtp_layers)
+    (Megatron's --make-vocab-size-divisible-by 128 x tp), once per head: 2*h*V_p*(1 + D).
+    A float for an int ``tp``, a float array of its shape for an array."""
+    vocab = np.asarray(padded_vocab(model.vocab_size, tp), dtype=np.float64)
+    out = 2.0 * model.hidden_size * vocab * (1 + model.mtp_layers)
+    return float(out) if out.ndim == 0 else out
 
 
 def model_gemm_flops_per_token(model: ModelSpec, tp: int = 1) -> float:
@@ -177,3 +187,30 @@ def model_flops_per_token(model: ModelSpec, seq_length: int, tp: int = 1, causal
     """
     core = attention_core_flops_per_sequence_model(model, seq_length, causal) / seq_length
     return 3.0 * (model_gemm_flops_per_token(model, tp) + core)
+
+
+def model_flops_per_step(model: ModelSpec, seq_length: int, global_batch_size: int,
+                         tp, causal: bool = True) -> np.ndarray:
+    """Model FLOPs of one optimizer step, no recomputation (formulas.md 4.1, 11.2), float array
+    of the shape of ``tp`` (the padded vocabulary depends on it): B*s*model_flops_per_token.
+
+    Dense: 6*B*s*[L*(2*h*d*(n + g) + glu*h*f) + h*V_p] + 3*B*L*2*n*d*s^2 (causal half);
+    ``causal=False`` counts the full s^2 (Narayanan 2021, Korthikanti 2022, PaLM)."""
+    tokens = float(global_batch_size) * seq_length
+    gemm = body_gemm_flops_per_token(model) + logits_flops_per_token(model, np.asarray(tp))
+    core = attention_core_flops_per_sequence_model(model, seq_length, causal)
+    return 3.0 * tokens * gemm + 3.0 * global_batch_size * core
+
+
+def recompute_flops_per_step(model: ModelSpec, seq_length: int, global_batch_size: int,
+                             recompute, causal: bool = True, full_share=1.0) -> np.ndarray:
+    """Extra hardware FLOPs of recomputation per step (formulas.md 4.2), shape of ``recompute``.
+
+    full (code 2): one more forward of every decoder layer and MTP module (GEMMs + attention
+    core), not the logits; of ``full_share`` of the layers where the block method recomputes
+    N per chunk (LayoutDegrees.recomputed_layers / L; the mean layer's FLOPs); selective
+    (code 1): one more forward of the attention core; other codes: 0."""
+    attention = global_batch_size * attention_core_flops_per_sequence_model(model, seq_length, causal)
+    layers = float(global_batch_size) * seq_length * body_gemm_flops_per_token(model) + attention
+    recompute = np.asarray(recompute)
+    return np.where(recompute == 2, full_share * layers, np.where(recompute == 1, attention, 0.0))

@@ -20,11 +20,17 @@ from __future__ import annotations
 
 import numpy as np
 
+from dataclasses import replace
+
 from ..specs import ModelSpec, TrainingSpec
 from .blocks import moe_rows
 from .volumes import Collective, Elements
 
 PROB_BYTES = 4.0  # routing probabilities in fp32 (Megatron-Core --moe-router-dtype fp32; moe.md 4.1, 8.6)
+# Share of the NIC line rate DeepEP's RDMA dispatch and combine reach: 43 GB/s on 400 Gb/s
+# (50 GB/s) ConnectX-7 at EP16, the lowest of its EP16/32/64 internode figures (43, 58, 51 GB/s;
+# deepseek-ai/DeepEP docs/legacy.md, moe.md 7): 43/50 = 0.86.
+FLEX_NIC_EFFICIENCY = 0.86
 
 
 def expert_collectives(model: ModelSpec, training: TrainingSpec, c, elem: Elements, full) -> list[Collective]:
@@ -86,3 +92,43 @@ def ep_group(c, training: TrainingSpec) -> tuple:
     if training.moe_dispatcher == "allgather":
         return c.etp * c.ep, np.ones_like(np.asarray(c.ep))
     return c.ep, c.etp
+
+
+def miss_probability(num_experts: int, topk: int, held) -> np.ndarray:
+    """Probability that a token routed uniformly to ``topk`` distinct of ``num_experts`` experts
+    picks none of a set of ``held`` experts: C(E - x, k) / C(E, k) = prod_i (E - x - i)/(E - i),
+    i < k (moe.md 4.4). ``held`` broadcast array; float64, 0 where x > E - k."""
+    x = np.asarray(held, dtype=np.float64)
+    out = np.ones_like(x)
+    for i in range(topk):
+        out = out * np.maximum(num_experts - x - i, 0.0) / (num_experts - i)
+    return out
+
+
+def flex_shares(model: ModelSpec, n_local, n_nodes) -> tuple[np.ndarray, np.ndarray]:
+    """(NVLink share, NIC share) of the all-to-all payload S = T*k rows that Megatron-Core's flex
+    dispatcher (DeepEP / HybridEP) moves per rank, for an EP group of ``n_local`` ranks on each
+    of ``n_nodes`` NVLink domains, E/n experts per rank (moe.md 4.4, uniform routing):
+      over the network one copy per distinct remote domain a token needs,
+        D_remote = (n_nodes - 1) * (1 - q(E/n_nodes)), NIC share = D_remote / k;
+      over NVLink one copy per distinct rank, the remote ones forwarded inside their domain,
+        D_rank = n * (1 - q(E/n)), NVLink share = D_rank * (n_local - 1)/n_local / k,
+    q = miss_probability. Inside one domain (n_nodes 1) the NVLink share is D_rank*(n-1)/n/k
+    against the all-to-all's (n-1)/n: e.g. DeepSeek-V3 (E 256, k 8) on ep 8, D_rank = 5.29.
+    Routing groups (DeepSeek-V3's top-4 of 8 groups, which caps the domains at 4) are not in
+    ModelSpec, so D_remote is the uncapped uniform expectation. Broadcast float arrays."""
+    E, k = model.moe.num_experts, model.moe.router_topk
+    n_local = np.asarray(n_local, dtype=np.float64)
+    n_nodes = np.asarray(n_nodes, dtype=np.float64)
+    n = n_local * n_nodes
+    d_rank = n * (1.0 - miss_probability(E, k, E / n))
+    d_remote = (n_nodes - 1.0) * (1.0 - miss_probability(E, k, E / n_nodes))
+    return d_rank * (n_local - 1.0) / n_local / k, d_remote / k
+
+
+def flex_links(links):
+    """``links`` with the NIC bandwidth of the flex dispatcher's RDMA transfers,
+    FLEX_NIC_EFFICIENCY x the line rate (links.inter_peak; unchanged when that is unknown, 0)."""
+    if not links.inter_peak:
+        return links
+    return replace(links, inter_bw=links.inter_peak * FLEX_NIC_EFFICIENCY)

@@ -37,6 +37,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .moe import PROB_BYTES
+
 Key = tuple[str, str]
 
 
@@ -60,7 +62,7 @@ def _rows(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def moe_dispatch_volumes(counts, hidden: int, act_bytes: float, *, impl: str = "megatron",
-                         probs_bytes: float = 4.0, count_bytes: float = 8.0,
+                         probs_bytes: float = PROB_BYTES, count_bytes: float = 8.0,
                          recompute: bool = False) -> dict[Key, tuple[np.ndarray, np.ndarray]]:
     """{(group, kind): (calls, payload bytes)} per rank of one tp_ep group for ONE MoE layer's
     forward and backward of ONE micro-batch (module docstring; moe.md 4.1-4.2).

@@ -77,14 +77,21 @@ def check_precision(hw: HardwareProfile, training: TrainingSpec) -> None:
                          f"of the FP8 peak its GEMMs reach): add it to train with --precision {precision}")
 
 
+def dtype_peak(hw: HardwareProfile, training: TrainingSpec) -> float:
+    """Dense peak FLOP/s of the 16-bit training dtype (bf16, or fp16 where the profile gives
+    it): the peak of every GEMM that FP8 leaves alone, and MFU's denominator in every precision."""
+    peaks = hw.gpu.peak_tflops
+    return peaks[training.dtype if training.dtype in peaks else "bf16"] * 1e12
+
+
 def linear_peak(hw: HardwareProfile, training: TrainingSpec) -> float:
     """Peak FLOP/s of the linear layers' GEMMs: the FP8 peak for FP8 recipes (MXFP8 on the same
-    tensor cores, fp8_hardware.md 1.1), else the training dtype's."""
+    tensor cores, fp8_hardware.md 1.1), else dtype_peak."""
     peaks = hw.gpu.peak_tflops
     if is_fp8(training):
         return peaks.get("mxfp8", peaks["fp8"]) * 1e12 if training.precision == "mxfp8" \
             else peaks["fp8"] * 1e12
-    return peaks[training.dtype if training.dtype in peaks else "bf16"] * 1e12
+    return dtype_peak(hw, training)
 
 
 def linear_efficiency(flops_per_gemm, hw: HardwareProfile, training: TrainingSpec) -> np.ndarray:
@@ -107,12 +114,11 @@ def quantize_bytes(hw: HardwareProfile, training: TrainingSpec) -> float:
     fp8_hardware.md 2.4: per-tensor current scaling reads the tensor for its amax, reads it
     again and writes 1 B, and on Hopper writes the transposed copy too (2 + 2 + 1 + 1 = 6; 5 on
     Blackwell, which needs no transpose); MXFP8 and blockwise read once and write row- and
-    column-wise copies with their scales (2 + 2 x (1 + scales))."""
+    column-wise copies with their scales (2 + 2 x (1 + scales)): the reads + fp8_copies_bytes."""
     if not is_fp8(training):
         return 0.0
-    if training.precision == "fp8":
-        return 5.0 if blackwell(hw) else 6.0
-    return 2.0 + 2 * (1.0 + SCALE_BYTES[training.precision])
+    reads = 4.0 if training.precision == "fp8" else 2.0
+    return reads + fp8_copies_bytes(hw, training)
 
 
 def fp8_copies_bytes(hw: HardwareProfile, training: TrainingSpec) -> float:

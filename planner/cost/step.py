@@ -17,7 +17,8 @@ from functools import cached_property, reduce
 import numpy as np
 
 from ..specs import HardwareProfile, Layout, ModelSpec, TrainingSpec
-from . import compute, flops, pipeline, precision
+from . import compute, pipeline, precision
+from . import model_flops as mf
 from .collectives import Links
 from .blocks import rank_blocks
 from .comm import BlockComm, RankComm, block_comm, rank_comm
@@ -131,13 +132,13 @@ def optimizer_time(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec
     optimizer shard is updated, its whole (ZeRO-1) or sharded (ZeRO-2/3) gradient buffer zeroed;
     dense parameters sharded over dp*cp, expert ones over edp (memory.zero_divisors); its linear
     weights (blocks and experts) are what FP8 quantizes once per step."""
-    from .memory import rank_params
+    from .memory import non_expert_params, rank_params
     _, grad_div, opt_div = zero_divisors(c)
     _, grad_div_e, opt_div_e = zero_divisors(c, "expert") if model.moe is not None else (1.0, 1.0, 1.0)
     updated, buffer, linear = [], [], []
     for kind in rank_kinds(c, model):
         p = rank_params(model, c, rank_index(c, kind))
-        dense = p["dense"] + p["embedding"] + p["head"]
+        dense = non_expert_params(p)
         updated.append(dense / opt_div + p["experts"] / opt_div_e)
         buffer.append(dense / grad_div + p["experts"] / grad_div_e)
         linear.append(p["dense"] + p["experts"])
@@ -236,13 +237,13 @@ def _throughput(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c
     precisions); FP8 adds ``mfu_fp8_peak``, the same FLOPs over the FP8 peak (dgxc-benchmarking's
     convention)."""
     gpus = np.asarray(c.gpus, dtype=np.float64)
-    f_model = flops.model_flops_per_step(model, training.seq_length, training.global_batch_size,
+    f_model = mf.model_flops_per_step(model, training.seq_length, training.global_batch_size,
                                          c.tp, causal=causal_flops)
-    f_hw = f_model + flops.recompute_flops_per_step(model, training.seq_length,
+    f_hw = f_model + mf.recompute_flops_per_step(model, training.seq_length,
                                                     training.global_batch_size, c.recompute,
                                                     causal=causal_flops,
                                                     full_share=_full_share(model, c))
-    peak = compute.peak_flops(hw, training)
+    peak = precision.dtype_peak(hw, training)
     out = {"tokens_per_s": training.global_batch_size * training.seq_length / step,
            "model_tflops_per_gpu": f_model / (step * gpus) / 1e12,
            "mfu": f_model / (step * gpus * peak),

@@ -50,9 +50,10 @@ import numpy as np
 
 from ..space import Candidates
 from ..specs import Layout, ModelSpec, TrainingSpec
-from . import flops
+from . import model_counts as mc
+from .model_flops import padded_vocab
 from .context_parallel import kv_chunk_bytes
-from .memory import rank_params
+from .memory import non_expert_params, rank_params
 from .volumes import Collective, Elements, per_step, rank_collectives
 
 Key = tuple[str, str]
@@ -87,7 +88,7 @@ def embedding_all_reduce(colls, c, elem, model, training, rank, **_):
 
 def logits_all_gather(colls, c, elem, model, training, rank, **_):
     last = (np.asarray(rank) == np.asarray(c.pp) - 1) * (np.asarray(c.tp) > 1) * 1.0
-    vocab = flops.padded_vocab(model.vocab_size, c.tp)
+    vocab = padded_vocab(model.vocab_size, c.tp)
     logits = c.tokens_per_microbatch(training.seq_length) * vocab * elem.act
     out = _drop(colls, lambda x: x.what.startswith("vocab-parallel cross entropy"))
     return out + [Collective("tp", "all_gather", "microbatch", "forward", "", last, logits, "logits all-gather")]
@@ -96,7 +97,7 @@ def logits_all_gather(colls, c, elem, model, training, rank, **_):
 def sp_norms_per_tensor(colls, c, elem, model, rank, **_):
     p = rank_params(model, c, rank)
     last = np.asarray(rank) == np.asarray(c.pp) - 1
-    tensors = (2.0 * p["layers"] + last) * (2 if model.norm == "layernorm" else 1)
+    tensors = (2.0 * p["layers"] + last) * mc.norm_params(model) / model.hidden_size  # gamma (+ beta)
     sp_on = np.asarray(c.sequence_parallel) * (np.asarray(c.tp) > 1)
     out = _drop(colls, lambda x: x.what.startswith("SP norm"))
     return out + [Collective("tp", "all_reduce", "step", "step", "", sp_on * tensors,
@@ -110,7 +111,7 @@ def _params(model, c, rank) -> dict[str, float]:
 def flat_buffer_padding(colls, c, elem, model, rank, **_):
     p = _params(model, c, rank)
     n = float(np.asarray(c.grad_group).ravel()[0])
-    padded = -(-(p["dense"] + p["embedding"] + p["head"]) // n) * n
+    padded = -(-non_expert_params(p) // n) * n
     return [replace(x, payload=padded * (elem.weight if x.kind == "all_gather" else elem.grad))
             if x.group == "dp" and x.per == "step" else x for x in colls]
 

@@ -45,9 +45,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..specs import ModelSpec, TrainingSpec
-from . import flops
+from . import model_counts as mc
+from .model_flops import vocab_per_rank
 from .context_parallel import kv_chunk_bytes
-from .memory import rank_params
+from .memory import non_expert_params, rank_params
 
 GROUPS = ("tp", "cp", "pp", "dp", "embd")
 
@@ -217,22 +218,21 @@ def dp_collectives(model: ModelSpec, training: TrainingSpec, c, rank, elem: Elem
     """Dense-gradient and ZeRO traffic of rank ``rank`` over the dp*cp group (formulas.md 5.6),
     the SP norm-gradient all-reduce and the tied-embedding all-reduce. List of Collective."""
     p = rank_params(model, c, rank)
-    out = _dp_group(p["dense"] + p["embedding"] + p["head"], c.grad_group, "dp", c, elem)
+    out = _dp_group(non_expert_params(p), c.grad_group, "dp", c, elem)
     if model.moe is not None:
         out += _dp_group(p["experts"], c.edp, "edp", c, elem, "expert ")
     rank = np.asarray(rank)
     pp = np.asarray(c.pp)
     last = rank == pp - 1
-    norms = (2.0 * p["layers"] + last) * (2 if model.norm == "layernorm" else 1) * model.hidden_size
+    norms = (2.0 * p["layers"] + last) * mc.norm_params(model)  # two per layer + the final norm
     biases = 2.0 * p["layers"] * model.hidden_size if model.bias else 0.0
     sp_on = np.asarray(c.sequence_parallel) * (np.asarray(c.tp) > 1)
     out.append(Collective("tp", "all_reduce", "step", "step", "", sp_on * 1.0,
                           (norms + biases) * elem.grad,
                           "SP norm and row-parallel bias gradients, coalesced"))
     tied = model.tie_embeddings * (pp > 1) * ((rank == 0) | last)
-    vocab = flops.padded_vocab(model.vocab_size, c.tp).astype(np.float64)
     out.append(Collective("embd", "all_reduce", "step", "step", "", tied * 1.0,
-                          vocab * model.hidden_size / c.tp * elem.grad,
+                          vocab_per_rank(model, c.tp) * model.hidden_size * elem.grad,
                           "tied word-embedding gradient, first <-> last rank"))
     return out
 

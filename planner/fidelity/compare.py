@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..cost.flops import model_flops_per_step, total_params
+from ..cost.model_counts import total_params
+from ..cost.model_flops import model_flops_per_step
 from ..cost.step import estimate_layout
 from ..specs import HardwareProfile
 from . import conventions

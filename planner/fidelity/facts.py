@@ -18,7 +18,8 @@ entry by entry, each with its source:
 - ``layout``: settings of the layout the row leaves out (micro_batch, vpp, recompute,
   zero_stage, distributed_optimizer, sequence_parallel, first/last_stage_layers);
 - ``training``: settings of the job (moe_a2a_overlap, moe_dispatcher, moe_imbalance,
-  overlap_grad_reduce, tp_backward_overlap, optimizer_moment_bytes);
+  overlap_grad_reduce, tp_backward_overlap, optimizer_moment_bytes, optimizer_offload_fraction,
+  moe_activation_offload, cross_entropy_in_place);
 - ``approximations``: how plan3d costs a stated setting it cannot express exactly (listed in
   the run's assumptions).
 
@@ -70,11 +71,14 @@ class TrainingFacts(_Strict):
     """Settings of the job a source states: TrainingSpec fields (planner.specs)."""
 
     moe_a2a_overlap: bool | None = None
-    moe_dispatcher: Literal["alltoall", "allgather"] | None = None
+    moe_dispatcher: Literal["alltoall", "allgather", "flex"] | None = None
     moe_imbalance: float | None = Field(default=None, ge=1.0, le=64.0)
     overlap_grad_reduce: bool | None = None
     tp_backward_overlap: bool | None = None
     optimizer_moment_bytes: Literal[2, 4] | None = None
+    optimizer_offload_fraction: float | None = Field(default=None, ge=0.0, le=1.0)
+    moe_activation_offload: bool | None = None
+    cross_entropy_in_place: bool | None = None
 
 
 class RunFacts(_Strict):

@@ -108,7 +108,7 @@ def _resolve(case: RunCase) -> Resolution:
         if best is None or step < best[0]:
             best = (step, est.candidates.layout(matching[0]), training, words)
     if best is None and why_not:
-        return Resolution("outside-space", f"not in plan3d's search space ({why_not}); evaluated as stated")
+        return _resolve_in_place(case, why_not)
     if best is None:
         return Resolution("false-oom", "FALSE OOM: no layout consistent with the source fits")
     _, case.layout, case.training, words = best
@@ -119,6 +119,33 @@ def _resolve(case: RunCase) -> Resolution:
     note = f"resolved by search: {' '.join(x for x in (chosen, words) if x)}"
     case.assumptions.append(note)
     return Resolution("resolved", note)
+
+
+RECOMPUTE_CHOICES = ("none", "selective", "selective+", "full")
+
+
+def _resolve_in_place(case: RunCase, why_not: str) -> Resolution:
+    """A run whose stated layout the search cannot enumerate (e.g. a pipeline layout string the
+    uneven-split rule does not express): its layout is kept as stated and only the unknown
+    recomputation and training settings are tried, each combination costed directly; the
+    fastest that fits is kept (a FALSE OOM if none fits)."""
+    from ..cost.step import estimate_layout
+    recomputes = RECOMPUTE_CHOICES if "recompute" in case.unknown else (case.layout.recompute,)
+    best = None
+    for training, words in _trainings(case):
+        for rc in recomputes:
+            layout = case.layout.model_copy(update={"recompute": rc})
+            est = estimate_layout(case.model, case.hardware, training, layout)
+            step = float(est.time["step"][0])
+            if bool(est.fits[0]) and (best is None or step < best[0]):
+                best = (step, layout, training, words)
+    note = f"not in plan3d's search space ({why_not}); evaluated as stated"
+    if best is None:  # evaluated as stated: the accuracy table reports it as "no fit"
+        return Resolution("outside-space", f"{note}; no recomputation or training choice fits")
+    _, case.layout, case.training, words = best
+    chosen = " ".join(x for x in (f"recompute={case.layout.recompute}" if "recompute" in case.unknown
+                                  else "", words) if x)
+    return Resolution("outside-space", f"{note}, with {chosen}" if chosen else note)
 
 
 def _value(layout: Layout, key: str) -> object:

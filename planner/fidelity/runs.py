@@ -41,6 +41,7 @@ from .facts import RunFacts, run_facts
 from .run_layout import layout_of, training_of
 from .run_model import run_model
 from .schema import check_fields, notes_tags
+from ..units import GIB
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 WHEEL = Path(__file__).resolve().parents[1] / "_catalog"
@@ -225,7 +226,7 @@ def _case(row: dict, path: Path | None = None) -> RunCase:
     for note in facts.approximations:
         assume(note)
     if "peak_memory" in case.measured and (tags.get("memory") or facts.memory_unit) == "GiB":
-        case.measured["peak_memory"] *= 2**30 / 1e9  # stated by the tag or the facts' source
+        case.measured["peak_memory"] *= GIB / 1e9  # stated by the tag or the facts' source
     profile = _hardware(hw_row, facts, assume)
     case.skipped = _skip_reason(hw_row, model_row, lay, facts, profile)
     if case.skipped:

@@ -42,7 +42,7 @@ def microbatches(plan: Plan) -> int:
     if B % (lay.dp * lay.micro_batch_size):
         raise UsageError(f"global batch {B} is not divisible by dp*micro_batch_size = "
                          f"{lay.dp * lay.micro_batch_size}; the plan is inconsistent")
-    return B // (lay.dp * lay.micro_batch_size)
+    return int(lay.num_microbatches(B))
 
 
 def layers_per_virtual_stage(plan: Plan) -> int:

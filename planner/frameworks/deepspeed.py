@@ -41,7 +41,7 @@ def ds_config(plan: Plan) -> dict:
         "train_micro_batch_size_per_gpu": lay.micro_batch_size,
         "gradient_accumulation_steps": m,
         # Megatron's distributed optimizer shards what ZeRO-1 shards
-        "zero_optimization": {"stage": 1 if lay.distributed_optimizer else lay.zero_stage,
+        "zero_optimization": {"stage": int(lay.sharding_stage),
                               "overlap_comm": tr.overlap_grad_reduce},
     }
     cfg["bf16" if tr.dtype == "bf16" else "fp16"] = {"enabled": True}

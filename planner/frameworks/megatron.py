@@ -52,7 +52,7 @@ megatron-core framework profile's rules (planner.frameworks.rules), the ones its
 
 from __future__ import annotations
 
-from ..cost.flops import padded_vocab
+from ..cost.model_flops import padded_vocab
 from ..cost import precision
 from ..specs import Plan
 from .common import (RANK_ORDER_NOTE, Export, describe, interval_note, layers_per_virtual_stage,
@@ -91,7 +91,7 @@ def megatron_args(plan: Plan) -> list[tuple[str, str | None]]:
     args.append(("--context-parallel-size", str(lay.cp)))
     if lay.sequence_parallel:
         args.append(("--sequence-parallel", None))
-    if lay.zero_stage == 1 or lay.distributed_optimizer:
+    if lay.sharding_stage == 1:
         args.append(("--use-distributed-optimizer", None))
     elif lay.zero_stage in FSDP_STRATEGY:
         args += [("--use-megatron-fsdp", None),
@@ -142,7 +142,7 @@ def megatron_args(plan: Plan) -> list[tuple[str, str | None]]:
         args.append(("--grad-reduce-in-bf16", None))
     if tr.overlap_grad_reduce:
         args.append(("--overlap-grad-reduce", None))
-        if lay.zero_stage >= 1 or lay.distributed_optimizer:
+        if lay.sharding_stage >= 1:
             args.append(("--overlap-param-gather", None))
     if not tr.flash_attention:
         args.append(("--attention-backend", "unfused"))
@@ -232,7 +232,7 @@ def export_megatron(plan: Plan) -> Export:
     if not plan.training.flash_attention:
         comments.append("the plan assumed attention without flash attention (scores stored): "
                         "--attention-backend unfused")
-    m = plan.training.global_batch_size // (lay.dp * lay.micro_batch_size)
+    m = microbatches(plan)
     if lay.vpp > 1 and m % lay.pp:
         comments.append(f"{m} micro-batches are not a multiple of pp = {lay.pp}: the interleaved "
                         f"schedule runs them in groups of {microbatch_group(m, lay.pp)} (the "

@@ -27,7 +27,7 @@ import yaml
 
 from ..errors import UsageError
 from ..specs import Plan
-from ..cost.flops import padded_vocab
+from ..cost.model_flops import padded_vocab
 from .common import (ARCHITECTURE_FIELDS, RANK_ORDER_NOTE, Export, describe, interval_note,
                      microbatches, recompute_modules, rope_note, save_interval, unwritten_note)
 from .megatron_model import moe_args
@@ -109,15 +109,14 @@ def nemo_fields(plan: Plan, ck: dict | None = None) -> dict[str, dict[str, objec
                   "global_batch_size": tr.global_batch_size},
         "dataset": {"seq_length": tr.seq_length},
         "ddp": {
-            "use_distributed_optimizer": lay.zero_stage == 1 or lay.distributed_optimizer,
+            "use_distributed_optimizer": bool(lay.sharding_stage == 1),
             "use_megatron_fsdp": fsdp,
             "data_parallel_sharding_strategy": SHARDING.get(lay.zero_stage, "no_shard"),
             "overlap_grad_reduce": tr.overlap_grad_reduce,
-            "overlap_param_gather": tr.overlap_grad_reduce and (lay.zero_stage >= 1 or
-                                                                lay.distributed_optimizer),
+            "overlap_param_gather": tr.overlap_grad_reduce and bool(lay.sharding_stage >= 1),
             "grad_reduce_in_fp32": tr.grad_bytes == 4,
         },
-        "optimizer": {"use_distributed_optimizer": lay.zero_stage == 1 or lay.distributed_optimizer},
+        "optimizer": {"use_distributed_optimizer": bool(lay.sharding_stage == 1)},
         "mixed_precision": mixed_precision_preset(tr),
         **({"checkpoint": checkpoint_fields(plan, ck)} if ck is not None else {}),
     }

@@ -68,7 +68,7 @@ def torchtitan_settings(plan: Plan, fmt: str) -> tuple[dict[str, dict[str, objec
                          "traffic different from the estimate")
         else:
             par["enable_sequence_parallel"] = False
-    if lay.zero_stage == 0 and not lay.distributed_optimizer:
+    if lay.sharding_stage == 0:
         par["data_parallel_replicate_degree"] = lay.dp
         par["data_parallel_shard_degree"] = 1
     else:  # ZeRO-3 (the rules admit 0 and 3)
@@ -87,7 +87,7 @@ def torchtitan_settings(plan: Plan, fmt: str) -> tuple[dict[str, dict[str, objec
             par["pipeline_parallel_last_stage_less_layers"] = 1
         elif lay.first_stage_layers or lay.last_stage_layers:  # uneven: middle stages hold k
             f, la, L = lay.first_stage_layers, lay.last_stage_layers, plan.model.num_layers
-            k = max(f, la, (L - f - la) // max(lay.pp - 2, 1))
+            k = max(f, la, int(lay.stage_layers(L)[1]))
             par["pipeline_parallel_layers_per_stage"] = k
             par["pipeline_parallel_first_stage_less_layers"] = k - f
             par["pipeline_parallel_last_stage_less_layers"] = k - la

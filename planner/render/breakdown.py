@@ -149,7 +149,7 @@ def _stage_groups(stages) -> list[tuple[int, int]]:
     memory (to 0.01 GiB) and time (to 0.1 ms), the last rank; inner middle runs merged into one
     row when there are more than MAX_MIDDLE_ROWS."""
     pp = len(stages.kind)
-    key = [(round(float(m) / 2**30, 2), round(float(t) * 1e4)) for m, t in zip(stages.memory, stages.time)]
+    key = [(round(float(m) / fmt.GIB, 2), round(float(t) * 1e4)) for m, t in zip(stages.memory, stages.time)]
     groups = [(0, 0)]
     for r in range(1, pp - 1):
         if groups[-1][0] > 0 and key[r] == key[groups[-1][1]]:
@@ -175,7 +175,7 @@ def stage_report(stages) -> None:
     tables.code_column(t, "")
     for lo, hi in _stage_groups(stages):
         mem = stages.memory[lo:hi + 1]
-        shown = fmt.gib_value(mem.max(), 2) if mem.max() - mem.min() < 0.005 * 2**30 else \
+        shown = fmt.gib_value(mem.max(), 2) if mem.max() - mem.min() < 0.005 * fmt.GIB else \
             f"{fmt.gib_value(mem.max(), 2)}-{fmt.gib_value(mem.min(), 2)}"
         marks = [w for w, r in (("binds memory", stages.binding), ("slowest", stages.slowest))
                  if lo <= r <= hi]

@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import math
 
-from ..units import format_gib
+from ..units import GIB, MIB, format_gib
 
-GIB = 2.0**30
-MIB = 2.0**20
 MINUS = "−"  # U+2212, the sign of a negative difference in tables
 
 

@@ -20,7 +20,7 @@ def header(model, hw, training, gpus, batch: str | None = None) -> None:
     """The title line. ``gpus``: a count or a description ("at most 1024", "64..4096");
     ``batch``: the global batch as shown (a sweep's list, e.g. "768,1536"); default the
     training's."""
-    from ..cost.flops import total_params
+    from ..cost.model_counts import total_params
     batch = str(training.global_batch_size) if batch is None else batch
     what = f"{model.name} ({fmt.params(total_params(model))} parameters) on {gpus} x {hw.gpu.name} ({hw.name})"
     job = f"global batch {batch} x {training.seq_length} tokens"

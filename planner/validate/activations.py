@@ -23,7 +23,8 @@ from types import SimpleNamespace
 import numpy as np
 
 from ..space import Candidates
-from ..cost.flops import padded_vocab
+from ..cost.blocks import kv_heads_per_rank
+from ..cost.model_flops import padded_vocab
 
 # Every layout tried (13 miniatures, 24 pipeline ranks: 1F1B, interleaved, uneven split, CP,
 # SP, ZeRO-0..3, no / selective / full recompute, GPT-3 and Llama kinds, float64 and float32)
@@ -63,8 +64,8 @@ def predicted_activations(run, pp_rank: int) -> dict:
     call into the cost model's activation terms (formulas.md 3.2-3.6).
 
     Returns bytes at the run's element size e (the formula's bf16 bytes x e/2):
-    "bytes": memory.activation_bytes of the rank (first / last; a middle rank r of a deeper
-    pipeline: its in-flight layers x the per-layer bytes, plus the full-recompute working set);
+    "bytes": memory.activation_bytes_by_stage of the rank (its in-flight layers x its per-layer
+    bytes, the full-recompute working set, and rank 0's / the last rank's edge buffers);
     "inflight_layers": pipeline.inflight_layers of rank r (its own chunk sizes);
     "first_microbatches": the micro-batches whose token ids the formula holds on rank 0
     (pipeline.inflight_first_chunk); "layer_bytes": activation_per_layer without recompute,
@@ -76,11 +77,8 @@ def predicted_activations(run, pp_rank: int) -> dict:
     m = c.num_microbatches(training.global_batch_size)
     layers = float(pipeline.inflight_layers(c, model.num_layers, m, pp_rank)[0])
     layer = float(memory.activation_per_layer(model, training, c, np.zeros_like(c.recompute))[0])
-    if pp_rank in (0, lay.pp - 1):
-        total = float(memory.activation_bytes(model, training, c, "first" if pp_rank == 0 else "last")[0])
-    else:
-        stored = float(memory.activation_per_layer(model, training, c)[0])
-        total = layers * stored + (layer if lay.recompute == "full" else 0.0)
+    total = float(memory.activation_bytes_by_stage(model, training, c, ranks={"rank": np.array([pp_rank])})
+                  ["rank"][0])
     first_mb = float(pipeline.inflight_first_chunk(c, m, 0)[0])
     e = run.elem / 2
     return {"bytes": total * e, "inflight_layers": layers, "first_microbatches": first_mb,
@@ -92,7 +90,7 @@ def _dims(run) -> SimpleNamespace:
     t, cp, b, s = lay.tp, lay.cp, lay.micro_batch_size, tr.seq_length
     return SimpleNamespace(
         t=t, cp=cp, b=b, s=s, T=b * s / cp, e=run.elem, h=m.hidden_size, d=m.kv_channels,
-        a_l=m.num_attention_heads / t, g_l=max(m.kv_heads, t) / t, f_l=m.ffn / t,
+        a_l=m.num_attention_heads / t, g_l=float(kv_heads_per_rank(m, t)), f_l=m.ffn / t,
         V=int(padded_vocab(m.vocab_size, t)), sp=t if lay.sequence_parallel else 1,
         rope=m.position_embedding == "rope", swiglu=m.activation == "swiglu",
         rms=m.norm == "rmsnorm", flash=tr.flash_attention)
@@ -177,7 +175,7 @@ def torch_deltas(run, pp_rank: int, plan: dict) -> list[dict]:
         working = core_working_bytes(run)
         rows.append(("core attention recompute", 1.0, working))  # often 0: see the function
     if pp_rank == 0:
-        m = run.training.global_batch_size // (lay.dp * lay.micro_batch_size)
+        m = int(lay.num_microbatches(run.training.global_batch_size))
         held = first_chunk_microbatches(lay.pp, lay.vpp, m)
         rows.append(("token ids", 1.0, 8 * k.T * (held - plan["first_microbatches"] * k.e / 2)))
         if run.model.position_embedding == "learned" and k.cp > 1:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..cost import memory
-from ..cost.flops import padded_vocab
+from ..cost.model_flops import padded_vocab
 from ..cost.torch_volumes import step_volumes
 from ..errors import UsageError
 from ..space import Candidates
@@ -61,7 +61,7 @@ class Run:
         lay, n = self.layout, self.model.num_layers
         if not lay.first_stage_layers or lay.vpp > 1:
             return None
-        middle = [(n - lay.first_stage_layers - lay.last_stage_layers) // max(lay.pp - 2, 1)]
+        middle = [int(lay.stage_layers(n)[1])]
         return [lay.first_stage_layers] + middle * (lay.pp - 2) + [lay.last_stage_layers]
 
     def worker_config(self, out_dir: str, timeout_s: int = 120) -> dict:
@@ -272,7 +272,7 @@ def predict(run: Run, pp_rank: int) -> dict:
         return {"memory": memory_bytes(run, pp_rank), "comm": base_volumes(run, pp_rank, e)}
     c = Candidates.from_layouts([lay])
     p = memory.rank_params(run.model, c, pp_rank)
-    params = p["layer"] * p["layers"] + p["embedding"] + p["head"]
+    params = memory.non_expert_params(p)
     fsdp = lay.zero_stage >= 2 and lay.grad_group > 1
     # the miniature's own torch code holds Megatron's accounting, whatever framework the plan is for
     training = run.training.model_copy(update=dict(param_bytes=2, master_weights=True,

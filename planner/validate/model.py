@@ -53,7 +53,7 @@ class GPTConfig:
 
 
 def make_norm(cfg: GPTConfig) -> nn.Module:
-    """LayerNorm (weight + bias, 2h parameters) or RMSNorm (h), as planner.cost.flops.norm_params counts."""
+    """LayerNorm (weight + bias, 2h parameters) or RMSNorm (h), as planner.cost.model_counts.norm_params counts."""
     if cfg.norm == "rmsnorm":
         return nn.RMSNorm(cfg.hidden, eps=1e-5)
     return nn.LayerNorm(cfg.hidden, eps=1e-5)

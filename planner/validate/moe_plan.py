@@ -78,30 +78,33 @@ def _rank_layer_ids(run, pp_rank: int) -> list[int]:
 def rank_params(run, pp_rank: int) -> tuple[float, float]:
     """(dense, expert) parameters held by one GPU of pipeline rank ``pp_rank``.
 
-    Dense: attention + norms (flops' TP rule), the dense MLP or the router (h*E, + E with
-    biases; replicated) and the shared expert (TP-sharded); embedding / head as memory.rank_params.
-    Expert: E*P_e/(ep*etp) per MoE layer (biases: the b2 of h per expert is not ETP-sharded)."""
-    from ..cost import flops, memory
+    Per block the cost model's counts (blocks.block_params: attention, dense MLP, MoE block with
+    router and shared experts, routed experts E*P_e/(ep*etp)) over the rank's own decoder layers
+    (its interleaved chunks, exactly), + embedding / head (memory.rank_params). Where the
+    miniature's modules hold more than the cost model counts, added here: Q/K/V biases with
+    ``qkv_bias`` (block_params counts biases only with ``bias``), the shared experts' and the
+    routed experts' fc2 bias h, not sharded over TP / ETP."""
+    from ..cost import blocks, memory
     from ..space import Candidates
     m, lay = run.model, run.layout
-    twin = m.model_copy(update=dict(moe=None))
     c = Candidates.from_layouts([lay])
-    edges = memory.rank_params(twin, c, pp_rank)
-    dense_layer = float(sum(x[0] for x in flops.layer_params_per_gpu(twin, np.array([lay.tp]))))
-    mlp = flops.mlp_weights(twin) + ((2 if m.activation == "swiglu" else 1) * m.ffn
-                                     if m.bias else 0)
-    mlp_rank = mlp / lay.tp + (m.hidden_size if m.bias else 0)
-    mask = model_counts.moe_layer_mask(m)
-    n_moe = sum(bool(mask[i]) for i in _rank_layer_ids(run, pp_rank))
-    n_all = len(_rank_layer_ids(run, pp_rank))
-    shared = model_counts.shared_expert_params(m)
-    shared_rank = shared / lay.tp + (m.hidden_size if m.bias and shared else 0) * (1 - 1 / lay.tp)
-    moe_layer = dense_layer - mlp_rank + model_counts.router_params(m) + shared_rank
-    dense = (n_all - n_moe) * dense_layer + n_moe * moe_layer + float(edges["embedding"][0]) \
-        + float(edges["head"][0])
-    e = model_counts.expert_params(m)
-    per = (e - (m.hidden_size if m.bias else 0)) / lay.etp + (m.hidden_size if m.bias else 0)
-    return dense, n_moe * m.moe.num_experts * per / lay.ep
+    per = {k: (float(np.sum(v[0])), float(np.sum(v[1])), float(np.sum(v[2])))
+           for k, v in blocks.block_params(m, c).items()}
+    h, tp, bias = m.hidden_size, lay.tp, m.bias
+    attention = per[blocks.ATTENTION][0] + per[blocks.ATTENTION][1]
+    if m.qkv_bias:
+        attention += m.kv_channels * (m.num_attention_heads / tp + 2 * float(blocks.kv_heads_per_rank(m, tp)))
+    ids = _rank_layer_ids(run, pp_rank)
+    n_moe = int(sum(model_counts.moe_layer_mask(m)[ids]))
+    mlp = per[blocks.MLP][0] + per[blocks.MLP][1] if blocks.MLP in per else 0.0
+    moe = per[blocks.MOE][0] + per[blocks.MOE][1]
+    if bias and m.moe.shared_experts:
+        moe += h * (1 - 1 / tp)
+    edges = memory.rank_params(m, c, pp_rank)
+    dense = len(ids) * attention + (len(ids) - n_moe) * mlp + n_moe * moe \
+        + float(edges["embedding"][0]) + float(edges["head"][0])
+    experts = per[blocks.MOE][2] + (m.moe.num_experts * h * (1 - 1 / lay.etp) / lay.ep if bias else 0.0)
+    return dense, n_moe * experts
 
 
 def _pad(n: float, k: int) -> float:
@@ -118,8 +121,8 @@ def base_volumes(run, pp_rank: int, elem: int) -> dict[str, list[int]]:
         grad_bytes=elem).items()}
     ids = _rank_layer_ids(run, pp_rank)
     n_moe = int(sum(model_counts.moe_layer_mask(m)[ids]))
-    micro = tr.global_batch_size // (lay.dp * lay.micro_batch_size)
-    x = tr.seq_length * lay.micro_batch_size // lay.cp * m.hidden_size * elem
+    micro = int(lay.num_microbatches(tr.global_batch_size))
+    x = int(lay.tokens_per_microbatch(tr.seq_length)) * m.hidden_size * elem
     if lay.tp > 1 and n_moe:
         if not m.moe.shared_experts:  # no TP-sharded MLP: its SP gather / scatter, both passes
             for kind in ("all_gather", "reduce_scatter"):

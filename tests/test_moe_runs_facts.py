@@ -1,0 +1,40 @@
+"""The measured MoE runs' facts the cost model reads, and the in-place resolution of a run whose
+pipeline layout the search cannot enumerate."""
+
+from __future__ import annotations
+
+from planner.cost.step import estimate_layout
+from planner.fidelity.resolve import RECOMPUTE_CHOICES, resolve
+from planner.fidelity.runs import load_datasets
+
+
+def _cases(*ids):
+    return {c.id: c for c in load_datasets(["modern"]) if c.id in ids}
+
+
+def test_dispatcher_and_overlap_facts_follow_the_bridge_configs():
+    cases = _cases("mbridge260401-b200-mxfp8-deepseekv3-256gpu", "mbridge2509-h100-fp8-deepseekv3-1024gpu",
+                   "mbridge2511-b200-fp8mx-deepseekv3-256gpu", "mbridge2511-gb200-bf16-deepseekv3-256gpu")
+    # Bridge 5acef9309 (26.04.01 B200 MXFP8) and run_script.py @fa0315ae (25.09 H100): DeepEP + 1F1B overlap
+    for rid in ("mbridge260401-b200-mxfp8-deepseekv3-256gpu", "mbridge2509-h100-fp8-deepseekv3-1024gpu"):
+        t = cases[rid].training
+        assert (t.moe_dispatcher, t.moe_a2a_overlap) == ("flex", True)
+    # @5776a6d9: B200 has no flex backend, GB200 hybridep; neither overlaps
+    assert cases["mbridge2511-b200-fp8mx-deepseekv3-256gpu"].training.moe_dispatcher == "alltoall"
+    assert cases["mbridge2511-gb200-bf16-deepseekv3-256gpu"].training.moe_dispatcher == "flex"
+    assert not cases["mbridge2511-gb200-bf16-deepseekv3-256gpu"].training.moe_a2a_overlap
+    # every Bridge performance run computes the loss with Transformer Engine's cross entropy
+    assert all(c.training.cross_entropy_in_place for c in cases.values())
+
+
+def test_outside_the_search_space_tries_the_unknown_recompute_in_place():
+    # Yan et al. 2026's GB200 BF16 DeepSeek-V3 (pp 8, vp 4, a Megatron pipeline layout string the
+    # uneven-split rule does not express) states no recomputation: each choice is costed on the
+    # stated layout, and the one kept fits
+    case = _cases("mcoremoe26-gb200-bf16-deepseekv3-256gpu")["mcoremoe26-gb200-bf16-deepseekv3-256gpu"]
+    stated = case.layout
+    result = resolve(case)
+    assert result.status == "outside-space"
+    assert case.layout.recompute in RECOMPUTE_CHOICES
+    assert (case.layout.pp, case.layout.vpp, case.layout.ep) == (stated.pp, stated.vpp, stated.ep)
+    assert bool(estimate_layout(case.model, case.hardware, case.training, case.layout).fits[0])
