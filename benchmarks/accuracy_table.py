@@ -17,7 +17,6 @@ import argparse
 import json
 import sys
 
-from planner import catalog
 
 GPU = {"dgx-h100": "H100", "grand-teton-h100": "H100", "hgx-h800": "H800", "dgx-h200": "H200",
        "dgx-b200": "B200", "gb200-nvl72": "GB200", "dgx-a100-80g": "A100", "dgx-a100-40g": "A100"}
