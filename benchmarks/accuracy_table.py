@@ -48,7 +48,7 @@ def _figures(runs: list[dict]) -> list[str]:
     return [str(len(runs)), stats([r["step_error"] for r in runs]),
             stats([r.get("loso_step_error") for r in runs]),
             stats([(r.get("error") or {}).get("peak_memory") for r in runs]),
-            str(sum(not r["fits"] for r in runs)), str(sum(r["resolution"] == "false-oom" for r in runs))]
+            str(sum(not r["fits"] for r in runs)), str(sum(not r["fits"] and bool(r["resolution"]) for r in runs))]
 
 
 def table(runs: list[dict], keys: list[str], key_of) -> list[str]:
