@@ -17,7 +17,6 @@ import argparse
 import json
 import sys
 
-from planner import catalog
 
 GPU = {"dgx-h100": "H100", "grand-teton-h100": "H100", "hgx-h800": "H800", "dgx-h200": "H200",
        "dgx-b200": "B200", "gb200-nvl72": "GB200", "dgx-a100-80g": "A100", "dgx-a100-40g": "A100"}
@@ -49,7 +48,7 @@ def _figures(runs: list[dict]) -> list[str]:
     return [str(len(runs)), stats([r["step_error"] for r in runs]),
             stats([r.get("loso_step_error") for r in runs]),
             stats([(r.get("error") or {}).get("peak_memory") for r in runs]),
-            str(sum(not r["fits"] for r in runs)), str(sum(r["resolution"] == "false-oom" for r in runs))]
+            str(sum(not r["fits"] for r in runs)), str(sum(not r["fits"] and bool(r["resolution"]) for r in runs))]
 
 
 def table(runs: list[dict], keys: list[str], key_of) -> list[str]:

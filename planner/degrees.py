@@ -164,6 +164,33 @@ class LayoutDegrees:
         return (layers + form_b) / np.asarray(self.vpp, dtype=np.float64), short
 
 
+    # ------------------------------------------------------------------ recomputation
+
+    def recompute_share(self, num_layers: int, rank):
+        """Share of pipeline rank ``rank``'s layers that run the layout's recompute mode: 1,
+        except for full recompute of the first N = ``recompute_num_layers`` layers of each
+        model chunk (Megatron's block method, N >= 1): min(N, c)/c for the rank's chunk of c
+        layers (rank_chunk_layers; in the embedding-and-loss form the short chunk is counted
+        as a full one). Llama 3 70B on pp 4, N = 5: 5/20 = 0.25. Float array."""
+        n = np.asarray(getattr(self, "recompute_num_layers", 0), dtype=np.float64)
+        chunk, _ = self.rank_chunk_layers(num_layers, rank)
+        chunk = np.maximum(chunk, 1.0)
+        block = (np.asarray(self.recompute) == 2) & (n > 0)
+        return np.where(block, np.minimum(n, chunk) / chunk, 1.0)
+
+    def recomputed_layers(self, num_layers: int):
+        """Layers recomputed in full per micro-batch, summed over the pipeline ranks (all
+        ``num_layers`` for recompute full of every layer; vpp x min(N, chunk) per rank with
+        the block method; 0 for the other modes). Float array."""
+        full = np.asarray(self.recompute) == 2
+        pp = np.asarray(self.pp, dtype=np.float64)
+        total = 0.0
+        for rank, count in ((0, 1.0), (np.minimum(1, self.pp - 1), np.maximum(pp - 2, 0.0)),
+                            (np.asarray(self.pp) - 1, np.where(pp > 1, 1.0, 0.0))):
+            total = total + count * self.rank_layers(num_layers, rank) * self.recompute_share(num_layers, rank)
+        return np.where(full, total, 0.0)
+
+
 SPLIT_DEGREES = ("tp", "cp", "pp", "dp")
 
 

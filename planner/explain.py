@@ -236,3 +236,25 @@ def model_notes(model) -> list[str]:
     if model.notes:
         out.append(" ".join(model.notes.split()))
     return [f"{model.name}: {n}" for n in out]
+
+
+def recompute_choice(model, est: Estimate, i: int = 0) -> dict:
+    """Which recomputation layout ``i`` runs, as data for estimate's output and ``--json``:
+    ``mode`` (none | selective | selective+ | full), ``method`` (Megatron's: ``uniform`` = every
+    layer, ``block`` = the first ``num_layers`` of each model chunk; None unless full),
+    ``num_layers`` (0 = every layer), ``chunk_layers`` (a first-stage model chunk's layers),
+    ``recomputed_layers`` (layers recomputed in full per micro-batch over all pipeline ranks,
+    LayoutDegrees.recomputed_layers), ``seconds`` (the step's recompute term) and ``share`` of
+    the step. Seconds are None for a summary-less estimate."""
+    c = est.candidates.take(np.array([i]))
+    lay = c.layout(0)
+    full = lay.recompute == "full"
+    chunk = float(c.rank_chunk_layers(model.num_layers, 0)[0][0])
+    seconds = est.time.get("recompute")
+    step = est.time.get("step")
+    return {"mode": lay.recompute,
+            "method": None if not full else ("block" if lay.recompute_num_layers else "uniform"),
+            "num_layers": lay.recompute_num_layers, "chunk_layers": chunk,
+            "recomputed_layers": float(c.recomputed_layers(model.num_layers)[0]),
+            "seconds": None if seconds is None else float(seconds[i]),
+            "share": None if seconds is None or step is None else float(seconds[i] / step[i])}

@@ -73,7 +73,9 @@ class Rules(_Facts):
     - ``zero_stages``: the ZeRO stages it offers (1 = Megatron's distributed optimizer where
       that is the mechanism); ``max_zero_stage_with_pp``: the highest stage allowed with pp > 1;
       ``distributed_optimizer``: Megatron's --use-distributed-optimizer exists.
-    - ``recompute``: the recomputation modes plan3d can cost that it offers; ``offload``: the
+    - ``recompute``: the recomputation modes plan3d can cost that it offers;
+      ``recompute_num_layers``: full recompute of only the first N layers of each model chunk
+      (Megatron's block method; Layout.recompute_num_layers > 0); ``offload``: the
       offload kinds it offers (activations, optimizer, parameters: recorded for the cost model's
       offload terms, not a search axis yet).
     - ``expert_tensor_parallel``: experts may be tensor-parallel (etp > 1); ``expert_ranks``:
@@ -102,6 +104,7 @@ class Rules(_Facts):
     max_zero_stage_with_pp: Literal[0, 1, 2, 3]
     distributed_optimizer: bool
     recompute: list[Recompute] = Field(min_length=1)
+    recompute_num_layers: bool
     offload: list[Literal["activations", "optimizer", "parameters"]]
     expert_parallel: bool
     expert_tensor_parallel: bool

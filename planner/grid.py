@@ -12,7 +12,7 @@ layout, and only the final compositions run at the full size. Results are identi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -82,6 +82,8 @@ class Grid:
 
     split: dict[str, np.ndarray]
     knobs: dict[str, np.ndarray]
+    # Fields every layout of the grid shares (a pinned recompute_num_layers), int per name.
+    fixed: dict[str, int] = field(default_factory=dict)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -106,13 +108,14 @@ class Grid:
             shape = [1] * ndim
             shape[axis] = -1
             fields[name] = self.knobs[name].reshape(shape)
+        fields.update({k: np.full((1,) * ndim, v, dtype=np.int64) for k, v in self.fixed.items()})
         return Candidates(**fields)
 
     def take(self, rows: np.ndarray, values: list[np.ndarray]) -> "Grid":
         """The sub-grid of split rows ``rows`` and, on each knob axis (KNOB_FIELDS order), the
         values at ``values[k]``: the layouts of their Cartesian product, still a broadcast grid."""
         return Grid({k: v[rows] for k, v in self.split.items()},
-                    {name: self.knobs[name][sel] for name, sel in zip(KNOB_FIELDS, values)})
+                    {name: self.knobs[name][sel] for name, sel in zip(KNOB_FIELDS, values)}, self.fixed)
 
     def index_of(self, rows: np.ndarray, values: list[np.ndarray]) -> np.ndarray:
         """Flat indices into this grid of the layouts of ``take(rows, values)``, in that
@@ -128,6 +131,7 @@ class Grid:
         fields = {name: self.split[name][idx[0] + row_offset] for name in SPLIT_FIELDS}
         for axis, name in enumerate(KNOB_FIELDS, start=1):
             fields[name] = self.knobs[name][idx[axis]]
+        fields.update({k: np.full(np.shape(idx[0]), v, dtype=np.int64) for k, v in self.fixed.items()})
         return Candidates(**fields)
 
 

@@ -137,6 +137,11 @@ def search_options(hw, training, given: dict[str, Any], headroom: str | None = N
             raise UsageError(f"unknown search option {label(name)} (known: "
                              f"{', '.join(label(k) for k in sorted(known))})")
     check_integers({k: given.get(k) for k in _SEARCH_INTS}, label=label)
+    check_integers({"recompute_num_layers": given.get("recompute_num_layers")}, allow_zero=True,
+                   label=label)
+    if given.get("recompute_num_layers") and given.get("recompute", "full") != "full":
+        raise UsageError(f"{label('recompute_num_layers')} recomputes N layers per chunk in full: it "
+                         f"needs {label('recompute')} full, got {given['recompute']}")
     check_numbers({k: given.get(k) for k in ("tokens", "price_per_gpu_hour")}, label=label)
     _check_choices(given, label, RECOMPUTE_CODES, OBJECTIVES)
     if headroom is not None:

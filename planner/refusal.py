@@ -106,7 +106,7 @@ def fewest_gpus(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, a
     counts = grid.split["gpus"]
     order = np.argsort(counts, kind="stable")
     order = order[counts[order] > above]
-    grid = Grid({k: v[order] for k, v in grid.split.items()}, grid.knobs)
+    grid = Grid({k: v[order] for k, v in grid.split.items()}, grid.knobs, grid.fixed)
     usable = objective.usable_memory(float(hw.gpu.hbm_capacity), opts.headroom_bytes,
                                      opts.headroom_fraction)
     per_row = grid.size // max(grid.shape[0], 1)

@@ -25,6 +25,8 @@ import numpy as np
 from . import objective
 from .cost import evaluate, memory_total
 from .cost.estimate import states_floor
+from .cost.estimate import memory_by_rank, rank_kinds
+from .cost.recompute import layer_terms, layers_from_totals, least_recompute_layers
 from .cost.collectives import nvlink_domain
 from .grid import KNOB_FIELDS, Grid, full
 from .space import constraint_masks
@@ -51,6 +53,31 @@ Boxes = list  # per knob axis k, a (split rows, len(knob k)) bool array: the val
 
 
 @dataclass
+class GridLayers:
+    """recompute_num_layers of the layouts of a grid of ``size`` layouts, by flat index (0 where
+    none is recorded): one small integer per layout, allocated at the first non-zero one."""
+
+    size: int = 0
+    dtype: type = np.uint16  # N <= a chunk's layers: uint8 for models of fewer than 256 layers
+    values: np.ndarray | None = None
+
+    def add(self, index: np.ndarray, layers: np.ndarray) -> None:
+        """Record ``layers`` (> 0) of the layouts at flat ``index``."""
+        keep = layers > 0
+        if not np.any(keep):
+            return
+        if self.values is None:
+            self.values = np.zeros(self.size, dtype=self.dtype)
+        self.values[index[keep]] = layers[keep]
+
+    def find(self, index: np.ndarray) -> np.ndarray:
+        """The recorded layers of the layouts at flat ``index`` (0 where none). Int64."""
+        if self.values is None:
+            return np.zeros(np.shape(index), dtype=np.int64)
+        return self.values[index].astype(np.int64)
+
+
+@dataclass
 class Scan:
     """What one pass over a grid keeps: counts per rule, the best ``keep`` of each sub-grid
     (score and flat index into the grid), and the closest miss when nothing fits."""
@@ -64,6 +91,8 @@ class Scan:
     fitting: int = 0
     fastest_index: int = -1  # with a deadline: the fitting layout with the shortest time to train
     fastest_s: float = np.inf
+    # full recompute: the least N layers per chunk that fits, of the fitting layouts with N > 0
+    recompute_layers: GridLayers = field(default_factory=GridLayers)
 
     def fit(self, total: np.ndarray, alive: np.ndarray, index: np.ndarray, usable: float) -> np.ndarray:
         """Record the fit test of the valid layouts (``alive``) of a sub-grid: ``total`` = their
@@ -113,9 +142,10 @@ def scan(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, grid: Gr
     layouts) and the model-states floor; memory is computed on the sub-grids that hold the
     valid layouts, step time on the sub-grids that hold the fitting ones (``chunks``). When
     nothing fits, the closest miss is taken over every valid layout, the floor's included."""
-    out = Scan()
+    out = Scan(recompute_layers=GridLayers(grid.size, np.uint8 if model.num_layers < 256 else np.uint16))
     state, boxes = rules_pass(model, hw, training, grid, opts, out, usable)  # state: valid
-    boxes = memory_pass(model, hw, training, grid, usable, state, boxes, out)  # state: fits
+    boxes = memory_pass(model, hw, training, grid, usable, state, boxes, out,  # state: fits
+                        offers_recompute_layers(training, opts))
     if out.fitting == 0 and out.pruned.get(FIT_RULE, 0):  # the closest miss, of every valid layout
         probe = Scan()
         valid, every = rules_pass(model, hw, training, grid, opts, probe)
@@ -130,11 +160,17 @@ def step_pass(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gri
               opts: "SearchOptions", tokens: float | None, fits: np.ndarray, boxes: Boxes,
               out: Scan) -> None:
     """Step time and score of the fitting layouts (``fits``, flat over the grid), on the
-    sub-grids of their ``boxes``; each sub-grid's best go to ``out.keep``."""
+    sub-grids of their ``boxes``; each sub-grid's best go to ``out.keep``. Full recompute is
+    timed with the least N layers per chunk that fits (``out.recompute_layers``, memory_pass)."""
+    layers = out.recompute_layers if out.recompute_layers.values is not None else None
     for rows, values in chunks(boxes, CHUNK):
         index = grid.index_of(rows, values)
         sub = grid.take(rows, values)
         c = sub.candidates()
+        if layers is not None:  # full recompute: the least N that fits (memory_pass)
+            n = layers.find(index)
+            if np.any(n > 0):
+                c = c.replace(recompute_num_layers=n.reshape(sub.shape))
         est = evaluate(model, hw, training, c, summary=True)
         score, wall = objective.layout_scores(model, hw, training, c, est.time["step"],
                                               est.throughput["tokens_per_s"], opts, tokens)
@@ -142,6 +178,30 @@ def step_pass(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gri
         score = full(score, sub.shape).ravel()[fit]
         wall = None if opts.deadline_s is None else full(wall, sub.shape).ravel()[fit]
         out.keep(score, index[fit], opts.keep, wall)
+
+
+def offers_recompute_layers(training: TrainingSpec, opts: "SearchOptions") -> bool:
+    """Whether the search may choose recompute_num_layers: not pinned, and the framework
+    (opts.framework, else the one training names) recomputes N layers per chunk."""
+    from .frameworks.rules import profile_for
+    return opts.recompute_num_layers is None and \
+        profile_for(training, opts.framework).rules.recompute_num_layers
+
+
+def least_recompute(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c,
+                    usable: float):
+    """Flat candidates ``c`` with the recompute_num_layers the scan gives them: for each full
+    recompute layout that fits with every layer recomputed and whose twin without
+    recomputation does not fit, the least N that fits (_least_layers; pinned values kept).
+    A reference for tests: the scan computes the same on its sub-grids."""
+    full_rc = np.asarray(c.recompute) == 2
+    if not np.any(full_rc):
+        return c
+    fits = memory_total(model, hw, training, c) <= usable
+    twin = memory_total(model, hw, training, c.replace(recompute=np.where(full_rc, 0, c.recompute))) <= usable
+    n = least_recompute_layers(model, hw, training, c, usable, verify=False)
+    given = np.asarray(c.recompute_num_layers)
+    return c.replace(recompute_num_layers=np.where(given > 0, given, np.where(fits & ~twin, n, 0)))
 
 
 def rules_pass(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, grid: Grid,
@@ -185,20 +245,62 @@ def rules_pass(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gr
 
 
 def memory_pass(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, grid: Grid,
-                usable: float, state: np.ndarray, boxes: Boxes, out: Scan) -> Boxes:
+                usable: float, state: np.ndarray, boxes: Boxes, out: Scan,
+                choose_layers: bool = False) -> Boxes:
     """Peak memory of the valid layouts (``state``, flat over the grid), on the sub-grids of
     their ``boxes``; records the fit test into ``out`` and turns ``state`` into which layouts
-    fit. Returns the boxes of the fitting layouts."""
+    fit. Full recompute is tested with every layer recomputed (the most it saves); with
+    ``choose_layers`` each fitting one gets the least N layers per chunk that fits
+    (cost.recompute.layers_from_totals, from the same per-rank totals) in
+    ``out.recompute_layers``. Returns the boxes of the fitting layouts."""
     fitting = [np.zeros_like(box) for box in boxes]
     for rows, values in chunks(boxes, CHUNK):
         index = grid.index_of(rows, values)
         sub = grid.take(rows, values)
-        total = full(memory_total(model, hw, training, sub.candidates()), sub.shape).ravel()
+        c = sub.candidates()
+        kinds = rank_kinds(c, model)
+        totals = {k: v["total"] for k, v in memory_by_rank(model, hw, training, c, kinds).items()}
+        total = full(np.maximum.reduce(list(totals.values())), sub.shape).ravel()
         fits = out.fit(total, state[index], index, usable)
+        if choose_layers and np.any(sub.knobs["recompute"] == 2):
+            _least_layers(model, training, sub, c, totals, usable, index, fits, out)
         state[index] = fits
         for box, kept, sel in zip(fitting, boxes_of(fits.reshape(sub.shape)), values):
             box[np.ix_(rows, sel)] = kept
     return fitting
+
+
+def _least_layers(model: ModelSpec, training: TrainingSpec, sub: Grid, c, totals: dict,
+                  usable: float, index: np.ndarray, fits: np.ndarray, out: Scan) -> None:
+    """Record into ``out.recompute_layers`` the least N (cost.recompute.layers_from_totals) of
+    the fitting full-recompute layouts of sub-grid ``sub`` whose twin without recomputation
+    does not fit (where it fits, it costs no recompute at all and N stays 0), computed on the
+    code-2 slice only (``c``: the sub-grid's candidates, whose cached per-layer terms the
+    memory pass computed; ``totals``: per rank kind, the sub-grid's memory with every layer
+    recomputed; ``index``, ``fits``: flat over the sub-grid). The twin is valid whenever the
+    full-recompute layout is (no rule depends on the recompute mode but the framework's, and
+    every framework offers none), so it sits in the same sub-grid."""
+    axis = KNOB_FIELDS.index("recompute") + 1
+    codes = sub.knobs["recompute"]
+    at, none = np.flatnonzero(codes == 2), np.flatnonzero(codes == 0)
+    flat = np.arange(index.size).reshape(sub.shape)
+    where = np.take(flat, at, axis=axis).ravel()
+    need = fits[where]
+    if none.size:
+        need = need & ~fits[np.take(flat, none, axis=axis).ravel()]
+    if not np.any(need):
+        return
+    values = [np.arange(n) for n in sub.shape[1:]]
+    values[axis - 1] = at
+    part = sub.take(np.arange(sub.shape[0]), values)
+
+    def cut(a):  # the code-2 slice of an array of the sub-grid's broadcast shape
+        a = np.asarray(a)
+        return np.take(a, at, axis=axis) if a.ndim == len(sub.shape) and a.shape[axis] > 1 else a
+    sliced = {k: np.take(full(v, sub.shape), at, axis=axis) for k, v in totals.items()}
+    terms = {k: tuple(cut(x) for x in v) for k, v in layer_terms(model, training, c, tuple(totals)).items()}
+    n = full(layers_from_totals(model, training, part.candidates(), sliced, usable, terms), part.shape)
+    out.recompute_layers.add(index[where], np.where(need, n.ravel(), 0))
 
 
 def boxes_of(mask: np.ndarray, shape: tuple[int, ...] | None = None) -> Boxes:

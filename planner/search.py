@@ -51,7 +51,9 @@ class SearchOptions:
     this many seconds (planner.objective.score). ``max_gpus``: use at
     most this many GPUs in whole nodes, the search also picks the count. ``headroom_bytes`` /
     ``headroom_fraction``: memory per GPU that a layout must leave free beyond the framework's
-    reserve. ``framework``: the profile whose rules apply (None: the catalog profile named by
+    reserve. ``recompute_num_layers``: a pinned N of full recompute of the first N layers of
+    each model chunk (None: with full recompute the search takes the least N that fits,
+    cost.recompute.least_recompute_layers; 0: every layer). ``framework``: the profile whose rules apply (None: the catalog profile named by
     the TrainingSpec's ``framework``, megatron-core by default).
     """
 
@@ -61,6 +63,7 @@ class SearchOptions:
     zero_stage: int | None = None
     micro_batch_size: int | None = None
     recompute: str | None = None
+    recompute_num_layers: int | None = None
     sequence_parallel: bool | None = None
     vpp: int | None = None
     cp: int | None = None
@@ -176,7 +179,8 @@ def build_grid(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gp
         vpp=_axis(_vpp_values(L, pps, opts.max_vpp), opts.vpp, opts.max_vpp),
         distributed_optimizer=np.array([bool(opts.distributed_optimizer)]),
     )
-    return Grid(split, knobs)
+    fixed = {} if opts.recompute_num_layers is None else {"recompute_num_layers": opts.recompute_num_layers}
+    return Grid(split, knobs, fixed)
 
 
 def expert_mesh(split: dict[str, np.ndarray], num_experts: int, opts: SearchOptions) -> dict[str, np.ndarray]:
@@ -270,7 +274,12 @@ def search(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: 
     order = np.lexsort((index, -scores))
     cut = scores[order[min(opts.keep, scores.size) - 1]]
     chosen = order[scores[order] >= cut][:TIE_LIMIT * opts.keep]
-    est = evaluate(model, hw, training, grid.flat(np.sort(index[chosen])))
+    at = np.sort(index[chosen])
+    best = grid.flat(at)
+    layers = passed.recompute_layers.find(at)  # full recompute: the least N that fits, as scanned
+    if np.any(layers > 0):
+        best = best.replace(recompute_num_layers=layers)
+    est = evaluate(model, hw, training, best)
     cand = est.candidates
     gpus_flat = np.asarray(cand.gpus, dtype=np.float64)
     asked = objective.needs_goodput(opts.objective, opts.deadline_s) or opts.tokens is not None

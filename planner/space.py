@@ -25,10 +25,12 @@ RECOMPUTE_NAMES = {code: name for name, code in RECOMPUTE_CODES.items()}
 @dataclass(frozen=True)
 class Candidates(LayoutDegrees):
     """N layouts: arrays of shape (N,) (or broadcast-shaped, planner.grid). ``recompute`` holds
-    codes 0 none, 1 selective, 2 full. Derived quantities come from degrees.LayoutDegrees.
+    codes 0 none, 1 selective, 2 full, 3 selective+. Derived quantities come from degrees.LayoutDegrees.
 
     ``cp``, ``ep``, ``etp`` (int) default to 1, ``distributed_optimizer`` (bool) to False,
-    ``first_stage_layers`` / ``last_stage_layers`` (int) to 0, the even pipeline split.
+    ``first_stage_layers`` / ``last_stage_layers`` (int) to 0, the even pipeline split;
+    ``recompute_num_layers`` (int) to 0: with full recompute (code 2) every layer, N >= 1 the
+    first N layers of each model chunk (specs.Layout).
     """
 
     tp: np.ndarray
@@ -45,9 +47,11 @@ class Candidates(LayoutDegrees):
     distributed_optimizer: np.ndarray = field(default=None)  # type: ignore[assignment]
     first_stage_layers: np.ndarray = field(default=None)  # type: ignore[assignment]
     last_stage_layers: np.ndarray = field(default=None)  # type: ignore[assignment]
+    recompute_num_layers: np.ndarray = field(default=None)  # type: ignore[assignment]
+    offload_layers: np.ndarray = field(default=None)  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
-        for name in ("first_stage_layers", "last_stage_layers"):
+        for name in ("first_stage_layers", "last_stage_layers", "recompute_num_layers", "offload_layers"):
             if getattr(self, name) is None:
                 object.__setattr__(self, name, np.zeros_like(self.tp))
         for name in ("cp", "ep", "etp"):
@@ -63,6 +67,10 @@ class Candidates(LayoutDegrees):
     def take(self, index: np.ndarray) -> "Candidates":
         """The candidates selected by a boolean mask or an index array."""
         return Candidates(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
+
+    def replace(self, **values: np.ndarray) -> "Candidates":
+        """These candidates with some fields replaced (a new memo)."""
+        return Candidates(**{f.name: values.get(f.name, getattr(self, f.name)) for f in fields(self)})
 
     def layout(self, i: int) -> Layout:
         """Candidate i as a Layout."""
@@ -124,7 +132,8 @@ def constraint_masks(model: ModelSpec, training: TrainingSpec, nvlink_domain: in
     divisible by dp*micro_batch_size; SP needs tp > 1 and each CP rank's share of the sequence,
     seq_length/cp, divisible by tp; CP needs seq_length divisible by 2*cp (its causal load
     balance cuts every sequence into 2*cp chunks) and flash attention; the distributed optimizer
-    goes with zero_stage 0; an uneven split of the shape plan3d models. Then the rules of the
+    goes with zero_stage 0; an uneven split of the shape plan3d models; recompute_num_layers
+    only with full recompute and at most a chunk's layers. Then the rules of the
     training framework (``framework``, default: the profile named by ``training.framework``;
     frameworks.rules.framework_masks): KV heads against tp, interleaving and micro-batches,
     uneven split forms, ZeRO stages, recomputation, ...
@@ -146,10 +155,27 @@ def constraint_masks(model: ModelSpec, training: TrainingSpec, nvlink_domain: in
         "distributed optimizer replaces ZeRO (zero_stage 0 only)":
             ~c.distributed_optimizer | (c.zero_stage == 0),
         UNEVEN_RULE: _uneven_ok(L, c),
+        RECOMPUTE_LAYERS_RULE: _recompute_layers_ok(L, c),
+        "offload_layers fewer than the layers": np.asarray(c.offload_layers) < L,
         **expert_rules(model, c),
     }
     masks.update(framework_masks(profile_for(training, framework), model, training, c))
     return masks
+
+
+RECOMPUTE_LAYERS_RULE = "recompute_num_layers only with full recompute, at most a model chunk's layers"
+
+
+def _recompute_layers_ok(num_layers: int, c) -> np.ndarray:
+    """recompute_num_layers N = 0, or N >= 1 with full recompute (code 2) and N at most the
+    layers of the largest model chunk (Megatron-Core: "recompute_num_layers must be between 1
+    and num_layers_per_pipeline_rank", transformer_config.py __post_init__). Bool array."""
+    n = np.asarray(c.recompute_num_layers)
+    if not np.any(n > 0):
+        return np.ones(np.shape(n), dtype=bool)
+    largest = np.maximum.reduce([c.rank_chunk_layers(num_layers, r)[0]
+                                 for r in (0, np.minimum(1, c.pp - 1), c.pp - 1)])
+    return (n == 0) | ((np.asarray(c.recompute) == 2) & (n <= largest))
 
 
 EXPERT_RULE = "experts divisible by ep, etp*ep dividing tp*cp*dp"

@@ -160,7 +160,8 @@ class ModelSpec(_Strict):
 # Activation recomputation: none; selective = Megatron-Core's --recompute-modules core_attn (its
 # default, Korthikanti et al. 2022's selective recomputation); selective+ = --recompute-modules
 # layernorm moe_act mla_up_proj (the light modules that apply to the model, as Megatron-Bridge's
-# MoE recipes set them; moe.md 5.3); full = every layer (--recompute-granularity full).
+# MoE recipes set them; moe.md 5.3); full = every layer (--recompute-granularity full), or the
+# first Layout.recompute_num_layers of each model chunk (--recompute-method block).
 Recompute = Literal["none", "selective", "full", "selective+"]
 RECOMPUTE_CODES: dict[str, int] = {"none": 0, "selective": 1, "full": 2, "selective+": 3}
 SELECTIVE_PLUS_MODULES = ("layernorm", "moe_act", "mla_up_proj")
@@ -284,6 +285,13 @@ class Layout(LayoutDegrees, _Strict):
     ``first_stage_layers`` / ``last_stage_layers``: an uneven pipeline split (Megatron's
     --decoder-first/last-pipeline-num-layers; the middle stages share the rest equally;
     interleaved, space.constraint_masks admits Megatron-Core's two forms); 0 = the even split L/pp.
+    ``recompute_num_layers`` (recompute full only): 0 = every layer recomputed (Megatron
+    --recompute-method uniform --recompute-num-layers 1); N >= 1 = the first N layers of each
+    model chunk (virtual pipeline stage) recomputed, the rest store their activations
+    (--recompute-method block --recompute-num-layers N; formulas.md 3.3).
+    ``offload_layers``: activations of that many layers moved to host memory over the host
+    link during forward and back for backward (Megatron-Core --cpu-offloading-num-layers;
+    formulas.md 3.3.2); 0 = none.
     Derived quantities (GPUs, gradient group, micro-batches, layers per rank, ...) come from
     degrees.LayoutDegrees.
     """
@@ -302,9 +310,14 @@ class Layout(LayoutDegrees, _Strict):
     distributed_optimizer: bool = False
     first_stage_layers: int = Field(default=0, ge=0)
     last_stage_layers: int = Field(default=0, ge=0)
+    recompute_num_layers: int = Field(default=0, ge=0)
+    offload_layers: int = Field(default=0, ge=0)
 
     @model_validator(mode="after")
     def _split_pairs(self) -> "Layout":
+        if self.recompute_num_layers and self.recompute != "full":
+            raise ValueError("recompute_num_layers (the layers of each model chunk recomputed in "
+                             f"full) needs recompute full, got recompute {self.recompute}")
         if (self.first_stage_layers == 0) != (self.last_stage_layers == 0):
             raise ValueError(
                 "an uneven pipeline split needs both first_stage_layers and last_stage_layers "
@@ -312,7 +325,8 @@ class Layout(LayoutDegrees, _Strict):
         return self
 
     def short(self) -> str:
-        """One line: tp=8 cp=2 pp=16 (7+..+7 layers) dp=8 ep=8 zero=1 mbs=1 vpp=4 recompute=none sp."""
+        """One line: tp=8 cp=2 pp=16 (7+..+7 layers) dp=8 ep=8 zero=1 mbs=1 vpp=4 recompute=none sp
+        (recompute=full:5: the first 5 layers of each model chunk recomputed)."""
         sp = " sp" if self.sequence_parallel else ""
         cp = f" cp={self.cp}" if self.cp > 1 else ""
         ep = f" ep={self.ep}" if self.ep > 1 else ""
@@ -320,8 +334,16 @@ class Layout(LayoutDegrees, _Strict):
         dist = " distopt" if self.distributed_optimizer else ""
         split = f" ({self.first_stage_layers}+..+{self.last_stage_layers} layers)" \
             if self.first_stage_layers or self.last_stage_layers else ""
+        offload = f" offload={self.offload_layers}" if self.offload_layers else ""
         return (f"tp={self.tp}{cp} pp={self.pp}{split} dp={self.dp}{ep}{etp} zero={self.zero_stage}"
-                f"{dist} mbs={self.micro_batch_size} vpp={self.vpp} recompute={self.recompute}{sp}")
+                f"{dist} mbs={self.micro_batch_size} vpp={self.vpp} recompute={self.recompute_label}"
+                f"{offload}{sp}")
+
+    @property
+    def recompute_label(self) -> str:
+        """The recompute mode, with the block method's layer count: none, selective, selective+,
+        full (every layer) or full:N (the first N layers of each model chunk)."""
+        return f"full:{self.recompute_num_layers}" if self.recompute_num_layers else self.recompute
 
 
 class Plan(_Strict):

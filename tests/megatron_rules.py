@@ -188,6 +188,8 @@ def _job_rules(a: dict, pp: int, ep: int) -> None:
         modules = a.get("offload_modules") or []
         allowed = {"core_attn", "attn_proj", "expert_fc1", "fused_group_mlp", "moe_act",
                    "attn_norm", "mlp_norm", "qkv_linear", "gdp_qkv"}
+        if a.get("cpu_offloading_num_layers"):
+            _fail("transformer_config.py L2128-2130", "fine-grained offloading with cpu_offloading")
         if not modules or set(modules) - allowed:
             _fail("transformer_config.py L2131-2147", f"offload_modules {modules}")
     if a.get("cross_entropy_loss_fusion") and a.get("cross_entropy_fusion_impl") == "te":

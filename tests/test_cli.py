@@ -34,7 +34,7 @@ def test_search_json_and_export_round_trip(tmp_path):
     best = ranked[0]
     gpus = best.pop("gpus")  # search --json only: tp*cp*pp*dp beside the layout
     assert set(best) == {"layout", "memory", "time", "throughput", "stages", "ties", "to_fit",
-                         "checkpoint"}
+                         "checkpoint", "recompute"}
     assert best["to_fit"] is None and best["memory"]["shortfall_bytes"] == 0  # it fits
     assert best.pop("ties") == {"count": 1, "varying": [], "layouts": []}  # no tie at the top
     assert {"weights", "gradients", "optimizer", "activations", "other", "total", "capacity",

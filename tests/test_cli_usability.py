@@ -89,13 +89,19 @@ def _layout_dict(short: str) -> dict:
     """The Layout fields of a short form 'tp=8 cp=16 pp=96 dp=64 zero=2 mbs=1 vpp=1 recompute=full sp'."""
     names = {"zero": "zero_stage", "mbs": "micro_batch_size"}
     fields = dict(cp=1, ep=1, etp=1, distributed_optimizer=False, first_stage_layers=0,
-                  last_stage_layers=0, sequence_parallel=False)
+                  last_stage_layers=0, sequence_parallel=False, recompute_num_layers=0,
+                  offload_layers=0)
     for part in short.split():
         key, _, value = part.partition("=")
         if key == "sp":
             fields["sequence_parallel"] = True
+        elif key == "offload":
+            fields["offload_layers"] = int(value)
+        elif key == "recompute":  # full:N = full recompute of N layers per chunk
+            mode, _, n = value.partition(":")
+            fields["recompute"], fields["recompute_num_layers"] = mode, int(n or 0)
         else:
-            fields[names.get(key, key)] = value if key == "recompute" else int(value)
+            fields[names.get(key, key)] = int(value)
     return fields
 
 
@@ -157,7 +163,7 @@ def test_search_json_has_gpus_and_max_gpus_table_shows_them():
     assert code == 0, err
     for entry in json.loads(out):
         assert set(entry) == {"layout", "gpus", "memory", "time", "throughput", "stages", "ties",
-                              "to_fit", "checkpoint"}
+                              "to_fit", "checkpoint", "recompute"}
         lay = entry["layout"]
         assert entry["gpus"] == lay["tp"] * lay["cp"] * lay["pp"] * lay["dp"] <= 1024
     with wide_console():  # one column per dimension and figure

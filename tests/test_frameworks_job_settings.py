@@ -78,6 +78,7 @@ def test_overlap_left_out_where_the_layout_cannot_overlap():
     # FP8 per-tensor with the distributed optimizer exports --fp8-param-gather
     ({"optimizer_offload_fraction": 1.0, "precision": "fp8"},
      {**DSV3_PP1, "zero_stage": 0, "distributed_optimizer": True}, "FP8 parameter gathering"),
+    ({"moe_activation_offload": True}, {**DSV3_PP1, "offload_layers": 2}, "whole-layer offloading"),
 ])
 def test_refused_as_megatron_refuses(training, layout, match):
     with pytest.raises(UsageError, match=match):
@@ -89,6 +90,7 @@ def test_refused_as_megatron_refuses(training, layout, match):
     ({"use_precision_aware_optimizer": None}, "arguments.py L1885"),
     ({"moe_token_dispatcher_type": "allgather"}, "L3016-3019"),
     ({"offload_modules": ["expert_fc2"]}, "L2131-2147"),
+    ({"cpu_offloading_num_layers": "2"}, "L2128-2130"),
     ({"pipeline_model_parallel_size": "2"}, "L3007-3011"),
 ])
 def test_the_ported_job_rules_find_errors(change, rule):

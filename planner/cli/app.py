@@ -87,6 +87,14 @@ HEADROOM = typer.Option(None, "--min-memory-headroom",
 # The training framework and single facts of it (planner.frameworks.profile.Overrides)
 FRAMEWORK = typer.Option(None, "--framework", help="Framework profile name or YAML file "
                          "(plan3d frameworks) \\[default: megatron-core].")
+OFFLOAD_LAYERS = typer.Option(
+    None, "--offload-layers",
+    help="Move the activations of N layers to host memory over the host link (Megatron-Core "
+         "--cpu-offloading-num-layers: pp 1, no recomputation) \\[default: 0].")
+RECOMPUTE_LAYERS = typer.Option(
+    None, "--recompute-num-layers",
+    help="Full recompute of only the first N layers of each model chunk (Megatron's block "
+         "method; 0 = every layer) \\[default: search: the least N that fits; estimate: 0].")
 FLASH = typer.Option(None, "--flash-attention/--no-flash-attention",
                      help="Override the framework's flash attention.")
 GRAD_DTYPE = typer.Option(None, "--grad-dtype", help="Gradient dtype: fp32 or bf16 (default: the framework's).")

@@ -11,10 +11,10 @@ from .. import catalog
 from ..errors import UsageError
 from ..render import console
 from ..inputs import check_integers, check_numbers, search_options
-from .app import (ALLOCATOR, ASYNC_SAVE, DEADLINE, FAILURE_RATE, FLASH, FRAMEWORK, GBS, GPUS,
-                  GRAD_DTYPE, HARDWARE, HEADROOM, JSON, MODEL, MOE_A2A_OVERLAP, MOE_DISPATCHER,
-                  PRECISION, RESTART_TIME, SEQ, PrecisionChoice, RecomputeChoice,
-                  _checkpoint, _moe_job, _require, _training, app,
+from .app import (OFFLOAD_LAYERS, RECOMPUTE_LAYERS, ALLOCATOR, ASYNC_SAVE, DEADLINE, FAILURE_RATE,
+                  FLASH, FRAMEWORK, GBS, GPUS, GRAD_DTYPE, HARDWARE, HEADROOM, JSON, MODEL,
+                  MOE_A2A_OVERLAP, MOE_DISPATCHER, PRECISION, RESTART_TIME, SEQ, PrecisionChoice,
+                  RecomputeChoice, _checkpoint, _moe_job, _require, _training, app,
                   handle_errors)
 
 
@@ -34,6 +34,7 @@ def search(
     zero_stage: Optional[int] = typer.Option(None, "--zero-stage", help="Pin ZeRO stage (0-3)."),
     micro_batch_size: Optional[int] = typer.Option(None, "--micro-batch-size", help="Pin micro-batch size."),
     recompute: Optional[RecomputeChoice] = typer.Option(None, "--recompute", help="Pin recomputation."),
+    recompute_num_layers: Optional[int] = RECOMPUTE_LAYERS,
     sequence_parallel: Optional[bool] = typer.Option(None, "--sequence-parallel/--no-sequence-parallel",
                                                      help="Pin sequence parallelism."),
     vpp: Optional[int] = typer.Option(None, "--vpp", help="Pin virtual pipeline stages per rank."),
@@ -83,7 +84,8 @@ def search(
     _check_search_flags(export, force, why_not, gpus, max_gpus, json_out)
     opts = search_options(hw, training, dict(
         tp=tp, pp=pp, dp=dp, zero_stage=zero_stage, micro_batch_size=micro_batch_size,
-        recompute=recompute.value if recompute else None, sequence_parallel=sequence_parallel,
+        recompute=recompute.value if recompute else None, recompute_num_layers=recompute_num_layers,
+        sequence_parallel=sequence_parallel,
         vpp=vpp, max_tp=max_tp, max_pp=max_pp, max_micro_batch_size=max_micro_batch_size,
         max_vpp=max_vpp, cp=cp, distributed_optimizer=distributed_optimizer, max_cp=max_cp,
         ep=ep, etp=etp, max_ep=max_ep,
@@ -175,7 +177,9 @@ def _search_output(m, hw, training, n, result, top: int, json_out: bool, currenc
     ck = result.checkpoint
     if json_out:
         extra = {"currency": currency} if "cost" in best.throughput else {}
+        from ..explain import recompute_choice
         console.print_json([{**_with_gpus(best.to_dict(g.first, result.usable)), **extra,
+                             "recompute": recompute_choice(m, best, g.first),
                              "ties": tie_dict(best, g),
                              "checkpoint": ck.to_dict(g.first) if ck else None}
                             for g in groups[:top]])
@@ -249,6 +253,8 @@ def estimate(
                                                    help="Micro-batch size \\[default: 1]."),
     recompute: Optional[RecomputeChoice] = typer.Option(None, "--recompute",
                                                         help="Recomputation \\[default: none]."),
+    recompute_num_layers: Optional[int] = RECOMPUTE_LAYERS,
+    offload_layers: Optional[int] = OFFLOAD_LAYERS,
     sequence_parallel: Optional[bool] = typer.Option(None, "--sequence-parallel/--no-sequence-parallel",
                                                      help="Sequence parallelism \\[default: off]."),
     vpp: Optional[int] = typer.Option(None, "--vpp", help="Virtual pipeline stages per rank \\[default: 1]."),
@@ -280,7 +286,9 @@ def estimate(
     flags = {"--model": model, "--gpus": gpus, "--hardware": hardware,
              "--global-batch-size": global_batch_size, "--seq-length": seq_length, "--tp": tp,
              "--pp": pp, "--dp": dp, "--zero-stage": zero_stage, "--micro-batch-size": micro_batch_size,
-             "--recompute": recompute, "--sequence-parallel": sequence_parallel, "--vpp": vpp,
+             "--recompute": recompute, "--recompute-num-layers": recompute_num_layers,
+             "--offload-layers": offload_layers,
+             "--sequence-parallel": sequence_parallel, "--vpp": vpp,
              "--cp": cp, "--ep": ep, "--etp": etp, "--distributed-optimizer": distributed_optimizer,
              "--first-stage-layers": first_stage_layers, "--last-stage-layers": last_stage_layers,
              "--allow-cross-node-tp": allow_cross_node_tp or None, "--failure-rate": failure_rate,
@@ -297,7 +305,9 @@ def estimate(
         check_integers(dict(tp=tp, pp=pp, dp=dp, cp=cp, micro_batch_size=micro_batch_size, vpp=vpp,
                             ep=ep, etp=etp))
         check_integers(dict(first_stage_layers=first_stage_layers,
-                            last_stage_layers=last_stage_layers), allow_zero=True)
+                            last_stage_layers=last_stage_layers,
+                            recompute_num_layers=recompute_num_layers,
+                            offload_layers=offload_layers), allow_zero=True)
         zero_stage = _zero_stage(zero_stage, distributed_optimizer)
         m, hw, profile, training = _inputs(
             model, hardware or "dgx-h100", global_batch_size, seq_length,
@@ -310,7 +320,9 @@ def estimate(
                       sequence_parallel=bool(sequence_parallel), vpp=vpp or 1,
                       distributed_optimizer=bool(distributed_optimizer), ep=ep or 1, etp=etp or 1,
                       first_stage_layers=first_stage_layers or 0,
-                      last_stage_layers=last_stage_layers or 0)
+                      last_stage_layers=last_stage_layers or 0,
+                      recompute_num_layers=recompute_num_layers or 0,
+                      offload_layers=offload_layers or 0)
         # tp, cp, pp default to 1 and dp to what they leave (search.check_layout)
         layout = check_layout(m, hw, training, n, {k: v for k, v in fields.items() if v is not None},
                               allow_cross_node_tp, profile)
@@ -355,8 +367,10 @@ def _estimate_output(m, hw, training, n: int, layout, json_out: bool, plan, prof
     ck = None if unavailable(hw) or not fits else evaluate_checkpoint(
         m, hw, training, est.candidates, est.time["step"])
     stages = stage_profile(m, hw, training, est)
+    from ..explain import recompute_choice
+    recompute = recompute_choice(m, est, 0)
     if json_out:
-        console.print_json({**result, "to_fit": hint.to_dict() if hint else None,
+        console.print_json({**result, "recompute": recompute, "to_fit": hint.to_dict() if hint else None,
                             "checkpoint": ck.to_dict(0) if ck else None,
                             "pipeline": {"ranks": stages.to_list(), "binding": stages.binding,
                                          "slowest": stages.slowest, "imbalance": stages.imbalance}})
@@ -364,7 +378,7 @@ def _estimate_output(m, hw, training, n: int, layout, json_out: bool, plan, prof
         from ..render.checkpoint import checkpoint_report
         from ..render.search import header
         header(m, hw, training, n)
-        estimate_report(est, stages, hint)
+        estimate_report(est, stages, hint, recompute)
         if fits:
             checkpoint_report(ck, 0, hw, est.candidates.layout(0), "Checkpoint")
     if plan is not None:

@@ -18,8 +18,8 @@ from . import memory
 from .memory import RANK_KINDS, activation_bytes_by_stage, model_state_bytes
 
 MEMORY_TERMS = ("weights", "gradients", "optimizer", "activations", "other", "reserve")
-TIME_TERMS = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm", "bubble",
-              "optimizer")
+TIME_TERMS = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm", "offload",
+              "bubble", "optimizer")
 LINK_GROUPS = ("tp", "cp", "ep", "pp", "dp")
 
 

@@ -157,6 +157,13 @@ def activation_per_layer(model: ModelSpec, training: TrainingSpec, c,
     formulas.md 3.2); a model of mixed layers (MoE, windows, MTP) takes the mean layer of
     pipeline rank ``rank`` (blocks.rank_blocks; default: of the whole model's layers).
     """
+    return _activation_per_layer(model, training, c, recompute_mode, rank)
+
+
+@cached_per_candidates(2)
+def _activation_per_layer(model: ModelSpec, training: TrainingSpec, c, recompute_mode, rank) -> np.ndarray:
+    """activation_per_layer, cached on the candidates (the search's memory pass and its least
+    full-recompute solver ask for the same terms)."""
     from . import blocks
     rc = c.recompute if recompute_mode is None else recompute_mode
     per_token = blocks.activation_bytes_per_token(model, training, c, rc)
@@ -189,7 +196,8 @@ def activation_bytes_by_stage(model: ModelSpec, training: TrainingSpec, c,
 
     in-flight layers (pipeline.inflight_layers, the rank's own chunk sizes) x the rank's mean
     per-layer bytes (activation_per_layer); with full recompute add the working set of one layer
-    recomputed in backward (formulas.md 3.3). Edge buffers (3.6): rank 0, per micro-batch in
+    recomputed in backward (formulas.md 3.3); full recompute of N layers per chunk mixes the
+    recomputed and stored layers (block_recompute_layer). Edge buffers (3.6): rank 0, per micro-batch in
     flight on its first chunk, 8 B/token of ids (+ 1 B/token*h embedding dropout mask, /sp); the
     last rank, for the micro-batch in backward: final-norm and output-layer inputs 2*2*h per
     token (/sp), and the loss's bytes per logit x V_p/t per token: the framework's
@@ -209,19 +217,50 @@ def activation_bytes_by_stage(model: ModelSpec, training: TrainingSpec, c,
     last_edge = tokens * (4.0 * h / sp_div + per_logit * vocab_per_rank(model, c.tp)) * (1 + model.mtp_layers)
     out = {}
     targets = ranks if ranks is not None else {kind: rank_index(c, kind) for kind in kinds}
+    block = np.any(np.asarray(c.recompute_num_layers) > 0)
+    offload = np.any(np.asarray(c.offload_layers) > 0)
     for kind, rank in targets.items():
         layer = per_layer if uniform else activation_per_layer(model, training, c, rank=rank)
+        stored = activation_per_layer(model, training, c, np.zeros_like(c.recompute),
+                                      None if uniform else rank)
         per_op = training.selective_recompute == "per_op" and per_op_modelled(model)
-        recomputed = (c.recompute == 2) | ((c.recompute == 1) & per_op)
-        working = np.where(recomputed, activation_per_layer(
-            model, training, c, np.zeros_like(c.recompute), None if uniform else rank), 0.0)
-        total = pipeline.inflight_layers(c, model.num_layers, m, rank) * layer + working
+        working = np.where((c.recompute == 2) | ((c.recompute == 1) & per_op), stored, 0.0)
+        if block:  # full recompute of the first N layers of each chunk: the rest store theirs
+            layer, full_working = block_recompute_layer(c, model.num_layers, rank, layer, stored)
+            working = np.where(c.recompute == 2, full_working, working)
+        held = pipeline.inflight_layers(c, model.num_layers, m, rank)
+        total = held * layer + working
+        if offload:
+            total = total + offloaded_bytes(c, held, layer)
         held_first = pipeline.inflight_first_chunk(c, m, rank)
         first_edge = held_first * tokens * (8.0 + (h / sp_div if model.dropout > 0 else 0.0))
         is_first = rank == 0
         is_last = rank == np.asarray(c.pp) - 1
         out[kind] = total + np.where(is_first, first_edge, 0.0) + np.where(is_last, last_edge, 0.0)
     return out
+
+
+def block_recompute_layer(c, num_layers: int, rank, layer, stored) -> tuple[np.ndarray, np.ndarray]:
+    """(mean bytes per in-flight layer, recompute working set) on pipeline rank ``rank`` when
+    full recompute covers the first N layers of each model chunk (Megatron's block method,
+    Layout.recompute_num_layers; formulas.md 3.3). ``layer``: a layer's bytes at the layout's
+    recompute mode (a fully recomputed layer keeps its input), ``stored``: without recompute.
+    With the share q = min(N, c)/c of the chunk's c layers (LayoutDegrees.recompute_share)
+    the in-flight layer holds q*layer + (1 - q)*stored; the working set of one recomputed
+    layer (``stored``) is added only where every layer is recomputed (q = 1): with N < c the
+    backward reaches the recomputed layers after the chunk's c - N stored layers of that
+    micro-batch have freed theirs, at least one layer's worth. Broadcast arrays, bytes."""
+    q = c.recompute_share(num_layers, rank)
+    return q * layer + (1.0 - q) * stored, np.where((c.recompute == 2) & (q >= 1.0), stored, 0.0)
+
+
+def offloaded_bytes(c, held, layer) -> np.ndarray:
+    """Change of a rank's activation bytes when the activations of N = ``offload_layers`` of
+    its ``held`` in-flight layers (``layer`` bytes each) live in host memory (formulas.md
+    3.3.2): -min(N, held) x layer, + one layer being copied (the staging of the layer in
+    transfer while the next one computes). 0 where N = 0. Broadcast array, bytes."""
+    n = np.asarray(c.offload_layers, dtype=np.float64)
+    return np.where(n > 0, (1.0 - np.minimum(n, held)) * layer, 0.0)
 
 
 def activation_bytes(model: ModelSpec, training: TrainingSpec, c, kind: str) -> np.ndarray:

@@ -203,13 +203,14 @@ def model_flops_per_step(model: ModelSpec, seq_length: int, global_batch_size: i
 
 
 def recompute_flops_per_step(model: ModelSpec, seq_length: int, global_batch_size: int,
-                             recompute, causal: bool = True) -> np.ndarray:
+                             recompute, causal: bool = True, full_share=1.0) -> np.ndarray:
     """Extra hardware FLOPs of recomputation per step (formulas.md 4.2), shape of ``recompute``.
 
     full (code 2): one more forward of every decoder layer and MTP module (GEMMs + attention
-    core), not the logits; selective (code 1): one more forward of the attention core; other
-    codes: 0."""
+    core), not the logits; of ``full_share`` of the layers where the block method recomputes
+    N per chunk (LayoutDegrees.recomputed_layers / L; the mean layer's FLOPs); selective
+    (code 1): one more forward of the attention core; other codes: 0."""
     attention = global_batch_size * attention_core_flops_per_sequence_model(model, seq_length, causal)
     layers = float(global_batch_size) * seq_length * body_gemm_flops_per_token(model) + attention
     recompute = np.asarray(recompute)
-    return np.where(recompute == 2, layers, np.where(recompute == 1, attention, 0.0))
+    return np.where(recompute == 2, full_share * layers, np.where(recompute == 1, attention, 0.0))

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..degrees import cached_per_candidates
+
 
 def _forwards_held(c, m, rank) -> tuple[np.ndarray, np.ndarray]:
     """(n, interleaved): forward chunks rank ``rank`` holds at its activation peak. 1F1B: min(pp -
@@ -38,6 +40,7 @@ def chunk_forwards(n, chunk, pp, vpp) -> np.ndarray:
     return np.where(chunk < 0, 0.0, pp * whole + partial)
 
 
+@cached_per_candidates(0)
 def inflight_layers(c, num_layers: int, m, rank) -> np.ndarray:
     """Layers' worth of activations held at the peak on pipeline rank ``rank`` (0-based).
 

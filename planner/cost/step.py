@@ -66,18 +66,42 @@ def rank_extra(kind: str, edges: dict, rc: RankComm) -> dict[str, np.ndarray]:
             "dp_comm": rc.dp_per_microbatch}
 
 
-def _stage_work(costs: dict[str, LayerCost], counts: dict, term: str | None = None):
+def _stage_work(costs: dict[str, LayerCost], counts: dict, term: str | None = None, share=None):
     """Per-micro-batch seconds of a rank's blocks: sum over kinds of count x the block's total
-    (or one ``term`` of it)."""
-    return sum(counts[k] * (costs[k].total if term is None else getattr(costs[k], term)) for k in counts)
+    (or one ``term`` of it). ``share``: the share of the rank's layers that recompute
+    (LayoutDegrees.recompute_share; None = all of them), which scales the recompute term."""
+    if share is None:
+        return sum(counts[k] * (costs[k].total if term is None else getattr(costs[k], term)) for k in counts)
+    if term == "recompute":
+        return sum(counts[k] * share * costs[k].recompute for k in counts)
+    if term is None:
+        return sum(counts[k] * (costs[k].total - (1.0 - share) * costs[k].recompute) for k in counts)
+    return sum(counts[k] * getattr(costs[k], term) for k in counts)
 
 
-def _stage_times(costs, counts: dict, extra: dict) -> dict[str, np.ndarray]:
+def _stage_times(costs, counts: dict, extra: dict, shares=None) -> dict[str, np.ndarray]:
     """Per-micro-batch seconds of each rank kind: its blocks + its extras."""
-    return {kind: _stage_work(costs, counts[kind]) + sum(extra[kind].values()) for kind in extra}
+    return {kind: _stage_work(costs, counts[kind], None, _share(shares, kind)) + sum(extra[kind].values())
+            for kind in extra}
 
 
-def pipeline_makespan(costs, counts: dict, extra: dict, c, m, uniform: bool) -> tuple:
+def _share(shares, kind: str):
+    """The recompute share of rank kind ``kind`` (None: every layer recomputes)."""
+    return None if shares is None else shares[kind]
+
+
+def recompute_shares(model: ModelSpec, c) -> dict[str, np.ndarray] | None:
+    """{rank kind: share of its layers that recompute} where some layout recomputes the first
+    N layers of each chunk in full (LayoutDegrees.recompute_share), else None."""
+    if not np.any(np.asarray(c.recompute_num_layers) > 0):
+        return None
+    if not np.any(c.uneven()):  # every rank's chunks hold L/(pp*vpp) layers: one share
+        share = c.recompute_share(model.num_layers, 0)
+        return {kind: share for kind in RANK_KINDS}
+    return {kind: c.recompute_share(model.num_layers, rank_index(c, kind)) for kind in RANK_KINDS}
+
+
+def pipeline_makespan(costs, counts: dict, extra: dict, c, m, uniform: bool, shares=None) -> tuple:
     """(makespan, bubble, stage totals) of the forward and backward passes of one step.
 
     ``uniform`` (every rank holds the same mix of blocks per layer and the split is even): the
@@ -88,12 +112,12 @@ def pipeline_makespan(costs, counts: dict, extra: dict, c, m, uniform: bool) -> 
     evaluated with it. Each of the two runs only where some layout takes it."""
     general_rows = c.uneven() if uniform else np.ones(np.shape(c.pp), dtype=bool)
     if np.any(general_rows):
-        general = _stage_times(costs, counts, extra)
+        general = _stage_times(costs, counts, extra, shares)
         t_general, bubble_general = pipeline.pipeline_time(general["first"], general["middle"],
                                                            general["last"], c.pp, c.vpp, m)
         if np.all(general_rows):
             return t_general, bubble_general, general
-    middle = _stage_work(costs, counts["middle"]) + sum(extra["middle"].values())
+    middle = _stage_work(costs, counts["middle"], None, _share(shares, "middle")) + sum(extra["middle"].values())
     extra_first = sum(extra["first"].values()) - sum(extra["middle"].values())
     extra_last = sum(extra["last"].values()) - sum(extra["middle"].values())
     t_pipe, bubble = pipeline.even_pipeline_time(middle, extra_first, extra_last, c.pp, c.vpp, m)
@@ -146,8 +170,12 @@ def evaluate(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c,
                              not summary) for kind in RANK_KINDS}          # edges, p2p, DP
     edges = {kind: np.where(ranks[kind].is_last, output, 0.0) for kind in RANK_KINDS}
     extra = {kind: rank_extra(kind, edges, ranks[kind]) for kind in RANK_KINDS}
+    if np.any(np.asarray(c.offload_layers) > 0):
+        for kind in RANK_KINDS:
+            extra[kind]["offload"] = offload_time(model, hw, training, c, times, counts[kind], kind)
     uniform = set(times) == {"attention", "mlp"} and model.mtp_layers == 0
-    t_pipe, bubble, totals = pipeline_makespan(costs, counts, extra, c, m, uniform)
+    shares = recompute_shares(model, c)
+    t_pipe, bubble, totals = pipeline_makespan(costs, counts, extra, c, m, uniform, shares)
     dp_once = reduce(np.maximum, [ranks[k].dp_step_exposed for k in RANK_KINDS])  # slowest rank
     norm_once = reduce(np.maximum, [ranks[k].norm_exposed for k in RANK_KINDS])
     p2p_fill = ranks["middle"].p2p_fill
@@ -157,7 +185,7 @@ def evaluate(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c,
     if summary:
         return Estimate(c, {}, {"step": step}, {"tokens_per_s": tokens / step})
     slowest = _slowest(totals, c)
-    time = _breakdown(slowest, costs, counts, extra, m)
+    time = _breakdown(slowest, costs, counts, extra, m, shares)
     time["pp_comm"] = time["pp_comm"] + p2p_fill
     time["tp_comm"] = time["tp_comm"] + norm_once
     time["dp_comm"] = time["dp_comm"] + dp_once
@@ -189,15 +217,16 @@ def _pick(slowest: dict, values: dict) -> np.ndarray:
     return np.where(slowest["first"], f, np.where(slowest["last"], la, mid))
 
 
-def _breakdown(slowest, costs, counts, extra, m) -> dict[str, np.ndarray]:
+def _breakdown(slowest, costs, counts, extra, m, shares=None) -> dict[str, np.ndarray]:
     """The per-micro-batch terms of the slowest rank, times m: compute, recompute and the
     exposed TP, CP, EP, p2p and DP communication (the once-per-step terms are added by evaluate)."""
     per_block = {"compute": "compute", "recompute": "recompute", "tp_comm": "tp", "cp_comm": "cp",
                  "ep_comm": "ep"}
     out = {}
-    for name in ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm"):
+    for name in ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm", "offload"):
         term = per_block.get(name)
-        values = {k: (_stage_work(costs, counts[k], term) if term else 0.0) + extra[k].get(name, 0.0)
+        values = {k: (_stage_work(costs, counts[k], term, _share(shares, k)) if term else 0.0)
+                  + extra[k].get(name, 0.0)
                   for k in extra}
         out[name] = m * _pick(slowest, values)
     return out
@@ -214,7 +243,8 @@ def _throughput(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c
                                          c.tp, causal=causal_flops)
     f_hw = f_model + mf.recompute_flops_per_step(model, training.seq_length,
                                                     training.global_batch_size, c.recompute,
-                                                    causal=causal_flops)
+                                                    causal=causal_flops,
+                                                    full_share=_full_share(model, c))
     peak = precision.dtype_peak(hw, training)
     out = {"tokens_per_s": training.global_batch_size * training.seq_length / step,
            "model_tflops_per_gpu": f_model / (step * gpus) / 1e12,
@@ -223,6 +253,36 @@ def _throughput(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c
     if precision.is_fp8(training):  # the FP8-peak figure NVIDIA's benchmarks print, beside it
         out["mfu_fp8_peak"] = f_model / (step * gpus * precision.linear_peak(hw, training))
     return out
+
+
+def offload_time(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c, times,
+                 counts: dict, kind: str) -> np.ndarray:
+    """Exposed seconds per micro-batch of activation offload on rank kind ``kind`` (formulas.md
+    3.3.2): each of the N = ``offload_layers`` layers copies its stored bytes B (memory.
+    activation_per_layer, no recompute) to the host in forward and back in backward over the
+    host link (``hw.host_link_bandwidth_per_gpu``, one direction each way), overlapped with the
+    next layer's forward / backward (Megatron-Core's CPU offload context keeps one layer in
+    flight): N x (max(0, B/bw - f) + max(0, B/bw - b)) with f, b the rank's mean layer forward
+    and backward seconds. Broadcast array."""
+    from .memory import activation_per_layer
+    rank = rank_index(c, kind)
+    layers = np.maximum(c.rank_layers(model.num_layers, rank), 1.0)
+    uniform = set(times) == {"attention", "mlp"}
+    stored = activation_per_layer(model, training, c, np.zeros_like(c.recompute), None if uniform else rank)
+    move = stored / hw.host_link_bandwidth_per_gpu
+    forward = sum(counts[k] * times[k].forward for k in counts) / layers
+    backward = sum(counts[k] * times[k].backward for k in counts) / layers
+    n = np.minimum(np.asarray(c.offload_layers, dtype=np.float64), layers)
+    return n * (np.maximum(move - forward, 0.0) + np.maximum(move - backward, 0.0))
+
+
+def _full_share(model: ModelSpec, c):
+    """Share of the model's layers recomputed in full per micro-batch: 1, or with the block
+    method (recompute_num_layers > 0) LayoutDegrees.recomputed_layers / L."""
+    n = np.asarray(c.recompute_num_layers)
+    if not np.any(n > 0):
+        return 1.0
+    return np.where(n > 0, c.recomputed_layers(model.num_layers) / model.num_layers, 1.0)
 
 
 def estimate_layout(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec,

@@ -153,12 +153,22 @@ def _stats(values: list[float]) -> tuple[float, float]:
     return (sum(vals) / len(vals), max(vals)) if vals else (float("nan"), float("nan"))
 
 
+def is_false_oom(c: "Comparison") -> bool:
+    """A measured run predicted not to fit after --resolve search (``case.resolution`` set):
+    with its layout fully stated, resolved by the search, or costed in place, the run ran, so
+    plan3d's memory model is wrong for it. Under --resolve default a no-fit may come from the
+    defaults and is not counted."""
+    return not c.fits and bool(c.case.resolution)
+
+
 def summarize(comparisons: list[Comparison],
               loso: dict[str, float] | None = None) -> dict[str, dict[str, float]]:
     """Per group (source): n; mean and max |error| of the headline metric, of the step time and
     tokens/s it implies, of the step time predicted without the source (``loso``: run id ->
     error, planner.fidelity.loso) and of peak memory where measured; how many runs are
-    predicted not to fit and how many of those --resolve search found no layout for (false OOM)."""
+    predicted not to fit and, under --resolve search, how many of those are false OOMs (every run
+    in a runs file ran: one that no layout consistent with it fits, stated or resolved, is a
+    false OOM; is_false_oom)."""
     groups: dict[str, list[Comparison]] = {}
     for c in comparisons:
         groups.setdefault(c.case.group, []).append(c)
@@ -169,7 +179,7 @@ def summarize(comparisons: list[Comparison],
         row = {"runs": float(len(items)), "metric": items[0].primary or "",
                "mean_abs_error": mean, "max_abs_error": worst,
                "predicted_not_to_fit": float(sum(not c.fits for c in items)),
-               "false_oom": float(sum(c.case.resolution == "false-oom" for c in items))}
+               "false_oom": float(sum(is_false_oom(c) for c in items))}
         row["step_mean_abs_error"], row["step_max_abs_error"] = _stats([c.step_error for c in timed])
         row["tokens_mean_abs_error"], row["tokens_max_abs_error"] = _stats([c.tokens_error for c in timed])
         if loso is not None:

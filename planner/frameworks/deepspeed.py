@@ -45,6 +45,15 @@ def ds_config(plan: Plan) -> dict:
                               "overlap_comm": tr.overlap_grad_reduce},
     }
     cfg["bf16" if tr.dtype == "bf16" else "fp16"] = {"enabled": True}
+    if lay.recompute == "full":  # every layer (the profile's rules refuse recompute_num_layers)
+        # deepspeed/runtime/activation_checkpointing/config.py keys: no partitioning or CPU
+        # copies of the checkpoints (plan3d costs neither); number_checkpoints = the
+        # checkpoints per stage (one per layer), which contiguous_memory_optimization sizes
+        cfg["activation_checkpointing"] = {
+            "partition_activations": False, "cpu_checkpointing": False,
+            "contiguous_memory_optimization": False,
+            "number_checkpoints": int(plan.model.num_layers // lay.pp),
+            "synchronize_checkpoint_boundary": False, "profile": False}
     return cfg
 
 
@@ -70,7 +79,12 @@ def export_deepspeed(plan: Plan) -> Export:
         notes.insert(1, f"pipeline: pp={lay.pp} is not a ds_config key; pass it as deepspeed.pipe."
                      f"PipelineModule(num_stages={lay.pp}) or Megatron-DeepSpeed "
                      f"--pipeline-model-parallel-size {lay.pp}")
-    if lay.recompute != "none":
+    if lay.recompute == "full":
+        notes.append("recompute=full: activation_checkpointing configures DeepSpeed's checkpoint "
+                     "function; the model still calls it: deepspeed.pipe.PipelineModule("
+                     "activation_checkpoint_interval=1) (every layer), or Megatron-DeepSpeed "
+                     "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1")
+    elif lay.recompute != "none":
         notes.append(f"recompute={lay.recompute}: ds_config has no switch for it; enable it in the "
                      "model (deepspeed.checkpointing.checkpoint, or Megatron-DeepSpeed "
                      "--recompute-granularity)")

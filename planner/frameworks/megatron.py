@@ -18,6 +18,8 @@ Mapping (plan field -> flag):
   ZeRO 2 / 3             --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads /
                          optim_grads_params (Megatron-FSDP; plain pretrain_gpt DDP has no ZeRO-2/3)
   recompute full         --recompute-granularity full --recompute-method uniform --recompute-num-layers 1
+  recompute full, N      --recompute-granularity full --recompute-method block --recompute-num-layers N
+                         (layout recompute_num_layers N: the first N layers of each model chunk)
   recompute selective    --recompute-granularity selective (Megatron's default module: core_attn)
   recompute selective+   --recompute-granularity selective --recompute-modules layernorm
                          (+ moe_act with experts, mla_up_proj with MLA; common.recompute_modules)
@@ -94,7 +96,12 @@ def megatron_args(plan: Plan) -> list[tuple[str, str | None]]:
     elif lay.zero_stage in FSDP_STRATEGY:
         args += [("--use-megatron-fsdp", None),
                  ("--data-parallel-sharding-strategy", FSDP_STRATEGY[lay.zero_stage])]
-    if lay.recompute == "full":
+    if lay.offload_layers:  # Megatron-Core: sets cpu_offloading (arguments.py L1950-1951)
+        args.append(("--cpu-offloading-num-layers", str(lay.offload_layers)))
+    if lay.recompute == "full" and lay.recompute_num_layers:  # the first N of each model chunk
+        args += [("--recompute-granularity", "full"), ("--recompute-method", "block"),
+                 ("--recompute-num-layers", str(lay.recompute_num_layers))]
+    elif lay.recompute == "full":
         args += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"),
                  ("--recompute-num-layers", "1")]
     elif lay.recompute == "selective":

@@ -62,7 +62,8 @@ The job settings of the TrainingSpec (job_args; written for MoE models where MoE
                                     and a note say so (Megatron-Bridge writes it)
 Refused (UsageError): EP overlap with the allgather dispatcher or more than one MTP layer
 (transformer_config.py L3016-3019, L3042-3046); optimizer CPU offload beside FP8 parameter
-gathering (arguments.py L1888-1891); E not divisible by ep (arguments.py L1655-1658); biases in MoE with
+gathering (arguments.py L1888-1891); fine-grained beside whole-layer activation offloading
+(transformer_config.py L2127-2130); E not divisible by ep (arguments.py L1655-1658); biases in MoE with
 etp > 1 (transformer_config.py L2612-2615); attention TP > 1 without sequence parallelism in an
 MoE model (moe/moe_layer.py L636-640 raises in training).
 """
@@ -190,6 +191,11 @@ def job_args(plan: Plan) -> tuple[Args, list[str]]:
                  ("--optimizer-offload-fraction", f"{tr.optimizer_offload_fraction:g}"),
                  ("--use-precision-aware-optimizer", None)]
     if tr.moe_activation_offload and model.moe is not None:
+        if lay.offload_layers:
+            raise UsageError("Megatron-Core cannot combine fine-grained activation offloading "
+                             "(moe_activation_offload) with whole-layer offloading "
+                             f"(offload_layers {lay.offload_layers}, --cpu-offloading-num-layers; "
+                             "transformer_config.py L2127-2130)")
         args += [("--fine-grained-activation-offloading", None),
                  ("--offload-modules", "expert_fc1 moe_act")]
         comments.append("activation offload: with Transformer Engine >= 2.10 set "

@@ -80,10 +80,16 @@ def nemo_fields(plan: Plan, ck: dict | None = None) -> dict[str, dict[str, objec
                          f"{lay.first_stage_layers}/{lay.last_stage_layers} layers), which the "
                          "Megatron-Bridge fields plan3d writes cannot express; export --to megatron")
     moe_args(plan)  # the same Megatron-Core rules as the Megatron-LM export (UsageError)
+    if lay.offload_layers:
+        raise UsageError(f"the plan offloads the activations of {lay.offload_layers} layers "
+                         "(Megatron-Core cpu_offloading_num_layers), a field outside the "
+                         "Megatron-Bridge field list plan3d checks its exports against; "
+                         "export --to megatron")
     recompute = {"none": (None, None, None, None),
                  "selective": ("selective", None, None, ["core_attn"]),
                  "selective+": ("selective", None, None, recompute_modules(plan.model)),
-                 "full": ("full", "uniform", 1, None)}[lay.recompute]
+                 "full": ("full", "block", lay.recompute_num_layers, None) if lay.recompute_num_layers
+                 else ("full", "uniform", 1, None)}[lay.recompute]
     fsdp = lay.zero_stage >= 2
     job = job_fields(plan)
     return {

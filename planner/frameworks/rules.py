@@ -67,6 +67,17 @@ def framework_masks(profile: FrameworkProfile, model: ModelSpec, training: Train
     codes = [RECOMPUTE_CODES[x] for x in r.recompute]
     if len(codes) < len(RECOMPUTE_CODES):
         out[f"{d} offers recompute {' / '.join(r.recompute)}"] = np.isin(c.recompute, codes)
+    offload = np.asarray(c.offload_layers)
+    if "activations" not in r.offload:
+        out[f"{d} has no activation offload (offload_layers = 0)"] = offload == 0
+    elif np.any(offload > 0):
+        # Megatron-Core TransformerConfig.__post_init__ (d98e8a6 transformer_config.py
+        # L1884-1899): CPU offloading only without pipeline parallelism and recomputation
+        out[f"{d}: activation offload needs pp = 1 and no recomputation"] = \
+            (offload == 0) | ((pp == 1) & (np.asarray(c.recompute) == 0))
+    if not r.recompute_num_layers:
+        out[f"{d} recomputes every layer in full (no recompute_num_layers N > 0)"] = \
+            np.asarray(c.recompute_num_layers) == 0
     if not r.expert_parallel:
         out[f"{d} has no expert parallelism (ep = 1)"] = np.asarray(c.ep) == 1
     elif model.moe is not None:

@@ -58,7 +58,21 @@ def breakdown_report(result) -> None:
     tables.show(_bars(f"Winner's memory per GPU (shares of its {fmt.capacity(cap)} GiB)", rows, cap), out)
 
 
-def estimate_report(est, stages=None, to_fit=None) -> None:
+def recompute_line(r: dict) -> str:
+    """One line on the recomputation a layout runs (explain.recompute_choice)."""
+    cost = "" if r["seconds"] is None else \
+        f": {fmt.seconds(r['seconds'])} of the step ({fmt.percent(r['share'])})"
+    if r["mode"] != "full":
+        return f"recompute {r['mode']} in every layer{cost}"
+    if r["method"] == "block":
+        n, c = r["num_layers"], r["chunk_layers"]
+        return (f"recompute full in the first {n} of each model chunk's {c:g} layers (Megatron "
+                f"--recompute-method block --recompute-num-layers {n}; the rest store their "
+                f"activations){cost}")
+    return f"recompute full in every layer (Megatron --recompute-method uniform){cost}"
+
+
+def estimate_report(est, stages=None, to_fit=None, recompute=None) -> None:
     """Full memory and time breakdown of one layout (index 0); ``stages`` (cost.stages.
     StageProfile): memory and time of every pipeline rank, the binding one and the imbalance.
     A layout that does not fit gets its memory, how far over it is per GPU and what would make
@@ -89,6 +103,8 @@ def estimate_report(est, stages=None, to_fit=None) -> None:
         out.print(f"MFU and HFU are on the dense BF16 peak, comparable across precisions; on the "
                   f"FP8 peak MFU is {fmt.percent(th['mfu_fp8_peak'])}", markup=False)
     out.print(f"bubble {fmt.percent(tm['bubble_fraction'])} of the busiest stage's work")
+    if recompute is not None and recompute["mode"] != "none":
+        out.print(recompute_line(recompute), markup=False)
 
 
 def _memory_table(mem: dict) -> None:

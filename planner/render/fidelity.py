@@ -11,6 +11,7 @@ import math
 
 from rich.markup import escape
 
+from ..fidelity.compare import is_false_oom
 from ..fidelity.pairs import precision_pairs
 from . import fmt, tables
 from .console import note, out
@@ -145,7 +146,7 @@ def _group_table(group: str, comparisons, loso: dict | None = None):
     for c in comparisons:
         key = c.primary or ""
         run = escape(c.case.id[len(prefix):]) + ("*" if c.case.assumptions else "")
-        no_fit = "" if c.fits else ("\n[red]false OOM[/]" if c.case.resolution == "false-oom"
+        no_fit = "" if c.fits else ("\n[red]false OOM[/]" if is_false_oom(c)
                                     else "\n[red]no fit[/]")
         cells = [tables.stacked([run, _layout(c.case.layout, c.case.training)]),
                  tables.stacked([figure(key, c.measured[key]), figure(key, c.predicted[key])])

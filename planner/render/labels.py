@@ -10,6 +10,7 @@ TIME_LABELS = {
     "ep_comm": "expert dispatch/combine (exposed)",
     "pp_comm": "pipeline p2p (exposed)",
     "dp_comm": "DP/ZeRO communication (exposed)",
+    "offload": "activation offload (exposed)",
     "bubble": "pipeline bubble",
     "optimizer": "optimizer step + fixed per-step overhead",
 }

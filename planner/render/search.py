@@ -104,7 +104,7 @@ def _wide(rows: _Rows) -> Table:
         f = rows.figures(i)
         values = {"tp": lay.tp, "cp": lay.cp, "pp": lay.pp, "dp": lay.dp, "zero": lay.zero_stage,
                   "mbs": lay.micro_batch_size, "vpp": lay.vpp}
-        cells = [str(n), *(str(values[d]) for d in dims), lay.recompute,
+        cells = [str(n), *(str(values[d]) for d in dims), lay.recompute_label,
                  "yes" if lay.sequence_parallel else "no"]
         cells += ["yes" if lay.distributed_optimizer else "no"] * distopt
         cells += [(f"{lay.first_stage_layers}+..+{lay.last_stage_layers}"
