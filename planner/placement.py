@@ -10,7 +10,24 @@ Rank orders (first = fastest-varying):
                       (row-major, last = fastest; pytorch/torchtitan
                       torchtitan/distributed/parallel_dims.py @0119de156de5). DP = dp_replicate x
                       dp_shard, so with cp = 1 its TP, DP and PP groups equal Megatron's default.
-Nodes: rank r runs on node r // G (G GPUs per node), as torchrun/SLURM number local ranks.
+Expert groups (MoE plans): the expert layers fold each pipeline stage's tp*cp*dp GPUs as
+etp x ep x edp (LayoutDegrees.edp). Megatron-Core builds a second RankGenerator for them with
+tp = etp, cp = 1, ep, dp = edp in the same order string (NVIDIA/Megatron-LM @ d98e8a64ddf3
+megatron/core/parallel_state.py L886-895; the first token varies fastest,
+generate_masked_orthogonal_rank_groups L269):
+  megatron            etp-ep-edp-pp: rank = i_etp + etp*(i_ep + ep*(i_edp + edp*i_pp));
+  megatron-tp-pp-dp   etp-ep-pp-edp, which Megatron-Core allows with pp > 1 only when
+                      edp = dp (L896-900; its PP groups must equal the dense ones, L904-907);
+  torchtitan          the sparse mesh [pp, dp_replicate, efsdp, ep], ep fastest, no expert TP
+                      (torchtitan 0.3, pytorch/torchtitan @0014ac2ca45a
+                      torchtitan/distributed/parallel_dims.py L167-203): Megatron's groups with
+                      etp = 1.
+The cost model times the EP dispatch on ep ranks etp apart (etp*ep consecutive ranks for the
+allgather dispatcher; cost.moe.ep_group), ETP on etp consecutive ranks and EDP on edp ranks
+etp*ep apart (cost.comm): cost_model_check compares those with the enumerated groups.
+Nodes: rank r runs on node r // G (G GPUs per node), as torchrun/SLURM number local ranks;
+NVLink domains: rank r is in domain r // D (D = cost.collectives.nvlink_domain: 8 on DGX
+H100/B200, 64 on a GB200 NVL72 rack).
 Everything is built with numpy reshapes of arange(N); no Python loop over ranks.
 """
 
@@ -26,25 +43,31 @@ from .specs import Plan
 ORDERS = ("megatron", "torchtitan", "megatron-tp-pp-dp")
 ORDER_TEXT = {
     "megatron": "Megatron-Core default tp-cp-ep-dp-pp (TP fastest, then CP, DP, PP)",
-    "megatron-tp-pp-dp": "Megatron --use-tp-pp-dp-mapping tp-cp-ep-pp-dp (TP fastest, then CP, PP, DP)",
-    "torchtitan": "torchtitan ParallelDims mesh [pp, dp_replicate, dp_shard, cp, tp] (tp fastest)",
+    "megatron-tp-pp-dp": "Megatron --use-tp-pp-dp-mapping tp-cp-ep-pp-dp (TP fastest, DP last)",
+    "torchtitan": "torchtitan mesh [pp, dp_replicate, dp_shard, cp, tp] (tp fastest)",
 }
 
 
 @dataclass
 class Placement:
     """Groups of one layout. ``groups[dim]`` is an int array (number of groups, group size);
-    ``node`` maps rank -> node index. Dims: tp, cp, dp, pp."""
+    ``node`` maps rank -> node index, ``domain`` rank -> NVLink domain index. Dims: tp, cp, dp,
+    dp_cp, pp, and for MoE models ep, etp, edp and ep_etp (the etp*ep expert-model-parallel
+    block, Megatron-Core's 'tp-ep' group)."""
 
     order: str
     gpus_per_node: int
     sizes: dict[str, int]
     groups: dict[str, np.ndarray]
     node: np.ndarray
+    domain_size: int = 0
+    domain: np.ndarray | None = None
 
-    def span(self, dim: str) -> tuple[np.ndarray, np.ndarray]:
-        """Per group of ``dim``: (largest number of its ranks on one node, number of nodes it spans)."""
-        nodes = self.node[self.groups[dim]]  # (n_groups, size)
+    def span(self, dim: str, by_domain: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """Per group of ``dim``: (largest number of its ranks on one node, number of nodes it
+        spans); with ``by_domain`` the same over NVLink domains."""
+        where = self.domain if by_domain else self.node
+        nodes = where[self.groups[dim]]  # (n_groups, size)
         offset = nodes - nodes.min(axis=1, keepdims=True)
         counts = np.zeros((nodes.shape[0], int(offset.max()) + 1), dtype=np.int64)
         np.add.at(counts, (np.arange(nodes.shape[0])[:, None], offset), 1)
@@ -80,14 +103,55 @@ def rank_grid(tp: int, cp: int, dp: int, pp: int, order: str) -> dict[str, np.nd
     return out
 
 
+def expert_grid(etp: int, ep: int, edp: int, pp: int, order: str) -> dict[str, np.ndarray]:
+    """Expert groups ep, etp, edp and ep_etp as (n_groups, size) arrays of global ranks under
+    ``order`` (module docstring): Megatron-Core's expert RankGenerator, etp fastest, then ep,
+    then edp and pp (pp before edp with megatron-tp-pp-dp). torchtitan's sparse mesh is the
+    megatron case with etp = 1 (check_expert_order refuses the rest)."""
+    r = np.arange(etp * ep * edp * pp)
+    if order == "megatron-tp-pp-dp":
+        g = r.reshape(edp, pp, ep, etp)
+        axes = {"edp": 0, "pp": 1, "ep": 2, "etp": 3}
+    else:
+        g = r.reshape(pp, edp, ep, etp)
+        axes = {"pp": 0, "edp": 1, "ep": 2, "etp": 3}
+    sizes = {"etp": etp, "ep": ep, "edp": edp}
+    out = {dim: np.moveaxis(g, axes[dim], -1).reshape(-1, sizes[dim]) for dim in sizes}
+    out["ep_etp"] = np.moveaxis(g, (axes["ep"], axes["etp"]), (-2, -1)).reshape(-1, ep * etp)
+    return out
+
+
+def check_expert_order(plan: Plan, order: str) -> None:
+    """UsageError where ``order``'s framework cannot place ``plan``'s expert mesh:
+    --use-tp-pp-dp-mapping with pp > 1 and edp != dp (Megatron-Core parallel_state.py
+    L896-900), torchtitan 0.3 with etp > 1 or ep not dividing its FSDP x CP x TP ranks
+    (frameworks.torchtitan.expert_parallel, the export's rule)."""
+    lay = plan.layout
+    if order == "megatron-tp-pp-dp" and lay.pp > 1 and lay.edp != lay.dp:
+        raise UsageError(f"Megatron-Core refuses --use-tp-pp-dp-mapping with pp > 1 unless the "
+                         f"expert data-parallel size equals dp (etp*ep = tp*cp); the plan has "
+                         f"edp={lay.edp} dp={lay.dp} (parallel_state.py L896-900)")
+    if order == "torchtitan":
+        from .frameworks.torchtitan import expert_parallel
+        expert_parallel(plan, "overrides", 1 if lay.sharding_stage == 0 else lay.dp)
+
+
 def place(plan: Plan, order: str = "megatron") -> Placement:
-    """The Placement of ``plan``'s layout (tp, cp, dp, pp)."""
+    """The Placement of ``plan``'s layout (tp, cp, dp, pp; ep, etp, edp for MoE models) with
+    nodes of the hardware's gpus_per_node and NVLink domains of collectives.nvlink_domain.
+    UsageError for an unknown order or one that cannot place the expert mesh."""
+    from .cost.collectives import nvlink_domain
     lay = plan.layout
     gpn = plan.hardware.gpus_per_node
     groups = rank_grid(lay.tp, lay.cp, lay.dp, lay.pp, order)
+    sizes = {"tp": lay.tp, "cp": lay.cp, "dp": lay.dp, "pp": lay.pp, "dp_cp": lay.grad_group}
+    if plan.model.moe is not None:
+        check_expert_order(plan, order)
+        groups.update(expert_grid(lay.etp, lay.ep, lay.edp, lay.pp, order))
+        sizes.update(ep=lay.ep, etp=lay.etp, edp=lay.edp, ep_etp=lay.ep * lay.etp)
     node = np.arange(plan.gpus) // gpn
-    return Placement(order, gpn, {"tp": lay.tp, "cp": lay.cp, "dp": lay.dp, "pp": lay.pp,
-                                  "dp_cp": lay.grad_group}, groups, node)
+    domain = nvlink_domain(plan.hardware)
+    return Placement(order, gpn, sizes, groups, node, domain, np.arange(plan.gpus) // domain)
 
 
 def cost_model_check(plan: Plan, pl: Placement) -> dict[str, dict[str, object]]:
@@ -95,36 +159,49 @@ def cost_model_check(plan: Plan, pl: Placement) -> dict[str, dict[str, object]]:
 
     The cost model (planner.cost.collectives.group_span, formulas.md 5.3) times a group of n
     ranks at stride s on NVLink domains of D GPUs as (ranks per domain, domains): TP (tp, 1),
-    CP rings (cp, tp), the gradient group dp*cp at stride tp (key ``dp``), and pipeline p2p as
-    crossing domains iff tp*cp*dp*pp > D (collectives.p2p_crosses). A group that straddles a
-    domain boundary unequally is timed as a flat ring over the network, (1, n): that agrees when
-    some enumerated group does straddle. Returns per dim the assumed and the enumerated values
+    CP rings (cp, tp), the gradient group dp*cp at stride tp (key ``dp``), the expert dispatch
+    on cost.moe.ep_group (ep ranks etp apart; the etp*ep block for the allgather dispatcher),
+    ETP (etp, 1), EDP (edp, etp*ep), and pipeline p2p as crossing domains iff
+    tp*cp*dp*pp > D (collectives.p2p_crosses). A group that straddles a domain boundary
+    unequally is timed as a flat ring over the network, (1, n): that agrees when some
+    enumerated group does straddle. Returns per dim the assumed and the enumerated values
     (for every group) and whether they agree.
     """
-    from .cost.collectives import group_span, nvlink_domain, p2p_crosses
+    from .cost.collectives import p2p_crosses
     lay = plan.layout
-    domain = nvlink_domain(plan.hardware)
-    dom = np.arange(plan.gpus) // domain
-    result: dict[str, dict[str, object]] = {}
     checks = [("tp", "tp", lay.tp, 1), ("dp", "dp_cp", lay.grad_group, lay.tp)]
     if lay.cp > 1:
         checks.append(("cp", "cp", lay.cp, lay.tp))
-    for key, dim, size, stride in checks:
-        a_local, a_nodes = (int(x) for x in group_span(size, stride, domain))
-        local, nodes = _span(dom[pl.groups[dim]])
-        exact = bool(np.all(local == a_local) and np.all(nodes == a_nodes))
-        flat = a_local == 1 and a_nodes == size > 1 and bool(np.any(nodes > 1))
-        result[key] = {"assumed_ranks_per_node": a_local, "assumed_nodes": a_nodes,
-                       "ranks_per_node": sorted({int(x) for x in local}),
-                       "nodes": sorted({int(x) for x in nodes}), "agrees": exact or flat}
+    if "ep" in pl.groups:
+        from .cost.moe import ep_group
+        size, stride = (int(x) for x in ep_group(lay, plan.training))
+        checks.append(("ep", "ep_etp" if size != lay.ep else "ep", size, stride))
+        if lay.etp > 1:
+            checks.append(("etp", "etp", lay.etp, 1))
+        checks.append(("edp", "edp", lay.edp, lay.etp * lay.ep))
+    result = {key: _check(pl, dim, size, stride) for key, dim, size, stride in checks}
+    dom = pl.domain
     pg = pl.groups["pp"]
     boundary_cross = dom[pg[:, 1:]] != dom[pg[:, :-1]] if lay.pp > 1 else np.zeros((1, 0), bool)
     any_cross = bool(boundary_cross.any())
-    assumed_cross = lay.pp > 1 and bool(p2p_crosses(lay.stage_gpus, lay.pp, domain))
+    assumed_cross = lay.pp > 1 and bool(p2p_crosses(lay.stage_gpus, lay.pp, pl.domain_size))
     result["pp"] = {"assumed_p2p_crosses_nodes": assumed_cross, "p2p_crosses_nodes": any_cross,
                     "crossing_boundaries": int(boundary_cross.sum()),
                     "boundaries": int(boundary_cross.size), "agrees": assumed_cross == any_cross}
     return result
+
+
+def _check(pl: Placement, dim: str, size: int, stride: int) -> dict[str, object]:
+    """The cost model's (ranks per domain, domains) of a group of ``size`` ranks ``stride``
+    apart against the enumerated groups of ``dim``."""
+    from .cost.collectives import group_span
+    a_local, a_nodes = (int(x) for x in group_span(size, stride, pl.domain_size))
+    local, nodes = _span(pl.domain[pl.groups[dim]])
+    exact = bool(np.all(local == a_local) and np.all(nodes == a_nodes))
+    flat = a_local == 1 and a_nodes == size > 1 and bool(np.any(nodes > 1))
+    return {"assumed_ranks_per_node": a_local, "assumed_nodes": a_nodes,
+            "ranks_per_node": sorted({int(x) for x in local}),
+            "nodes": sorted({int(x) for x in nodes}), "agrees": exact or flat}
 
 
 def _span(domains: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -137,37 +214,63 @@ def _span(domains: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return fewest, np.count_nonzero(counts, axis=1)
 
 
+EXPERT_ORDER_TEXT = {
+    "megatron": "Megatron-Core etp-ep-edp-pp (ETP fastest, then EP, EDP, PP)",
+    "megatron-tp-pp-dp": "Megatron-Core etp-ep-pp-edp (ETP fastest, then EP, PP, EDP)",
+    "torchtitan": "torchtitan sparse mesh [pp, dp_replicate, efsdp, ep] (ep fastest; no ETP)",
+}
+
+
 def _dims(pl: Placement) -> list[str]:
-    """tp, dp, pp, and cp with the dp*cp gradient group only when cp is used (size > 1)."""
-    return [d for d in ("tp", "cp", "dp", "dp_cp", "pp") if d not in ("cp", "dp_cp") or pl.sizes["cp"] > 1]
+    """tp, cp and the dp*cp gradient group (only when cp > 1), dp, pp; for MoE plans ep, etp
+    (only when etp > 1) and edp."""
+    dense = [d for d in ("tp", "cp", "dp", "dp_cp", "pp") if d not in ("cp", "dp_cp") or pl.sizes["cp"] > 1]
+    if "ep" not in pl.groups:
+        return dense
+    return dense + [d for d in ("ep", "etp", "edp") if d != "etp" or pl.sizes["etp"] > 1]
+
+
+def _dim_summary(pl: Placement, dim: str, examples: int) -> dict[str, object]:
+    """One dim's group count, stride, examples and its spread over nodes and NVLink domains."""
+    g = pl.groups[dim]
+    local, nodes = pl.span(dim)
+    dlocal, domains = pl.span(dim, by_domain=True)
+    stride = int(g[0, 1] - g[0, 0]) if g.shape[1] > 1 else 0
+    return {"size": pl.sizes[dim], "groups": int(g.shape[0]), "stride": stride,
+            "examples": [g[i].tolist() for i in range(min(examples, g.shape[0]))]
+            + ([g[-1].tolist()] if g.shape[0] > examples else []),
+            "ranks_per_node": int(local.min()), "nodes_per_group": int(nodes.max()),
+            "groups_crossing_nodes": int(np.count_nonzero(nodes > 1)),
+            "ranks_per_domain": int(dlocal.min()), "domains_per_group": int(domains.max()),
+            "groups_crossing_domains": int(np.count_nonzero(domains > 1))}
 
 
 def summary(plan: Plan, order: str = "megatron", examples: int = 2) -> dict[str, object]:
-    """Compact description: group counts, strides, example groups, node crossing, cost-model check."""
+    """Compact description: group counts, strides, example groups, node and NVLink-domain
+    crossing, the cost-model check; for MoE plans the expert groups and
+    ``ep_leaves_nvlink_domain`` (some EP group spans more than one domain; None without
+    experts)."""
     pl = place(plan, order)
-    dims = {}
-    for dim in _dims(pl):
-        g = pl.groups[dim]
-        local, nodes = pl.span(dim)
-        stride = int(g[0, 1] - g[0, 0]) if g.shape[1] > 1 else 0
-        dims[dim] = {"size": pl.sizes[dim], "groups": int(g.shape[0]), "stride": stride,
-                     "examples": [g[i].tolist() for i in range(min(examples, g.shape[0]))]
-                     + ([g[-1].tolist()] if g.shape[0] > examples else []),
-                     "ranks_per_node": int(local.min()), "nodes_per_group": int(nodes.max()),
-                     "groups_crossing_nodes": int(np.count_nonzero(nodes > 1))}
-    return {"order": order, "order_description": ORDER_TEXT[order], "gpus": plan.gpus,
-            "gpus_per_node": pl.gpus_per_node, "nodes": -(-plan.gpus // pl.gpus_per_node),
+    dims = {dim: _dim_summary(pl, dim, examples) for dim in _dims(pl)}
+    moe = "ep" in dims
+    return {"order": order, "order_description": ORDER_TEXT[order],
+            "expert_order_description": EXPERT_ORDER_TEXT[order] if moe else None,
+            "gpus": plan.gpus, "gpus_per_node": pl.gpus_per_node,
+            "nodes": -(-plan.gpus // pl.gpus_per_node), "nvlink_domain": pl.domain_size,
+            "nvlink_domains": -(-plan.gpus // pl.domain_size),
             "dims": dims, "tp_crosses_node": bool(dims["tp"]["groups_crossing_nodes"]),
+            "ep_leaves_nvlink_domain": bool(dims["ep"]["groups_crossing_domains"]) if moe else None,
+            "moe_dispatcher": plan.training.moe_dispatcher if moe else None,
             "cost_model": cost_model_check(plan, pl),
-            "exports_assume": "megatron (tp-cp-ep-dp-pp); torchtitan's and DeepSpeed's default "
-                              "meshes give the same groups"}
+            "exports_assume": "megatron (tp-cp-ep-dp-pp); torchtitan, DeepSpeed: same groups"}
 
 
 def full(plan: Plan, order: str = "megatron") -> dict[str, object]:
-    """Everything: the summary plus every group of every dim and the node of every rank."""
+    """Everything: the summary plus every group of every dim, the node and the NVLink domain
+    of every rank."""
     pl = place(plan, order)
     data = summary(plan, order)
     data["groups"] = {dim: pl.groups[dim].tolist() for dim in _dims(pl)}
     data["node_of_rank"] = pl.node.tolist()
+    data["nvlink_domain_of_rank"] = pl.domain.tolist()
     return data
-

@@ -35,6 +35,11 @@ def tuple_type(text: str) -> tuple[int, ...]:
     return tuple(int(i) for i in text.strip("()").split(","))
 
 
+# options that take several values (nargs='+'): --offload-modules (transformer_config.py
+# offload_modules: list[str]), --recompute-modules
+NARGS = {"offload_modules", "recompute_modules"}
+
+
 def parse(text: str) -> dict[str, object]:
     """{dest: value} of an exported argument list; store_true flags are True."""
     body = "\n".join(ln for ln in text.splitlines() if not ln.startswith("#"))
@@ -45,10 +50,18 @@ def parse(text: str) -> dict[str, object]:
         flag = tokens[i]
         assert flag.startswith("--"), flag
         value: object = True
+        dest = flag[2:].replace("-", "_")
+        if dest in NARGS:  # nargs='+': every value up to the next flag
+            values = []
+            while i + 1 < len(tokens) and not tokens[i + 1].startswith("--"):
+                values.append(tokens[i + 1])
+                i += 1
+            out[dest] = values
+            i += 1
+            continue
         if i + 1 < len(tokens) and not tokens[i + 1].startswith("--"):
             value = tokens[i + 1]
             i += 1
-        dest = flag[2:].replace("-", "_")
         if dest in ("moe_layer_freq", "window_attn_skip_freq"):
             value = freq_type(value)
         elif dest == "window_size":
@@ -134,9 +147,59 @@ def _attention_rules(a: dict, layers: int) -> None:
         _fail("transformer/utils.py L541-542", f"window pattern of {len(skip)} != {layers} layers")
 
 
+def _job_rules(a: dict, pp: int, ep: int) -> None:
+    """Dispatcher, EP overlap, offloading and cross-entropy fusion."""
+    dispatcher = a.get("moe_token_dispatcher_type", "allgather")  # transformer_config.py L891
+    if dispatcher not in ("allgather", "alltoall", "flex"):
+        _fail("arguments.py", f"--moe-token-dispatcher-type {dispatcher} is not a choice")
+    backend = a.get("moe_flex_dispatcher_backend", "deepep")
+    if backend not in ("deepep", "hybridep", "ncclep"):  # transformer_config.py L898
+        _fail("transformer_config.py L898", f"unknown flex backend {backend}")
+    if a.get("moe_enable_deepep") and dispatcher != "flex":
+        _fail("transformer_config.py L1744-1745", "DeepEP needs the flex dispatcher")
+    if a.get("overlap_moe_expert_parallel_comm"):  # transformer_config.py L3002-3046
+        if pp > 1 and "num_layers_per_virtual_pipeline_stage" not in a and \
+                "num_virtual_stages_per_pipeline_rank" not in a:
+            _fail("transformer_config.py L3007-3011", "EP overlap with pp > 1 needs interleaving")
+        if ep <= 1:
+            _fail("transformer_config.py L3013-3015", "EP overlap needs expert parallelism")
+        if dispatcher not in ("alltoall", "flex"):
+            _fail("transformer_config.py L3016-3019", "EP overlap needs alltoall/flex")
+        if a.get("recompute_granularity") == "full" or a.get("recompute_method") or \
+                a.get("recompute_num_layers"):
+            _fail("transformer_config.py L3021-3029", "EP overlap without full recomputation")
+        if "moe" in (a.get("recompute_modules") or []):
+            _fail("transformer_config.py L3030-3032", "EP overlap with moe in recompute_modules")
+        if not (a.get("bf16") or a.get("fp16")):
+            _fail("transformer_config.py L3035-3037", "EP overlap needs bf16 or fp16")
+        if a.get("moe_shared_expert_overlap"):
+            _fail("transformer_config.py L3039-3041", "EP overlap with moe_shared_expert_overlap")
+        if int(a.get("mtp_num_layers", 0) or 0) > 1:
+            _fail("transformer_config.py L3042-3046", "EP overlap with more than one MTP layer")
+    if a.get("optimizer_cpu_offload"):  # arguments.py L1884-1891
+        if not a.get("use_precision_aware_optimizer"):
+            _fail("arguments.py L1885", "optimizer CPU offload needs --use-precision-aware-optimizer")
+        if a.get("fp8_param_gather") and a.get("fp8_recipe") != "delayed":
+            _fail("arguments.py L1888-1891", "optimizer CPU offload with --fp8-param-gather")
+        fraction = float(a.get("optimizer_offload_fraction", 0.0))
+        if not 0.0 <= fraction <= 1.0:
+            _fail("optimizer_config.py L350", "offload fraction out of [0, 1]")
+    if a.get("fine_grained_activation_offloading"):  # transformer_config.py L2127-2147
+        modules = a.get("offload_modules") or []
+        allowed = {"core_attn", "attn_proj", "expert_fc1", "fused_group_mlp", "moe_act",
+                   "attn_norm", "mlp_norm", "qkv_linear", "gdp_qkv"}
+        if a.get("cpu_offloading_num_layers"):
+            _fail("transformer_config.py L2128-2130", "fine-grained offloading with cpu_offloading")
+        if not modules or set(modules) - allowed:
+            _fail("transformer_config.py L2131-2147", f"offload_modules {modules}")
+    if a.get("cross_entropy_loss_fusion") and a.get("cross_entropy_fusion_impl") == "te":
+        _fail("arguments.py L1697-1702", "TE cross entropy loss fusion is disabled")
+
+
 def validate(args: dict, world: int) -> None:
     """Raise MegatronRejects if Megatron-LM (d98e8a64) refuses ``args`` on ``world`` GPUs."""
-    _tp, pp, _cp, _ep, etp = _parallel_rules(args, world)
+    _tp, pp, _cp, ep, etp = _parallel_rules(args, world)
+    _job_rules(args, pp, ep)
     layers = _int(args, "num_layers", 0)
     if "decoder_first_pipeline_num_layers" not in args and not args.get(
             "account_for_embedding_in_pipeline_split") and layers % pp:

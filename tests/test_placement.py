@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from planner import __version__, catalog
 from planner.cli import app
+from planner.errors import UsageError
 from planner.export import write_plan
 from planner.placement import place, rank_grid, summary
 from planner.specs import Layout, Plan, TrainingSpec
@@ -84,7 +88,11 @@ def test_cli_placement(tmp_path):
     res = runner.invoke(app, ["placement", str(f)])
     assert res.exit_code == 0, res.stderr
     assert "TP groups cross a node: no" in res.stdout and "agrees" in res.stdout
-    assert "128 groups of 4" in res.stdout
+    # the TP row: size 4, 128 groups, stride 1, 4 ranks/node, 1 node, 1 domain, none leaves
+    rows = {ln.split()[0]: ln.split()[1:] for ln in res.stdout.splitlines() if ln[:1].isupper() and ln.split()[1].isdigit()}
+    assert rows["TP"] == ["4", "128", "1", "4", "1", "1", "0", "0"]
+    assert rows["DP"] == ["16", "32", "4", "2", "8", "8", "32", "32"]
+    assert max(len(ln) for ln in res.stdout.splitlines()) <= 80
     res = runner.invoke(app, ["placement", str(f), "--json", "--order", "torchtitan"])
     import json
     data = json.loads(res.stdout)
@@ -92,3 +100,161 @@ def test_cli_placement(tmp_path):
     assert len(data["node_of_rank"]) == 512 and data["node_of_rank"][511] == 63
     res = runner.invoke(app, ["placement", str(f), "--order", "jax"])
     assert res.exit_code == 2 and "unknown rank order" in res.stderr
+
+
+# ----------------------------------------------------------------------------- expert groups
+
+def moe_plan(model, gpus, hw="dgx-h100", dispatcher="alltoall", **layout) -> Plan:
+    m = catalog.resolve_model(model)
+    tr = TrainingSpec(seq_length=4096, global_batch_size=m.training.global_batch_size,
+                      moe_dispatcher=dispatcher)
+    layout = {"zero_stage": 1, "micro_batch_size": 1, "sequence_parallel": layout.get("tp", 1) > 1,
+              **layout}
+    return Plan(plan3d_version=__version__, model=m, hardware=catalog.resolve_hardware(hw),
+                gpus=gpus, training=tr, layout=Layout(**layout))
+
+
+def test_deepseek_v3_expert_groups_on_1024_h100():
+    # tp=2 pp=16 dp=32 ep=8 etp=1: a stage holds tp*dp = 64 GPUs, edp = 64/(1*8) = 8.
+    # Megatron-Core's expert order etp-ep-edp-pp: rank = i_ep + 8*(i_edp + 8*i_pp), so
+    # EP = 8 consecutive ranks [0..7], [8..15], ... (1024/8 = 128 groups, one node each);
+    # EDP = 8 ranks 8 apart [0,8,...,56] (128 groups, each over 8 nodes); ETP: single ranks.
+    pl = place(moe_plan("deepseek-v3", 1024, tp=2, pp=16, dp=32, ep=8))
+    assert pl.groups["ep"].shape == (128, 8) and pl.groups["ep"][0].tolist() == list(range(8))
+    assert pl.groups["ep"][1].tolist() == list(range(8, 16))
+    assert pl.groups["ep"][-1].tolist() == list(range(1016, 1024))
+    assert pl.groups["edp"].shape == (128, 8)
+    assert pl.groups["edp"][0].tolist() == list(range(0, 64, 8))
+    assert pl.groups["edp"][1].tolist() == list(range(1, 64, 8))
+    # the second pipeline stage starts at rank 64: its first EDP group [64, 72, ..., 120]
+    assert pl.groups["edp"][8].tolist() == list(range(64, 128, 8))
+    assert pl.groups["etp"].shape == (1024, 1)
+    s = summary(moe_plan("deepseek-v3", 1024, tp=2, pp=16, dp=32, ep=8))
+    ep, edp = s["dims"]["ep"], s["dims"]["edp"]
+    assert (ep["groups"], ep["stride"], ep["nodes_per_group"], ep["groups_crossing_domains"]) == \
+        (128, 1, 1, 0)
+    assert (edp["stride"], edp["domains_per_group"], edp["groups_crossing_domains"]) == (8, 8, 128)
+    assert "etp" not in s["dims"] and s["ep_leaves_nvlink_domain"] is False
+    assert all(v["agrees"] for v in s["cost_model"].values())
+    assert s["cost_model"]["ep"]["assumed_nodes"] == 1  # all-to-all on NVLink
+
+
+def test_deepseek_v3_ep64_leaves_the_nvlink_domain():
+    # Megatron-Bridge's H100 layout tp=2 pp=8 ep=64: stage 2*64 = 128 GPUs, edp = 2;
+    # EP [0..63] spans nodes 0-7 with 8 ranks each; EDP [0, 64]: two nodes
+    s = summary(moe_plan("deepseek-v3", 1024, tp=2, pp=8, dp=64, ep=64))
+    assert s["dims"]["ep"]["examples"][0] == list(range(64))
+    assert s["dims"]["edp"]["examples"][0] == [0, 64]
+    assert (s["dims"]["ep"]["ranks_per_domain"], s["dims"]["ep"]["domains_per_group"]) == (8, 8)
+    assert s["ep_leaves_nvlink_domain"] is True
+    assert s["cost_model"]["ep"]["assumed_ranks_per_node"] == 8
+    assert s["cost_model"]["ep"]["assumed_nodes"] == 8 and s["cost_model"]["ep"]["agrees"]
+
+
+def test_qwen3_30b_on_one_node():
+    # tp=1 dp=8 ep=8 on 8 GPUs: one EP group [0..7]; edp = 8/8 = 1, eight EDP groups of one
+    s = summary(moe_plan("qwen3-30b-a3b", 8, tp=1, pp=1, dp=8, ep=8))
+    assert s["dims"]["ep"]["examples"] == [list(range(8))]
+    assert (s["dims"]["edp"]["size"], s["dims"]["edp"]["groups"]) == (1, 8)
+    assert s["dims"]["edp"]["examples"] == [[0], [1], [7]]
+    assert s["ep_leaves_nvlink_domain"] is False and s["nvlink_domain"] == 8
+
+
+def test_expert_tensor_parallel_groups():
+    # tp=4 dp=4 ep=4 etp=2 on 16 GPUs: edp = 16/(2*4) = 2; rank = i_etp + 2*(i_ep + 4*i_edp)
+    plan = moe_plan("qwen3-30b-a3b", 16, tp=4, pp=1, dp=4, ep=4, etp=2)
+    pl = place(plan)
+    assert pl.groups["etp"].tolist() == [[2 * i, 2 * i + 1] for i in range(8)]
+    assert pl.groups["ep"].tolist() == [[0, 2, 4, 6], [1, 3, 5, 7], [8, 10, 12, 14], [9, 11, 13, 15]]
+    assert pl.groups["edp"].tolist() == [[i, i + 8] for i in range(8)]
+    assert pl.groups["ep_etp"].tolist() == [list(range(8)), list(range(8, 16))]
+    s = summary(plan)
+    assert s["dims"]["etp"]["stride"] == 1 and s["dims"]["ep"]["stride"] == 2
+    # EDP [0, 8]: one rank on each of two nodes, as the cost model assumes (1, 2)
+    assert s["cost_model"]["edp"]["assumed_nodes"] == 2 and s["cost_model"]["edp"]["agrees"]
+    assert s["cost_model"]["etp"]["assumed_nodes"] == 1 and s["cost_model"]["ep"]["agrees"]
+    # the allgather dispatcher runs on the etp*ep block of 8 consecutive ranks
+    s = summary(moe_plan("qwen3-30b-a3b", 16, dispatcher="allgather", tp=4, pp=1, dp=4, ep=4, etp=2))
+    assert s["cost_model"]["ep"]["assumed_ranks_per_node"] == 8 and s["cost_model"]["ep"]["agrees"]
+    # torchtitan 0.3 has no expert tensor parallelism
+    with pytest.raises(UsageError, match="no expert tensor parallelism"):
+        place(plan, "torchtitan")
+
+
+def test_expert_groups_under_tp_pp_dp_mapping_and_torchtitan():
+    # tp=2 pp=2 dp=4 ep=2 etp=1 on 16: edp = 4 = dp, which --use-tp-pp-dp-mapping needs;
+    # expert order etp-ep-pp-edp: rank = i_ep + 2*(i_pp + 2*i_edp): EP [0,1], EDP [0,4,8,12]
+    plan = moe_plan("qwen3-30b-a3b", 16, tp=2, pp=2, dp=4, ep=2)
+    pl = place(plan, "megatron-tp-pp-dp")
+    assert pl.groups["ep"][:2].tolist() == [[0, 1], [2, 3]]
+    assert pl.groups["edp"][0].tolist() == [0, 4, 8, 12]
+    assert pl.groups["pp"][0].tolist() == [0, 2]  # dense PP stride tp*cp = 2, the same groups
+    # ep=8: edp = 2*4/8 = 1 != dp = 4: Megatron-Core refuses that mapping
+    with pytest.raises(UsageError, match="edp=1 dp=4"):
+        place(moe_plan("qwen3-30b-a3b", 32, tp=2, pp=4, dp=4, ep=8), "megatron-tp-pp-dp")
+    # torchtitan 0.3's sparse mesh [pp, dp_replicate, efsdp, ep] gives Megatron's groups at etp 1
+    a, b = place(plan, "megatron"), place(plan, "torchtitan")
+    for dim in ("ep", "edp", "etp"):
+        assert np.array_equal(a.groups[dim], b.groups[dim])
+
+
+def test_nvl72_ep64_spans_nodes_inside_one_domain():
+    # GB200 NVL72: 4-GPU trays, NVLink domain of 64 (collectives.nvlink_domain); EP 64 of
+    # consecutive ranks spans 16 trays but one domain: the all-to-all stays on NVLink
+    s = summary(moe_plan("qwen3-235b-a22b", 128, hw="gb200-nvl72", tp=1, pp=1, dp=128, ep=64))
+    ep = s["dims"]["ep"]
+    assert (ep["nodes_per_group"], ep["groups_crossing_nodes"]) == (16, 2)
+    assert (ep["domains_per_group"], ep["groups_crossing_domains"]) == (1, 0)
+    assert s["nvlink_domain"] == 64 and s["ep_leaves_nvlink_domain"] is False
+    assert s["cost_model"]["ep"]["assumed_nodes"] == 1 and s["cost_model"]["ep"]["agrees"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(tp=st.sampled_from([1, 2, 4, 8]), dp=st.sampled_from([1, 2, 4, 8, 16, 32]),
+       pp=st.sampled_from([1, 2, 4]), ep=st.sampled_from([1, 2, 4, 8, 16, 32, 64]),
+       etp=st.sampled_from([1, 2, 4]), hw=st.sampled_from(["dgx-h100", "gb200-nvl72"]),
+       dispatcher=st.sampled_from(["alltoall", "allgather", "flex"]))
+def test_ep_span_is_what_the_cost_model_times(tp, dp, pp, ep, etp, hw, dispatcher):
+    # The all-to-all is timed on group_span(ep_group) (cost.comm): its domain count decides
+    # NVLink vs network. The enumerated EP groups must span that many domains, and one of them
+    # leaves a domain iff the cost model puts the dispatch on the network.
+    from hypothesis import assume
+    from planner.cost.collectives import Links, group_span
+    from planner.cost.moe import ep_group
+    assume((tp * dp) % (etp * ep) == 0)
+    plan = moe_plan("deepseek-v3", tp * dp * pp, hw=hw, dispatcher=dispatcher, tp=tp, pp=pp, dp=dp,
+                    ep=ep, etp=etp)
+    s = summary(plan)
+    links = Links.of(plan.hardware)
+    n_local, n_nodes = (int(x) for x in group_span(*ep_group(plan.layout, plan.training), links.domain))
+    check = s["cost_model"]["ep"]
+    assert check["agrees"]
+    assert check["assumed_nodes"] == n_nodes
+    if dispatcher != "allgather" or etp == 1:
+        assert s["ep_leaves_nvlink_domain"] == (n_nodes > 1)
+        if n_local > 1 or n_nodes == 1:  # a regular split: every group spans exactly n_nodes
+            assert s["dims"]["ep"]["domains_per_group"] == n_nodes
+
+
+def test_cli_placement_of_a_moe_plan(tmp_path):
+    import json
+    f = tmp_path / "plan.yaml"
+    write_plan(moe_plan("deepseek-v3", 1024, tp=2, pp=8, dp=64, ep=64, first_stage_layers=7,
+                        last_stage_layers=6), f)
+    runner = CliRunner()
+    res = runner.invoke(app, ["placement", str(f)], env={"COLUMNS": "80"})
+    assert res.exit_code == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert max(len(ln) for ln in lines) <= 80
+    rows = {ln.split()[0]: ln.split()[1:] for ln in lines if ln[:1].isupper() and ln.split()[1].isdigit()}
+    # EP: 64 ranks, 1024/64 = 16 groups, stride 1, 8 per node over 8 nodes / 8 domains, all leave
+    assert rows["EP"] == ["64", "16", "1", "8", "8", "8", "16", "16"]
+    assert rows["EDP"] == ["2", "512", "64", "1", "2", "2", "512", "512"]
+    assert "EP groups leave the NVLink domain of 8 GPUs: YES" in res.stdout
+    assert "expert ranks: Megatron-Core etp-ep-edp-pp" in res.stdout
+    res = runner.invoke(app, ["placement", str(f), "--json"])
+    data = json.loads(res.stdout)
+    assert data["groups"]["ep"][1] == list(range(64, 128)) and len(data["groups"]["edp"]) == 512
+    assert data["nvlink_domain_of_rank"][1023] == 127 and data["ep_leaves_nvlink_domain"] is True
+    res = runner.invoke(app, ["placement", str(f), "--order", "megatron-tp-pp-dp"])
+    assert res.exit_code == 2 and "edp=2 dp=64" in res.stderr and len(res.stderr.splitlines()) == 1

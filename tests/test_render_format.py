@@ -122,8 +122,11 @@ def test_placement_names_what_crosses_nodes():
     data = {"gpus": 16, "nodes": 2, "gpus_per_node": 8, "order_description": "x", "dims": dims,
             "tp_crosses_node": False, "cost_model": {"tp": {"agrees": True}}, "exports_assume": "y"}
     text = placement_text(data)
-    assert "64 groups of 2" in text and "64 groups cross nodes" in text
-    assert "1 group of 8" in text and "1 group crosses nodes" in text
+    # columns: size, groups, stride, ranks/node, nodes, domains, off node, off domain (absent: 0)
+    rows = {ln.split()[0]: ln.split()[1:4] + ln.split()[-2:-1] for ln in text.splitlines()
+            if ln.startswith(("PP ", "TP ")) and ln.split()[1].isdigit()}
+    assert rows["PP"] == ["2", "64", "8", "64"] and rows["TP"] == ["8", "1", "1", "1"]
+    assert "2 nodes of 8" in text
 
 
 def test_sweep_plot_is_log_log_with_ideal_scaling_and_mfu_on_its_own_axis():

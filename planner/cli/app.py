@@ -103,6 +103,13 @@ ALLOCATOR = typer.Option(None, "--allocator-reserve", help="Allocator reserve as
 PRECISION = typer.Option(None, "--precision", help="Linear layers in bf16, fp8 (per-tensor "
                          "scaling), fp8-blockwise (1x128/128x128 blocks) or mxfp8 (Blackwell) "
                          "\\[default: bf16].")
+# Mixture-of-experts job settings (TrainingSpec.moe_dispatcher, moe_a2a_overlap)
+MOE_DISPATCHERS = ("alltoall", "allgather", "flex")
+MOE_DISPATCHER = typer.Option(None, "--moe-dispatcher", help="MoE token dispatcher: alltoall, "
+                              "allgather or flex (DeepEP / HybridEP) \\[default: alltoall].")
+MOE_A2A_OVERLAP = typer.Option(None, "--moe-a2a-overlap/--no-moe-a2a-overlap",
+                               help="Megatron-Core's EP communication overlap (needs ep > 1, "
+                                    "interleaving with pp > 1) \\[default: off].")
 # Checkpoints and failures (planner.checkpoint_spec, cost.checkpoint) and the deadline
 FAILURE_RATE = typer.Option(None, "--failure-rate", help="Unexpected interruptions per GPU-hour "
                             "\\[default: Llama 3's 1.97e-5: 419 in 54 days on 16,384 H100].")
@@ -133,20 +140,50 @@ def _checkpoint(failure_rate, restart_time, async_save) -> dict:
     return out
 
 
+def _moe_job(dispatcher: str | None, overlap: bool | None) -> dict:
+    """The TrainingSpec MoE fields from --moe-dispatcher and --moe-a2a-overlap (only those
+    given); UsageError for an unknown dispatcher or the overlap with the allgather dispatcher
+    (Megatron-Core overlaps only alltoall and flex: transformer_config.py L3016-3019)."""
+    out: dict = {}
+    if dispatcher is not None:
+        key = dispatcher.strip().lower()
+        if key not in MOE_DISPATCHERS:
+            raise UsageError(f"--moe-dispatcher must be alltoall, allgather or flex, got {dispatcher!r}")
+        out["moe_dispatcher"] = key
+    if overlap is not None:
+        out["moe_a2a_overlap"] = overlap
+    if overlap and out.get("moe_dispatcher") == "allgather":
+        raise UsageError("--moe-a2a-overlap needs --moe-dispatcher alltoall or flex: Megatron-Core "
+                         "does not overlap the allgather dispatcher")
+    return out
+
+
+def _check_moe_job(model, moe: dict) -> None:
+    """UsageError for MoE settings given for a model without experts (they would do nothing)."""
+    if moe and model.moe is None:
+        flags = " and ".join("--moe-dispatcher" if k == "moe_dispatcher" else "--moe-a2a-overlap"
+                             for k in moe)
+        raise UsageError(f"{flags} applies to mixture-of-experts models; {model.name} has no experts")
+
+
 def _training(model, global_batch_size, seq_length, checkpoint: dict | None = None,
-              framework=None, flash=None, grad_dtype=None, allocator=None, precision=None):
+              framework=None, flash=None, grad_dtype=None, allocator=None, precision=None,
+              moe: dict | None = None):
     """(framework profile, TrainingSpec): the job from the flags and the model's defaults
     (planner.inputs.training_spec, the one check) run by the ``--framework`` profile with the
     single-fact overrides (frameworks.profile.resolve_training), with the ``checkpoint`` block's
-    values (already parsed to SI units by _checkpoint) set on it. UsageError on bad input."""
+    values (already parsed to SI units by _checkpoint) set on it, and the MoE settings ``moe``
+    (_moe_job). UsageError on bad input."""
     from ..catalog import resolve_framework
     from ..frameworks.profile import Overrides, resolve_training
     from ..inputs import training_spec
     if grad_dtype is not None and grad_dtype.strip().lower() not in ("fp32", "bf16"):
         raise UsageError(f"--grad-dtype must be fp32 or bf16, got {grad_dtype!r}")
     profile = resolve_framework(framework)
+    _check_moe_job(model, moe or {})
     job = training_spec(model, {"global_batch_size": global_batch_size, "seq_length": seq_length,
-                                "precision": precision.value if precision is not None else None})
+                                "precision": precision.value if precision is not None else None,
+                                **(moe or {})})
     training = resolve_training(job, profile, Overrides(
         flash_attention=flash, grad_dtype=grad_dtype.strip().lower() if grad_dtype else None,
         allocator_reserve=allocator))

@@ -11,10 +11,10 @@ from .. import catalog
 from ..errors import UsageError
 from ..render import console
 from ..inputs import check_integers, check_numbers, search_options
-from .app import (OFFLOAD_LAYERS, RECOMPUTE_LAYERS, ALLOCATOR, ASYNC_SAVE, DEADLINE, FAILURE_RATE, FLASH, FRAMEWORK, GBS, GPUS,
-                  GRAD_DTYPE, HARDWARE, HEADROOM, JSON, MODEL, PRECISION, RESTART_TIME, SEQ,
-                  PrecisionChoice, RecomputeChoice,
-                  _checkpoint, _require, _training, app,
+from .app import (OFFLOAD_LAYERS, RECOMPUTE_LAYERS, ALLOCATOR, ASYNC_SAVE, DEADLINE, FAILURE_RATE,
+                  FLASH, FRAMEWORK, GBS, GPUS, GRAD_DTYPE, HARDWARE, HEADROOM, JSON, MODEL,
+                  MOE_A2A_OVERLAP, MOE_DISPATCHER, PRECISION, RESTART_TIME, SEQ, PrecisionChoice,
+                  RecomputeChoice, _checkpoint, _moe_job, _require, _training, app,
                   handle_errors)
 
 
@@ -70,6 +70,7 @@ def search(
     framework: Optional[str] = FRAMEWORK, flash_attention: Optional[bool] = FLASH,
     grad_dtype: Optional[str] = GRAD_DTYPE, allocator_reserve: Optional[float] = ALLOCATOR,
     precision: Optional[PrecisionChoice] = PRECISION,
+    moe_dispatcher: Optional[str] = MOE_DISPATCHER, moe_a2a_overlap: Optional[bool] = MOE_A2A_OVERLAP,
 ) -> None:
     """Rank the TP/PP/DP/ZeRO layouts that fit, by predicted throughput (or --objective)."""
     from ..objective import parse_deadline
@@ -77,7 +78,8 @@ def search(
     m, hw, profile, training = _inputs(
         model, hardware, global_batch_size, seq_length, _checkpoint(failure_rate, restart_time,
                                                                     async_save),
-        framework, flash_attention, grad_dtype, allocator_reserve, precision)
+        framework, flash_attention, grad_dtype, allocator_reserve, precision,
+        _moe_job(moe_dispatcher, moe_a2a_overlap))
     check_numbers({"top": top})
     _check_search_flags(export, force, why_not, gpus, max_gpus, json_out)
     opts = search_options(hw, training, dict(
@@ -218,6 +220,7 @@ def sweep(
     framework: Optional[str] = FRAMEWORK, flash_attention: Optional[bool] = FLASH,
     grad_dtype: Optional[str] = GRAD_DTYPE, allocator_reserve: Optional[float] = ALLOCATOR,
     precision: Optional[PrecisionChoice] = PRECISION,
+    moe_dispatcher: Optional[str] = MOE_DISPATCHER, moe_a2a_overlap: Optional[bool] = MOE_A2A_OVERLAP,
 ) -> None:
     """Best layout, tokens/s, MFU, scaling efficiency and time to train at each GPU count."""
     from .sweep import run
@@ -227,7 +230,7 @@ def sweep(
     profile, training = _training(m, None, seq_length, _checkpoint(failure_rate, restart_time,
                                                                    async_save),
                                   framework, flash_attention, grad_dtype, allocator_reserve,
-                                  precision)
+                                  precision, _moe_job(moe_dispatcher, moe_a2a_overlap))
     from ..cost.precision import check_precision
     check_precision(hw, training)
     run(m, hw, training, _require(gpus, "--gpus"), json_out, plot, force, min_memory_headroom,
@@ -276,6 +279,7 @@ def estimate(
     framework: Optional[str] = FRAMEWORK, flash_attention: Optional[bool] = FLASH,
     grad_dtype: Optional[str] = GRAD_DTYPE, allocator_reserve: Optional[float] = ALLOCATOR,
     precision: Optional[PrecisionChoice] = PRECISION,
+    moe_dispatcher: Optional[str] = MOE_DISPATCHER, moe_a2a_overlap: Optional[bool] = MOE_A2A_OVERLAP,
 ) -> None:
     """Memory and step-time breakdown of one layout (from flags or --plan). Exits 1 if it does not fit."""
     from ..search import check_layout
@@ -291,7 +295,8 @@ def estimate(
              "--restart-time": restart_time, "--async-save/--sync-save": async_save,
              "--framework": framework, "--flash-attention": flash_attention,
              "--grad-dtype": grad_dtype, "--allocator-reserve": allocator_reserve,
-             "--precision": precision}
+             "--precision": precision, "--moe-dispatcher": moe_dispatcher,
+             "--moe-a2a-overlap": moe_a2a_overlap}
     if plan is not None:
         p = _plan_alone(plan, flags)
         m, hw, training, layout, n, profile = p.model, p.hardware, p.training, p.layout, p.gpus, p.framework
@@ -307,7 +312,7 @@ def estimate(
         m, hw, profile, training = _inputs(
             model, hardware or "dgx-h100", global_batch_size, seq_length,
             _checkpoint(failure_rate, restart_time, async_save), framework, flash_attention,
-            grad_dtype, allocator_reserve, precision)
+            grad_dtype, allocator_reserve, precision, _moe_job(moe_dispatcher, moe_a2a_overlap))
         n = _require(gpus, "--gpus")
         fields = dict(tp=tp, cp=cp, pp=pp, dp=dp, zero_stage=zero_stage,
                       micro_batch_size=micro_batch_size or 1,
@@ -336,12 +341,13 @@ def _plan_alone(plan: Path, flags: dict):
 
 
 def _inputs(model, hardware, global_batch_size, seq_length, checkpoint, framework, flash,
-            grad_dtype, allocator, precision=None):
-    """(model, hardware, framework profile, TrainingSpec) from the flags (UsageError)."""
+            grad_dtype, allocator, precision=None, moe=None):
+    """(model, hardware, framework profile, TrainingSpec) from the flags (UsageError); ``moe``
+    the MoE settings of app._moe_job."""
     m = catalog.resolve_model(_require(model, "--model"))
     hw = catalog.resolve_hardware(hardware)
     profile, training = _training(m, global_batch_size, seq_length, checkpoint, framework, flash,
-                                  grad_dtype, allocator, precision)
+                                  grad_dtype, allocator, precision, moe)
     return m, hw, profile, training
 
 

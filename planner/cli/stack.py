@@ -49,9 +49,11 @@ def placement(
     plan: Path = typer.Argument(..., help="Plan YAML written by `plan3d search --export`."),
     order: str = typer.Option("megatron", "--order",
                               help="Rank order: megatron (default), torchtitan or megatron-tp-pp-dp."),
-    json_out: bool = typer.Option(False, "--json", help="Print every group and the node of every rank."),
+    json_out: bool = typer.Option(False, "--json", help="Print every group, the node and the NVLink "
+                                  "domain of every rank."),
 ) -> None:
-    """Which ranks form each TP/DP/PP group, which node each is on, and whether TP crosses a node."""
+    """Which ranks form each TP/CP/DP/PP group (EP/ETP/EDP for MoE), which node and NVLink domain
+    each is on, whether TP crosses a node and EP leaves the NVLink domain."""
     from ..export import read_checked_plan
     from ..placement import full, summary
     p = read_checked_plan(plan)

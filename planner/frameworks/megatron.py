@@ -57,7 +57,7 @@ from ..cost import precision
 from ..specs import Plan
 from .common import (RANK_ORDER_NOTE, Export, describe, interval_note, layers_per_virtual_stage,
                      microbatches, recompute_modules, save_interval, theta_text)
-from .megatron_model import model_args
+from .megatron_model import CROSS_ENTROPY_NOTE, model_args
 
 SOURCE = "NVIDIA/Megatron-LM commit d98e8a64ddf3 (2026-08-22), megatron/training/arguments.py"
 FSDP_STRATEGY = {2: "optim_grads", 3: "optim_grads_params"}
@@ -239,4 +239,5 @@ def export_megatron(plan: Plan) -> Export:
                         f"estimate assumed groups of pp; a little more memory in flight)")
     lines = [flag if value is None else f"{flag} {value}" for flag, value in args]
     text = "".join(f"# {c}\n" for c in comments) + " \\\n".join(lines) + "\n"
-    return Export("megatron", text, keys=[flag for flag, _ in args])
+    notes = [CROSS_ENTROPY_NOTE] if plan.training.cross_entropy_in_place else []
+    return Export("megatron", text, notes=notes, keys=[flag for flag, _ in args])

@@ -17,8 +17,14 @@ Mapping (ModelSpec / Layout field -> flag):
                                     2N, ... (gpt_layer_specs.py: i % N == 0), not plan3d's
                                     layer_freq (layers k-1, 2k-1, ... after the dense lead), so
                                     every other pattern is written as a list
-  (plan)                            --moe-grouped-gemm, --moe-token-dispatcher-type alltoall
-                                    (what the cost model assumes; moe.md 4.1)
+  (plan)                            --moe-grouped-gemm
+  training.moe_dispatcher           --moe-token-dispatcher-type alltoall | allgather | flex;
+                                    flex with --moe-flex-dispatcher-backend deepep, or hybridep
+                                    where the NVLink domain spans hosts (GB200 NVL72, as
+                                    Megatron-Bridge's GB200 DeepSeek-V3 recipes set it:
+                                    perf_recipes/deepseek/common.py @067f987df03b L56-57);
+                                    --moe-enable-deepep is deprecated at this commit
+                                    (transformer_config.py L1743-1752)
   layout ep, etp                    --expert-model-parallel-size, --expert-tensor-parallel-size
                                     (always written: Megatron silently sets etp = tp otherwise,
                                     arguments.py L587-588)
@@ -40,7 +46,24 @@ Mapping (ModelSpec / Layout field -> flag):
   attention_sinks                   --softmax-type learnable
   qkv_bias                          --add-qkv-bias
   norm_epsilon                      --norm-epsilon (None: a comment that 1e-5 applies)
-Refused (UsageError): E not divisible by ep (arguments.py L1655-1658); biases in MoE with
+The job settings of the TrainingSpec (job_args; written for MoE models where MoE-only):
+  moe_a2a_overlap                   --overlap-moe-expert-parallel-comm --delay-wgrad-compute,
+                                    where the layout lets Megatron-Core overlap (ep > 1, no full
+                                    recompute, pp = 1 or interleaved: transformer_config.py
+                                    L3002-3050, the cost model's condition); else a comment
+  optimizer_offload_fraction f > 0  --optimizer-cpu-offload --optimizer-offload-fraction f
+                                    --use-precision-aware-optimizer (arguments.py L1884-1887
+                                    requires it)
+  moe_activation_offload            --fine-grained-activation-offloading --offload-modules
+                                    expert_fc1 moe_act
+  cross_entropy_in_place            not written: Megatron-LM's validation refuses
+                                    --cross-entropy-loss-fusion with --cross-entropy-fusion-impl
+                                    te (arguments.py L1697-1702, "stability issues"); a comment
+                                    and a note say so (Megatron-Bridge writes it)
+Refused (UsageError): EP overlap with the allgather dispatcher or more than one MTP layer
+(transformer_config.py L3016-3019, L3042-3046); optimizer CPU offload beside FP8 parameter
+gathering (arguments.py L1888-1891); fine-grained beside whole-layer activation offloading
+(transformer_config.py L2127-2130); E not divisible by ep (arguments.py L1655-1658); biases in MoE with
 etp > 1 (transformer_config.py L2612-2615); attention TP > 1 without sequence parallelism in an
 MoE model (moe/moe_layer.py L636-640 raises in training).
 """
@@ -99,12 +122,14 @@ def moe_args(plan: Plan) -> tuple[Args, list[str]]:
                   ("--moe-ffn-hidden-size", str(moe.ffn_hidden_size)), ("--moe-layer-freq", freq)]
     if moe.shared_experts:
         args.append(("--moe-shared-expert-intermediate-size", str(moe.shared_experts * moe.shared_ffn)))
-    args += [("--moe-grouped-gemm", None), ("--moe-token-dispatcher-type", "alltoall"),
-             ("--expert-model-parallel-size", str(lay.ep)),
+    args += [("--moe-grouped-gemm", None), ("--moe-token-dispatcher-type", plan.training.moe_dispatcher)]
+    if plan.training.moe_dispatcher == "flex":
+        args.append(("--moe-flex-dispatcher-backend", flex_backend(plan)))
+    args += [("--expert-model-parallel-size", str(lay.ep)),
              ("--expert-tensor-parallel-size", str(lay.etp))]
     comments = [
         f"experts: {moe.num_experts} over ep={lay.ep} x etp={lay.etp} (edp={lay.edp}); dropless "
-        "alltoall dispatch with grouped GEMM, as the estimate assumed",
+        f"{plan.training.moe_dispatcher} dispatch with grouped GEMM, as the estimate assumed",
         "routing not in plan3d's model schema, set from the model card: --moe-router-score-function, "
         "--moe-router-enable-expert-bias, --moe-router-num-groups/--moe-router-group-topk, "
         "--moe-router-topk-scaling-factor, --moe-aux-loss-coeff, --moe-router-dtype"]
@@ -113,6 +138,78 @@ def moe_args(plan: Plan) -> tuple[Args, list[str]]:
         comments.append("top-1 routing: Megatron-Core requires --moe-router-pre-softmax with its "
                         "default softmax score function (transformer_config.py L2661-2669)")
     return args, comments
+
+
+def flex_backend(plan: Plan) -> str:
+    """The flex dispatcher's backend: hybridep where the NVLink domain spans more than one host
+    (GB200 NVL72), deepep otherwise (Megatron-Core's default backend)."""
+    hw = plan.hardware
+    return "hybridep" if (hw.nvlink_domain or hw.gpus_per_node) > hw.gpus_per_node else "deepep"
+
+
+def ep_overlap(plan: Plan) -> bool:
+    """Whether Megatron-Core runs the plan's EP communication overlap: moe_a2a_overlap on an MoE
+    model with ep > 1, no full recompute and pp = 1 or interleaving (the cost model's condition,
+    cost.comm). UsageError where Megatron-Core refuses the overlap outright: the allgather
+    dispatcher, more than one MTP layer (transformer_config.py L3016-3019, L3042-3046)."""
+    tr, lay, model = plan.training, plan.layout, plan.model
+    if not tr.moe_a2a_overlap or model.moe is None:
+        return False
+    if tr.moe_dispatcher == "allgather":
+        raise UsageError("Megatron-Core overlaps EP communication (moe_a2a_overlap) only with the "
+                         "alltoall or flex dispatcher; the plan has moe_dispatcher allgather")
+    if model.mtp_layers > 1:
+        raise UsageError(f"Megatron-Core's EP overlap (moe_a2a_overlap) supports at most one MTP "
+                         f"layer; {model.name} has {model.mtp_layers}")
+    return lay.ep > 1 and lay.recompute != "full" and (lay.pp == 1 or lay.vpp > 1)
+
+
+def job_args(plan: Plan) -> tuple[Args, list[str]]:
+    """(flags, comments) of the plan's job settings (module docstring): EP overlap, optimizer
+    CPU offload, MoE activation offload; the in-place cross entropy as a comment. UsageError
+    where Megatron-LM refuses them (ep_overlap; offload beside FP8 parameter gathering)."""
+    from ..cost.precision import fp8_param_gather
+    tr, lay, model = plan.training, plan.layout, plan.model
+    args: Args = []
+    comments: list[str] = []
+    if ep_overlap(plan):
+        args += [("--overlap-moe-expert-parallel-comm", None), ("--delay-wgrad-compute", None)]
+        comments.append("EP overlap: --delay-wgrad-compute needs Transformer Engine (>= 2.8 with "
+                        "--overlap-grad-reduce; arguments.py L1903-1908)")
+    elif tr.moe_a2a_overlap and model.moe is not None:
+        comments.append(f"moe_a2a_overlap is set, but Megatron-Core cannot overlap EP "
+                        f"communication on this layout (it needs ep > 1, no full recompute and, "
+                        f"with pp > 1, interleaving; the plan has ep={lay.ep} pp={lay.pp} "
+                        f"vpp={lay.vpp} recompute={lay.recompute}): not written, and the "
+                        "estimate did not overlap it")
+    if tr.optimizer_offload_fraction > 0:
+        if tr.precision != "bf16" and fp8_param_gather(tr) and lay.sharding_stage >= 1:
+            raise UsageError("Megatron-LM's optimizer CPU offload cannot be used with FP8 parameter "
+                             f"gathering (arguments.py L1888-1891), which precision {tr.precision} "
+                             "with a sharded optimizer exports")
+        args += [("--optimizer-cpu-offload", None),
+                 ("--optimizer-offload-fraction", f"{tr.optimizer_offload_fraction:g}"),
+                 ("--use-precision-aware-optimizer", None)]
+    if tr.moe_activation_offload and model.moe is not None:
+        if lay.offload_layers:
+            raise UsageError("Megatron-Core cannot combine fine-grained activation offloading "
+                             "(moe_activation_offload) with whole-layer offloading "
+                             f"(offload_layers {lay.offload_layers}, --cpu-offloading-num-layers; "
+                             "transformer_config.py L2127-2130)")
+        args += [("--fine-grained-activation-offloading", None),
+                 ("--offload-modules", "expert_fc1 moe_act")]
+        comments.append("activation offload: with Transformer Engine >= 2.10 set "
+                        "NVTE_CPU_OFFLOAD_V1=1 (arguments.py L1935-1940)")
+    if tr.cross_entropy_in_place:
+        comments.append(CROSS_ENTROPY_NOTE)
+    return args, comments
+
+
+CROSS_ENTROPY_NOTE = (
+    "the plan assumed Transformer Engine's in-place cross entropy (cross_entropy_in_place: 2 B "
+    "per logit), but Megatron-LM refuses --cross-entropy-loss-fusion --cross-entropy-fusion-impl "
+    "te (arguments.py L1697-1702); not written: its vocab-parallel cross entropy holds 6 B per "
+    "logit, so re-estimate with cross_entropy_in_place false")
 
 
 def attention_args(plan: Plan) -> tuple[Args, list[str]]:
@@ -155,17 +252,19 @@ def attention_args(plan: Plan) -> tuple[Args, list[str]]:
 
 
 def model_args(plan: Plan) -> tuple[Args, list[str]]:
-    """Every architecture flag of this module for ``plan`` (flags, comments), duplicates dropped."""
+    """Every architecture and job-setting flag of this module for ``plan`` (flags, comments),
+    duplicates dropped."""
     a1, c1 = attention_args(plan)
     a2, c2 = moe_args(plan)
+    a3, c3 = job_args(plan)
     args: Args = []
-    for flag, value in a1 + a2:
+    for flag, value in a1 + a2 + a3:
         if all(flag != f for f, _ in args):
             args.append((flag, value))
     eps = plan.model.norm_epsilon
     if eps is not None:
         args.append(("--norm-epsilon", f"{eps:g}"))
-    comments = c1 + c2
+    comments = c1 + c2 + c3
     if eps is None:
         comments.append(f"norm epsilon: not known for {plan.model.name} (norm_epsilon), so "
                         "Megatron-LM's default --norm-epsilon 1e-5 applies")

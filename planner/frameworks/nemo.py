@@ -31,7 +31,7 @@ from ..cost.model_flops import padded_vocab
 from .common import (ARCHITECTURE_FIELDS, RANK_ORDER_NOTE, Export, describe, interval_note,
                      microbatches, recompute_modules, rope_note, save_interval, unwritten_note)
 from .megatron_model import moe_args
-from .nemo_model import model_comments, model_fields
+from .nemo_model import job_fields, model_comments, model_fields
 
 SOURCE = ("NVIDIA-NeMo/Megatron-Bridge docs/megatron-lm-to-megatron-bridge.md @167ba2ad3210, "
           "src/megatron/bridge/recipes/llama/llama3.py @6f6f95e09fc9; model provider fields: "
@@ -91,6 +91,7 @@ def nemo_fields(plan: Plan, ck: dict | None = None) -> dict[str, dict[str, objec
                  "full": ("full", "block", lay.recompute_num_layers, None) if lay.recompute_num_layers
                  else ("full", "uniform", 1, None)}[lay.recompute]
     fsdp = lay.zero_stage >= 2
+    job = job_fields(plan)
     return {
         "model": {
             "tensor_model_parallel_size": lay.tp,
@@ -104,6 +105,7 @@ def nemo_fields(plan: Plan, ck: dict | None = None) -> dict[str, dict[str, objec
             "recompute_num_layers": recompute[2],
             "recompute_modules": recompute[3],
             **model_fields(plan, int(padded_vocab(plan.model.vocab_size, lay.tp))),
+            **job.get("model", {}),
         },
         "train": {"micro_batch_size": lay.micro_batch_size,
                   "global_batch_size": tr.global_batch_size},
@@ -116,7 +118,9 @@ def nemo_fields(plan: Plan, ck: dict | None = None) -> dict[str, dict[str, objec
             "overlap_param_gather": tr.overlap_grad_reduce and bool(lay.sharding_stage >= 1),
             "grad_reduce_in_fp32": tr.grad_bytes == 4,
         },
-        "optimizer": {"use_distributed_optimizer": bool(lay.sharding_stage == 1)},
+        "optimizer": {"use_distributed_optimizer": bool(lay.sharding_stage == 1),
+                      **job.get("optimizer", {})},
+        **({"comm_overlap": job["comm_overlap"]} if "comm_overlap" in job else {}),
         "mixed_precision": mixed_precision_preset(tr),
         **({"checkpoint": checkpoint_fields(plan, ck)} if ck is not None else {}),
     }

@@ -16,6 +16,21 @@ apply_rope_fusion; gpt_oss/gpt_oss_bridge.py: softmax_type "learnable", window_s
 (w - 1, 0), window_attn_skip_freq 2), with Megatron-Core's layer-pattern semantics
 (megatron_model's docstring). Layout: expert_model_parallel_size, expert_tensor_parallel_size.
 
+The job settings of the TrainingSpec (job_fields), as Megatron-Bridge's performance recipes set
+them (NVIDIA-NeMo/Megatron-Bridge @ 067f987df03b src/megatron/bridge/perf_recipes/deepseek/
+common.py, b200/deepseek_v3.py, gb200/deepseek_v3.py, gb200/deepseek_v4.py; training/
+comm_overlap.py L372-373): moe_dispatcher -> model.moe_token_dispatcher_type (+
+model.moe_flex_dispatcher_backend for flex, megatron_model.flex_backend); moe_a2a_overlap ->
+comm_overlap.overlap_moe_expert_parallel_comm and comm_overlap.delay_wgrad_compute (where
+megatron_model.ep_overlap); optimizer_offload_fraction -> optimizer.optimizer_cpu_offload,
+optimizer.optimizer_offload_fraction, optimizer.use_precision_aware_optimizer (Megatron-Core
+OptimizerConfig, optimizer_config.py L187, L347-350 @ d98e8a64ddf3); moe_activation_offload ->
+model.fine_grained_activation_offloading, model.offload_modules [expert_fc1, moe_act];
+cross_entropy_in_place -> model.cross_entropy_loss_fusion true, model.cross_entropy_fusion_impl
+te (as the DeepSeek-V3 bridge sets it, models/deepseek/deepseek_v3_bridge.py L82; Megatron-Core
+only warns about it, model_parallel_config.py L536-542, where Megatron-LM's own arguments refuse
+it).
+
 Not expressible as a YAML field: the activation function (a callable; SwiGLU = gated_linear_unit
 with activation_func F.silu set in the provider's Python) and full-width QK norms (a layer spec):
 comments.
@@ -25,6 +40,7 @@ from __future__ import annotations
 
 from ..cost.model_counts import moe_layer_mask, window_layer_mask
 from ..specs import Plan
+from .megatron_model import ep_overlap, flex_backend
 
 POSITION = {"rope": "rope", "learned": "learned_absolute"}
 
@@ -41,7 +57,9 @@ def _moe_fields(plan: Plan) -> dict[str, object]:
                 "moe_layer_freq": 1 if mask.all() else [int(b) for b in mask],
                 "moe_shared_expert_intermediate_size":
                     moe.shared_experts * moe.shared_ffn if moe.shared_experts else None,
-                "moe_grouped_gemm": True, "moe_token_dispatcher_type": "alltoall"})
+                "moe_grouped_gemm": True, "moe_token_dispatcher_type": plan.training.moe_dispatcher})
+    if plan.training.moe_dispatcher == "flex":
+        out["moe_flex_dispatcher_backend"] = flex_backend(plan)
     if moe.router_topk == 1:
         out["moe_router_pre_softmax"] = True
     return out
@@ -92,6 +110,25 @@ def model_fields(plan: Plan, vocab: int) -> dict[str, object]:
     out.update(_attention_fields(plan))
     out.update(_moe_fields(plan))
     return out
+
+
+def job_fields(plan: Plan) -> dict[str, dict[str, object]]:
+    """{section: {field: value}} of the plan's job settings (module docstring): ``model``,
+    ``comm_overlap`` and ``optimizer`` entries, only those that are set. UsageError where
+    Megatron-Core refuses them (megatron_model.ep_overlap)."""
+    tr, moe = plan.training, plan.model.moe is not None
+    out: dict[str, dict[str, object]] = {"model": {}, "comm_overlap": {}, "optimizer": {}}
+    if ep_overlap(plan):
+        out["comm_overlap"].update(overlap_moe_expert_parallel_comm=True, delay_wgrad_compute=True)
+    if tr.optimizer_offload_fraction > 0:
+        out["optimizer"].update(optimizer_cpu_offload=True, use_precision_aware_optimizer=True,
+                                optimizer_offload_fraction=float(tr.optimizer_offload_fraction))
+    if tr.moe_activation_offload and moe:
+        out["model"].update(fine_grained_activation_offloading=True,
+                            offload_modules=["expert_fc1", "moe_act"])
+    if tr.cross_entropy_in_place:
+        out["model"].update(cross_entropy_loss_fusion=True, cross_entropy_fusion_impl="te")
+    return {k: v for k, v in out.items() if v}
 
 
 def model_comments(plan: Plan) -> list[str]:

@@ -1,0 +1,127 @@
+"""Exports of the job settings a plan's TrainingSpec holds: the MoE token dispatcher, the EP
+communication overlap, optimizer CPU offload, MoE activation offload and the in-place cross
+entropy (Megatron-LM flags and Megatron-Bridge fields; each flag in the parser's option list,
+each field in the Bridge field list, and the arguments through the ported validation of
+NVIDIA/Megatron-LM @ d98e8a64, tests/megatron_rules.py)."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from planner import __version__, catalog
+from planner.errors import UsageError
+from planner.frameworks import export_plan
+from planner.specs import Layout, Plan, TrainingSpec
+from tests import megatron_rules as rules
+from tests.test_frameworks import BRIDGE, MEGATRON, flatten
+from tests.test_frameworks_moe import DSV3, DSV3_PP1
+
+ALL_ON = dict(moe_dispatcher="flex", moe_a2a_overlap=True, optimizer_offload_fraction=0.5,
+              moe_activation_offload=True, cross_entropy_in_place=True)
+
+
+def plan_with(training: dict, hw: str = "dgx-h100", gpus: int = 128, **layout) -> Plan:
+    m = catalog.resolve_model("deepseek-v3")
+    tr = TrainingSpec(seq_length=4096, global_batch_size=m.training.global_batch_size, **training)
+    return Plan(plan3d_version=__version__, model=m, hardware=catalog.resolve_hardware(hw),
+                gpus=gpus, training=tr, layout=Layout(**(layout or DSV3_PP1)))
+
+
+def test_megatron_writes_the_job_settings():
+    # DeepSeek-V3 tp=2 dp=64 ep=64 pp=1 on 128 GPUs: EP overlap allowed (ep > 1, no full
+    # recompute, pp = 1), flex with DeepEP (DGX H100: an NVLink domain is one host)
+    exp = export_plan(plan_with(ALL_ON), "megatron")
+    args = rules.parse(exp.text)
+    assert {"--" + k.replace("_", "-") for k in args} <= MEGATRON
+    rules.validate(args, world=128)
+    assert args["moe_token_dispatcher_type"] == "flex" and args["moe_flex_dispatcher_backend"] == "deepep"
+    assert args["overlap_moe_expert_parallel_comm"] is True and args["delay_wgrad_compute"] is True
+    assert (args["optimizer_cpu_offload"], args["optimizer_offload_fraction"],
+            args["use_precision_aware_optimizer"]) == (True, "0.5", True)
+    assert args["fine_grained_activation_offloading"] is True
+    assert args["offload_modules"] == ["expert_fc1", "moe_act"]
+    # Megatron-LM refuses TE's cross entropy fusion: not written, said in a comment and a note
+    assert "cross_entropy_loss_fusion" not in args and "cross_entropy_fusion_impl" not in args
+    assert any("cross_entropy_in_place" in n for n in exp.notes)
+    assert "# the plan assumed Transformer Engine's in-place cross entropy" in exp.text
+
+
+def test_defaults_write_alltoall_and_nothing_else():
+    args = rules.parse(export_plan(plan_with({}), "megatron").text)
+    assert args["moe_token_dispatcher_type"] == "alltoall" and "moe_flex_dispatcher_backend" not in args
+    for k in ("overlap_moe_expert_parallel_comm", "delay_wgrad_compute", "optimizer_cpu_offload",
+              "fine_grained_activation_offloading", "offload_modules"):
+        assert k not in args
+    args = rules.parse(export_plan(plan_with({"moe_dispatcher": "allgather"}), "megatron").text)
+    assert args["moe_token_dispatcher_type"] == "allgather"
+
+
+def test_gb200_flex_uses_hybridep():
+    # GB200 NVL72: the NVLink domain (72) spans 18 hosts of 4, as Bridge's GB200 recipes use HybridEP
+    args = rules.parse(export_plan(plan_with({"moe_dispatcher": "flex"}, hw="gb200-nvl72"), "megatron").text)
+    assert args["moe_flex_dispatcher_backend"] == "hybridep"
+
+
+def test_overlap_left_out_where_the_layout_cannot_overlap():
+    # pp = 8 without interleaving: Megatron-Core needs vpp for the overlap (transformer_config.py
+    # L3007-3011) and the cost model did not overlap: no flag, a comment says why
+    exp = export_plan(plan_with({"moe_a2a_overlap": True}, gpus=1024, **DSV3), "megatron")
+    args = rules.parse(exp.text)
+    rules.validate(args, world=1024)
+    assert "overlap_moe_expert_parallel_comm" not in args
+    assert "# moe_a2a_overlap is set, but Megatron-Core cannot overlap" in exp.text
+
+
+@pytest.mark.parametrize("training, layout, match", [
+    ({"moe_a2a_overlap": True, "moe_dispatcher": "allgather"}, {}, "alltoall or flex"),
+    # FP8 per-tensor with the distributed optimizer exports --fp8-param-gather
+    ({"optimizer_offload_fraction": 1.0, "precision": "fp8"},
+     {**DSV3_PP1, "zero_stage": 0, "distributed_optimizer": True}, "FP8 parameter gathering"),
+    ({"moe_activation_offload": True}, {**DSV3_PP1, "offload_layers": 2}, "whole-layer offloading"),
+])
+def test_refused_as_megatron_refuses(training, layout, match):
+    with pytest.raises(UsageError, match=match):
+        export_plan(plan_with(training, **layout), "megatron")
+
+
+@pytest.mark.parametrize("change, rule", [
+    ({"cross_entropy_loss_fusion": True, "cross_entropy_fusion_impl": "te"}, "L1697-1702"),
+    ({"use_precision_aware_optimizer": None}, "arguments.py L1885"),
+    ({"moe_token_dispatcher_type": "allgather"}, "L3016-3019"),
+    ({"offload_modules": ["expert_fc2"]}, "L2131-2147"),
+    ({"cpu_offloading_num_layers": "2"}, "L2128-2130"),
+    ({"pipeline_model_parallel_size": "2"}, "L3007-3011"),
+])
+def test_the_ported_job_rules_find_errors(change, rule):
+    args = rules.parse(export_plan(plan_with(ALL_ON), "megatron").text)
+    for k, v in change.items():
+        if v is None:
+            args.pop(k)
+        else:
+            args[k] = v
+    with pytest.raises(rules.MegatronRejects, match=rule):
+        rules.validate(args, world=128)
+
+
+def test_bridge_fields_of_the_job_settings():
+    exp = export_plan(plan_with(ALL_ON), "nemo")
+    body = yaml.safe_load(exp.text)
+    fields = flatten(body)
+    assert set(fields) <= BRIDGE, set(fields) - BRIDGE
+    assert (fields["model.moe_token_dispatcher_type"], fields["model.moe_flex_dispatcher_backend"]) == \
+        ("flex", "deepep")
+    assert fields["comm_overlap.overlap_moe_expert_parallel_comm"] is True
+    assert fields["comm_overlap.delay_wgrad_compute"] is True
+    assert (fields["optimizer.optimizer_cpu_offload"], fields["optimizer.optimizer_offload_fraction"],
+            fields["optimizer.use_precision_aware_optimizer"]) == (True, 0.5, True)
+    assert fields["model.offload_modules"] == ["expert_fc1", "moe_act"]
+    assert fields["model.fine_grained_activation_offloading"] is True
+    # Bridge sets TE's fusion as its DeepSeek-V3 bridge does (Megatron-Core only warns)
+    assert (fields["model.cross_entropy_loss_fusion"], fields["model.cross_entropy_fusion_impl"]) == \
+        (True, "te")
+    assert "comm_overlap.overlap_moe_expert_parallel_comm=true" in exp.text  # the Hydra overrides
+    plain = flatten(yaml.safe_load(export_plan(plan_with({}), "nemo").text))
+    assert plain["model.moe_token_dispatcher_type"] == "alltoall"
+    assert not any(k.startswith("comm_overlap.") for k in plain)
+    assert "optimizer.optimizer_cpu_offload" not in plain and "model.offload_modules" not in plain
