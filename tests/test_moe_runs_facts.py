@@ -38,3 +38,14 @@ def test_outside_the_search_space_tries_the_unknown_recompute_in_place():
     assert case.layout.recompute in RECOMPUTE_CHOICES
     assert (case.layout.pp, case.layout.vpp, case.layout.ep) == (stated.pp, stated.vpp, stated.ep)
     assert bool(estimate_layout(case.model, case.hardware, case.training, case.layout).fits[0])
+
+
+def test_a_run_that_states_full_recompute_keeps_every_layer_recomputed():
+    # Korthikanti et al. 2022 Table 5's full-recompute 175B row recomputes every layer
+    # (megatron-lm-2022 offers --recompute-num-layers, but the row states full recomputation of
+    # the model): --resolve search leaves recompute_num_layers at 0 (all layers), it does not
+    # pick the least N that fits, which would make the prediction faster than the run
+    case = next(c for c in load_datasets(["published"]) if c.id == "korthikanti22-175b-fullrecompute")
+    assert "recompute" not in case.unknown and case.layout.recompute == "full"
+    resolve(case)
+    assert case.layout.recompute == "full" and case.layout.recompute_num_layers == 0

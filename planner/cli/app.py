@@ -104,6 +104,15 @@ PRECISION = typer.Option(None, "--precision", help="Linear layers in bf16, fp8 (
                          "scaling), fp8-blockwise (1x128/128x128 blocks) or mxfp8 (Blackwell) "
                          "\\[default: bf16].")
 # Mixture-of-experts job settings (TrainingSpec.moe_dispatcher, moe_a2a_overlap)
+EXPORT = typer.Option(None, "--export", help="Write the best layout as a plan YAML "
+                      "(- for stdout; the table then goes to stderr).")
+FORCE = typer.Option(False, "--force", help="Overwrite an existing --export file.")
+CURRENCY = typer.Option(None, "--currency", help="Currency of --price-per-gpu-hour, an ISO 4217 "
+                        "code (EUR, ...) \\[default: USD].")
+MAX_GPUS = typer.Option(None, "--max-gpus",
+                        help="Use at most N GPUs in whole nodes; the search picks the count.")
+WHY_NOT = typer.Option(None, "--why-not",
+                       help="Explain a (partial) layout, e.g. 'tp=4,pp=16', against the winner.")
 MOE_DISPATCHERS = ("alltoall", "allgather", "flex")
 MOE_DISPATCHER = typer.Option(None, "--moe-dispatcher", help="MoE token dispatcher: alltoall, "
                               "allgather or flex (DeepEP / HybridEP) \\[default: alltoall].")

@@ -10,8 +10,8 @@ import typer
 from .. import catalog
 from ..errors import UsageError
 from ..render import console
-from ..inputs import check_integers, check_numbers, search_options
-from .app import (OFFLOAD_LAYERS, RECOMPUTE_LAYERS, ALLOCATOR, ASYNC_SAVE, DEADLINE, FAILURE_RATE,
+from ..inputs import check_numbers, search_options
+from .app import (CURRENCY, EXPORT, FORCE, MAX_GPUS, WHY_NOT, RECOMPUTE_LAYERS, ALLOCATOR, ASYNC_SAVE, DEADLINE, FAILURE_RATE,
                   FLASH, FRAMEWORK, GBS, GPUS, GRAD_DTYPE, HARDWARE, HEADROOM, JSON, MODEL,
                   MOE_A2A_OVERLAP, MOE_DISPATCHER, PRECISION, RESTART_TIME, SEQ, PrecisionChoice,
                   RecomputeChoice, _checkpoint, _moe_job, _require, _training, app,
@@ -25,9 +25,7 @@ def search(
     global_batch_size: Optional[int] = GBS, seq_length: Optional[int] = SEQ,
     top: int = typer.Option(10, "--top", help="How many layouts to show."),
     json_out: bool = JSON,
-    export: Optional[Path] = typer.Option(None, "--export", help="Write the best layout as a plan YAML "
-                                          "(- for stdout; the table then goes to stderr)."),
-    force: bool = typer.Option(False, "--force", help="Overwrite an existing --export file."),
+    export: Optional[Path] = EXPORT, force: bool = FORCE,
     tp: Optional[int] = typer.Option(None, "--tp", help="Pin tensor-parallel size."),
     pp: Optional[int] = typer.Option(None, "--pp", help="Pin pipeline-parallel size."),
     dp: Optional[int] = typer.Option(None, "--dp", help="Pin data-parallel size."),
@@ -55,16 +53,11 @@ def search(
     tokens: Optional[float] = typer.Option(None, "--tokens", help="Training tokens (default: the model's)."),
     price_per_gpu_hour: Optional[float] = typer.Option(None, "--price-per-gpu-hour",
                                                        help="Price of one GPU-hour (for --objective cost)."),
-    currency: Optional[str] = typer.Option(None, "--currency",
-                                           help="Currency of --price-per-gpu-hour, an ISO 4217 "
-                                                "code (EUR, ...) \\[default: USD]."),
-    max_gpus: Optional[int] = typer.Option(None, "--max-gpus",
-                                           help="Use at most N GPUs in whole nodes; the search picks the count."),
+    currency: Optional[str] = CURRENCY, max_gpus: Optional[int] = MAX_GPUS,
     min_memory_headroom: Optional[str] = HEADROOM,
     allow_cross_node_tp: bool = typer.Option(False, "--allow-cross-node-tp",
                                              help="Let tp exceed one node's GPUs."),
-    why_not: Optional[str] = typer.Option(None, "--why-not",
-                                          help="Explain a (partial) layout, e.g. 'tp=4,pp=16', against the winner."),
+    why_not: Optional[str] = WHY_NOT,
     deadline: Optional[str] = DEADLINE, failure_rate: Optional[float] = FAILURE_RATE,
     restart_time: Optional[str] = RESTART_TIME, async_save: Optional[bool] = ASYNC_SAVE,
     framework: Optional[str] = FRAMEWORK, flash_attention: Optional[bool] = FLASH,
@@ -238,109 +231,6 @@ def sweep(
         global_batch_size, tokens, deadline, profile)
 
 
-@app.command()
-@handle_errors
-def estimate(
-    model: Optional[str] = MODEL, gpus: Optional[int] = GPUS,
-    hardware: Optional[str] = typer.Option(None, "--hardware",
-                                           help="Hardware profile name or YAML file \\[default: dgx-h100]."),
-    global_batch_size: Optional[int] = GBS, seq_length: Optional[int] = SEQ,
-    tp: Optional[int] = typer.Option(None, "--tp", help="Tensor-parallel size \\[default: 1]."),
-    pp: Optional[int] = typer.Option(None, "--pp", help="Pipeline-parallel size \\[default: 1]."),
-    dp: Optional[int] = typer.Option(None, "--dp", help="Data-parallel size \\[default: gpus/(tp*cp*pp)]."),
-    zero_stage: Optional[int] = typer.Option(
-        None, "--zero-stage", help="ZeRO stage 0-3 \\[default: 1; 0 with --distributed-optimizer]."),
-    micro_batch_size: Optional[int] = typer.Option(None, "--micro-batch-size",
-                                                   help="Micro-batch size \\[default: 1]."),
-    recompute: Optional[RecomputeChoice] = typer.Option(None, "--recompute",
-                                                        help="Recomputation \\[default: none]."),
-    recompute_num_layers: Optional[int] = RECOMPUTE_LAYERS,
-    offload_layers: Optional[int] = OFFLOAD_LAYERS,
-    sequence_parallel: Optional[bool] = typer.Option(None, "--sequence-parallel/--no-sequence-parallel",
-                                                     help="Sequence parallelism \\[default: off]."),
-    vpp: Optional[int] = typer.Option(None, "--vpp", help="Virtual pipeline stages per rank \\[default: 1]."),
-    cp: Optional[int] = typer.Option(None, "--cp", help="Context-parallel size \\[default: 1]."),
-    ep: Optional[int] = typer.Option(None, "--ep", help="Expert-parallel size (MoE) \\[default: 1]."),
-    etp: Optional[int] = typer.Option(None, "--etp", help="Expert-tensor-parallel size (MoE) \\[default: 1]."),
-    distributed_optimizer: Optional[bool] = typer.Option(
-        None, "--distributed-optimizer/--no-distributed-optimizer",
-        help="Megatron's distributed optimizer, the ZeRO-1 alternative: implies --zero-stage 0 "
-             "\\[default: off]."),
-    first_stage_layers: Optional[int] = typer.Option(
-        None, "--first-stage-layers", help="Uneven pipeline split: layers on the first stage \\[default: even]."),
-    last_stage_layers: Optional[int] = typer.Option(
-        None, "--last-stage-layers", help="Uneven pipeline split: layers on the last stage \\[default: even]."),
-    plan: Optional[Path] = typer.Option(None, "--plan", help="Evaluate a plan YAML written by --export "
-                                        "(alone: it cannot be combined with the other flags)."),
-    allow_cross_node_tp: bool = typer.Option(False, "--allow-cross-node-tp",
-                                             help="Let tp exceed one node's GPUs (a --plan may always)."),
-    json_out: bool = JSON,
-    failure_rate: Optional[float] = FAILURE_RATE, restart_time: Optional[str] = RESTART_TIME,
-    async_save: Optional[bool] = ASYNC_SAVE,
-    framework: Optional[str] = FRAMEWORK, flash_attention: Optional[bool] = FLASH,
-    grad_dtype: Optional[str] = GRAD_DTYPE, allocator_reserve: Optional[float] = ALLOCATOR,
-    precision: Optional[PrecisionChoice] = PRECISION,
-    moe_dispatcher: Optional[str] = MOE_DISPATCHER, moe_a2a_overlap: Optional[bool] = MOE_A2A_OVERLAP,
-) -> None:
-    """Memory and step-time breakdown of one layout (from flags or --plan). Exits 1 if it does not fit."""
-    from ..search import check_layout
-    flags = {"--model": model, "--gpus": gpus, "--hardware": hardware,
-             "--global-batch-size": global_batch_size, "--seq-length": seq_length, "--tp": tp,
-             "--pp": pp, "--dp": dp, "--zero-stage": zero_stage, "--micro-batch-size": micro_batch_size,
-             "--recompute": recompute, "--recompute-num-layers": recompute_num_layers,
-             "--offload-layers": offload_layers,
-             "--sequence-parallel": sequence_parallel, "--vpp": vpp,
-             "--cp": cp, "--ep": ep, "--etp": etp, "--distributed-optimizer": distributed_optimizer,
-             "--first-stage-layers": first_stage_layers, "--last-stage-layers": last_stage_layers,
-             "--allow-cross-node-tp": allow_cross_node_tp or None, "--failure-rate": failure_rate,
-             "--restart-time": restart_time, "--async-save/--sync-save": async_save,
-             "--framework": framework, "--flash-attention": flash_attention,
-             "--grad-dtype": grad_dtype, "--allocator-reserve": allocator_reserve,
-             "--precision": precision, "--moe-dispatcher": moe_dispatcher,
-             "--moe-a2a-overlap": moe_a2a_overlap}
-    if plan is not None:
-        p = _plan_alone(plan, flags)
-        m, hw, training, layout, n, profile = p.model, p.hardware, p.training, p.layout, p.gpus, p.framework
-    else:
-        # Checked as given, before the defaults: `--tp 0` is an error, not tp=1.
-        check_integers(dict(tp=tp, pp=pp, dp=dp, cp=cp, micro_batch_size=micro_batch_size, vpp=vpp,
-                            ep=ep, etp=etp))
-        check_integers(dict(first_stage_layers=first_stage_layers,
-                            last_stage_layers=last_stage_layers,
-                            recompute_num_layers=recompute_num_layers,
-                            offload_layers=offload_layers), allow_zero=True)
-        zero_stage = _zero_stage(zero_stage, distributed_optimizer)
-        m, hw, profile, training = _inputs(
-            model, hardware or "dgx-h100", global_batch_size, seq_length,
-            _checkpoint(failure_rate, restart_time, async_save), framework, flash_attention,
-            grad_dtype, allocator_reserve, precision, _moe_job(moe_dispatcher, moe_a2a_overlap))
-        n = _require(gpus, "--gpus")
-        fields = dict(tp=tp, cp=cp, pp=pp, dp=dp, zero_stage=zero_stage,
-                      micro_batch_size=micro_batch_size or 1,
-                      recompute=(recompute or RecomputeChoice.none).value,
-                      sequence_parallel=bool(sequence_parallel), vpp=vpp or 1,
-                      distributed_optimizer=bool(distributed_optimizer), ep=ep or 1, etp=etp or 1,
-                      first_stage_layers=first_stage_layers or 0,
-                      last_stage_layers=last_stage_layers or 0,
-                      recompute_num_layers=recompute_num_layers or 0,
-                      offload_layers=offload_layers or 0)
-        # tp, cp, pp default to 1 and dp to what they leave (search.check_layout)
-        layout = check_layout(m, hw, training, n, {k: v for k, v in fields.items() if v is not None},
-                              allow_cross_node_tp, profile)
-    _estimate_output(m, hw, training, n, layout, json_out, p if plan is not None else None, profile)
-
-
-def _plan_alone(plan: Path, flags: dict):
-    """The checked plan of ``estimate --plan`` (export.read_checked_plan); UsageError when other
-    flags are given too (the plan fixes them)."""
-    from ..export import read_checked_plan
-    given = [flag for flag, value in flags.items() if value is not None]
-    if given:
-        raise UsageError(f"--plan cannot be combined with {', '.join(given)}: the plan fixes "
-                         "them (edit the plan, or estimate from flags without --plan)")
-    return read_checked_plan(plan)  # the checks of every plan consumer
-
-
 def _inputs(model, hardware, global_batch_size, seq_length, checkpoint, framework, flash,
             grad_dtype, allocator, precision=None, moe=None):
     """(model, hardware, framework profile, TrainingSpec) from the flags (UsageError); ``moe``
@@ -350,74 +240,6 @@ def _inputs(model, hardware, global_batch_size, seq_length, checkpoint, framewor
     profile, training = _training(m, global_batch_size, seq_length, checkpoint, framework, flash,
                                   grad_dtype, allocator, precision, moe)
     return m, hw, profile, training
-
-
-def _estimate_output(m, hw, training, n: int, layout, json_out: bool, plan, profile) -> None:
-    """estimate's JSON or tables and checkpoint section, with every pipeline rank (``pipeline``:
-    each rank's memory and time, the binding and the slowest rank, the imbalance); a layout
-    that does not fit gets no step time, throughput or checkpoint, its shortfall per GPU and the
-    fewest GPUs on which a layout fits (``to_fit``). Exit 1 then."""
-    from ..cost.checkpoint import evaluate_checkpoint, unavailable
-    from ..cost.stages import stage_profile
-    from ..cost.step import estimate_layout
-    from ..render.breakdown import estimate_report, plan_drift
-    est = estimate_layout(m, hw, training, layout)
-    result = est.to_dict(0)
-    fits = result["memory"]["fits"]
-    hint = None if fits else _to_fit(m, hw, training, n, profile)
-    ck = None if unavailable(hw) or not fits else evaluate_checkpoint(
-        m, hw, training, est.candidates, est.time["step"])
-    stages = stage_profile(m, hw, training, est)
-    from ..explain import recompute_choice
-    recompute = recompute_choice(m, est, 0)
-    if json_out:
-        console.print_json({**result, "recompute": recompute, "to_fit": hint.to_dict() if hint else None,
-                            "checkpoint": ck.to_dict(0) if ck else None,
-                            "pipeline": {"ranks": stages.to_list(), "binding": stages.binding,
-                                         "slowest": stages.slowest, "imbalance": stages.imbalance}})
-    else:
-        from ..render.checkpoint import checkpoint_report
-        from ..render.search import header
-        header(m, hw, training, n)
-        estimate_report(est, stages, hint, recompute)
-        if fits:
-            checkpoint_report(ck, 0, hw, est.candidates.layout(0), "Checkpoint")
-    if plan is not None:
-        plan_drift(plan, est.to_dict(0, raw=True))
-    if not fits:
-        raise typer.Exit(1)
-
-
-def _to_fit(m, hw, training, n: int, profile=None):
-    """What would make a layout on ``n`` GPUs fit: the best layout that fits on these GPUs,
-    else the fewest GPUs on which one fits (refusal.FitHint); None when no count fits."""
-    import numpy as np
-
-    from ..errors import NoFitError
-    from ..refusal import FitHint
-    from ..search import SearchOptions, search
-    try:
-        best = search(m, hw, training, n, SearchOptions(keep=1, framework=profile)).ranked
-    except NoFitError as exc:
-        return exc.to_fit
-    except UsageError:  # no layout can use n GPUs at all (e.g. the batch): the next count that fits
-        from ..refusal import fit_hint
-        return fit_hint(m, hw, training, n, SearchOptions(framework=profile))
-    return FitHint(n, best.take(np.array([0])))
-
-
-def _zero_stage(zero_stage: Optional[int], distributed_optimizer: Optional[bool]) -> int:
-    """estimate's ZeRO stage: as given (0-3), else 1, or 0 with the distributed optimizer (its
-    alternative); UsageError for another value or a stage beside the distributed optimizer."""
-    if zero_stage is not None and zero_stage not in (0, 1, 2, 3):
-        raise UsageError(f"--zero-stage must be 0, 1, 2 or 3, got {zero_stage}")
-    if distributed_optimizer and zero_stage:
-        raise UsageError(f"--distributed-optimizer replaces ZeRO, so it needs --zero-stage 0 "
-                         f"(got {zero_stage}): drop --zero-stage, or drop "
-                         f"--distributed-optimizer to keep ZeRO-{zero_stage}")
-    if zero_stage is None:  # ZeRO-1, or its alternative the distributed optimizer
-        return 0 if distributed_optimizer else 1
-    return zero_stage
 
 
 def _with_gpus(entry: dict) -> dict:

@@ -49,6 +49,8 @@ def _options(case: RunCase) -> SearchOptions:
             pins[name] = getattr(lay, name)
     if lay.distributed_optimizer:
         pins["distributed_optimizer"], pins["zero_stage"] = True, 0
+    if "recompute" not in case.unknown:  # a run that states its recomputation states its layers
+        pins["recompute_num_layers"] = lay.recompute_num_layers
     return SearchOptions(**pins, keep=64, framework=resolve_framework(case.training.framework))
 
 

@@ -96,19 +96,7 @@ def megatron_args(plan: Plan) -> list[tuple[str, str | None]]:
     elif lay.zero_stage in FSDP_STRATEGY:
         args += [("--use-megatron-fsdp", None),
                  ("--data-parallel-sharding-strategy", FSDP_STRATEGY[lay.zero_stage])]
-    if lay.offload_layers:  # Megatron-Core: sets cpu_offloading (arguments.py L1950-1951)
-        args.append(("--cpu-offloading-num-layers", str(lay.offload_layers)))
-    if lay.recompute == "full" and lay.recompute_num_layers:  # the first N of each model chunk
-        args += [("--recompute-granularity", "full"), ("--recompute-method", "block"),
-                 ("--recompute-num-layers", str(lay.recompute_num_layers))]
-    elif lay.recompute == "full":
-        args += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"),
-                 ("--recompute-num-layers", "1")]
-    elif lay.recompute == "selective":
-        args.append(("--recompute-granularity", "selective"))
-    elif lay.recompute == "selective+":
-        args += [("--recompute-granularity", "selective"),
-                 ("--recompute-modules", " ".join(recompute_modules(model)))]
+    args += recompute_args(plan)
     args += [
         ("--micro-batch-size", str(lay.micro_batch_size)),
         ("--global-batch-size", str(tr.global_batch_size)),
@@ -147,6 +135,28 @@ def megatron_args(plan: Plan) -> list[tuple[str, str | None]]:
     if not tr.flash_attention:
         args.append(("--attention-backend", "unfused"))
     return args + fp8_args(plan) + model_args(plan)[0] + checkpoint_args(plan, save_interval(plan))
+
+
+def recompute_args(plan: Plan) -> list[tuple[str, str | None]]:
+    """Activation offload and recomputation flags of ``plan``'s layout: full recompute of every
+    layer (uniform, 1 layer per group) or of the first N of each model chunk (block method),
+    selective (core attention) or selective with modules (selective+)."""
+    lay = plan.layout
+    args: list[tuple[str, str | None]] = []
+    if lay.offload_layers:  # Megatron-Core: sets cpu_offloading (arguments.py L1950-1951)
+        args.append(("--cpu-offloading-num-layers", str(lay.offload_layers)))
+    if lay.recompute == "full" and lay.recompute_num_layers:  # the first N of each model chunk
+        args += [("--recompute-granularity", "full"), ("--recompute-method", "block"),
+                 ("--recompute-num-layers", str(lay.recompute_num_layers))]
+    elif lay.recompute == "full":
+        args += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"),
+                 ("--recompute-num-layers", "1")]
+    elif lay.recompute == "selective":
+        args.append(("--recompute-granularity", "selective"))
+    elif lay.recompute == "selective+":
+        args += [("--recompute-granularity", "selective"),
+                 ("--recompute-modules", " ".join(recompute_modules(plan.model)))]
+    return args
 
 
 # plan3d precision -> Megatron-LM --fp8-format and --fp8-recipe, as Megatron-Bridge's presets set
