@@ -117,13 +117,14 @@ _SEARCH_BOOLS = ("sequence_parallel", "distributed_optimizer", "allow_cross_node
 
 
 def search_options(hw, training, given: dict[str, Any], headroom: str | None = None,
-                   label: Label = flag):
+                   label: Label = flag, model=None):
     """search.SearchOptions of ``given`` (its field names; None = not given), checked: degrees,
     bounds and counts positive integers, ZeRO stage 0-3, recompute and objective by name,
     flags booleans, tokens and price positive, each pin within its bound, and the memory
     headroom (``headroom`` as the user wrote it, '4GiB' or '10%', or ``headroom_bytes`` /
     ``headroom_fraction`` given) leaving more than the least reserve of ``training``'s framework
-    on ``hw``'s GPU (cost.estimate.least_reserve). UsageError naming the field with ``label``."""
+    on ``hw``'s GPU (cost.estimate.least_reserve), and, given ``model``, the expert pins
+    (check_expert_pins). UsageError naming the field with ``label``."""
     import dataclasses
 
     from .cost.estimate import least_reserve
@@ -139,6 +140,8 @@ def search_options(hw, training, given: dict[str, Any], headroom: str | None = N
     check_integers({k: given.get(k) for k in _SEARCH_INTS}, label=label)
     check_integers({"recompute_num_layers": given.get("recompute_num_layers")}, allow_zero=True,
                    label=label)
+    if model is not None:
+        check_expert_pins(model, given, label)
     if given.get("recompute_num_layers") and given.get("recompute", "full") != "full":
         raise UsageError(f"{label('recompute_num_layers')} recomputes N layers per chunk in full: it "
                          f"needs {label('recompute')} full, got {given['recompute']}")
@@ -151,6 +154,23 @@ def search_options(hw, training, given: dict[str, Any], headroom: str | None = N
     check_room(shown, given.get("headroom_bytes", 0.0), given.get("headroom_fraction", 0.0),
                float(hw.gpu.hbm_capacity), least_reserve(hw, training), hw.gpu.name)
     return SearchOptions(**given)
+
+
+def check_expert_pins(model, given: dict[str, Any], label: Label = flag) -> None:
+    """UsageError when ``given`` pins ep / etp / max_ep above 1 for a model without experts (the
+    pin would do nothing), or pins an ep that does not divide the model's routed experts
+    (Megatron-Core places num_experts / ep experts on each EP rank: --num-experts must be a
+    multiple of --expert-model-parallel-size: megatron/training/arguments.py L1655-1658,
+    transformer_config.py L1595-1596, as cited in reference/moe.md)."""
+    pinned = [k for k in ("ep", "etp", "max_ep") if given.get(k) not in (None, 1)]
+    if pinned and model.moe is None:
+        raise UsageError(f"{', '.join(label(k) for k in pinned)} "
+                         f"{'applies' if len(pinned) == 1 else 'apply'} to mixture-of-experts "
+                         f"models; {model.name} has no experts")
+    ep = given.get("ep")
+    if ep is not None and model.moe is not None and model.moe.num_experts % ep:
+        raise UsageError(f"{label('ep')} {ep} does not divide the {model.moe.num_experts} experts "
+                         f"of {model.name}: each EP rank holds num_experts/ep experts")
 
 
 def _check_choices(given: dict[str, Any], label: Label, recompute, objectives) -> None:

@@ -179,7 +179,8 @@ def _evaluate(case: Case) -> dict[str, Scalar]:
     opts["allow_cross_node_tp"] = case.allow_cross_node_tp
     opts["framework"] = profile
     result = search(model, hw, training, case.gpus,
-                    search_options(hw, training, opts, label=field_of("search")))
+                    search_options(hw, training, opts, label=field_of("search"),
+                                   model=model))
     ranked = result.ranked
     values: dict[str, Scalar] = {"search.enumerated": int(result.enumerated),
                                  "search.fitting": int(result.fitting)}

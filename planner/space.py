@@ -293,7 +293,10 @@ def uneven_problem(num_layers: int, pp: int, first: int, last: int, vpp: int) ->
         if vpp > 1 and vpp not in uneven_vpp_options(num_layers, pp, first, last, vpp):
             return ("interleaving an uneven split on pp=2 needs the embedding-and-loss form "
                     "(first = last, their layers + 1 divisible by vpp, at least 2 per chunk)")
-    elif rest <= 0 or rest % middle:
+    elif rest <= 0:
+        return (f"first + last stage layers {first} + {last} leave {max(rest, 0)} of the "
+                f"{num_layers} layers for the {middle} middle stages")
+    elif rest % middle:
         return f"the {rest} layers left do not divide over the {middle} middle stages"
     elif rest // middle < max(first, last):
         return f"an edge stage holds more than a middle stage's {rest // middle} layers"

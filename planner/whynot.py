@@ -158,9 +158,13 @@ def why_not(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus:
     """Evaluate the layout ``text`` (unspecified dims: best completion) against the winner.
 
     ``currency``: the code of ``opts.price_per_gpu_hour``, named with costs in the reasons.
-    UsageError when it contradicts a pin of ``opts`` (planner.whynot.check_pins) or is malformed.
+    UsageError when it contradicts a pin of ``opts`` (planner.whynot.check_pins), pins ep / etp on
+    a model without experts or an ep that does not divide its experts (inputs.check_expert_pins),
+    or is malformed.
     """
+    from .inputs import check_expert_pins
     pins = parse_layout(text)
+    check_expert_pins(model, pins, label=lambda name: f"--why-not: {_SHORT.get(name, name)}")
     check_pins(pins, opts)
     pinned = replace(opts, **pins)
     broken = broken_rules(model, hw, training, gpus, pinned)

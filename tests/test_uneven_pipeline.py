@@ -209,6 +209,10 @@ def test_uneven_split_messages_and_the_even_one():
     # 96 - 1 - 3 = 92 layers on 30 middle stages: 92 / 30 is not whole
     with pytest.raises(UsageError, match="the 92 layers left do not divide over the 30 middle stages"):
         check_layout(m, hw, tr, 512, dict(base, first_stage_layers=1, last_stage_layers=3))
+    # 90 + 10 = 100 > 96 layers: nothing left for the 30 middle stages (was "the -4 layers left")
+    with pytest.raises(UsageError, match=r"first \+ last stage layers 90 \+ 10 leave 0 of the 96 "
+                                         r"layers for the 30 middle stages\)$"):
+        check_layout(m, hw, tr, 512, dict(base, first_stage_layers=90, last_stage_layers=10))
     # 96 - 6 = 90 on 30: 3 each, less than the first stage's 4
     with pytest.raises(UsageError, match="an edge stage holds more than a middle stage's 3 layers"):
         check_layout(m, hw, tr, 512, dict(base, first_stage_layers=4, last_stage_layers=2))

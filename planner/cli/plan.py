@@ -84,7 +84,8 @@ def search(
         ep=ep, etp=etp, max_ep=max_ep,
         allow_cross_node_tp=allow_cross_node_tp, objective=objective, tokens=tokens,
         price_per_gpu_hour=price_per_gpu_hour, max_gpus=max_gpus,
-        deadline_s=parse_deadline(deadline), framework=profile), min_memory_headroom)
+        deadline_s=parse_deadline(deadline), framework=profile), min_memory_headroom,
+        model=m)
     n = gpus if gpus is not None else f"at most {max_gpus}"
     money = _currency(currency, price_per_gpu_hour)
     if why_not is not None:
