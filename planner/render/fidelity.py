@@ -188,7 +188,7 @@ def accuracy_tables(comparisons, skipped, summary: dict, loso: dict | None = Non
             counts[a] = counts.get(a, 0) + 1
     if counts:
         out.print("[bold]Defaults assumed[/] (rules: planner/fidelity/runs.py; per run: --json): " +
-                  escape(", ".join(f"{a} ({n} runs)" for a, n in counts.items())))
+                  escape(", ".join(f"{a} ({n} run{'' if n == 1 else 's'})" for a, n in counts.items())))
     if skipped:
         out.print("[bold]Skipped[/]")
         for s in skipped:
