@@ -19,6 +19,9 @@ QWEN = ["--model", "qwen3-30b-a3b", "--gpus", "16"]
 @pytest.mark.parametrize("flags, message", [
     (["--moe-dispatcher", "deepep"], "--moe-dispatcher must be alltoall, allgather or flex, got 'deepep'"),
     (["--moe-dispatcher", "allgather", "--moe-a2a-overlap"], "--moe-a2a-overlap needs --moe-dispatcher alltoall or flex"),
+    # the combined-1F1B EP overlap is Megatron-Core's (--overlap-moe-expert-parallel-comm)
+    (["--moe-a2a-overlap", "--framework", "torchtitan"], "the torchtitan profile does not offer it"),
+    (["--moe-a2a-overlap", "--framework", "deepspeed"], "the deepspeed profile does not offer it"),
 ])
 def test_bad_values_are_one_line_errors(command, flags, message):
     res = runner.invoke(app, [command, *QWEN, *flags])

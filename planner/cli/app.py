@@ -190,6 +190,10 @@ def _training(model, global_batch_size, seq_length, checkpoint: dict | None = No
         raise UsageError(f"--grad-dtype must be fp32 or bf16, got {grad_dtype!r}")
     profile = resolve_framework(framework)
     _check_moe_job(model, moe or {})
+    if (moe or {}).get("moe_a2a_overlap") and profile.export != "megatron":
+        raise UsageError(f"--moe-a2a-overlap is Megatron-Core's EP communication overlap "
+                         f"(--overlap-moe-expert-parallel-comm); the {profile.name} profile does "
+                         "not offer it")
     job = training_spec(model, {"global_batch_size": global_batch_size, "seq_length": seq_length,
                                 "precision": precision.value if precision is not None else None,
                                 **(moe or {})})

@@ -28,7 +28,8 @@ def header(model, hw, training, gpus, batch: str | None = None) -> None:
     out.print(line if len(line) <= out.width else f"{what},\n{job}", markup=False)
     out.print(framework_line(training), markup=False)
     if model.moe is not None and (training.moe_dispatcher != "alltoall" or training.moe_a2a_overlap):
-        overlap = ", EP communication overlapped" if training.moe_a2a_overlap else ""
+        overlap = ", EP communication overlapped where the layout allows it (ep > 1, no full " \
+            "recompute, vpp > 1 with pp > 1)" if training.moe_a2a_overlap else ""
         out.print(f"MoE: {training.moe_dispatcher} token dispatcher{overlap}", markup=False)
 
 
