@@ -64,22 +64,14 @@ def test_recorded_in_the_plan_and_read_by_the_estimate(tmp_path):
     # deepseek-v3 routes over 256 experts; 256 % 7 = 4, so ep=7 cannot split them evenly
     (["--model", "deepseek-v3", "--gpus", "1024", "--ep", "7"],
      "--ep 7 does not divide the 256 experts of deepseek-v3"),
-])
-def test_search_expert_pins_are_one_line_errors(flags, message):
-    res = runner.invoke(app, ["search", *flags])
-    assert res.exit_code == 2 and message in res.stderr
-    assert len(res.stderr.strip().splitlines()) == 1 and "Traceback" not in res.output
-
-
-@pytest.mark.parametrize("flags, message", [
-    # before: 'ep=8' on the dense gpt3-175b was dropped and the winner reported as its completion
+    # the same pins in --why-not; before: 'ep=8' on the dense gpt3-175b was dropped and the winner reported as its completion
     (["--model", "175b", "--gpus", "64", "--why-not", "ep=8"],
      "--why-not: ep applies to mixture-of-experts models; gpt3-175b has no experts"),
     # 256 experts % 7 = 4
     (["--model", "deepseek-v3", "--gpus", "1024", "--why-not", "ep=7,tp=2"],
      "--why-not: ep 7 does not divide the 256 experts of deepseek-v3"),
 ])
-def test_why_not_expert_pins_are_one_line_errors(flags, message):
+def test_expert_pins_are_one_line_errors(flags, message):
     res = runner.invoke(app, ["search", *flags])
     assert res.exit_code == 2 and message in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1 and "Traceback" not in res.output
