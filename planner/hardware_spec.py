@@ -105,10 +105,15 @@ class InterNode(_Strict):
 
 class HostLink(_Strict):
     """Device <-> host link of one GPU (PCIe Gen4/Gen5 x16, NVLink-C2C on Grace systems):
-    ``bandwidth_per_gpu`` is ONE direction, bytes/s, each GPU's share when GPUs share a link."""
+    ``bandwidth_per_gpu`` is ONE direction, bytes/s, each GPU's share when GPUs share a link.
+    ``carries_nic_traffic``: whether the GPU's traffic with its NIC (GPUDirect RDMA) crosses the
+    same link, so that host copies and inter-node traffic share it (a GPU whose one PCIe x16
+    interface reaches both the host and its NIC); None (not stated) is taken as True, the
+    conservative case."""
 
     name: str
     bandwidth_per_gpu: Bandwidth
+    carries_nic_traffic: bool | None = None
     source: str = Field(min_length=1)
 
     @model_validator(mode="after")
@@ -274,6 +279,18 @@ class HardwareProfile(_Strict):
     def host_link_bandwidth_per_gpu(self) -> float:
         """Bytes/s device<->host per GPU, one direction; UsageError without a host_link block."""
         return self._need("host_link", "device<->host transfers").bandwidth_per_gpu
+
+    def offload_bandwidth_per_gpu(self, multi_node):
+        """Bytes/s per GPU, one direction, that host copies of activation offload get: the host
+        link, less the NIC's share per GPU where the link carries NIC traffic and the layout
+        spans hosts (``multi_node``, bool array: the inter-node traffic is taken to run at the
+        NIC's rate while the copies run, the conservative case). 0 where nothing is left.
+        Float array of ``multi_node``'s shape. UsageError without a host_link block."""
+        import numpy as np
+        link = self._need("host_link", "device<->host transfers")
+        shared = link.carries_nic_traffic is not False
+        nic = self.network_bandwidth_per_gpu if shared else 0.0
+        return np.maximum(link.bandwidth_per_gpu - np.where(multi_node, nic, 0.0), 0.0)
 
     @property
     def host_memory_per_gpu(self) -> float:

@@ -138,8 +138,8 @@ def search_options(hw, training, given: dict[str, Any], headroom: str | None = N
             raise UsageError(f"unknown search option {label(name)} (known: "
                              f"{', '.join(label(k) for k in sorted(known))})")
     check_integers({k: given.get(k) for k in _SEARCH_INTS}, label=label)
-    check_integers({"recompute_num_layers": given.get("recompute_num_layers")}, allow_zero=True,
-                   label=label)
+    check_integers({k: given.get(k) for k in ("recompute_num_layers", "offload_layers")},
+                   allow_zero=True, label=label)
     if model is not None:
         check_expert_pins(model, given, label)
     if given.get("recompute_num_layers") and given.get("recompute", "full") != "full":

@@ -93,6 +93,18 @@ class FitHint:
                 "memory_bytes": float(self.estimate.memory["total"][0])}
 
 
+def _fits(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c, usable: float,
+          offload: bool) -> np.ndarray:
+    """Which candidates fit within ``usable`` bytes per GPU, with the least activation offload
+    that fits where ``offload`` (cost.offload; the search's choice). Bool array."""
+    fits = memory_total(model, hw, training, c) <= usable
+    if offload and np.any(~fits):
+        from .cost.offload import least_offload_layers, offload_candidates
+        if np.any(offload_candidates(c)):
+            fits = fits | (least_offload_layers(model, hw, training, c, usable) > 0)
+    return fits
+
+
 def fewest_gpus(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, above: int,
                 opts: "SearchOptions", limit: int = MAX_GPUS) -> int | None:
     """The smallest count of GPUs in (above, limit], whole nodes, on which some layout of the
@@ -100,7 +112,7 @@ def fewest_gpus(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, a
     none does. Memory only, no step time: the budget grid's splits in ascending GPU count, in
     blocks of about scan.CHUNK layouts, stopping at the first block with a fit."""
     from . import objective
-    from .scan import CHUNK
+    from .scan import CHUNK, offers_offload
     from .search import build_grid
     grid = build_grid(model, hw, training, None, replace(opts, max_gpus=limit))
     counts = grid.split["gpus"]
@@ -110,6 +122,7 @@ def fewest_gpus(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, a
     usable = objective.usable_memory(float(hw.gpu.hbm_capacity), opts.headroom_bytes,
                                      opts.headroom_fraction)
     per_row = grid.size // max(grid.shape[0], 1)
+    offload = offers_offload(hw, training, opts)
     rows, pending = grid.rows_per_chunk(CHUNK), []  # pending: valid layouts of sparse blocks
     for lo in range(0, grid.shape[0] + rows, rows):
         hi = min(lo + rows, grid.shape[0])
@@ -125,12 +138,12 @@ def fewest_gpus(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, a
         if pending and (dense or lo >= hi or sum(p.size for p in pending) >= CHUNK):
             flat = np.concatenate(pending)  # earlier rows first: they have fewer GPUs
             pending = []
-            fit = flat[memory_total(model, hw, training, grid.flat(flat)) <= usable]
+            fit = flat[_fits(model, hw, training, grid.flat(flat), usable, offload)]
             if fit.size:
                 return int(grid.split["gpus"][fit // per_row].min())
         if dense:
-            total = np.broadcast_to(memory_total(model, hw, training, c), alive.shape).ravel()
-            fit = index[total[index - lo * per_row] <= usable]
+            fits = np.broadcast_to(_fits(model, hw, training, c, usable, offload), alive.shape).ravel()
+            fit = index[fits[index - lo * per_row]]
             if fit.size:
                 return int(grid.split["gpus"][fit // per_row].min())
         elif index.size:

@@ -26,6 +26,7 @@ from . import objective
 from .cost import evaluate, memory_total
 from .cost.estimate import states_floor
 from .cost.estimate import memory_by_rank, rank_kinds
+from .cost.offload import host_bytes, offers_host_offload, offload_candidates, offload_layers_from_totals
 from .cost.recompute import layer_terms, layers_from_totals, least_recompute_layers
 from .cost.collectives import nvlink_domain
 from .grid import KNOB_FIELDS, Grid, full
@@ -93,6 +94,8 @@ class Scan:
     fastest_s: float = np.inf
     # full recompute: the least N layers per chunk that fits, of the fitting layouts with N > 0
     recompute_layers: GridLayers = field(default_factory=GridLayers)
+    # no recomputation, pp 1: the least N layers offloaded to host memory that fits (cost.offload)
+    offload_layers: GridLayers = field(default_factory=GridLayers)
 
     def fit(self, total: np.ndarray, alive: np.ndarray, index: np.ndarray, usable: float) -> np.ndarray:
         """Record the fit test of the valid layouts (``alive``) of a sub-grid: ``total`` = their
@@ -142,10 +145,11 @@ def scan(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, grid: Gr
     layouts) and the model-states floor; memory is computed on the sub-grids that hold the
     valid layouts, step time on the sub-grids that hold the fitting ones (``chunks``). When
     nothing fits, the closest miss is taken over every valid layout, the floor's included."""
-    out = Scan(recompute_layers=GridLayers(grid.size, np.uint8 if model.num_layers < 256 else np.uint16))
+    small = np.uint8 if model.num_layers < 256 else np.uint16
+    out = Scan(recompute_layers=GridLayers(grid.size, small), offload_layers=GridLayers(grid.size, small))
     state, boxes = rules_pass(model, hw, training, grid, opts, out, usable)  # state: valid
     boxes = memory_pass(model, hw, training, grid, usable, state, boxes, out,  # state: fits
-                        offers_recompute_layers(training, opts))
+                        offers_recompute_layers(training, opts), offers_offload(hw, training, opts))
     if out.fitting == 0 and out.pruned.get(FIT_RULE, 0):  # the closest miss, of every valid layout
         probe = Scan()
         valid, every = rules_pass(model, hw, training, grid, opts, probe)
@@ -161,16 +165,19 @@ def step_pass(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gri
               out: Scan) -> None:
     """Step time and score of the fitting layouts (``fits``, flat over the grid), on the
     sub-grids of their ``boxes``; each sub-grid's best go to ``out.keep``. Full recompute is
-    timed with the least N layers per chunk that fits (``out.recompute_layers``, memory_pass)."""
-    layers = out.recompute_layers if out.recompute_layers.values is not None else None
+    timed with the least N layers per chunk that fits (``out.recompute_layers``, memory_pass),
+    a layout that fits only with activation offload with its least N (``out.offload_layers``)."""
+    chosen = {name: layers for name, layers in (("recompute_num_layers", out.recompute_layers),
+                                                 ("offload_layers", out.offload_layers))
+              if layers.values is not None}
     for rows, values in chunks(boxes, CHUNK):
         index = grid.index_of(rows, values)
         sub = grid.take(rows, values)
         c = sub.candidates()
-        if layers is not None:  # full recompute: the least N that fits (memory_pass)
+        for name, layers in chosen.items():  # the least N that fits (memory_pass)
             n = layers.find(index)
             if np.any(n > 0):
-                c = c.replace(recompute_num_layers=n.reshape(sub.shape))
+                c = c.replace(**{name: n.reshape(sub.shape)})
         est = evaluate(model, hw, training, c, summary=True)
         score, wall = objective.layout_scores(model, hw, training, c, est.time["step"],
                                               est.throughput["tokens_per_s"], opts, tokens)
@@ -186,6 +193,15 @@ def offers_recompute_layers(training: TrainingSpec, opts: "SearchOptions") -> bo
     from .frameworks.rules import profile_for
     return opts.recompute_num_layers is None and \
         profile_for(training, opts.framework).rules.recompute_num_layers
+
+
+def offers_offload(hw: HardwareProfile, training: TrainingSpec, opts: "SearchOptions") -> bool:
+    """Whether the search may choose offload_layers: not pinned, the hardware profile states a
+    host link and host memory, and the framework (opts.framework, else the one training names)
+    offloads activations to host memory."""
+    from .frameworks.rules import profile_for
+    return opts.offload_layers is None and offers_host_offload(hw) and \
+        "activations" in profile_for(training, opts.framework).rules.offload
 
 
 def least_recompute(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c,
@@ -246,13 +262,16 @@ def rules_pass(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gr
 
 def memory_pass(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, grid: Grid,
                 usable: float, state: np.ndarray, boxes: Boxes, out: Scan,
-                choose_layers: bool = False) -> Boxes:
+                choose_layers: bool = False, choose_offload: bool = False) -> Boxes:
     """Peak memory of the valid layouts (``state``, flat over the grid), on the sub-grids of
     their ``boxes``; records the fit test into ``out`` and turns ``state`` into which layouts
     fit. Full recompute is tested with every layer recomputed (the most it saves); with
     ``choose_layers`` each fitting one gets the least N layers per chunk that fits
     (cost.recompute.layers_from_totals, from the same per-rank totals) in
-    ``out.recompute_layers``. Returns the boxes of the fitting layouts."""
+    ``out.recompute_layers``; with ``choose_offload`` a layout with pp 1 and no recomputation
+    that does not fit is tested with the least activation offload that fits
+    (cost.offload.offload_layers_from_totals), recorded in ``out.offload_layers``. Returns the
+    boxes of the fitting layouts."""
     fitting = [np.zeros_like(box) for box in boxes]
     for rows, values in chunks(boxes, CHUNK):
         index = grid.index_of(rows, values)
@@ -260,14 +279,37 @@ def memory_pass(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, g
         c = sub.candidates()
         kinds = rank_kinds(c, model)
         totals = {k: v["total"] for k, v in memory_by_rank(model, hw, training, c, kinds).items()}
-        total = full(np.maximum.reduce(list(totals.values())), sub.shape).ravel()
+        plain = full(np.maximum.reduce(list(totals.values())), sub.shape).ravel()
+        total = plain
+        if choose_offload and np.any(offload_candidates(c)):
+            total = _least_offload(model, hw, training, sub, c, totals, usable, index, plain, out)
+        elif np.any(np.asarray(c.offload_layers) > 0):  # pinned: within the host memory or not at all
+            over = host_bytes(model, training, c) > (hw.host_memory_per_gpu if offers_host_offload(hw) else 0.0)
+            total = np.where(full(over, sub.shape).ravel(), np.inf, plain)
         fits = out.fit(total, state[index], index, usable)
-        if choose_layers and np.any(sub.knobs["recompute"] == 2):
-            _least_layers(model, training, sub, c, totals, usable, index, fits, out)
+        if choose_layers and np.any(sub.knobs["recompute"] == 2):  # twins judged without offload
+            _least_layers(model, training, sub, c, totals, usable, index, state[index] & (plain <= usable), out)
         state[index] = fits
         for box, kept, sel in zip(fitting, boxes_of(fits.reshape(sub.shape)), values):
             box[np.ix_(rows, sel)] = kept
     return fitting
+
+
+def _least_offload(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, sub: Grid, c, totals: dict,
+                   usable: float, index: np.ndarray, total: np.ndarray, out: Scan) -> np.ndarray:
+    """Record into ``out.offload_layers`` the least activation offload N that fits of the
+    sub-grid's layouts (cost.offload.offload_layers_from_totals; ``totals``: per rank kind,
+    their memory without offload) and return ``total`` (flat over the sub-grid, bytes) with
+    theirs lowered by what N layers in host memory save, (1 + a) x (N - 1) x B on the one
+    pipeline rank (memory.offloaded_bytes; the linear form is exact, solved with MARGIN)."""
+    terms = layer_terms(model, training, c, tuple(totals))
+    n = full(offload_layers_from_totals(model, hw, training, c, totals, usable, terms), sub.shape).ravel()
+    if not np.any(n > 0):
+        return total
+    out.offload_layers.add(index, n)
+    stored = full(np.maximum.reduce([terms[k][0] for k in totals]), sub.shape).ravel()
+    saved = (1.0 + training.reserve_allocator) * (n - 1.0) * stored
+    return np.where(n > 0, total - saved, total)
 
 
 def _least_layers(model: ModelSpec, training: TrainingSpec, sub: Grid, c, totals: dict,

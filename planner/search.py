@@ -53,7 +53,10 @@ class SearchOptions:
     ``headroom_fraction``: memory per GPU that a layout must leave free beyond the framework's
     reserve. ``recompute_num_layers``: a pinned N of full recompute of the first N layers of
     each model chunk (None: with full recompute the search takes the least N that fits,
-    cost.recompute.least_recompute_layers; 0: every layer). ``framework``: the profile whose rules apply (None: the catalog profile named by
+    cost.recompute.least_recompute_layers; 0: every layer). ``offload_layers``: a pinned N of
+    layers whose activations go to host memory (None: where the framework offers activation
+    offload, a layout with pp 1 and no recomputation that does not fit otherwise gets the least
+    N that fits, cost.offload; 0: never). ``framework``: the profile whose rules apply (None: the catalog profile named by
     the TrainingSpec's ``framework``, megatron-core by default).
     """
 
@@ -64,6 +67,7 @@ class SearchOptions:
     micro_batch_size: int | None = None
     recompute: str | None = None
     recompute_num_layers: int | None = None
+    offload_layers: int | None = None
     sequence_parallel: bool | None = None
     vpp: int | None = None
     cp: int | None = None
@@ -179,7 +183,9 @@ def build_grid(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gp
         vpp=_axis(_vpp_values(L, pps, opts.max_vpp), opts.vpp, opts.max_vpp),
         distributed_optimizer=np.array([bool(opts.distributed_optimizer)]),
     )
-    fixed = {} if opts.recompute_num_layers is None else {"recompute_num_layers": opts.recompute_num_layers}
+    fixed = {name: value for name, value in (("recompute_num_layers", opts.recompute_num_layers),
+                                             ("offload_layers", opts.offload_layers))
+             if value is not None}
     return Grid(split, knobs, fixed)
 
 
@@ -275,10 +281,7 @@ def search(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: 
     cut = scores[order[min(opts.keep, scores.size) - 1]]
     chosen = order[scores[order] >= cut][:TIE_LIMIT * opts.keep]
     at = np.sort(index[chosen])
-    best = grid.flat(at)
-    layers = passed.recompute_layers.find(at)  # full recompute: the least N that fits, as scanned
-    if np.any(layers > 0):
-        best = best.replace(recompute_num_layers=layers)
+    best = as_scanned(grid, passed, at)
     est = evaluate(model, hw, training, best)
     cand = est.candidates
     gpus_flat = np.asarray(cand.gpus, dtype=np.float64)
@@ -299,11 +302,24 @@ def search(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: 
                         checkpoint=None if ck is None else ck.take(order))
 
 
+def as_scanned(grid: Grid, passed: Scan, at: np.ndarray) -> Candidates:
+    """The grid's layouts at flat indices ``at`` as the scan timed them: full recompute with the
+    least N layers per chunk that fits, and a layout that fits only with activation offload with
+    its least N (Scan.recompute_layers, Scan.offload_layers; 0 where none is recorded)."""
+    flat = grid.flat(at)
+    for name, layers in (("recompute_num_layers", passed.recompute_layers),
+                         ("offload_layers", passed.offload_layers)):
+        n = layers.find(at)
+        if np.any(n > 0):
+            flat = flat.replace(**{name: n})
+    return flat
+
+
 def _deadline_error(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, grid: Grid,
                     passed: Scan, gpus: int, opts: SearchOptions, tokens: float) -> DeadlineError:
     """No fitting layout meets --deadline: the error names the fastest and its time to train."""
     from .render.fmt import seconds as duration
-    fastest = evaluate(model, hw, training, grid.flat(np.array([passed.fastest_index])))
+    fastest = evaluate(model, hw, training, as_scanned(grid, passed, np.array([passed.fastest_index])))
     layout = fastest.candidates.layout(0)
     budget = f"{tokens:.3g}".replace("e+", "e")
     within = "on" if opts.max_gpus is None else "on at most"
@@ -380,6 +396,8 @@ def check_layout(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, 
         if UNEVEN_RULE in broken:
             hint += f" ({uneven_problem(model.num_layers, layout.pp, layout.first_stage_layers, layout.last_stage_layers, layout.vpp)})"
         raise UsageError(f"layout {layout.short()} breaks: {'; '.join(broken)}{hint}")
+    from .cost.offload import check_host_memory
+    check_host_memory(model, hw, training, Candidates.from_layouts([layout]))
     return layout
 
 

@@ -28,9 +28,10 @@ _KEYS = {"tp": "tp", "cp": "cp", "pp": "pp", "dp": "dp", "ep": "ep", "etp": "etp
          "distributed_optimizer": "distributed_optimizer", "zero": "zero_stage", "zero_stage": "zero_stage",
          "mbs": "micro_batch_size", "micro_batch_size": "micro_batch_size", "vpp": "vpp",
          "recompute": "recompute", "sp": "sequence_parallel", "sequence_parallel": "sequence_parallel",
-         "recompute_num_layers": "recompute_num_layers"}
+         "recompute_num_layers": "recompute_num_layers", "offload": "offload_layers",
+         "offload_layers": "offload_layers"}
 _SHORT = {"distributed_optimizer": "distopt", "zero_stage": "zero", "micro_batch_size": "mbs",
-          "sequence_parallel": "sp"}  # field -> the key as written in --why-not
+          "sequence_parallel": "sp", "offload_layers": "offload"}  # field -> the key as written in --why-not
 _TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
 
 
@@ -39,8 +40,8 @@ def parse_layout(text: str) -> dict[str, object]:
 
     Keys: tp, cp, pp, dp, zero (zero_stage), distopt (distributed_optimizer: 1/0), mbs
     (micro_batch_size), vpp, recompute (none/selective/selective+/full), recompute_num_layers
-    (full recompute of the first N layers of each model chunk; 0 = every layer), sp
-    (sequence_parallel: 1/0).
+    (full recompute of the first N layers of each model chunk; 0 = every layer), offload
+    (offload_layers: activations of N layers in host memory; 0 = none), sp (sequence_parallel: 1/0).
     """
     pins: dict[str, object] = {}
     spaced = re.sub(r"\s*=\s*", "=", text.strip())  # "tp = 8" reads as "tp=8"
@@ -64,7 +65,8 @@ def parse_layout(text: str) -> dict[str, object]:
                                  f"off), got {value!r}")
             pins[name] = value in _TRUE
         else:
-            if not value.isdigit() or int(value) <= 0 and name not in ("zero_stage", "recompute_num_layers"):
+            if not value.isdigit() or int(value) <= 0 and name not in ("zero_stage", "recompute_num_layers",
+                                                                           "offload_layers"):
                 raise UsageError(f"--why-not: {key} must be a positive integer, got {value!r}")
             if int(value) > MAX_GPUS:
                 raise UsageError(f"--why-not: {key} {int(value):,} is beyond what plan3d models "

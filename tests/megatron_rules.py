@@ -184,6 +184,9 @@ def _job_rules(a: dict, pp: int, ep: int) -> None:
         fraction = float(a.get("optimizer_offload_fraction", 0.0))
         if not 0.0 <= fraction <= 1.0:
             _fail("optimizer_config.py L350", "offload fraction out of [0, 1]")
+    for name in ("exp_avg_dtype", "exp_avg_sq_dtype"):  # optimizer_config.py L470-480
+        if a.get(name, "fp32") != "fp32" and not a.get("use_precision_aware_optimizer"):
+            _fail("optimizer_config.py L476-477", f"{name} not fp32 without the precision-aware optimizer")
     if a.get("fine_grained_activation_offloading"):  # transformer_config.py L2127-2147
         modules = a.get("offload_modules") or []
         allowed = {"core_attn", "attn_proj", "expert_fc1", "fused_group_mlp", "moe_act",

@@ -18,7 +18,7 @@ from tests.test_frameworks import BRIDGE, MEGATRON, flatten
 from tests.test_frameworks_moe import DSV3, DSV3_PP1
 
 ALL_ON = dict(moe_dispatcher="flex", moe_a2a_overlap=True, optimizer_offload_fraction=0.5,
-              moe_activation_offload=True, cross_entropy_in_place=True)
+              moe_activation_offload=True, cross_entropy_in_place=True, optimizer_moment_bytes=2)
 
 
 def plan_with(training: dict, hw: str = "dgx-h100", gpus: int = 128, **layout) -> Plan:
@@ -39,6 +39,8 @@ def test_megatron_writes_the_job_settings():
     assert args["overlap_moe_expert_parallel_comm"] is True and args["delay_wgrad_compute"] is True
     assert (args["optimizer_cpu_offload"], args["optimizer_offload_fraction"],
             args["use_precision_aware_optimizer"]) == (True, "0.5", True)
+    assert (args["exp_avg_dtype"], args["exp_avg_sq_dtype"]) == ("bf16", "bf16")
+    assert exp.text.count("--use-precision-aware-optimizer") == 1
     assert args["fine_grained_activation_offloading"] is True
     assert args["offload_modules"] == ["expert_fc1", "moe_act"]
     # Megatron-LM refuses TE's cross entropy fusion: not written, said in a comment and a note
@@ -88,6 +90,8 @@ def test_refused_as_megatron_refuses(training, layout, match):
 @pytest.mark.parametrize("change, rule", [
     ({"cross_entropy_loss_fusion": True, "cross_entropy_fusion_impl": "te"}, "L1697-1702"),
     ({"use_precision_aware_optimizer": None}, "arguments.py L1885"),
+    ({"optimizer_cpu_offload": None, "optimizer_offload_fraction": None,
+      "use_precision_aware_optimizer": None}, "L476-477"),
     ({"moe_token_dispatcher_type": "allgather"}, "L3016-3019"),
     ({"offload_modules": ["expert_fc2"]}, "L2131-2147"),
     ({"cpu_offloading_num_layers": "2"}, "L2128-2130"),
@@ -116,6 +120,8 @@ def test_bridge_fields_of_the_job_settings():
     assert (fields["optimizer.optimizer_cpu_offload"], fields["optimizer.optimizer_offload_fraction"],
             fields["optimizer.use_precision_aware_optimizer"]) == (True, 0.5, True)
     assert fields["model.offload_modules"] == ["expert_fc1", "moe_act"]
+    assert (fields["optimizer.exp_avg_dtype"], fields["optimizer.exp_avg_sq_dtype"]) == \
+        ("torch.bfloat16", "torch.bfloat16")
     assert fields["model.fine_grained_activation_offloading"] is True
     # Bridge sets TE's fusion as its DeepSeek-V3 bridge does (Megatron-Core only warns)
     assert (fields["model.cross_entropy_loss_fusion"], fields["model.cross_entropy_fusion_impl"]) == \

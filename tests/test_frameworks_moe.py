@@ -283,3 +283,18 @@ def test_every_model_field_is_written_or_named(name, layout, gpus):
             if f == "head_dim" and target == "megatron":
                 expressed = "--kv-channels" in written or "--multi-latent-attention" in written
             assert expressed or f in text, f"{target}: {name}.{f} neither written nor named"
+
+
+def test_qwen2_qkv_bias_in_the_per_gpu_parameters():
+    # Qwen2-7B: h 3584, 28 heads of d 128, 4 KV heads; Q, K, V biases (n + 2g)*d = (28 + 8) x 128
+    # = 4,608 per layer. At tp 2 they are column-parallel: 4,608 / 2 = 2,304 per GPU, on top
+    # of the weights' 2*h*d*(n + g)/t = 2 x 3584 x 128 x 32 / 2 = 14,680,064.
+    from planner.cost import blocks
+    from planner.space import Candidates
+    from planner.specs import Layout
+    qwen2 = from_hf_dict(json.loads((HF / "qwen2-7b.json").read_text()), "qwen2", "qwen2-7b")
+    c = Candidates.from_layouts([Layout(tp=2, pp=1, dp=4, zero_stage=1, micro_batch_size=1)])
+    sharded, _, _ = blocks.block_params(qwen2, c)[blocks.ATTENTION]
+    assert float(np.ravel(sharded)[0]) == 14_680_064 + 2_304
+    plain = qwen2.model_copy(update={"qkv_bias": False})
+    assert float(np.ravel(blocks.block_params(plain, c)[blocks.ATTENTION][0])[0]) == 14_680_064

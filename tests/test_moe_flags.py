@@ -22,6 +22,11 @@ QWEN = ["--model", "qwen3-30b-a3b", "--gpus", "16"]
     # the combined-1F1B EP overlap is Megatron-Core's (--overlap-moe-expert-parallel-comm)
     (["--moe-a2a-overlap", "--framework", "torchtitan"], "the torchtitan profile does not offer it"),
     (["--moe-a2a-overlap", "--framework", "deepspeed"], "the deepspeed profile does not offer it"),
+    # flex (DeepEP / HybridEP) and allgather are Megatron-Core's token dispatchers
+    (["--moe-dispatcher", "flex", "--framework", "torchtitan"],
+     "the torchtitan profile dispatches tokens with all-to-all"),
+    (["--moe-dispatcher", "allgather", "--framework", "deepspeed"],
+     "the deepspeed profile dispatches tokens with all-to-all"),
 ])
 def test_bad_values_are_one_line_errors(command, flags, message):
     res = runner.invoke(app, [command, *QWEN, *flags])

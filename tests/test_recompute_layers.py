@@ -5,6 +5,7 @@ by hand, the least N the search takes, exports and the frameworks that refuse it
 from __future__ import annotations
 
 import numpy as np
+import yaml
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -14,6 +15,7 @@ from planner import __version__, catalog
 from planner.cli import app
 from planner.cost import memory, memory_total
 from planner.cost import model_flops as flops
+from planner.cost.offload import schedule_stall
 from planner.cost.recompute import least_recompute_layers
 from planner.cost.step import estimate_layout
 from planner.errors import UsageError
@@ -238,12 +240,26 @@ def test_offload_memory_by_hand():
     assert float(act[0] - act[16]) == pytest.approx(15 * B, rel=1e-12)
 
 
-def test_offload_time_is_the_excess_over_compute():
-    # B / 64 GB/s = 35.7 ms per copy on PCIe Gen5; the exposed time is linear in N and 0 when
-    # the host link is fast enough to hide behind a layer's compute
+def test_offload_schedule_by_hand():
+    # 10 layers of 1 s, copies of 2 s (link-bound), N = 5, R = 10 - 5 = 5 on the GPU:
+    # e_i = max(e_{i-1}, s_i + 1) + 2: e1..e5 = 3, 5, 7, 9, 11 (s1..s5 = 0..4);
+    # s_j = max(s_{j-1} + 1, e_{j-5}): s6..s10 = 5, 6, 7, 9, 11 -> the pass ends at 12, 2 s late
+    assert schedule_stall(10, 5, 1.0, 2.0) == pytest.approx(2.0, rel=1e-12)
+    # R = 1 serialises: 9 copies of 0.5 s exposed; a fast link with R >= 2 hides every copy
+    assert schedule_stall(10, 9, 1.0, 0.5) == pytest.approx(4.5, rel=1e-12)
+    assert schedule_stall(10, 5, 1.0, 0.5) == 0.0
+    assert schedule_stall(10, 0, 1.0, 9.0) == 0.0
+
+
+def test_offload_time_in_the_step():
+    # Llama 3 8B, s 8192, b 2 on 8 H100, 32 micro-batches: B = 2,283,798,528 B, a copy over
+    # PCIe Gen5 (64 GB/s) 35.68 ms. N = 31 leaves R = 1 layer on the GPU: each pass is serial,
+    # 31 copies exposed forward and 31 backward: 32 x 62 x 35.68 ms = 70.80 s per step.
     t = {n: float(estimate_layout(LLAMA8, H100, TRAIN8, offload_layout(n)).time["offload"][0])
-         for n in (8, 16)}
-    assert t[8] > 0 and t[16] == pytest.approx(2 * t[8], rel=1e-12)
+         for n in (8, 16, 31)}
+    assert t[31] == pytest.approx(32 * 62 * 2_283_798_528 / 64e9, rel=1e-9)
+    # 8 copies (285 ms) hide behind the other layers' forward; 16 (571 ms) do not
+    assert t[8] == 0.0 and 0 < t[16] < t[31]
     fast = H100.model_copy(update={"host_link": H100.host_link.model_copy(
         update={"bandwidth_per_gpu": 1e15})})
     assert float(estimate_layout(LLAMA8, fast, TRAIN8, offload_layout(16)).time["offload"][0]) == 0.0
@@ -256,8 +272,12 @@ def test_offload_exports_and_refusals():
              layout=offload_layout(16))
     flags = megatron_flags(export_plan(p, "megatron").text)
     assert flags["--cpu-offloading-num-layers"] == "16" and "--cpu-offloading-num-layers" in MEGATRON
-    with pytest.raises(UsageError, match="export --to megatron"):
-        export_plan(p, "nemo")
+    fields = flatten(yaml.safe_load(export_plan(p, "nemo").text))
+    assert set(fields) <= BRIDGE, set(fields) - BRIDGE
+    assert (fields["model.cpu_offloading"], fields["model.cpu_offloading_weights"],
+            fields["model.cpu_offloading_num_layers"]) == (True, False, 16)
+    none = flatten(yaml.safe_load(export_plan(p.model_copy(update={"layout": offload_layout(0)}), "nemo").text))
+    assert "model.cpu_offloading" not in none
     for target in ("deepspeed", "torchtitan"):
         with pytest.raises(UsageError, match="has no activation offload"):
             export_plan(p, target)

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from planner import catalog
 from planner.cost import evaluate, memory_total
+from planner.cost.offload import least_offload_layers
 from planner.errors import UsageError
 from planner.grid import full
 from planner.objective import parse_headroom, usable_memory
@@ -38,9 +39,13 @@ def _brute_force(m, hw, tr, gpus, opts=SearchOptions(), least_n=True):
     if not least_n:
         return every, ok & fits
     # then each fitting full-recompute layout timed with its least N layers per chunk that fits
-    # (cost.recompute.least_recompute_layers, elementwise: the same choice the scan makes)
-    est = evaluate(m, hw, tr, least_recompute(m, hw, tr, flat, float(hw.gpu.hbm_capacity)))
-    return est, ok & fits
+    # (cost.recompute.least_recompute_layers, elementwise: the same choice the scan makes), and
+    # each layout that fits only with activation offload with its least N (cost.offload)
+    capacity = float(hw.gpu.hbm_capacity)
+    flat = least_recompute(m, hw, tr, flat, capacity)
+    offload = np.where(fits, 0, least_offload_layers(m, hw, tr, flat, capacity))
+    est = evaluate(m, hw, tr, flat.replace(offload_layers=offload))
+    return est, ok & (fits | (offload > 0))
 
 
 def test_grid_evaluation_equals_flat_evaluation_element_by_element(gpt3_h100):

@@ -90,7 +90,8 @@ FRAMEWORK = typer.Option(None, "--framework", help="Framework profile name or YA
 OFFLOAD_LAYERS = typer.Option(
     None, "--offload-layers",
     help="Move the activations of N layers to host memory over the host link (Megatron-Core "
-         "--cpu-offloading-num-layers: pp 1, no recomputation) \\[default: 0].")
+         "--cpu-offloading-num-layers: pp 1, no recomputation) \\[default: search: the least "
+         "N that fits where a layout needs it; 0 = never; estimate: 0].")
 RECOMPUTE_LAYERS = typer.Option(
     None, "--recompute-num-layers",
     help="Full recompute of only the first N layers of each model chunk (Megatron's block "
@@ -194,6 +195,10 @@ def _training(model, global_batch_size, seq_length, checkpoint: dict | None = No
         raise UsageError(f"--moe-a2a-overlap is Megatron-Core's EP communication overlap "
                          f"(--overlap-moe-expert-parallel-comm); the {profile.name} profile does "
                          "not offer it")
+    if (moe or {}).get("moe_dispatcher", "alltoall") != "alltoall" and profile.export != "megatron":
+        raise UsageError(f"--moe-dispatcher {moe['moe_dispatcher']} is a Megatron-Core token "
+                         f"dispatcher (--moe-token-dispatcher-type); the {profile.name} profile "
+                         "dispatches tokens with all-to-all (--moe-dispatcher alltoall)")
     job = training_spec(model, {"global_batch_size": global_batch_size, "seq_length": seq_length,
                                 "precision": precision.value if precision is not None else None,
                                 **(moe or {})})

@@ -11,7 +11,7 @@ from .. import catalog
 from ..errors import UsageError
 from ..render import console
 from ..inputs import check_numbers, search_options
-from .app import (CURRENCY, EXPORT, FORCE, MAX_GPUS, WHY_NOT, RECOMPUTE_LAYERS, ALLOCATOR, ASYNC_SAVE, DEADLINE, FAILURE_RATE,
+from .app import (CURRENCY, EXPORT, FORCE, MAX_GPUS, WHY_NOT, OFFLOAD_LAYERS, RECOMPUTE_LAYERS, ALLOCATOR, ASYNC_SAVE, DEADLINE, FAILURE_RATE,
                   FLASH, FRAMEWORK, GBS, GPUS, GRAD_DTYPE, HARDWARE, HEADROOM, JSON, MODEL,
                   MOE_A2A_OVERLAP, MOE_DISPATCHER, PRECISION, RESTART_TIME, SEQ, PrecisionChoice,
                   RecomputeChoice, _checkpoint, _moe_job, _require, _training, app,
@@ -32,7 +32,7 @@ def search(
     zero_stage: Optional[int] = typer.Option(None, "--zero-stage", help="Pin ZeRO stage (0-3)."),
     micro_batch_size: Optional[int] = typer.Option(None, "--micro-batch-size", help="Pin micro-batch size."),
     recompute: Optional[RecomputeChoice] = typer.Option(None, "--recompute", help="Pin recomputation."),
-    recompute_num_layers: Optional[int] = RECOMPUTE_LAYERS,
+    recompute_num_layers: Optional[int] = RECOMPUTE_LAYERS, offload_layers: Optional[int] = OFFLOAD_LAYERS,
     sequence_parallel: Optional[bool] = typer.Option(None, "--sequence-parallel/--no-sequence-parallel",
                                                      help="Pin sequence parallelism."),
     vpp: Optional[int] = typer.Option(None, "--vpp", help="Pin virtual pipeline stages per rank."),
@@ -78,7 +78,7 @@ def search(
     opts = search_options(hw, training, dict(
         tp=tp, pp=pp, dp=dp, zero_stage=zero_stage, micro_batch_size=micro_batch_size,
         recompute=recompute.value if recompute else None, recompute_num_layers=recompute_num_layers,
-        sequence_parallel=sequence_parallel,
+        offload_layers=offload_layers, sequence_parallel=sequence_parallel,
         vpp=vpp, max_tp=max_tp, max_pp=max_pp, max_micro_batch_size=max_micro_batch_size,
         max_vpp=max_vpp, cp=cp, distributed_optimizer=distributed_optimizer, max_cp=max_cp,
         ep=ep, etp=etp, max_ep=max_ep,

@@ -133,8 +133,9 @@ def _attention_params(model: ModelSpec, tp, norm) -> tuple:
     kv = kv_heads_per_rank(model, tp)
     sharded = 2 * h * d * n / tp + 2 * h * d * kv
     replicated = float(norm)
-    if model.bias:
+    if model.bias or model.qkv_bias:  # column-parallel Q, K, V biases: sharded like their weights
         sharded = sharded + n * d / tp + 2 * d * kv
+    if model.bias:  # the row-parallel output projection's bias: replicated
         replicated += h
     if model.attention_sinks:
         sharded = sharded + n / tp

@@ -294,10 +294,12 @@ def transient_bytes(model: ModelSpec, training: TrainingSpec, c) -> np.ndarray:
         rows = blocks.moe_rows(model, c, training)
         gather = gather + 2.0 * h * (2.0 * rows["sent"] + rows["received"] / np.asarray(c.etp, dtype=np.float64))
     if training.zero3_gather_unit == "module":
-        # largest GEMM weight per GPU: fused QKV h*d_h*(a+2g)/t, or fc1 h*f/t (GeLU) /
-        # fused gate+up 2*h*f/t (SwiGLU)
-        d, a, g = model.kv_channels, model.num_attention_heads, model.kv_heads
-        fc1 = mc.fc1_outputs(model) * h * model.ffn
-        unit = max(h * d * (a + 2 * g), fc1) / np.asarray(c.tp, dtype=np.float64)
+        # largest GEMM weight per GPU: fused QKV h*d_h*(a/t + 2*max(g, t)/t) (one KV head per
+        # rank when g < t, blocks.kv_heads_per_rank), or fc1 h*f/t (GeLU) / fused gate+up
+        # 2*h*f/t (SwiGLU)
+        d, a = model.kv_channels, model.num_attention_heads
+        tp = np.asarray(c.tp, dtype=np.float64)
+        qkv = h * d * (a / tp + 2.0 * blocks.kv_heads_per_rank(model, tp))
+        unit = np.maximum(qkv, mc.fc1_outputs(model) * h * model.ffn / tp)
     fsdp = np.where(c.sharding_stage >= 3, unit * (2 * 2.0 + training.grad_bytes), 0.0)
     return gather + fsdp

@@ -258,22 +258,25 @@ def _throughput(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c
 def offload_time(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c, times,
                  counts: dict, kind: str) -> np.ndarray:
     """Exposed seconds per micro-batch of activation offload on rank kind ``kind`` (formulas.md
-    3.3.2): each of the N = ``offload_layers`` layers copies its stored bytes B (memory.
+    3.3.2): N = ``offload_layers`` of the rank's layers copy their stored bytes B (memory.
     activation_per_layer, no recompute) to the host in forward and back in backward over the
-    host link (``hw.host_link_bandwidth_per_gpu``, one direction each way), overlapped with the
-    next layer's forward / backward (Megatron-Core's CPU offload context keeps one layer in
-    flight): N x (max(0, B/bw - f) + max(0, B/bw - b)) with f, b the rank's mean layer forward
-    and backward seconds. Broadcast array."""
+    host link (HardwareProfile.offload_bandwidth_per_gpu: one direction each way, less the
+    NIC's share where the link carries NIC traffic and the layout spans hosts; B/bw a copy), at
+    most layers - N of them on the GPU: offload.schedule_stall of the forward pass (the rank's
+    mean layer forward seconds) plus that of the backward (mean layer backward seconds).
+    Broadcast array."""
     from .memory import activation_per_layer
+    from .offload import schedule_stall
     rank = rank_index(c, kind)
     layers = np.maximum(c.rank_layers(model.num_layers, rank), 1.0)
     uniform = set(times) == {"attention", "mlp"}
     stored = activation_per_layer(model, training, c, np.zeros_like(c.recompute), None if uniform else rank)
-    move = stored / hw.host_link_bandwidth_per_gpu
+    bandwidth = hw.offload_bandwidth_per_gpu(np.asarray(c.gpus) > hw.gpus_per_node)
+    move = np.where(bandwidth > 0, stored / np.maximum(bandwidth, 1e-300), np.inf)
     forward = sum(counts[k] * times[k].forward for k in counts) / layers
     backward = sum(counts[k] * times[k].backward for k in counts) / layers
-    n = np.minimum(np.asarray(c.offload_layers, dtype=np.float64), layers)
-    return n * (np.maximum(move - forward, 0.0) + np.maximum(move - backward, 0.0))
+    n = np.minimum(np.asarray(c.offload_layers, dtype=np.float64), layers - 1.0)
+    return schedule_stall(layers, n, forward, move) + schedule_stall(layers, n, backward, move)
 
 
 def _full_share(model: ModelSpec, c):

@@ -51,6 +51,8 @@ The job settings of the TrainingSpec (job_args; written for MoE models where MoE
                                     where the layout lets Megatron-Core overlap (ep > 1, no full
                                     recompute, pp = 1 or interleaved: transformer_config.py
                                     L3002-3050, the cost model's condition); else a comment
+  optimizer_moment_bytes 2          --use-precision-aware-optimizer --exp-avg-dtype bf16
+                                    --exp-avg-sq-dtype bf16 (optimizer_config.py L476-477)
   optimizer_offload_fraction f > 0  --optimizer-cpu-offload --optimizer-offload-fraction f
                                     --use-precision-aware-optimizer (arguments.py L1884-1887
                                     requires it)
@@ -188,8 +190,12 @@ def job_args(plan: Plan) -> tuple[Args, list[str]]:
                              f"gathering (arguments.py L1888-1891), which precision {tr.precision} "
                              "with a sharded optimizer exports")
         args += [("--optimizer-cpu-offload", None),
-                 ("--optimizer-offload-fraction", f"{tr.optimizer_offload_fraction:g}"),
-                 ("--use-precision-aware-optimizer", None)]
+                 ("--optimizer-offload-fraction", f"{tr.optimizer_offload_fraction:g}")]
+    if tr.optimizer_offload_fraction > 0 or tr.optimizer_moment_bytes == 2:
+        args.append(("--use-precision-aware-optimizer", None))
+    if tr.optimizer_moment_bytes == 2:  # bf16 Adam moments (optimizer_config.py L476-477: only
+        # with the precision-aware optimizer)
+        args += [("--exp-avg-dtype", "bf16"), ("--exp-avg-sq-dtype", "bf16")]
     if tr.moe_activation_offload and model.moe is not None:
         if lay.offload_layers:
             raise UsageError("Megatron-Core cannot combine fine-grained activation offloading "

@@ -80,11 +80,6 @@ def nemo_fields(plan: Plan, ck: dict | None = None) -> dict[str, dict[str, objec
                          f"{lay.first_stage_layers}/{lay.last_stage_layers} layers), which the "
                          "Megatron-Bridge fields plan3d writes cannot express; export --to megatron")
     moe_args(plan)  # the same Megatron-Core rules as the Megatron-LM export (UsageError)
-    if lay.offload_layers:
-        raise UsageError(f"the plan offloads the activations of {lay.offload_layers} layers "
-                         "(Megatron-Core cpu_offloading_num_layers), a field outside the "
-                         "Megatron-Bridge field list plan3d checks its exports against; "
-                         "export --to megatron")
     recompute = {"none": (None, None, None, None),
                  "selective": ("selective", None, None, ["core_attn"]),
                  "selective+": ("selective", None, None, recompute_modules(plan.model)),
@@ -104,6 +99,7 @@ def nemo_fields(plan: Plan, ck: dict | None = None) -> dict[str, dict[str, objec
             "recompute_method": recompute[1],
             "recompute_num_layers": recompute[2],
             "recompute_modules": recompute[3],
+            **_offload_fields(lay.offload_layers),
             **model_fields(plan, int(padded_vocab(plan.model.vocab_size, lay.tp))),
             **job.get("model", {}),
         },
@@ -124,6 +120,17 @@ def nemo_fields(plan: Plan, ck: dict | None = None) -> dict[str, dict[str, objec
         "mixed_precision": mixed_precision_preset(tr),
         **({"checkpoint": checkpoint_fields(plan, ck)} if ck is not None else {}),
     }
+
+
+def _offload_fields(layers: int) -> dict[str, object]:
+    """Megatron-Core's activation offload as Bridge's model fields (TransformerConfig
+    cpu_offloading, cpu_offloading_weights, cpu_offloading_num_layers; set together in
+    Megatron-Bridge @067f987df perf_recipes/llama/gb200/llama3.py, Llama 3 70B on 64 GB200:
+    20 layers); none when the plan offloads nothing."""
+    if not layers:
+        return {}
+    return {"cpu_offloading": True, "cpu_offloading_weights": False,
+            "cpu_offloading_num_layers": layers}
 
 
 def _overrides(fields: dict[str, object]) -> list[str]:

@@ -123,6 +123,10 @@ def job_fields(plan: Plan) -> dict[str, dict[str, object]]:
     if tr.optimizer_offload_fraction > 0:
         out["optimizer"].update(optimizer_cpu_offload=True, use_precision_aware_optimizer=True,
                                 optimizer_offload_fraction=float(tr.optimizer_offload_fraction))
+    if tr.optimizer_moment_bytes == 2:  # Bridge turns "torch.bfloat16" back into the dtype
+        # (training/utils/omegaconf_utils.py L498-503 @067f987df)
+        out["optimizer"].update(use_precision_aware_optimizer=True, exp_avg_dtype="torch.bfloat16",
+                                exp_avg_sq_dtype="torch.bfloat16")
     if tr.moe_activation_offload and moe:
         out["model"].update(fine_grained_activation_offloading=True,
                             offload_modules=["expert_fc1", "moe_act"])

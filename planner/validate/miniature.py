@@ -143,6 +143,22 @@ def _no_dropout(model: ModelSpec) -> list[dict]:
         f"comparison with the single-process reference; activations predicted without masks")}]
 
 
+def _no_host_offload(plan: Plan) -> list[dict]:
+    """Activation offload and block recompute of N layers are not run: the worker keeps every
+    layer's activations on the device (or recomputes every layer), and its predictions are of
+    that run."""
+    lay, out = plan.layout, []
+    if lay.offload_layers:
+        out.append({"feature": "activation offload", "reason": (
+            f"offload of {lay.offload_layers} layers to host memory is not run: activations "
+            "stay on the device, and are predicted so")})
+    if lay.recompute_num_layers:
+        out.append({"feature": "recompute_num_layers", "reason": (
+            f"full recompute of the first {lay.recompute_num_layers} layers per chunk run as "
+            "every layer, and predicted so")})
+    return out
+
+
 def _no_fp8(plan: Plan) -> list[dict]:
     """An FP8 plan runs in the validator's dtype: its FP8 terms are not checked."""
     if plan.training.precision == "bf16":
@@ -228,7 +244,8 @@ def miniature(plan: Plan, world: int, dtype: str = "float64", steps: int = 3,
                               sequence_parallel=lay.sequence_parallel and tp > 1, vpp=vpp,
                               first_stage_layers=first, last_stage_layers=last), **moe_layout})
     return Run(mini, training, layout, dtype=dtype, steps=steps, device=device,
-               notes=tuple(notes), not_exercised=tuple(dropped + _no_dropout(m) + _no_fp8(plan)))
+               notes=tuple(notes),
+               not_exercised=tuple(dropped + _no_dropout(m) + _no_fp8(plan) + _no_host_offload(plan)))
 
 
 def full_scale(plan: Plan, layers_per_stage: int | None, dtype: str, steps: int, device: str) -> Run:
@@ -250,10 +267,12 @@ def full_scale(plan: Plan, layers_per_stage: int | None, dtype: str, steps: int,
         if model.num_layers % (plan.layout.pp * plan.layout.vpp):
             raise UsageError(f"{model.num_layers} layers do not split into pp*vpp = "
                              f"{plan.layout.pp * plan.layout.vpp} chunks")
+    layout = layout.model_copy(update=dict(offload_layers=0, recompute_num_layers=0))
     return Run(model.model_copy(update=dict(dropout=0.0)),
                plan.training.model_copy(update={"precision": "bf16"}), layout,
                dtype=dtype, steps=steps, device=device, notes=tuple(notes),
-               not_exercised=tuple(dropped + _no_dropout(plan.model) + _no_fp8(plan)))
+               not_exercised=tuple(dropped + _no_dropout(plan.model) + _no_fp8(plan)
+                                   + _no_host_offload(plan)))
 
 
 def predict(run: Run, pp_rank: int) -> dict:

@@ -1,0 +1,141 @@
+"""The least activation offload that fits: N layers' activations in host memory (formulas.md 3.3.2).
+
+Megatron-Core's CPU offload (--cpu-offloading-num-layers N; pp 1 and no recomputation,
+frameworks.rules) moves the stored activations of N layers to host memory after their forward
+and back before their backward, keeping one layer in transfer on the GPU
+(memory.offloaded_bytes). On the one pipeline rank, with H in-flight layers of B bytes each
+(recompute none), its memory is linear in N:
+
+    M(N) = M(0) - (1 + a) * (min(N, H) - 1) * B,    N >= 1
+
+with a the allocator's share of the working set (estimate.reserve_bytes). So the least N that
+fits is N = 1 + ceil((M(0) - usable) / ((1 + a) * B)) where M(0) > usable, 0 where the layout
+fits without offload, and none (0, the layout does not fit) where N would reach the layers
+(Megatron-Core refuses N >= L) or the N x B offloaded bytes would exceed the host memory per
+GPU (hardware profile ``host_memory`` / GPUs per host). Its time (step.offload_time) grows with N: the least N is the
+cheapest offload that fits. Everything is elementwise over candidates.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import UsageError
+from ..specs import HardwareProfile, ModelSpec, TrainingSpec
+from .estimate import memory_by_rank, memory_total, rank_kinds
+from .recompute import MARGIN, layer_terms
+
+
+def schedule_stall(layers, n, work, move) -> np.ndarray:
+    """Seconds by which moving N = ``n`` of ``layers`` layers' activations over the host link
+    stretches one pass (forward or backward) of ``layers`` layers of ``work`` seconds each, each
+    move taking ``move`` seconds: Transformer Engine's default offload schedule
+    (docs/features/other_optimizations/cpu_offloading/cpu_offloading.rst @d0067d0da): the first
+    N layers are offloaded in order on one copy stream, and at most R = layers - N layers'
+    activations stay on the GPU, so compute stalls until a slot is free. As a max-plus
+    recursion over layers j = 1..layers (s_j: start of layer j, e_i: end of layer i's copy,
+    which starts when its forward ends):
+
+        s_j = max(s_{j-1} + work, e_{j-R}),   e_i = max(e_{i-1}, s_i + work) + move  (i <= N)
+
+    stall = s_layers + work - layers x work. R = 1 serialises (N x move exposed: TE warns that
+    compute and transfers cannot overlap); a fast link (move <= work, R >= 2) hides every copy.
+    The backward is the same pass mirrored (reloads in reverse order, freed slots ahead of
+    them). Broadcast arrays in (layers, n whole numbers), seconds out; 0 where n = 0."""
+    layers, n, work, move = np.broadcast_arrays(*(np.asarray(x, dtype=np.float64)
+                                                  for x in (layers, n, work, move)))
+    out = np.zeros(layers.shape)
+    at = np.flatnonzero(n.ravel() > 0)
+    if at.size == 0:
+        return out
+    L, N, f, t = (x.ravel()[at] for x in (layers, n, work, move))
+    R = np.maximum(L - N, 1.0).astype(np.int64)
+    top, cols = int(L.max()), np.arange(at.size)
+    ends = np.zeros((top + 1, at.size))    # ends[i] = e_i (ends[0] = 0: nothing before layer 1)
+    starts = np.zeros((top + 1, at.size))  # starts[j] = s_j
+    for j in range(1, top + 1):
+        start = starts[j - 1] + f if j > 1 else starts[0]
+        gate = j - R
+        starts[j] = np.where(gate >= 1, np.maximum(start, ends[np.maximum(gate, 0), cols]), start)
+        ends[j] = np.where(j <= N, np.maximum(ends[j - 1], starts[j] + f) + t, ends[j - 1])
+    last = starts[L.astype(np.int64), cols]  # each candidate's own s_L
+    stall = last + f - L * f
+    out.ravel()[at] = np.where(stall > 1e-9 * L * f, stall, 0.0)  # rounding of the sums: none
+    return out
+
+
+def offers_host_offload(hw: HardwareProfile) -> bool:
+    """Whether ``hw`` states the host link and host memory that activation offload needs."""
+    return hw.host_link is not None and hw.host_memory is not None
+
+
+def offload_candidates(c) -> np.ndarray:
+    """Layouts whose memory activation offload can lower: pp 1 and no recomputation (Megatron-
+    Core's rule, transformer_config.py L1884-1899 @d98e8a64) and no offload set. Bool array."""
+    return (np.asarray(c.pp) == 1) & (np.asarray(c.recompute) == 0) & (np.asarray(c.offload_layers) == 0)
+
+
+def host_bytes(model: ModelSpec, training: TrainingSpec, c, terms: dict | None = None) -> np.ndarray:
+    """Host memory per GPU that the offloaded activations take, bytes: N x B with N =
+    ``offload_layers`` and B a layer's stored bytes on the (one) pipeline rank (no recompute,
+    recompute.layer_terms). Broadcast array; 0 where N = 0."""
+    stored = (terms or layer_terms(model, training, c, ("first",)))["first"][0]
+    return np.asarray(c.offload_layers, dtype=np.float64) * stored
+
+
+def check_host_memory(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c) -> None:
+    """UsageError when candidate 0's offloaded activations (host_bytes) exceed the host memory
+    per GPU of ``hw`` or ``hw`` states no host link or host memory (one line, with the most
+    layers that would fit)."""
+    n = int(np.asarray(c.offload_layers).ravel()[0])
+    if n == 0:
+        return
+    host = hw.host_memory_per_gpu  # UsageError without a host_memory block
+    hw.host_link_bandwidth_per_gpu  # noqa: B018 -- UsageError without a host_link block
+    need = float(np.ravel(host_bytes(model, training, c))[0])
+    if need > host:
+        most = int(host // (need / n))
+        raise UsageError(f"offloading the activations of {n} layers puts {need / 2**30:,.1f} GiB "
+                         f"per GPU in host memory; {hw.name} has {host / 2**30:,.1f} GiB per GPU "
+                         f"(host_memory / GPUs per host): at most {most} layers")
+
+
+def offload_layers_from_totals(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c,
+                               totals: dict, usable: float, terms: dict | None = None) -> np.ndarray:
+    """The least N of the module docstring per candidate, from each rank kind's memory without
+    offload (``totals``: {rank kind: bytes}, memory_by_rank's totals of ``c``): 0 where the
+    layout fits already, where it is not an offload candidate (offload_candidates), or where
+    N would reach the model's layers or the rank's in-flight layers, or N x B the host memory
+    per GPU of ``hw``, or where no host-link bandwidth is left for the copies
+    (HardwareProfile.offload_bandwidth_per_gpu). ``terms``: {rank kind:
+    (stored, recomputed, held)} from recompute.layer_terms, computed here when None. Int64
+    array, broadcast shape of the inputs."""
+    grow = 1.0 + training.reserve_allocator
+    terms = terms or layer_terms(model, training, c, tuple(totals))
+    need = np.zeros(np.shape(np.asarray(c.pp)), dtype=np.float64)
+    room = np.full_like(need, float(model.num_layers - 1))  # N < L
+    for kind, total in totals.items():
+        stored, _, held = terms[kind]
+        deficit = total - usable * (1.0 - MARGIN)
+        n_rank = np.where(deficit > 0, 1.0 + np.ceil(deficit / np.maximum(grow * stored, 1e-300)), 0.0)
+        host = np.floor(hw.host_memory_per_gpu / np.maximum(stored, 1e-300))
+        need, room = np.maximum(need, n_rank), np.minimum(np.minimum(room, held), host)
+    moving = hw.offload_bandwidth_per_gpu(np.asarray(c.gpus) > hw.gpus_per_node) > 0
+    ok = offload_candidates(c) & (need > 0) & (need <= room) & moving
+    return np.where(ok, need, 0.0).astype(np.int64)
+
+
+def least_offload_layers(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c,
+                         usable: float) -> np.ndarray:
+    """offload_layers per candidate: the least N that fits within ``usable`` bytes per GPU for
+    the offload candidates that do not fit without it (offload_layers_from_totals), checked
+    with memory_total (0 where it still does not fit); candidates with offload_layers set keep
+    it. Int64 array, broadcast shape of ``c``. Raises nothing."""
+    given = np.asarray(c.offload_layers)
+    kinds = rank_kinds(c, model)
+    totals = {k: v["total"] for k, v in memory_by_rank(model, hw, training, c, kinds).items()}
+    n = offload_layers_from_totals(model, hw, training, c, totals, usable)
+    if np.any(n > 0):
+        fits = memory_total(model, hw, training, c.replace(offload_layers=n)) <= usable
+        n = np.where(fits, n, 0)
+    return np.where(given > 0, given, n)
