@@ -25,6 +25,7 @@ from .grid import Grid, parallel_splits
 from .inputs import MAX_GPUS, gpu_count  # noqa: F401 (MAX_GPUS re-exported)
 from .refusal import fit_hint, no_fit_message, no_split_reason
 from .scan import CHUNK, FIT_RULE, Scan, scan  # noqa: F401 (re-exported)
+from .scan_layers import as_scanned
 from .space import (LAYERS_RULE, TP_RULE, UNEVEN_RULE, Candidates, constraint_masks,
                     default_uneven_split, divisors, uneven_problem, uneven_splits,
                     uneven_vpp_options)
@@ -300,19 +301,6 @@ def search(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: 
                         fitting=passed.fitting, objective=opts.objective,
                         seconds=time.perf_counter() - started, usable=usable,
                         checkpoint=None if ck is None else ck.take(order))
-
-
-def as_scanned(grid: Grid, passed: Scan, at: np.ndarray) -> Candidates:
-    """The grid's layouts at flat indices ``at`` as the scan timed them: full recompute with the
-    least N layers per chunk that fits, and a layout that fits only with activation offload with
-    its least N (Scan.recompute_layers, Scan.offload_layers; 0 where none is recorded)."""
-    flat = grid.flat(at)
-    for name, layers in (("recompute_num_layers", passed.recompute_layers),
-                         ("offload_layers", passed.offload_layers)):
-        n = layers.find(at)
-        if np.any(n > 0):
-            flat = flat.replace(**{name: n})
-    return flat
 
 
 def _deadline_error(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, grid: Grid,

@@ -211,7 +211,7 @@ class TrainingSpec(_Strict):
     # What selective recomputation (recompute code 1) saves: core_attention (Megatron: all but
     # the attention core, Korthikanti et al. 2022 sec. 4.2) or per_op (torchtitan's per-op
     # selective activation checkpointing: the block input, the outputs of every other matmul,
-    # of attention and of reduce-scatters; cost.blocks.per_op_saved_per_token).
+    # of attention and of reduce-scatters; cost.per_op_checkpoint.per_op_saved_per_token).
     selective_recompute: Literal["core_attention", "per_op"] = "core_attention"
     # Mixture of experts: the busiest EP rank's routed load over the mean (>= 1; 1 = balanced,
     # as the published benchmark runs force it: Megatron-Bridge performance-summary footnote

@@ -13,7 +13,7 @@ from planner.cost.offload import least_offload_layers
 from planner.errors import UsageError
 from planner.grid import full
 from planner.objective import parse_headroom, usable_memory
-from planner.scan import least_recompute
+from planner.scan_layers import least_recompute
 from planner.search import FIT_RULE, SearchOptions, build_grid, enumerate_space, search
 from planner.space import constraint_masks
 from planner.specs import TrainingSpec

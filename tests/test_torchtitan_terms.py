@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from planner import catalog
-from planner.cost import blocks, memory
+from planner.cost import blocks, memory, per_op_checkpoint
 from planner.cost.volumes import Elements, dp_collectives
 from planner.frameworks.profile import resolve_training
 from planner.space import Candidates
@@ -37,7 +37,7 @@ def test_profiles_state_selective_and_loss_facts():
 
 
 def test_per_op_saved_bytes_llama3_8b():
-    per = blocks.per_op_saved_per_token(LLAMA8B, cands())
+    per = per_op_checkpoint.per_op_saved_per_token(LLAMA8B, cands())
     # attention: block input 2h + wq out 2*32*128 + wv out 2*8*128 + SDPA out 2*32*128 + lse 4*32
     #   = 8192 + 8192 + 2048 + 8192 + 128 = 26752 B/token (no TP: no reduce-scatter output)
     assert float(per[blocks.ATTENTION][0]) == 26752
@@ -46,7 +46,7 @@ def test_per_op_saved_bytes_llama3_8b():
 
 
 def test_per_op_saved_bytes_under_tp_and_sp():
-    per = blocks.per_op_saved_per_token(LLAMA8B, cands(tp=8, dp=1, sequence_parallel=True))
+    per = per_op_checkpoint.per_op_saved_per_token(LLAMA8B, cands(tp=8, dp=1, sequence_parallel=True))
     # attention, t 8 with SP: input 8192/8 + (wq 8192 + wv 2*8*128 + SDPA 8192 + 128)/8
     #   + wo reduce-scatter out 8192/8 = 1024 + 18560/8 + 1024 = 1024 + 2320 + 1024 = 4368
     assert float(per[blocks.ATTENTION][0]) == pytest.approx(4368)
@@ -63,9 +63,9 @@ def test_per_op_activations_and_recompute_share():
     got = memory.activation_per_layer(LLAMA8B, t, c)
     assert float(got[0]) == tokens * (26752 + 36864)
     # the even matmuls run again: attention wk + wo = (8 + 32)*128*4096 of 2*(32 + 8)*128*4096
-    assert blocks.per_op_recomputed_gemm_share(LLAMA8B, blocks.ATTENTION) == 0.5
+    assert per_op_checkpoint.per_op_recomputed_gemm_share(LLAMA8B, blocks.ATTENTION) == 0.5
     # SwiGLU MLP: w3 of w1, w3, w2
-    assert blocks.per_op_recomputed_gemm_share(LLAMA8B, blocks.MLP) == pytest.approx(1 / 3)
+    assert per_op_checkpoint.per_op_recomputed_gemm_share(LLAMA8B, blocks.MLP) == pytest.approx(1 / 3)
 
 
 def test_fsdp2_under_pp_gathers_and_reduces_once_per_step():

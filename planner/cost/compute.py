@@ -18,6 +18,7 @@ import numpy as np
 
 from ..specs import HardwareProfile, ModelSpec, TrainingSpec
 from . import blocks, precision
+from .per_op_checkpoint import per_op_modelled, per_op_recomputed_gemm_share
 from . import model_counts as mc
 from . import model_flops as mf
 
@@ -99,8 +100,8 @@ def block_times(model: ModelSpec, training: TrainingSpec, hw: HardwareProfile, c
             t_f, t_b = _attention_core_times(model, training, hw, c, kind == blocks.WINDOW)
             light = t_mem + t_gemm * blocks.mla_up_share(model)
         selective = None
-        if training.selective_recompute == "per_op" and blocks.per_op_modelled(model):
-            selective = t_gemm * blocks.per_op_recomputed_gemm_share(model, kind) + t_mem
+        if training.selective_recompute == "per_op" and per_op_modelled(model):
+            selective = t_gemm * per_op_recomputed_gemm_share(model, kind) + t_mem
         out[kind] = LayerTimes(t_gemm, t_f, t_b, t_mem, share, light, selective)
     return out
 

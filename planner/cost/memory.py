@@ -206,7 +206,8 @@ def activation_bytes_by_stage(model: ModelSpec, training: TrainingSpec, c,
     (once per output head: the MTP modules add theirs). Per-layer terms shared by the ranks are
     computed once.
     """
-    from .blocks import block_kinds, per_op_modelled
+    from .blocks import block_kinds
+    from .per_op_checkpoint import per_op_modelled
     h = model.hidden_size
     tokens = c.tokens_per_microbatch(training.seq_length)
     m = c.num_microbatches(training.global_batch_size)

@@ -1,0 +1,148 @@
+"""The least recompute and offload layers that make a layout fit, as the search's scan records
+them (planner.scan's memory pass) and reads them back (its step pass, search.as_scanned).
+
+Full recompute of N layers per model chunk (cost.recompute) and activation offload of N layers
+(cost.offload) are not grid axes: the memory pass solves each fitting layout's least N from the
+per-rank totals it has computed and records it per flat grid index (GridLayers); the step pass
+times the layout with it, and the search's winners carry it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .cost import memory_total
+from .cost.offload import offers_host_offload, offload_layers_from_totals
+from .cost.recompute import layer_terms, layers_from_totals, least_recompute_layers
+from .grid import KNOB_FIELDS, Grid, full
+from .specs import HardwareProfile, ModelSpec, TrainingSpec
+
+if TYPE_CHECKING:
+    from .scan import Scan
+    from .search import SearchOptions
+    from .space import Candidates
+
+
+@dataclass
+class GridLayers:
+    """recompute_num_layers of the layouts of a grid of ``size`` layouts, by flat index (0 where
+    none is recorded): one small integer per layout, allocated at the first non-zero one."""
+
+    size: int = 0
+    dtype: type = np.uint16  # N <= a chunk's layers: uint8 for models of fewer than 256 layers
+    values: np.ndarray | None = None
+
+    def add(self, index: np.ndarray, layers: np.ndarray) -> None:
+        """Record ``layers`` (> 0) of the layouts at flat ``index``."""
+        keep = layers > 0
+        if not np.any(keep):
+            return
+        if self.values is None:
+            self.values = np.zeros(self.size, dtype=self.dtype)
+        self.values[index[keep]] = layers[keep]
+
+    def find(self, index: np.ndarray) -> np.ndarray:
+        """The recorded layers of the layouts at flat ``index`` (0 where none). Int64."""
+        if self.values is None:
+            return np.zeros(np.shape(index), dtype=np.int64)
+        return self.values[index].astype(np.int64)
+
+
+
+def offers_recompute_layers(training: TrainingSpec, opts: "SearchOptions") -> bool:
+    """Whether the search may choose recompute_num_layers: not pinned, and the framework
+    (opts.framework, else the one training names) recomputes N layers per chunk."""
+    from .frameworks.rules import profile_for
+    return opts.recompute_num_layers is None and \
+        profile_for(training, opts.framework).rules.recompute_num_layers
+
+
+def offers_offload(hw: HardwareProfile, training: TrainingSpec, opts: "SearchOptions") -> bool:
+    """Whether the search may choose offload_layers: not pinned, the hardware profile states a
+    host link and host memory, and the framework (opts.framework, else the one training names)
+    offloads activations to host memory."""
+    from .frameworks.rules import profile_for
+    return opts.offload_layers is None and offers_host_offload(hw) and \
+        "activations" in profile_for(training, opts.framework).rules.offload
+
+
+def least_recompute(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c,
+                    usable: float):
+    """Flat candidates ``c`` with the recompute_num_layers the scan gives them: for each full
+    recompute layout that fits with every layer recomputed and whose twin without
+    recomputation does not fit, the least N that fits (_least_layers; pinned values kept).
+    A reference for tests: the scan computes the same on its sub-grids."""
+    full_rc = np.asarray(c.recompute) == 2
+    if not np.any(full_rc):
+        return c
+    fits = memory_total(model, hw, training, c) <= usable
+    twin = memory_total(model, hw, training, c.replace(recompute=np.where(full_rc, 0, c.recompute))) <= usable
+    n = least_recompute_layers(model, hw, training, c, usable, verify=False)
+    given = np.asarray(c.recompute_num_layers)
+    return c.replace(recompute_num_layers=np.where(given > 0, given, np.where(fits & ~twin, n, 0)))
+
+
+def record_least_offload(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, sub: Grid, c, totals: dict,
+                   usable: float, index: np.ndarray, total: np.ndarray, out: Scan) -> np.ndarray:
+    """Record into ``out.offload_layers`` the least activation offload N that fits of the
+    sub-grid's layouts (cost.offload.offload_layers_from_totals; ``totals``: per rank kind,
+    their memory without offload) and return ``total`` (flat over the sub-grid, bytes) with
+    theirs lowered by what N layers in host memory save, (1 + a) x (N - 1) x B on the one
+    pipeline rank (memory.offloaded_bytes; the linear form is exact, solved with MARGIN)."""
+    terms = layer_terms(model, training, c, tuple(totals))
+    n = full(offload_layers_from_totals(model, hw, training, c, totals, usable, terms), sub.shape).ravel()
+    if not np.any(n > 0):
+        return total
+    out.offload_layers.add(index, n)
+    stored = full(np.maximum.reduce([terms[k][0] for k in totals]), sub.shape).ravel()
+    saved = (1.0 + training.reserve_allocator) * (n - 1.0) * stored
+    return np.where(n > 0, total - saved, total)
+
+
+def record_least_layers(model: ModelSpec, training: TrainingSpec, sub: Grid, c, totals: dict,
+                  usable: float, index: np.ndarray, fits: np.ndarray, out: Scan) -> None:
+    """Record into ``out.recompute_layers`` the least N (cost.recompute.layers_from_totals) of
+    the fitting full-recompute layouts of sub-grid ``sub`` whose twin without recomputation
+    does not fit (where it fits, it costs no recompute at all and N stays 0), computed on the
+    code-2 slice only (``c``: the sub-grid's candidates, whose cached per-layer terms the
+    memory pass computed; ``totals``: per rank kind, the sub-grid's memory with every layer
+    recomputed; ``index``, ``fits``: flat over the sub-grid). The twin is valid whenever the
+    full-recompute layout is (no rule depends on the recompute mode but the framework's, and
+    every framework offers none), so it sits in the same sub-grid."""
+    axis = KNOB_FIELDS.index("recompute") + 1
+    codes = sub.knobs["recompute"]
+    at, none = np.flatnonzero(codes == 2), np.flatnonzero(codes == 0)
+    flat = np.arange(index.size).reshape(sub.shape)
+    where = np.take(flat, at, axis=axis).ravel()
+    need = fits[where]
+    if none.size:
+        need = need & ~fits[np.take(flat, none, axis=axis).ravel()]
+    if not np.any(need):
+        return
+    values = [np.arange(n) for n in sub.shape[1:]]
+    values[axis - 1] = at
+    part = sub.take(np.arange(sub.shape[0]), values)
+
+    def cut(a):  # the code-2 slice of an array of the sub-grid's broadcast shape
+        a = np.asarray(a)
+        return np.take(a, at, axis=axis) if a.ndim == len(sub.shape) and a.shape[axis] > 1 else a
+    sliced = {k: np.take(full(v, sub.shape), at, axis=axis) for k, v in totals.items()}
+    terms = {k: tuple(cut(x) for x in v) for k, v in layer_terms(model, training, c, tuple(totals)).items()}
+    n = full(layers_from_totals(model, training, part.candidates(), sliced, usable, terms), part.shape)
+    out.recompute_layers.add(index[where], np.where(need, n.ravel(), 0))
+
+
+def as_scanned(grid: Grid, passed: "Scan", at: np.ndarray) -> "Candidates":
+    """The grid's layouts at flat indices ``at`` as the scan timed them: full recompute with the
+    least N layers per chunk that fits, and a layout that fits only with activation offload with
+    its least N (Scan.recompute_layers, Scan.offload_layers; 0 where none is recorded)."""
+    flat = grid.flat(at)
+    for name, layers in (("recompute_num_layers", passed.recompute_layers),
+                         ("offload_layers", passed.offload_layers)):
+        n = layers.find(at)
+        if np.any(n > 0):
+            flat = flat.replace(**{name: n})
+    return flat
