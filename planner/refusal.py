@@ -189,3 +189,22 @@ def no_fit_message(model: ModelSpec, hw: HardwareProfile, gpus: int, miss: Estim
     return (f"no layout of {model.name} fits on {gpus:,} x {hw.gpu.name}: the closest, "
             f"{miss.candidates.layout(0).short()}, needs {fmt.gib(total)} of {of} per GPU "
             f"({fmt.gib(total - usable)} over); {what}: {remedy}")
+
+
+def nothing_valid_message(model: ModelSpec, training: TrainingSpec, gpus: int, rule: str,
+                          grid: Grid) -> str:
+    """The one-line reason no layout is valid: ``rule`` removed the last ones (a batch that no
+    dp x micro-batch divides is said as such; a tp beyond the NVLink domain gets its hint)."""
+    from .space import TP_RULE
+    from .search import CROSS_NODE_HINT
+    if rule == "global batch divisible by dp*micro_batch_size":
+        dps = sorted(set(grid.split["dp"].tolist()))
+        mbs = sorted(set(grid.knobs["micro_batch_size"].tolist()))
+        if len(mbs) == 1 and any(training.global_batch_size % d == 0 for d in dps):
+            return (f"--micro-batch-size {mbs[0]} does not divide the per-replica batch "
+                    f"{training.global_batch_size}/dp for any dp in {{{', '.join(map(str, dps))}}}")
+        return (f"global batch size {training.global_batch_size} is not divisible by any "
+                f"data-parallel degree available on {gpus} GPUs (dp in {{{', '.join(map(str, dps))}}}); "
+                f"choose a batch that is a multiple of one of them")
+    hint = f" ({CROSS_NODE_HINT})" if rule == TP_RULE else ""
+    return f"no layout of {model.name} on {gpus} GPUs passes the rule '{rule}'{hint}"

@@ -26,7 +26,7 @@ from . import objective
 from .cost import evaluate
 from .cost.estimate import states_floor
 from .cost.estimate import memory_by_rank, rank_kinds
-from .cost.offload import host_bytes, offers_host_offload, offload_candidates
+from .cost.offload import offload_candidates, offload_runs
 from .scan_layers import (GridLayers, offers_offload, offers_recompute_layers,  # noqa: F401
                           record_least_layers, record_least_offload)
 from .cost.collectives import nvlink_domain
@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 
 FIT_RULE = "does not fit in HBM"
 DEADLINE_RULE = "expected time to train beyond the deadline"
+HOST_RULE = "offloaded activations within the host memory, with host-link bandwidth left"
 CHUNK = 65_536  # layouts per evaluated sub-grid: big enough for numpy, small enough for the cache
 RULES_CHUNK = 8 * CHUNK  # layouts per block of the rules (boolean masks: 1 byte a layout)
 # One more call of the cost model costs about as much as this many layouts of a sub-grid
@@ -226,9 +227,12 @@ def memory_pass(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, g
         total = plain
         if choose_offload and np.any(offload_candidates(c)):
             total = record_least_offload(model, hw, training, sub, c, totals, usable, index, plain, out)
-        elif np.any(np.asarray(c.offload_layers) > 0):  # pinned: within the host memory or not at all
-            over = host_bytes(model, training, c) > (hw.host_memory_per_gpu if offers_host_offload(hw) else 0.0)
-            total = np.where(full(over, sub.shape).ravel(), np.inf, plain)
+        elif np.any(np.asarray(c.offload_layers) > 0):  # pinned: a rule of its own (HOST_RULE)
+            runs = full(offload_runs(model, hw, training, c), sub.shape).ravel()
+            alive = state[index]
+            out.pruned[HOST_RULE] = out.pruned.get(HOST_RULE, 0) + int(np.count_nonzero(alive & ~runs))
+            out.alive_after[HOST_RULE] = out.alive_after.get(HOST_RULE, 0) + int(np.count_nonzero(alive & runs))
+            state[index] = alive & runs
         fits = out.fit(total, state[index], index, usable)
         if choose_layers and np.any(sub.knobs["recompute"] == 2):  # twins judged without offload
             record_least_layers(model, training, sub, c, totals, usable, index, state[index] & (plain <= usable), out)

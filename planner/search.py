@@ -23,7 +23,7 @@ from .degrees import SPLIT_DEGREES, split_problem
 from .errors import DeadlineError, NoFitError, UsageError
 from .grid import Grid, parallel_splits
 from .inputs import MAX_GPUS, gpu_count  # noqa: F401 (MAX_GPUS re-exported)
-from .refusal import fit_hint, no_fit_message, no_split_reason
+from .refusal import fit_hint, no_fit_message, no_split_reason, nothing_valid_message
 from .scan import CHUNK, FIT_RULE, Scan, scan  # noqa: F401 (re-exported)
 from .scan_layers import as_scanned
 from .space import (LAYERS_RULE, TP_RULE, UNEVEN_RULE, Candidates, constraint_masks,
@@ -231,7 +231,7 @@ def check_inputs(gpus: int, hw: HardwareProfile, flag: str = "--gpus") -> None:
 
 def search(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: int | None,
            opts: SearchOptions = SearchOptions()) -> SearchResult:
-    """Rank every valid layout that fits by the objective (exact ties: lower ZeRO stage, then less memory).
+    """Rank every valid layout that fits by the objective (exact ties: no offload, lower ZeRO stage, then less memory).
 
     ``gpus`` fixes the count; with ``opts.max_gpus`` (and gpus None) the count is searched too.
     The grid is evaluated on sub-grids of about CHUNK layouts (planner.scan); each keeps its
@@ -257,6 +257,8 @@ def search(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: 
     from .frameworks.rules import check_model, profile_for
     check_model(profile_for(training, opts.framework), model, training)
     check_precision(hw, training)
+    from .cost.offload import check_offload_hardware
+    check_offload_hardware(hw, opts.offload_layers or 0)
     grid = build_grid(model, hw, training, gpus, opts)
     if grid.size == 0:
         raise UsageError(no_split_reason(model, hw, gpus, opts))
@@ -266,7 +268,7 @@ def search(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: 
     if passed.fitting == 0:
         if passed.miss_index < 0:
             rule = next((r for r, n in passed.alive_after.items() if n == 0), "")
-            raise UsageError(_nothing_valid_message(model, training, gpus or opts.max_gpus, rule,
+            raise UsageError(nothing_valid_message(model, training, gpus or opts.max_gpus, rule,
                                                     grid))
         miss = evaluate(model, hw, training, grid.flat(np.array([passed.miss_index])))
         n = miss.candidates.layout(0).gpus
@@ -295,8 +297,10 @@ def search(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: 
     score = objective.score(opts.objective, est.throughput["tokens_per_s"], gpus_flat, tokens,
                             opts.price_per_gpu_hour, 1.0 if goodput is None else goodput,
                             opts.deadline_s)
-    # Best first; exact ties: the lower ZeRO stage (less traffic), then less memory.
-    order = np.lexsort((est.memory["total"], cand.zero_stage, -score))[:opts.keep]
+    # Best first; exact ties: no activation offload (no host memory, no host-link traffic), the
+    # lower ZeRO stage (less traffic), then less memory.
+    order = np.lexsort((est.memory["total"], cand.zero_stage, np.asarray(cand.offload_layers) > 0,
+                        -score))[:opts.keep]
     return SearchResult(ranked=est.take(order), enumerated=grid.size, pruned=passed.pruned,
                         fitting=passed.fitting, objective=opts.objective,
                         seconds=time.perf_counter() - started, usable=usable,
@@ -316,21 +320,6 @@ def _deadline_error(model: ModelSpec, hw: HardwareProfile, training: TrainingSpe
         f"within {duration(opts.deadline_s)}: the fastest, {layout.short()} on {layout.gpus:,} "
         f"GPUs, is expected to take {duration(passed.fastest_s)} with failures and checkpoints; "
         f"allow more GPUs or a later deadline", fastest=fastest, seconds=passed.fastest_s)
-
-
-def _nothing_valid_message(model: ModelSpec, training: TrainingSpec, gpus: int, rule: str,
-                           grid: Grid) -> str:
-    if rule == "global batch divisible by dp*micro_batch_size":
-        dps = sorted(set(grid.split["dp"].tolist()))
-        mbs = sorted(set(grid.knobs["micro_batch_size"].tolist()))
-        if len(mbs) == 1 and any(training.global_batch_size % d == 0 for d in dps):
-            return (f"--micro-batch-size {mbs[0]} does not divide the per-replica batch "
-                    f"{training.global_batch_size}/dp for any dp in {{{', '.join(map(str, dps))}}}")
-        return (f"global batch size {training.global_batch_size} is not divisible by any "
-                f"data-parallel degree available on {gpus} GPUs (dp in {{{', '.join(map(str, dps))}}}); "
-                f"choose a batch that is a multiple of one of them")
-    hint = f" ({CROSS_NODE_HINT})" if rule == TP_RULE else ""
-    return f"no layout of {model.name} on {gpus} GPUs passes the rule '{rule}'{hint}"
 
 
 def check_layout(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: int,

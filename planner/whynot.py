@@ -65,9 +65,10 @@ def parse_layout(text: str) -> dict[str, object]:
                                  f"off), got {value!r}")
             pins[name] = value in _TRUE
         else:
-            if not value.isdigit() or int(value) <= 0 and name not in ("zero_stage", "recompute_num_layers",
-                                                                           "offload_layers"):
-                raise UsageError(f"--why-not: {key} must be a positive integer, got {value!r}")
+            zero_ok = name in ("zero_stage", "recompute_num_layers", "offload_layers")
+            if not (value.isascii() and value.isdigit()) or int(value) <= 0 and not zero_ok:
+                kind = "an integer, 0 or more" if zero_ok else "a positive integer"
+                raise UsageError(f"--why-not: {key} must be {kind}, got {value!r}")
             if int(value) > MAX_GPUS:
                 raise UsageError(f"--why-not: {key} {int(value):,} is beyond what plan3d models "
                                  f"(at most {MAX_GPUS:,})")

@@ -20,18 +20,28 @@ QWEN = ["--model", "qwen3-30b-a3b", "--gpus", "16"]
     (["--moe-dispatcher", "deepep"], "--moe-dispatcher must be alltoall, allgather or flex, got 'deepep'"),
     (["--moe-dispatcher", "allgather", "--moe-a2a-overlap"], "--moe-a2a-overlap needs --moe-dispatcher alltoall or flex"),
     # the combined-1F1B EP overlap is Megatron-Core's (--overlap-moe-expert-parallel-comm)
-    (["--moe-a2a-overlap", "--framework", "torchtitan"], "the torchtitan profile does not offer it"),
-    (["--moe-a2a-overlap", "--framework", "deepspeed"], "the deepspeed profile does not offer it"),
+    (["--moe-a2a-overlap", "--framework", "torchtitan"], "has no Megatron-Core EP communication overlap"),
+    (["--moe-a2a-overlap", "--framework", "deepspeed"], "has no Megatron-Core EP communication overlap"),
     # flex (DeepEP / HybridEP) and allgather are Megatron-Core's token dispatchers
     (["--moe-dispatcher", "flex", "--framework", "torchtitan"],
-     "the torchtitan profile dispatches tokens with all-to-all"),
+     "dispatches tokens with all-to-all, not Megatron-Core's flex dispatcher"),
     (["--moe-dispatcher", "allgather", "--framework", "deepspeed"],
-     "the deepspeed profile dispatches tokens with all-to-all"),
+     "dispatches tokens with all-to-all, not Megatron-Core's allgather dispatcher"),
 ])
 def test_bad_values_are_one_line_errors(command, flags, message):
     res = runner.invoke(app, [command, *QWEN, *flags])
     assert res.exit_code == 2 and message in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
+
+
+def test_a_flex_plan_is_refused_by_torchtitan_and_deepspeed(tmp_path):
+    plan = tmp_path / "plan.yaml"
+    res = runner.invoke(app, ["search", *QWEN, "--moe-dispatcher", "flex", "--ep", "4",
+                              "--export", str(plan)])
+    assert res.exit_code == 0, res.stderr
+    for target in ("torchtitan", "deepspeed"):
+        res = runner.invoke(app, ["export", str(plan), "--to", target])
+        assert res.exit_code == 2 and "not Megatron-Core's flex dispatcher" in res.stderr
 
 
 def test_dense_models_refuse_the_moe_flags():

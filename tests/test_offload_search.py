@@ -121,3 +121,44 @@ def test_validator_lists_offload_as_not_run():
     run = miniature(plan, world=2)
     assert run.layout.offload_layers == 0
     assert any(d["feature"] == "activation offload" for d in run.not_exercised)
+
+
+def test_a_tie_ranks_the_layout_without_offload_first():
+    # Llama 3 8B on 8 H100: layouts with and without a little offload tie on step time; the one
+    # that needs no host memory and no host-link traffic comes first
+    ranked = search(LLAMA8, H100, resolve_training(TrainingSpec(seq_length=8192, global_batch_size=512), MCORE),
+                    8, SearchOptions(keep=20)).ranked
+    tps, offload = ranked.throughput["tokens_per_s"], np.asarray(ranked.candidates.offload_layers)
+    for i in range(len(tps)):
+        for j in range(i + 1, len(tps)):
+            assert not (tps[i] == tps[j] and offload[i] > 0 and offload[j] == 0)
+
+
+def test_pinned_offload_that_cannot_run_is_a_named_rule():
+    # 60 layers of Llama 3 70B at mbs 2 need 60 x 4.19 GiB = 251.5 GiB of host memory per GPU;
+    # a GB200 GPU has 240 GiB: no layout passes, and the error names why
+    res = CliRunner().invoke(app, ["search", "-m", "llama3-70b", "-g", "64", "--hardware",
+                                   "gb200-nvl72", "--global-batch-size", "256", "--seq-length",
+                                   "8192", "--offload-layers", "60", "--micro-batch-size", "2",
+                                   "--tp", "1", "--cp", "1"])
+    assert res.exit_code == 2
+    assert "offloaded activations within the host memory, with host-link bandwidth left" in res.output
+
+
+def test_offload_needs_host_blocks_and_bandwidth(tmp_path):
+    import yaml as pyyaml
+    data = pyyaml.safe_load(open("hardware_profiles/dgx-h100.yaml"))
+    del data["host_memory"]
+    bare = tmp_path / "bare.yaml"
+    bare.write_text(pyyaml.safe_dump(data))
+    res = CliRunner().invoke(app, ["search", "-m", "llama3-8b", "-g", "8", "--hardware", str(bare),
+                                   "--offload-layers", "4"])
+    assert res.exit_code == 2 and "needs the hardware profile's host_link and host_memory" in res.output
+    # a host link of 35 GB/s that also carries a 50 GB/s NIC leaves no bandwidth on 16 GPUs
+    data = pyyaml.safe_load(open("hardware_profiles/dgx-h100.yaml"))
+    data["name"], data["host_link"]["bandwidth_per_gpu"] = "slow-host", "35 GB/s"
+    slow = tmp_path / "slow.yaml"
+    slow.write_text(pyyaml.safe_dump(data))
+    res = CliRunner().invoke(app, ["estimate", "-m", "llama3-8b", "-g", "16", "--hardware", str(slow),
+                                   "--zero-stage", "3", "--offload-layers", "8"])
+    assert res.exit_code == 2 and "leaves nothing for offload copies" in res.output

@@ -191,14 +191,6 @@ def _training(model, global_batch_size, seq_length, checkpoint: dict | None = No
         raise UsageError(f"--grad-dtype must be fp32 or bf16, got {grad_dtype!r}")
     profile = resolve_framework(framework)
     _check_moe_job(model, moe or {})
-    if (moe or {}).get("moe_a2a_overlap") and profile.export != "megatron":
-        raise UsageError(f"--moe-a2a-overlap is Megatron-Core's EP communication overlap "
-                         f"(--overlap-moe-expert-parallel-comm); the {profile.name} profile does "
-                         "not offer it")
-    if (moe or {}).get("moe_dispatcher", "alltoall") != "alltoall" and profile.export != "megatron":
-        raise UsageError(f"--moe-dispatcher {moe['moe_dispatcher']} is a Megatron-Core token "
-                         f"dispatcher (--moe-token-dispatcher-type); the {profile.name} profile "
-                         "dispatches tokens with all-to-all (--moe-dispatcher alltoall)")
     job = training_spec(model, {"global_batch_size": global_batch_size, "seq_length": seq_length,
                                 "precision": precision.value if precision is not None else None,
                                 **(moe or {})})
@@ -208,6 +200,9 @@ def _training(model, global_batch_size, seq_length, checkpoint: dict | None = No
     if checkpoint:
         training = training.model_copy(update={"checkpoint": training.checkpoint.model_copy(
             update=checkpoint)})
+    if moe:  # Megatron-Core's dispatchers and EP overlap: refused up front by other profiles
+        from ..frameworks.rules import check_model
+        check_model(profile, model, training)
     return profile, training
 
 

@@ -153,12 +153,23 @@ def _estimate_output(m, hw, training, n: int, layout, json_out: bool, plan, prof
         from ..render.search import header
         header(m, hw, training, n)
         estimate_report(est, stages, hint, recompute)
+        _host_offload_line(m, hw, training, est)
         if fits:
             checkpoint_report(ck, 0, hw, est.candidates.layout(0), "Checkpoint")
     if plan is not None:
         plan_drift(plan, est.to_dict(0, raw=True))
     if not fits:
         raise typer.Exit(1)
+
+
+def _host_offload_line(m, hw, training, est) -> None:
+    """With activation offload, the host memory it takes per GPU against the host's share."""
+    from ..cost.offload import host_bytes
+    n = int(est.candidates.layout(0).offload_layers)
+    if n:
+        used = float(host_bytes(m, training, est.candidates)[0]) / 2**30
+        console.out.print(f"Activation offload: {n} layers' activations, {used:,.1f} GiB per GPU "
+                          f"in host memory (of {hw.host_memory_per_gpu / 2**30:,.1f} GiB per GPU).")
 
 
 def _to_fit(m, hw, training, n: int, profile=None):

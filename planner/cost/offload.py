@@ -69,6 +69,15 @@ def offers_host_offload(hw: HardwareProfile) -> bool:
     return hw.host_link is not None and hw.host_memory is not None
 
 
+def check_offload_hardware(hw: HardwareProfile, layers: int) -> None:
+    """UsageError (one line) when ``layers`` > 0 layers are to be offloaded on a hardware profile
+    that states no host link or no host memory."""
+    if layers and not offers_host_offload(hw):
+        raise UsageError(f"activation offload (offload_layers {layers}) needs the hardware "
+                         f"profile's host_link and host_memory; {hw.name} states "
+                         f"{'no host_link' if hw.host_link is None else 'no host_memory'}")
+
+
 def offload_candidates(c) -> np.ndarray:
     """Layouts whose memory activation offload can lower: pp 1 and no recomputation (Megatron-
     Core's rule, transformer_config.py L1884-1899 @d98e8a64) and no offload set. Bool array."""
@@ -83,6 +92,20 @@ def host_bytes(model: ModelSpec, training: TrainingSpec, c, terms: dict | None =
     return np.asarray(c.offload_layers, dtype=np.float64) * stored
 
 
+def offload_runs(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c) -> np.ndarray:
+    """Which candidates' activation offload can run: none set, or ``hw`` states its host link and
+    host memory, the offloaded bytes (host_bytes) fit in the host memory per GPU and the host
+    link has bandwidth left for the copies (HardwareProfile.offload_bandwidth_per_gpu). Bool
+    array, broadcast shape of ``c``."""
+    n = np.asarray(c.offload_layers)
+    if not np.any(n > 0):
+        return np.ones(np.shape(n), dtype=bool)
+    if not offers_host_offload(hw):
+        return n == 0
+    moving = hw.offload_bandwidth_per_gpu(np.asarray(c.gpus) > hw.gpus_per_node) > 0
+    return (n == 0) | ((host_bytes(model, training, c) <= hw.host_memory_per_gpu) & moving)
+
+
 def check_host_memory(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c) -> None:
     """UsageError when candidate 0's offloaded activations (host_bytes) exceed the host memory
     per GPU of ``hw`` or ``hw`` states no host link or host memory (one line, with the most
@@ -95,9 +118,16 @@ def check_host_memory(model: ModelSpec, hw: HardwareProfile, training: TrainingS
     need = float(np.ravel(host_bytes(model, training, c))[0])
     if need > host:
         most = int(host // (need / n))
+        fits = f"at most {most} layers" if most else "not one layer's activations fit"
         raise UsageError(f"offloading the activations of {n} layers puts {need / 2**30:,.1f} GiB "
                          f"per GPU in host memory; {hw.name} has {host / 2**30:,.1f} GiB per GPU "
-                         f"(host_memory / GPUs per host): at most {most} layers")
+                         f"(host_memory / GPUs per host): {fits}")
+    multi = np.asarray(c.gpus).ravel()[:1] > hw.gpus_per_node
+    if not float(hw.offload_bandwidth_per_gpu(multi)[0]) > 0:
+        raise UsageError(f"{hw.name}'s host link ({hw.host_link_bandwidth_per_gpu / 1e9:,.0f} GB/s "
+                         f"per GPU) also carries the NIC's traffic ({hw.network_bandwidth_per_gpu / 1e9:,.0f} "
+                         "GB/s per GPU) and leaves nothing for offload copies on a multi-node "
+                         "layout (host_link.carries_nic_traffic)")
 
 
 def offload_layers_from_totals(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c,

@@ -153,7 +153,8 @@ def _sharding_masks(profile: FrameworkProfile, c, pp) -> dict:
 def model_problems(profile: FrameworkProfile, model: ModelSpec, training: TrainingSpec) -> list[str]:
     """What in the model or the training the framework cannot build at all, in words ([] if
     nothing): attention kind, position embedding, activation, norm, dtype, an FP8 precision its
-    FP8 library does not run, a RoPE base that must be an integer."""
+    FP8 library does not run, Megatron-Core's MoE dispatchers and EP overlap outside Megatron
+    profiles, a RoPE base that must be an integer."""
     r, d = profile.rules, profile.display
     problems = []
     for what, have, allowed in (("attention", model.attention_kind, r.attention),
@@ -171,6 +172,13 @@ def model_problems(profile: FrameworkProfile, model: ModelSpec, training: Traini
     elif training.precision == "fp8-blockwise" and library == "torchao":
         problems.append(f"{d} (torchao) has no 1x128 / 128x128 block-scaled FP8 recipe; use fp8 "
                         "(float8 rowwise) or mxfp8")
+    if model.moe is not None and profile.export != "megatron":  # Megatron-Core's MoE job settings
+        if training.moe_dispatcher != "alltoall":
+            problems.append(f"{d} dispatches tokens with all-to-all, not Megatron-Core's "
+                            f"{training.moe_dispatcher} dispatcher (moe_dispatcher, --moe-dispatcher)")
+        if training.moe_a2a_overlap:
+            problems.append(f"{d} has no Megatron-Core EP communication overlap "
+                            "(moe_a2a_overlap, --moe-a2a-overlap)")
     theta = model.rope_theta
     if r.integer_rope_base and model.position_embedding == "rope" and theta is not None \
             and not float(theta).is_integer():

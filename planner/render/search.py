@@ -184,8 +184,8 @@ def explain_text(e: ex.SearchExplanation, capacity: str, top: int) -> str:
     r = e.runner_up
     if r is not None and r.ties_on_time:
         lines.append(f"Runner-up ties on time ({_differs(r.differs)}) and uses "
-                     f"{r.extra_memory / fmt.GIB:+.1f} GiB; ties rank the lower ZeRO stage, then the "
-                     f"smaller memory, first.")
+                     f"{r.extra_memory / fmt.GIB:+.1f} GiB; ties rank no offload, then the lower ZeRO "
+                     f"stage, then the smaller memory, first.")
     elif r is not None:
         worse = ", ".join(f"{TIME_LABELS[t]} +{fmt.seconds(d)}" for t, d in r.worse) or "no single term"
         lines.append(f"Runner-up ({_differs(r.differs)}) is {fmt.percent(r.slower_by, 2)} slower: "
