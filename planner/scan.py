@@ -66,6 +66,7 @@ class Scan:
     pool_index: list = field(default_factory=list)
     miss_index: int = -1
     miss_over: float = np.inf
+    miss_offload: int = 0  # offload_layers of the closest miss (the most its limits allow)
     fitting: int = 0
     fastest_index: int = -1  # with a deadline: the fitting layout with the shortest time to train
     fastest_s: float = np.inf
@@ -128,10 +129,12 @@ def scan(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, grid: Gr
     boxes = memory_pass(model, hw, training, grid, usable, state, boxes, out,  # state: fits
                         offers_recompute_layers(training, opts), offers_offload(hw, training, opts))
     if out.fitting == 0 and out.pruned.get(FIT_RULE, 0):  # the closest miss, of every valid layout
-        probe = Scan()
+        probe = Scan(offload_layers=GridLayers(grid.size, out.offload_layers.dtype))
         valid, every = rules_pass(model, hw, training, grid, opts, probe)
-        memory_pass(model, hw, training, grid, usable, valid, every, probe)
+        memory_pass(model, hw, training, grid, usable, valid, every, probe,
+                    choose_offload=offers_offload(hw, training, opts), most_offload=True)
         out.miss_index, out.miss_over = probe.miss_index, probe.miss_over
+        out.miss_offload = int(probe.offload_layers.find(np.array([max(probe.miss_index, 0)]))[0])
     step_pass(model, hw, training, grid, opts, tokens, state, boxes, out)
     out.pruned.setdefault(FIT_RULE, 0)
     return out
@@ -206,7 +209,8 @@ def rules_pass(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gr
 
 def memory_pass(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, grid: Grid,
                 usable: float, state: np.ndarray, boxes: Boxes, out: Scan,
-                choose_layers: bool = False, choose_offload: bool = False) -> Boxes:
+                choose_layers: bool = False, choose_offload: bool = False,
+                most_offload: bool = False) -> Boxes:
     """Peak memory of the valid layouts (``state``, flat over the grid), on the sub-grids of
     their ``boxes``; records the fit test into ``out`` and turns ``state`` into which layouts
     fit. Full recompute is tested with every layer recomputed (the most it saves); with
@@ -214,8 +218,9 @@ def memory_pass(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, g
     (scan_layers.record_least_layers, from the same per-rank totals) in
     ``out.recompute_layers``; with ``choose_offload`` a layout with pp 1 and no recomputation
     that does not fit is tested with the least activation offload that fits
-    (cost.offload.offload_layers_from_totals), recorded in ``out.offload_layers``. Returns the
-    boxes of the fitting layouts."""
+    (cost.offload.offload_layers_from_totals), recorded in ``out.offload_layers`` (with
+    ``most_offload``, one that does not fit even so with the most the limits allow: the closest
+    miss's probe). Returns the boxes of the fitting layouts."""
     fitting = [np.zeros_like(box) for box in boxes]
     for rows, values in chunks(boxes, CHUNK):
         index = grid.index_of(rows, values)
@@ -226,7 +231,8 @@ def memory_pass(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, g
         plain = full(np.maximum.reduce(list(totals.values())), sub.shape).ravel()
         total = plain
         if choose_offload and np.any(offload_candidates(c)):
-            total = record_least_offload(model, hw, training, sub, c, totals, usable, index, plain, out)
+            total = record_least_offload(model, hw, training, sub, c, totals, usable, index, plain, out,
+                                         most_offload)
         elif np.any(np.asarray(c.offload_layers) > 0):  # pinned: a rule of its own (HOST_RULE)
             runs = full(offload_runs(model, hw, training, c), sub.shape).ravel()
             alive = state[index]

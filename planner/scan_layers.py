@@ -85,15 +85,18 @@ def least_recompute(model: ModelSpec, hw: HardwareProfile, training: TrainingSpe
     return c.replace(recompute_num_layers=np.where(given > 0, given, np.where(fits & ~twin, n, 0)))
 
 
-def record_least_offload(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, sub: Grid, c, totals: dict,
-                   usable: float, index: np.ndarray, total: np.ndarray, out: Scan) -> np.ndarray:
+def record_least_offload(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, sub: Grid, c,
+                         totals: dict, usable: float, index: np.ndarray, total: np.ndarray, out: Scan,
+                         most: bool = False) -> np.ndarray:
     """Record into ``out.offload_layers`` the least activation offload N that fits of the
     sub-grid's layouts (cost.offload.offload_layers_from_totals; ``totals``: per rank kind,
     their memory without offload) and return ``total`` (flat over the sub-grid, bytes) with
     theirs lowered by what N layers in host memory save, (1 + a) x (N - 1) x B on the one
-    pipeline rank (memory.offloaded_bytes; the linear form is exact, solved with MARGIN)."""
+    pipeline rank (memory.offloaded_bytes; the linear form is exact, solved with MARGIN).
+    ``most``: a layout that does not fit even so gets the most N the limits allow (the closest
+    miss's probe)."""
     terms = layer_terms(model, training, c, tuple(totals))
-    n = full(offload_layers_from_totals(model, hw, training, c, totals, usable, terms), sub.shape).ravel()
+    n = full(offload_layers_from_totals(model, hw, training, c, totals, usable, terms, most), sub.shape).ravel()
     if not np.any(n > 0):
         return total
     out.offload_layers.add(index, n)

@@ -270,7 +270,10 @@ def search(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: 
             rule = next((r for r, n in passed.alive_after.items() if n == 0), "")
             raise UsageError(nothing_valid_message(model, training, gpus or opts.max_gpus, rule,
                                                     grid))
-        miss = evaluate(model, hw, training, grid.flat(np.array([passed.miss_index])))
+        flat = grid.flat(np.array([passed.miss_index]))
+        if passed.miss_offload:
+            flat = flat.replace(offload_layers=np.array([passed.miss_offload]))
+        miss = evaluate(model, hw, training, flat)
         n = miss.candidates.layout(0).gpus
         hint = fit_hint(model, hw, training, opts.max_gpus or n, opts)
         raise NoFitError(no_fit_message(model, hw, n, miss, usable, hint), closest=miss,

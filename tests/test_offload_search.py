@@ -162,3 +162,19 @@ def test_offload_needs_host_blocks_and_bandwidth(tmp_path):
     res = CliRunner().invoke(app, ["estimate", "-m", "llama3-8b", "-g", "16", "--hardware", str(slow),
                                    "--zero-stage", "3", "--offload-layers", "8"])
     assert res.exit_code == 2 and "leaves nothing for offload copies" in res.output
+
+
+def test_the_closest_miss_offloads_what_its_limits_allow():
+    # Llama 3 70B, seq 65536, on 8 H100, pp 1, no recomputation: nothing fits. The closest miss
+    # is judged at its least memory: B = 274,688 B/token / tp 8 x 65,536 tokens = 2.25e9 B a
+    # layer, the host's 2 TB / 8 GPUs = 250 GB hold 111 such layers, so the limit is N < L:
+    # 79 of 80 layers offloaded.
+    from planner.errors import NoFitError
+    job = resolve_training(TrainingSpec(seq_length=65536, global_batch_size=64), MCORE)
+    with pytest.raises(NoFitError) as err:
+        search(LLAMA70, H100, job, 8, SearchOptions(pp=1, recompute="none"))
+    closest = err.value.closest
+    lay = closest.candidates.layout(0)
+    assert (lay.tp, lay.offload_layers) == (8, 79)
+    assert "offload=79" in str(err.value)
+    assert float(host_bytes(LLAMA70, job, closest.candidates)[0]) <= H100.host_memory_per_gpu

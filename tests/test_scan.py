@@ -127,5 +127,13 @@ def test_closest_miss_is_the_valid_layout_nearest_to_fitting():
     flat = grid.flat(np.arange(grid.size))
     valid = np.logical_and.reduce([np.broadcast_to(ok, (len(flat),)) for ok in
                                    constraint_masks(m, tr, nvlink_domain(hw), flat).values()])
-    over = np.where(valid, memory_total(m, hw, tr, flat) - float(hw.gpu.hbm_capacity), np.inf)
+    # a layout with pp 1 and no recomputation is judged with the most activation offload its
+    # limits allow (cost.offload, most=True): its least memory
+    from planner.cost.estimate import memory_by_rank, rank_kinds
+    from planner.cost.offload import offload_layers_from_totals
+    capacity = float(hw.gpu.hbm_capacity)
+    totals = {k: v["total"] for k, v in memory_by_rank(m, hw, tr, flat, rank_kinds(flat, m)).items()}
+    flat = flat.replace(offload_layers=offload_layers_from_totals(m, hw, tr, flat, totals, capacity,
+                                                                  most=True))
+    over = np.where(valid, memory_total(m, hw, tr, flat) - capacity, np.inf)
     assert err.value.closest.candidates.layout(0) == flat.layout(int(np.argmin(over)))

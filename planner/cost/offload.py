@@ -131,7 +131,8 @@ def check_host_memory(model: ModelSpec, hw: HardwareProfile, training: TrainingS
 
 
 def offload_layers_from_totals(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c,
-                               totals: dict, usable: float, terms: dict | None = None) -> np.ndarray:
+                               totals: dict, usable: float, terms: dict | None = None,
+                               most: bool = False) -> np.ndarray:
     """The least N of the module docstring per candidate, from each rank kind's memory without
     offload (``totals``: {rank kind: bytes}, memory_by_rank's totals of ``c``): 0 where the
     layout fits already, where it is not an offload candidate (offload_candidates), or where
@@ -139,7 +140,8 @@ def offload_layers_from_totals(model: ModelSpec, hw: HardwareProfile, training: 
     per GPU of ``hw``, or where no host-link bandwidth is left for the copies
     (HardwareProfile.offload_bandwidth_per_gpu). ``terms``: {rank kind:
     (stored, recomputed, held)} from recompute.layer_terms, computed here when None. Int64
-    array, broadcast shape of the inputs."""
+    array, broadcast shape of the inputs. ``most``: where N would pass those limits, the most N
+    they allow instead (a layout that does not fit, at its least memory: the closest miss)."""
     grow = 1.0 + training.reserve_allocator
     terms = terms or layer_terms(model, training, c, tuple(totals))
     need = np.zeros(np.shape(np.asarray(c.pp)), dtype=np.float64)
@@ -151,7 +153,9 @@ def offload_layers_from_totals(model: ModelSpec, hw: HardwareProfile, training: 
         host = np.floor(hw.host_memory_per_gpu / np.maximum(stored, 1e-300))
         need, room = np.maximum(need, n_rank), np.minimum(np.minimum(room, held), host)
     moving = hw.offload_bandwidth_per_gpu(np.asarray(c.gpus) > hw.gpus_per_node) > 0
-    ok = offload_candidates(c) & (need > 0) & (need <= room) & moving
+    if most:
+        need = np.minimum(need, room)
+    ok = offload_candidates(c) & (need > 1) & (need <= room) & moving
     return np.where(ok, need, 0.0).astype(np.int64)
 
 
