@@ -230,7 +230,8 @@ def memory_pass(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, g
         totals = {k: v["total"] for k, v in memory_by_rank(model, hw, training, c, kinds).items()}
         plain = full(np.maximum.reduce(list(totals.values())), sub.shape).ravel()
         total = plain
-        if choose_offload and np.any(offload_candidates(c)):
+        if choose_offload and np.any(offload_candidates(c)) and np.any(
+                state[index] & (plain > usable) & full(offload_candidates(c), sub.shape).ravel()):
             total = record_least_offload(model, hw, training, sub, c, totals, usable, index, plain, out,
                                          most_offload)
         elif np.any(np.asarray(c.offload_layers) > 0):  # pinned: a rule of its own (HOST_RULE)

@@ -178,3 +178,26 @@ def test_the_closest_miss_offloads_what_its_limits_allow():
     assert (lay.tp, lay.offload_layers) == (8, 79)
     assert "offload=79" in str(err.value)
     assert float(host_bytes(LLAMA70, job, closest.candidates)[0]) <= H100.host_memory_per_gpu
+
+
+def _stall_by_hand(L: int, N: int, f: float, t: float) -> float:
+    """The recursion of cost.offload.schedule_stall written out layer by layer (R = L - N slots;
+    a copy starts when its layer's forward ends)."""
+    R, starts, ends = max(L - N, 1), [0.0] * (L + 1), [0.0] * (L + 1)
+    for j in range(1, L + 1):
+        start = starts[j - 1] + f if j > 1 else 0.0
+        if j - R >= 1:
+            start = max(start, ends[j - R])
+        starts[j] = start
+        ends[j] = max(ends[j - 1], start + f) + t if j <= N else ends[j - 1]
+    return max(starts[L] + f - L * f, 0.0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(L=st.integers(2, 40), frac=st.floats(0, 1), f=st.floats(0.001, 1), t=st.floats(0.0, 3))
+def test_schedule_stall_is_its_recursion(L, frac, f, t):
+    from planner.cost.offload import schedule_stall
+    N = min(int(frac * L), L - 1)
+    got = float(schedule_stall(np.array([L]), np.array([N]), f, t)[0])
+    want = _stall_by_hand(L, N, f, t) if N > 0 else 0.0
+    assert got == pytest.approx(want, rel=1e-9, abs=1e-9 * L * f)

@@ -45,7 +45,8 @@ def schedule_stall(layers, n, work, move) -> np.ndarray:
     layers, n, work, move = np.broadcast_arrays(*(np.asarray(x, dtype=np.float64)
                                                   for x in (layers, n, work, move)))
     out = np.zeros(layers.shape)
-    at = np.flatnonzero(n.ravel() > 0)
+    # a copy no longer than a layer with two or more slots never stalls: only the rest is run
+    at = np.flatnonzero((n.ravel() > 0) & ((move.ravel() > work.ravel()) | (layers.ravel() - n.ravel() < 2)))
     if at.size == 0:
         return out
     L, N, f, t = (x.ravel()[at] for x in (layers, n, work, move))

@@ -170,9 +170,10 @@ def evaluate(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c,
                              not summary) for kind in RANK_KINDS}          # edges, p2p, DP
     edges = {kind: np.where(ranks[kind].is_last, output, 0.0) for kind in RANK_KINDS}
     extra = {kind: rank_extra(kind, edges, ranks[kind]) for kind in RANK_KINDS}
-    if np.any(np.asarray(c.offload_layers) > 0):
+    if np.any(np.asarray(c.offload_layers) > 0):  # pp 1 only: every rank kind is rank 0
+        stall = offload_time(model, hw, training, c, times, counts["first"], "first")
         for kind in RANK_KINDS:
-            extra[kind]["offload"] = offload_time(model, hw, training, c, times, counts[kind], kind)
+            extra[kind]["offload"] = stall
     uniform = set(times) == {"attention", "mlp"} and model.mtp_layers == 0
     shares = recompute_shares(model, c)
     t_pipe, bubble, totals = pipeline_makespan(costs, counts, extra, c, m, uniform, shares)
