@@ -282,9 +282,10 @@ class HardwareProfile(_Strict):
 
     def offload_bandwidth_per_gpu(self, multi_node):
         """Bytes/s per GPU, one direction, that host copies of activation offload get: the host
-        link, less the NIC's share per GPU where the link carries NIC traffic and the layout
-        spans hosts (``multi_node``, bool array: the inter-node traffic is taken to run at the
-        NIC's rate while the copies run, the conservative case). 0 where nothing is left.
+        link, less the NIC's share per GPU where the link carries NIC traffic and the layout's
+        traffic reaches the NICs (``multi_node``, bool array: cost.offload.offload_bandwidth;
+        the NIC traffic is taken to run at the NIC's rate while the copies run, the
+        conservative case). 0 where nothing is left.
         Float array of ``multi_node``'s shape. UsageError without a host_link block."""
         import numpy as np
         link = self._need("host_link", "device<->host transfers")

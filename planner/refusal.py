@@ -97,7 +97,8 @@ def _fits(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c, usab
           offload: bool) -> np.ndarray:
     """Which candidates fit within ``usable`` bytes per GPU, with the least activation offload
     that fits where ``offload`` (cost.offload; the search's choice). Bool array."""
-    fits = memory_total(model, hw, training, c) <= usable
+    from .cost.offload import offload_runs
+    fits = (memory_total(model, hw, training, c) <= usable) & offload_runs(model, hw, training, c)
     if offload and np.any(~fits):
         from .cost.offload import least_offload_layers, offload_candidates
         if np.any(offload_candidates(c)):
@@ -112,7 +113,8 @@ def fewest_gpus(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, a
     none does. Memory only, no step time: the budget grid's splits in ascending GPU count, in
     blocks of about scan.CHUNK layouts, stopping at the first block with a fit."""
     from . import objective
-    from .scan import CHUNK, offers_offload
+    from .scan import CHUNK
+    from .scan_layers import offers_offload
     from .search import build_grid
     grid = build_grid(model, hw, training, None, replace(opts, max_gpus=limit))
     counts = grid.split["gpus"]

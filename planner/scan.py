@@ -27,7 +27,7 @@ from .cost import evaluate
 from .cost.estimate import states_floor
 from .cost.estimate import memory_by_rank, rank_kinds
 from .cost.offload import offload_candidates, offload_runs
-from .scan_layers import (GridLayers, offers_offload, offers_recompute_layers,  # noqa: F401
+from .scan_layers import (GridLayers, offers_offload, offers_recompute_layers,
                           record_least_layers, record_least_offload)
 from .cost.collectives import nvlink_domain
 from .grid import KNOB_FIELDS, Grid, full

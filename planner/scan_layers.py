@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .cost import memory_total
-from .cost.offload import offers_host_offload, offload_layers_from_totals
+from .cost.offload import offers_host_offload, offload_layers_from_totals, offload_saving
 from .cost.recompute import layer_terms, layers_from_totals, least_recompute_layers
 from .grid import KNOB_FIELDS, Grid, full
 from .specs import HardwareProfile, ModelSpec, TrainingSpec
@@ -28,8 +28,9 @@ if TYPE_CHECKING:
 
 @dataclass
 class GridLayers:
-    """recompute_num_layers of the layouts of a grid of ``size`` layouts, by flat index (0 where
-    none is recorded): one small integer per layout, allocated at the first non-zero one."""
+    """A layer count (recompute_num_layers or offload_layers) of the layouts of a grid of ``size``
+    layouts, by flat index (0 where none is recorded): one small integer per layout, allocated
+    at the first non-zero one."""
 
     size: int = 0
     dtype: type = np.uint16  # N <= a chunk's layers: uint8 for models of fewer than 256 layers
@@ -73,7 +74,7 @@ def least_recompute(model: ModelSpec, hw: HardwareProfile, training: TrainingSpe
                     usable: float):
     """Flat candidates ``c`` with the recompute_num_layers the scan gives them: for each full
     recompute layout that fits with every layer recomputed and whose twin without
-    recomputation does not fit, the least N that fits (_least_layers; pinned values kept).
+    recomputation does not fit, the least N that fits (record_least_layers; pinned values kept).
     A reference for tests: the scan computes the same on its sub-grids."""
     full_rc = np.asarray(c.recompute) == 2
     if not np.any(full_rc):
@@ -101,8 +102,7 @@ def record_least_offload(model: ModelSpec, hw: HardwareProfile, training: Traini
         return total
     out.offload_layers.add(index, n)
     stored = full(np.maximum.reduce([terms[k][0] for k in totals]), sub.shape).ravel()
-    saved = (1.0 + training.reserve_allocator) * (n - 1.0) * stored
-    return np.where(n > 0, total - saved, total)
+    return total - offload_saving(training, n, stored)
 
 
 def record_least_layers(model: ModelSpec, training: TrainingSpec, sub: Grid, c, totals: dict,

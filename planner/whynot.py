@@ -126,6 +126,14 @@ def broken_rules(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, 
         alive &= np.broadcast_to(ok, grid.shape)
         if not alive.any():
             return [f"{rule} (together with the rules before it)"]
+    if opts.offload_layers:  # a pinned offload within the host memory and the host link's room
+        from .cost.offload import check_host_memory, offload_runs
+        runs = np.broadcast_to(offload_runs(model, hw, training, grid.candidates()), grid.shape)
+        if not (runs & alive).any():
+            try:
+                check_host_memory(model, hw, training, grid.flat(np.flatnonzero(alive.ravel())[:1]))
+            except UsageError as exc:
+                return [str(exc)]
     return []
 
 

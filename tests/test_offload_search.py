@@ -58,6 +58,8 @@ def test_more_memory_never_needs_more_offload(gib, more, mbs):
     n_large = int(least_offload_layers(LLAMA8, H100, TRAIN8, c, (gib + more) * GIB)[0])
     if n_small:  # what fits with less memory fits with more, with no more layers offloaded
         assert n_large <= n_small
+    if float(memory_total(LLAMA8, H100, TRAIN8, c)[0]) <= gib * GIB:  # fits without: none
+        assert n_small == n_large == 0
 
 
 def test_bridge_llama3_70b_gb200_recipe():
@@ -84,15 +86,23 @@ def test_search_winners_fit_and_stay_within_host_memory():
     assert np.all((offload == 0) | ((np.asarray(c.pp) == 1) & (np.asarray(c.recompute) == 0)))
 
 
-@pytest.mark.parametrize("how", ["pinned 0", "torchtitan", "no host memory"])
+@pytest.mark.parametrize("how", ["pinned 0", "torchtitan", "no host memory", "no bandwidth"])
 def test_search_never_offloads_where_it_may_not(how):
     training = resolve_training(JOB70, MCORE)
+    # the contrast: on GB200 the free search of this job offloads (tp 1, pp 1 layouts)
+    assert np.any(np.asarray(search(LLAMA70, GB200, training, 64, SearchOptions(keep=20))
+                             .ranked.candidates.offload_layers) > 0)
     opts, hw = SearchOptions(keep=20, offload_layers=0), GB200
     if how == "torchtitan":
         tt = catalog.resolve_framework("torchtitan")
         training, opts = resolve_training(JOB70, tt), SearchOptions(keep=20, framework=tt)
     elif how == "no host memory":
         hw, opts = GB200.model_copy(update={"host_memory": None}), SearchOptions(keep=20)
+    elif how == "no bandwidth":  # a 50 GB/s host link that also carries the 50 GB/s NIC, on
+        # 64 GPUs of NVL36x2-like domains of 32: the copies get nothing
+        link = GB200.host_link.model_copy(update={"bandwidth_per_gpu": 50e9, "carries_nic_traffic": True})
+        hw = GB200.model_copy(update={"host_link": link, "nvlink_domain": 32})
+        opts = SearchOptions(keep=20)
     c = search(LLAMA70, hw, training, 64, opts).ranked.candidates
     assert np.all(np.asarray(c.offload_layers) == 0)
 
@@ -201,3 +211,13 @@ def test_schedule_stall_is_its_recursion(L, frac, f, t):
     got = float(schedule_stall(np.array([L]), np.array([N]), f, t)[0])
     want = _stall_by_hand(L, N, f, t) if N > 0 else 0.0
     assert got == pytest.approx(want, rel=1e-9, abs=1e-9 * L * f)
+
+
+def test_why_not_an_offload_beyond_the_host_memory_says_how_many_fit():
+    # 60 layers x 4.19 GiB = 251.5 GiB > 240 GiB per GB200 GPU; floor(240 / 4.19) = 57 layers
+    res = CliRunner().invoke(app, ["search", "-m", "llama3-70b", "-g", "64", "--hardware",
+                                   "gb200-nvl72", "--global-batch-size", "256", "--seq-length",
+                                   "8192", "--why-not", "offload=60,mbs=2,zero=3,tp=1,cp=1"])
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.output.split())
+    assert "invalid" in text and "251.5 GiB" in text and "at most 57 layers" in text

@@ -11,8 +11,9 @@ and back before their backward, keeping one layer in transfer on the GPU
 with a the allocator's share of the working set (estimate.reserve_bytes). So the least N that
 fits is N = 1 + ceil((M(0) - usable) / ((1 + a) * B)) where M(0) > usable, 0 where the layout
 fits without offload, and none (0, the layout does not fit) where N would reach the layers
-(Megatron-Core refuses N >= L) or the N x B offloaded bytes would exceed the host memory per
-GPU (hardware profile ``host_memory`` / GPUs per host). Its time (step.offload_time) grows with N: the least N is the
+(Megatron-Core refuses N >= L), the N x B offloaded bytes would exceed the host memory per
+GPU (hardware profile ``host_memory`` / GPUs per host, host_layers), or the host link has no
+bandwidth left beside the NIC's traffic (offload_bandwidth). Its time (step.offload_time) grows with N: the least N is the
 cheapest offload that fits. Everything is elementwise over candidates.
 """
 
@@ -93,42 +94,61 @@ def host_bytes(model: ModelSpec, training: TrainingSpec, c, terms: dict | None =
     return np.asarray(c.offload_layers, dtype=np.float64) * stored
 
 
+def offload_bandwidth(hw: HardwareProfile, c) -> np.ndarray:
+    """Bytes/s per GPU, one direction, the offload copies of candidates ``c`` get
+    (HardwareProfile.offload_bandwidth_per_gpu): the NIC carries the layout's traffic only when
+    it spans more GPUs than one NVLink domain (collectives.nvlink_domain; a group inside it never
+    touches the NICs). Float array of ``c.gpus``' shape."""
+    from .collectives import nvlink_domain
+    return hw.offload_bandwidth_per_gpu(np.asarray(c.gpus) > nvlink_domain(hw))
+
+
+def host_layers(hw: HardwareProfile, stored) -> np.ndarray:
+    """The most layers of ``stored`` bytes each whose activations fit in the host memory per GPU
+    (host_memory / GPUs per host). Float array of ``stored``'s shape."""
+    return np.floor(hw.host_memory_per_gpu / np.maximum(np.asarray(stored, dtype=np.float64), 1e-300))
+
+
+def offload_saving(training: TrainingSpec, n, stored) -> np.ndarray:
+    """Bytes per GPU that N = ``n`` offloaded layers of ``stored`` bytes save against none:
+    (1 + a) x (N - 1) x B (memory.offloaded_bytes keeps one layer in transfer; a the allocator's
+    share of the working set, estimate.reserve_bytes); 0 where N = 0. Broadcast array."""
+    n = np.asarray(n, dtype=np.float64)
+    return np.where(n > 0, (1.0 + training.reserve_allocator) * (n - 1.0) * stored, 0.0)
+
+
 def offload_runs(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c) -> np.ndarray:
     """Which candidates' activation offload can run: none set, or ``hw`` states its host link and
-    host memory, the offloaded bytes (host_bytes) fit in the host memory per GPU and the host
-    link has bandwidth left for the copies (HardwareProfile.offload_bandwidth_per_gpu). Bool
-    array, broadcast shape of ``c``."""
+    host memory, N is within host_layers and the host link has bandwidth left for the copies
+    (offload_bandwidth). Bool array of ``c.offload_layers``' shape broadcast with the layer
+    terms and the GPU count."""
     n = np.asarray(c.offload_layers)
-    if not np.any(n > 0):
-        return np.ones(np.shape(n), dtype=bool)
-    if not offers_host_offload(hw):
+    if not np.any(n > 0) or not offers_host_offload(hw):
         return n == 0
-    moving = hw.offload_bandwidth_per_gpu(np.asarray(c.gpus) > hw.gpus_per_node) > 0
-    return (n == 0) | ((host_bytes(model, training, c) <= hw.host_memory_per_gpu) & moving)
+    stored = layer_terms(model, training, c, ("first",))["first"][0]
+    return (n == 0) | ((n <= host_layers(hw, stored)) & (offload_bandwidth(hw, c) > 0))
 
 
 def check_host_memory(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c) -> None:
-    """UsageError when candidate 0's offloaded activations (host_bytes) exceed the host memory
-    per GPU of ``hw`` or ``hw`` states no host link or host memory (one line, with the most
-    layers that would fit)."""
+    """UsageError (one line) when candidate 0's activation offload cannot run (offload_runs):
+    ``hw`` states no host link or host memory (check_offload_hardware), its offloaded bytes
+    exceed the host memory per GPU (with the most layers that would fit, host_layers), or its
+    host link has no bandwidth left beside the NIC's traffic."""
     n = int(np.asarray(c.offload_layers).ravel()[0])
-    if n == 0:
+    check_offload_hardware(hw, n)
+    if n == 0 or bool(np.ravel(offload_runs(model, hw, training, c))[0]):
         return
-    host = hw.host_memory_per_gpu  # UsageError without a host_memory block
-    hw.host_link_bandwidth_per_gpu  # noqa: B018 -- UsageError without a host_link block
     need = float(np.ravel(host_bytes(model, training, c))[0])
-    if need > host:
-        most = int(host // (need / n))
+    if need > hw.host_memory_per_gpu:
+        most = int(np.ravel(host_layers(hw, need / n))[0])
         fits = f"at most {most} layers" if most else "not one layer's activations fit"
         raise UsageError(f"offloading the activations of {n} layers puts {need / 2**30:,.1f} GiB "
-                         f"per GPU in host memory; {hw.name} has {host / 2**30:,.1f} GiB per GPU "
-                         f"(host_memory / GPUs per host): {fits}")
-    multi = np.asarray(c.gpus).ravel()[:1] > hw.gpus_per_node
-    if not float(hw.offload_bandwidth_per_gpu(multi)[0]) > 0:
-        raise UsageError(f"{hw.name}'s host link ({hw.host_link_bandwidth_per_gpu / 1e9:,.0f} GB/s "
-                         f"per GPU) also carries the NIC's traffic ({hw.network_bandwidth_per_gpu / 1e9:,.0f} "
-                         "GB/s per GPU) and leaves nothing for offload copies on a multi-node "
-                         "layout (host_link.carries_nic_traffic)")
+                         f"per GPU in host memory; {hw.name} has {hw.host_memory_per_gpu / 2**30:,.1f} "
+                         f"GiB per GPU (host_memory / GPUs per host): {fits}")
+    raise UsageError(f"{hw.name}'s host link ({hw.host_link_bandwidth_per_gpu / 1e9:,.0f} GB/s per "
+                     f"GPU) also carries the NIC's traffic ({hw.network_bandwidth_per_gpu / 1e9:,.0f} "
+                     "GB/s per GPU) and leaves nothing for offload copies on a layout beyond one "
+                     "NVLink domain (host_link.carries_nic_traffic)")
 
 
 def offload_layers_from_totals(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c,
@@ -151,9 +171,8 @@ def offload_layers_from_totals(model: ModelSpec, hw: HardwareProfile, training: 
         stored, _, held = terms[kind]
         deficit = total - usable * (1.0 - MARGIN)
         n_rank = np.where(deficit > 0, 1.0 + np.ceil(deficit / np.maximum(grow * stored, 1e-300)), 0.0)
-        host = np.floor(hw.host_memory_per_gpu / np.maximum(stored, 1e-300))
-        need, room = np.maximum(need, n_rank), np.minimum(np.minimum(room, held), host)
-    moving = hw.offload_bandwidth_per_gpu(np.asarray(c.gpus) > hw.gpus_per_node) > 0
+        need, room = np.maximum(need, n_rank), np.minimum(np.minimum(room, held), host_layers(hw, stored))
+    moving = offload_bandwidth(hw, c) > 0
     if most:
         need = np.minimum(need, room)
     ok = offload_candidates(c) & (need > 1) & (need <= room) & moving

@@ -261,18 +261,18 @@ def offload_time(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, 
     """Exposed seconds per micro-batch of activation offload on rank kind ``kind`` (formulas.md
     3.3.2): N = ``offload_layers`` of the rank's layers copy their stored bytes B (memory.
     activation_per_layer, no recompute) to the host in forward and back in backward over the
-    host link (HardwareProfile.offload_bandwidth_per_gpu: one direction each way, less the
-    NIC's share where the link carries NIC traffic and the layout spans hosts; B/bw a copy), at
+    host link (offload.offload_bandwidth: one direction each way, less the NIC's share where
+    the link carries NIC traffic and the layout spans NVLink domains; B/bw a copy), at
     most layers - N of them on the GPU: offload.schedule_stall of the forward pass (the rank's
     mean layer forward seconds) plus that of the backward (mean layer backward seconds).
     Broadcast array."""
     from .memory import activation_per_layer
-    from .offload import schedule_stall
+    from .offload import offload_bandwidth, schedule_stall
     rank = rank_index(c, kind)
     layers = np.maximum(c.rank_layers(model.num_layers, rank), 1.0)
     uniform = set(times) == {"attention", "mlp"}
     stored = activation_per_layer(model, training, c, np.zeros_like(c.recompute), None if uniform else rank)
-    bandwidth = hw.offload_bandwidth_per_gpu(np.asarray(c.gpus) > hw.gpus_per_node)
+    bandwidth = offload_bandwidth(hw, c)
     move = np.where(bandwidth > 0, stored / np.maximum(bandwidth, 1e-300), np.inf)
     forward = sum(counts[k] * times[k].forward for k in counts) / layers
     backward = sum(counts[k] * times[k].backward for k in counts) / layers
