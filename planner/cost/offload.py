@@ -80,10 +80,17 @@ def check_offload_hardware(hw: HardwareProfile, layers: int) -> None:
                          f"{'no host_link' if hw.host_link is None else 'no host_memory'}")
 
 
+def offload_allowed(c) -> np.ndarray:
+    """Where Megatron-Core runs activation offload: pp 1 and no recomputation
+    (transformer_config.py L1884-1899 @d98e8a64; the megatron-core profile's rule,
+    frameworks.rules). Bool array."""
+    return (np.asarray(c.pp) == 1) & (np.asarray(c.recompute) == 0)
+
+
 def offload_candidates(c) -> np.ndarray:
-    """Layouts whose memory activation offload can lower: pp 1 and no recomputation (Megatron-
-    Core's rule, transformer_config.py L1884-1899 @d98e8a64) and no offload set. Bool array."""
-    return (np.asarray(c.pp) == 1) & (np.asarray(c.recompute) == 0) & (np.asarray(c.offload_layers) == 0)
+    """Layouts whose memory activation offload can lower: offload_allowed and no offload set.
+    Bool array."""
+    return offload_allowed(c) & (np.asarray(c.offload_layers) == 0)
 
 
 def host_bytes(model: ModelSpec, training: TrainingSpec, c, terms: dict | None = None) -> np.ndarray:

@@ -266,12 +266,11 @@ def offload_time(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, 
     most layers - N of them on the GPU: offload.schedule_stall of the forward pass (the rank's
     mean layer forward seconds) plus that of the backward (mean layer backward seconds).
     Broadcast array."""
-    from .memory import activation_per_layer
     from .offload import offload_bandwidth, schedule_stall
+    from .recompute import layer_terms
     rank = rank_index(c, kind)
     layers = np.maximum(c.rank_layers(model.num_layers, rank), 1.0)
-    uniform = set(times) == {"attention", "mlp"}
-    stored = activation_per_layer(model, training, c, np.zeros_like(c.recompute), None if uniform else rank)
+    stored = layer_terms(model, training, c, (kind,))[kind][0]  # B, no recompute
     bandwidth = offload_bandwidth(hw, c)
     move = np.where(bandwidth > 0, stored / np.maximum(bandwidth, 1e-300), np.inf)
     forward = sum(counts[k] * times[k].forward for k in counts) / layers

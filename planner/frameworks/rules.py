@@ -71,10 +71,9 @@ def framework_masks(profile: FrameworkProfile, model: ModelSpec, training: Train
     if "activations" not in r.offload:
         out[f"{d} has no activation offload (offload_layers = 0)"] = offload == 0
     elif np.any(offload > 0):
-        # Megatron-Core TransformerConfig.__post_init__ (d98e8a6 transformer_config.py
-        # L1884-1899): CPU offloading only without pipeline parallelism and recomputation
+        from ..cost.offload import offload_allowed  # Megatron-Core: pp 1, no recomputation
         out[f"{d}: activation offload needs pp = 1 and no recomputation"] = \
-            (offload == 0) | ((pp == 1) & (np.asarray(c.recompute) == 0))
+            (offload == 0) | offload_allowed(c)
     if not r.recompute_num_layers:
         out[f"{d} recomputes every layer in full (no recompute_num_layers N > 0)"] = \
             np.asarray(c.recompute_num_layers) == 0
