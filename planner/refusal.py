@@ -97,10 +97,9 @@ def _fits(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c, usab
           offload: bool) -> np.ndarray:
     """Which candidates fit within ``usable`` bytes per GPU, with the least activation offload
     that fits where ``offload`` (cost.offload; the search's choice). Bool array."""
-    from .cost.offload import offload_runs
+    from .cost.offload import least_offload_layers, offload_candidates, offload_runs
     fits = (memory_total(model, hw, training, c) <= usable) & offload_runs(model, hw, training, c)
     if offload and np.any(~fits):
-        from .cost.offload import least_offload_layers, offload_candidates
         if np.any(offload_candidates(c)):
             fits = fits | (least_offload_layers(model, hw, training, c, usable) > 0)
     return fits

@@ -28,7 +28,7 @@ from .cost.estimate import states_floor
 from .cost.estimate import memory_by_rank, rank_kinds
 from .cost.offload import offload_candidates, offload_runs
 from .scan_layers import (GridLayers, offers_offload, offers_recompute_layers,
-                          record_least_layers, record_least_offload)
+                          record_least_layers, record_least_offload, with_scanned_layers)
 from .cost.collectives import nvlink_domain
 from .grid import KNOB_FIELDS, Grid, full
 from .space import constraint_masks
@@ -147,17 +147,10 @@ def step_pass(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gri
     sub-grids of their ``boxes``; each sub-grid's best go to ``out.keep``. Full recompute is
     timed with the least N layers per chunk that fits (``out.recompute_layers``, memory_pass),
     a layout that fits only with activation offload with its least N (``out.offload_layers``)."""
-    chosen = {name: layers for name, layers in (("recompute_num_layers", out.recompute_layers),
-                                                 ("offload_layers", out.offload_layers))
-              if layers.values is not None}
     for rows, values in chunks(boxes, CHUNK):
         index = grid.index_of(rows, values)
         sub = grid.take(rows, values)
-        c = sub.candidates()
-        for name, layers in chosen.items():  # the least N that fits (memory_pass)
-            n = layers.find(index)
-            if np.any(n > 0):
-                c = c.replace(**{name: n.reshape(sub.shape)})
+        c = with_scanned_layers(sub.candidates(), out, index, sub.shape)  # least N (memory_pass)
         est = evaluate(model, hw, training, c, summary=True)
         score, wall = objective.layout_scores(model, hw, training, c, est.time["step"],
                                               est.throughput["tokens_per_s"], opts, tokens)
@@ -230,8 +223,8 @@ def memory_pass(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, g
         totals = {k: v["total"] for k, v in memory_by_rank(model, hw, training, c, kinds).items()}
         plain = full(np.maximum.reduce(list(totals.values())), sub.shape).ravel()
         total = plain
-        if choose_offload and np.any(offload_candidates(c)) and np.any(
-                state[index] & (plain > usable) & full(offload_candidates(c), sub.shape).ravel()):
+        candidates = offload_candidates(c) if choose_offload else False
+        if np.any(candidates) and np.any(state[index] & (plain > usable) & full(candidates, sub.shape).ravel()):
             total = record_least_offload(model, hw, training, sub, c, totals, usable, index, plain, out,
                                          most_offload)
         elif np.any(np.asarray(c.offload_layers) > 0):  # pinned: a rule of its own (HOST_RULE)

@@ -138,14 +138,19 @@ def record_least_layers(model: ModelSpec, training: TrainingSpec, sub: Grid, c, 
     out.recompute_layers.add(index[where], np.where(need, n.ravel(), 0))
 
 
-def as_scanned(grid: Grid, passed: "Scan", at: np.ndarray) -> "Candidates":
-    """The grid's layouts at flat indices ``at`` as the scan timed them: full recompute with the
+def with_scanned_layers(c, passed: "Scan", index: np.ndarray, shape: tuple | None = None):
+    """Candidates ``c`` (the grid's layouts at flat ``index``; ``shape``: their sub-grid's, None
+    for flat ones) with the layer counts the scan recorded for them: full recompute with the
     least N layers per chunk that fits, and a layout that fits only with activation offload with
-    its least N (Scan.recompute_layers, Scan.offload_layers; 0 where none is recorded)."""
-    flat = grid.flat(at)
+    its least N (Scan.recompute_layers, Scan.offload_layers; unchanged where none is recorded)."""
     for name, layers in (("recompute_num_layers", passed.recompute_layers),
                          ("offload_layers", passed.offload_layers)):
-        n = layers.find(at)
+        n = layers.find(index)
         if np.any(n > 0):
-            flat = flat.replace(**{name: n})
-    return flat
+            c = c.replace(**{name: n if shape is None else n.reshape(shape)})
+    return c
+
+
+def as_scanned(grid: Grid, passed: "Scan", at: np.ndarray) -> "Candidates":
+    """The grid's layouts at flat indices ``at`` as the scan timed them (with_scanned_layers)."""
+    return with_scanned_layers(grid.flat(at), passed, at)

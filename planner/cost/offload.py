@@ -93,11 +93,11 @@ def offload_candidates(c) -> np.ndarray:
     return offload_allowed(c) & (np.asarray(c.offload_layers) == 0)
 
 
-def host_bytes(model: ModelSpec, training: TrainingSpec, c, terms: dict | None = None) -> np.ndarray:
+def host_bytes(model: ModelSpec, training: TrainingSpec, c) -> np.ndarray:
     """Host memory per GPU that the offloaded activations take, bytes: N x B with N =
     ``offload_layers`` and B a layer's stored bytes on the (one) pipeline rank (no recompute,
     recompute.layer_terms). Broadcast array; 0 where N = 0."""
-    stored = (terms or layer_terms(model, training, c, ("first",)))["first"][0]
+    stored = layer_terms(model, training, c, ("first",))["first"][0]
     return np.asarray(c.offload_layers, dtype=np.float64) * stored
 
 
