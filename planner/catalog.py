@@ -193,6 +193,9 @@ def _catalog_names(kind: str) -> dict[str, str]:
 
 
 def _resolve(kind: str, label: str, name: str, cls: type[T]) -> T:
+    command = {"models": "models", FRAMEWORKS: "frameworks"}.get(kind, "hardware")
+    if not name.strip():  # Path("") is the current directory
+        raise UsageError(f"no {label} named (an empty name); see `plan3d {command}` for the list")
     path = Path(name).expanduser()
     bare = "/" not in name and "\\" not in name and not name.endswith((".yaml", ".yml", ".json"))
     if bare and path.exists() and name.strip().lower() in (names := _catalog_names(kind)):
@@ -228,7 +231,6 @@ def _resolve(kind: str, label: str, name: str, cls: type[T]) -> T:
     close = difflib.get_close_matches(key, list(names), n=5, cutoff=0.5)
     prefix = sorted({names[n] for n in names if n.startswith(key) or key in n})
     suggestions = list(dict.fromkeys([names[c] for c in close] + prefix))[:6]
-    command = {"models": "models", FRAMEWORKS: "frameworks"}.get(kind, "hardware")
     hint = f"; did you mean: {', '.join(suggestions)}?" if suggestions else \
         f"; see `plan3d {command}` for the list"
     raise UsageError(f"unknown {label} {name!r}{hint}")

@@ -50,7 +50,8 @@ def needs_goodput(objective: str, deadline_s: float | None) -> bool:
 
 def wall_time(tokens: float, tokens_per_s, goodput=1.0) -> np.ndarray:
     """Expected wall-clock time to train ``tokens``: tokens / (tokens/s x goodput), seconds."""
-    return tokens / (np.asarray(tokens_per_s) * goodput)
+    with np.errstate(divide="ignore"):  # goodput 0 (restarts outlast the MTBF): never done
+        return tokens / (np.asarray(tokens_per_s) * goodput)
 
 
 def gpu_hours(gpus, t_train_s):

@@ -36,7 +36,8 @@ Fraction = Annotated[float, Field(gt=0.0, le=1.0)]
 
 class _Strict(BaseModel):
     # strict: YAML's "32" is not silently an int, nor "no" a bool; unknown fields are errors.
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    # allow_inf_nan False: a NaN or infinite number (YAML .nan, .inf) is an error, not a value.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._+-]*$"  # usable on a command line: no spaces

@@ -41,6 +41,10 @@ def no_split_reason(model: ModelSpec, hw: HardwareProfile, gpus: int | None,
     rest. One line, no trailing period."""
     pins = {k: getattr(opts, k) for k in SPLIT_DEGREES}
     L = model.num_layers
+    group = (opts.ep or 1) * (opts.etp or 1)
+    if gpus is not None and opts.max_gpus is None and gpus % group:
+        return (f"etp*ep = {opts.etp or 1}*{opts.ep or 1} = {group} does not divide the {gpus:,} "
+                f"GPUs: the expert groups fold over the tp*cp*dp GPUs of each pipeline stage")
     if opts.pp is not None and L % opts.pp and not uneven_splits(L, opts.pp):
         return f"pp={opts.pp} splits the {L} layers neither evenly nor unevenly"
     if opts.max_gpus is not None:

@@ -247,6 +247,9 @@ def search(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: 
                     opts.price_per_gpu_hour)
     if opts.deadline_s is not None and tokens is None:
         raise UsageError("--deadline needs a training token budget: the model gives none, pass --tokens")
+    if opts.price_per_gpu_hour is not None and tokens is None:
+        raise UsageError("--price-per-gpu-hour prices the whole training run, which needs a token "
+                         "budget: the model gives none, pass --tokens")
     if opts.max_gpus is not None:
         check_inputs(opts.max_gpus, hw, "--max-gpus")
     elif gpus is None:
@@ -291,7 +294,8 @@ def search(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: 
     est = evaluate(model, hw, training, best)
     cand = est.candidates
     gpus_flat = np.asarray(cand.gpus, dtype=np.float64)
-    asked = objective.needs_goodput(opts.objective, opts.deadline_s) or opts.tokens is not None
+    asked = objective.needs_goodput(opts.objective, opts.deadline_s) or opts.tokens is not None \
+        or opts.price_per_gpu_hour is not None
     ck = evaluate_checkpoint(model, hw, training, cand, est.time["step"]) \
         if asked or unavailable(hw) is None else None
     goodput = None if ck is None else ck.values["goodput"]

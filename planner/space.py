@@ -178,7 +178,8 @@ def _recompute_layers_ok(num_layers: int, c) -> np.ndarray:
     return (n == 0) | ((np.asarray(c.recompute) == 2) & (n <= largest))
 
 
-EXPERT_RULE = "experts divisible by ep, etp*ep dividing tp*cp*dp"
+EXPERT_RULE = "experts divisible by ep"
+FOLDING_RULE = "etp*ep dividing the tp*cp*dp GPUs of a pipeline stage"
 
 
 def expert_rules(model: ModelSpec, c) -> dict[str, np.ndarray]:
@@ -191,7 +192,7 @@ def expert_rules(model: ModelSpec, c) -> dict[str, np.ndarray]:
     if model.moe is None:
         return {"expert parallelism needs an MoE model (ep = etp = 1)": (ep == 1) & (etp == 1)}
     m = model.moe
-    rules = {EXPERT_RULE: (m.num_experts % ep == 0) & (c.stage_gpus % (etp * ep) == 0),
+    rules = {EXPERT_RULE: m.num_experts % ep == 0, FOLDING_RULE: c.stage_gpus % (etp * ep) == 0,
              "expert ffn_hidden_size divisible by etp": m.ffn_hidden_size % etp == 0,
              "MoE with tp > 1 needs sequence parallelism": (np.asarray(c.tp) == 1) | c.sequence_parallel}
     if model.bias:

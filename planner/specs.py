@@ -332,12 +332,19 @@ class Layout(LayoutDegrees, _Strict):
         ep = f" ep={self.ep}" if self.ep > 1 else ""
         etp = f" etp={self.etp}" if self.etp > 1 else ""
         dist = " distopt" if self.distributed_optimizer else ""
-        split = f" ({self.first_stage_layers}+..+{self.last_stage_layers} layers)" \
-            if self.first_stage_layers or self.last_stage_layers else ""
+        split = f" ({self.split_label} layers)" if self.first_stage_layers or self.last_stage_layers \
+            else ""
         offload = f" offload={self.offload_layers}" if self.offload_layers else ""
         return (f"tp={self.tp}{cp} pp={self.pp}{split} dp={self.dp}{ep}{etp} zero={self.zero_stage}"
                 f"{dist} mbs={self.micro_batch_size} vpp={self.vpp} recompute={self.recompute_label}"
                 f"{offload}{sp}")
+
+    @property
+    def split_label(self) -> str:
+        """The uneven split's first and last stage layers: 7+..+7 (middle stages between), 32+29
+        with two stages."""
+        middle = "+" if self.pp == 2 else "+..+"
+        return f"{self.first_stage_layers}{middle}{self.last_stage_layers}"
 
     @property
     def recompute_label(self) -> str:

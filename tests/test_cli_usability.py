@@ -222,4 +222,4 @@ def test_estimate_help_shows_its_defaults():
     code, out, _ = cli("estimate", "--help")
     assert code == 0
     assert "Tensor-parallel size [default: 1]." in out
-    assert "ZeRO stage 0-3 [default: 1; 0 with --distributed-optimizer]." in out
+    assert "ZeRO stage 0-3 [default: 1, else the framework's highest" in out

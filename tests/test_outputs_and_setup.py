@@ -85,7 +85,7 @@ def test_regress_update_to_stdout(tmp_path):
                                                  "micro_batch_size": 1}}]))
     code, out, err = cli("regress", cases, "--baseline", "-", "--update")
     assert code == 0, err
-    assert set(bl.loads(out, "stdout")) == {"a"} and "Wrote stdout: 1 cases" in err
+    assert set(bl.loads(out, "stdout")) == {"a"} and "Wrote stdout: 1 case;" in err
     code, out, err = cli("regress", cases, "--baseline", "-")
     assert code == 2 and "only" not in out and "--baseline - is stdout" in err
 

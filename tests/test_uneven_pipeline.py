@@ -119,10 +119,39 @@ def test_exports_of_an_uneven_split():
     par = torchtitan_settings(plan, "overrides")[0]["parallelism"]
     assert (par["pipeline_parallel_layers_per_stage"], par["pipeline_parallel_first_stage_less_layers"],
             par["pipeline_parallel_last_stage_less_layers"]) == (8, 1, 1)
-    # nemo: the Bridge fields plan3d writes cannot express it; DeepSpeed's rules refuse it
-    for target, why in (("nemo", "unevenly"), ("deepspeed", "DeepSpeed splits the pipeline evenly only")):
-        with pytest.raises(UsageError, match=why):
-            export_plan(plan, target, "overrides")
+    # Megatron-Bridge: the same TransformerConfig fields (translate_mlm_to_bridge.py maps
+    # model.num_layers_in_first/last_pipeline_stage to those two flags)
+    from planner.frameworks.nemo import nemo_fields
+    model = nemo_fields(plan)["model"]
+    assert (model["num_layers_in_first_pipeline_stage"], model["num_layers_in_last_pipeline_stage"]) == (7, 7)
+    assert "account_for_embedding_in_pipeline_split" not in model
+    # DeepSpeed's rules refuse it
+    with pytest.raises(UsageError, match="DeepSpeed splits the pipeline evenly only"):
+        export_plan(plan, "deepspeed", "overrides")
+
+
+def test_bridge_writes_the_interleaved_split_forms():
+    # 126 layers on pp 16, vpp 2 as 7 + 14 x 8 + 7: (126 + 2) / 16 = 8 = 7 + 1 and 8 divisible by
+    # vpp 2, the embedding-and-loss form (Bridge's own Llama 3.1 405B recipe sets the two flags)
+    from planner.frameworks.megatron import megatron_args
+    from planner.frameworks.nemo import nemo_fields
+    m = catalog.resolve_model("llama3-405b")
+    lay = Layout(tp=8, pp=16, dp=64, zero_stage=1, micro_batch_size=1, vpp=2, first_stage_layers=7,
+                 last_stage_layers=7)
+    # 2048 / 64 = 32 micro-batches: pp 16 divides them, no micro-batch group
+    plan = Plan(plan3d_version=__version__, model=m, hardware=catalog.resolve_hardware("dgx-h100"),
+                gpus=8192, training=TrainingSpec(seq_length=8192, global_batch_size=2048), layout=lay)
+    model = nemo_fields(plan)["model"]
+    assert model["account_for_embedding_in_pipeline_split"] and model["account_for_loss_in_pipeline_split"]
+    assert model["virtual_pipeline_model_parallel_size"] == 2
+    assert "num_layers_in_first_pipeline_stage" not in model and "microbatch_group_size_per_vp_stage" not in model
+    args = dict(megatron_args(plan))
+    assert "--account-for-embedding-in-pipeline-split" in args
+    # 48 micro-batches (gbs 3072 / dp 64) on pp 16 divide evenly; gbs 2560 gives 40: 40 mod 16 = 8,
+    # so the group is the least G >= 16 with 40 mod G = 0 or >= 16: 20 (40 mod 20 = 0)
+    plan = plan.model_copy(update={"training": TrainingSpec(seq_length=8192, global_batch_size=2560)})
+    assert nemo_fields(plan)["model"]["microbatch_group_size_per_vp_stage"] == 20
+    assert dict(megatron_args(plan))["--microbatch-group-size-per-virtual-pipeline-stage"] == "20"
 
 
 def _model(layers):

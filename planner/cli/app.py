@@ -139,8 +139,9 @@ def _checkpoint(failure_rate, restart_time, async_save) -> dict:
     out: dict = {}
     if failure_rate is not None:
         if not (math.isfinite(failure_rate) and 0 < failure_rate < 1):
-            raise UsageError(f"--failure-rate is interruptions per GPU-hour, a number between 0 "
-                             f"and 1 (Llama 3: 1.97e-5), got {failure_rate:g}")
+            raise UsageError(f"--failure-rate is interruptions per GPU-hour, above 0 and below 1 "
+                             f"(Llama 3: 1.97e-5; for next to no failures give e.g. 1e-12), got "
+                             f"{failure_rate:g}")
         out["failures_per_gpu_hour"] = failure_rate
     if restart_time is not None:
         from ..units import parse_quantity

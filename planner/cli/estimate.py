@@ -28,7 +28,8 @@ def estimate(
     pp: Optional[int] = typer.Option(None, "--pp", help="Pipeline-parallel size \\[default: 1]."),
     dp: Optional[int] = typer.Option(None, "--dp", help="Data-parallel size \\[default: gpus/(tp*cp*pp)]."),
     zero_stage: Optional[int] = typer.Option(
-        None, "--zero-stage", help="ZeRO stage 0-3 \\[default: 1; 0 with --distributed-optimizer]."),
+        None, "--zero-stage", help="ZeRO stage 0-3 \\[default: 1, else the framework's highest "
+                                   "(torchtitan: 3); 0 with --distributed-optimizer]."),
     micro_batch_size: Optional[int] = typer.Option(None, "--micro-batch-size",
                                                    help="Micro-batch size \\[default: 1]."),
     recompute: Optional[RecomputeChoice] = typer.Option(None, "--recompute",
@@ -93,12 +94,13 @@ def _from_flags(flags: dict, allow_cross_node_tp: bool):
     check_integers({k: f[k] for k in ("tp", "pp", "dp", "cp", "micro_batch_size", "vpp", "ep", "etp")})
     check_integers({k: f[k] for k in ("first_stage_layers", "last_stage_layers",
                                       "recompute_num_layers", "offload_layers")}, allow_zero=True)
-    zero_stage = _zero_stage(f["zero_stage"], f["distributed_optimizer"])
+    _zero_stage(f["zero_stage"], f["distributed_optimizer"], None, 1)  # the flags' own errors first
     m, hw, profile, training = _inputs(
         f["model"], f["hardware"] or "dgx-h100", f["global_batch_size"], f["seq_length"],
         _checkpoint(f["failure_rate"], f["restart_time"], f["async_save"]), f["framework"],
         f["flash_attention"], f["grad_dtype"], f["allocator_reserve"], f["precision"],
         _moe_job(f["moe_dispatcher"], f["moe_a2a_overlap"]))
+    zero_stage = _zero_stage(f["zero_stage"], f["distributed_optimizer"], profile, f["pp"] or 1)
     n = _require(f["gpus"], "--gpus")
     fields = dict(tp=f["tp"], cp=f["cp"], pp=f["pp"], dp=f["dp"], zero_stage=zero_stage,
                   micro_batch_size=f["micro_batch_size"] or 1,
@@ -154,6 +156,10 @@ def _estimate_output(m, hw, training, n: int, layout, json_out: bool, plan, prof
         header(m, hw, training, n)
         estimate_report(est, stages, hint, recompute)
         _host_offload_line(m, hw, training, est)
+        from ..cost.comm import a2a_overlap_note
+        overlap = a2a_overlap_note(training, est.candidates)
+        if overlap:
+            console.note(f"note: {overlap}")
         if fits:
             checkpoint_report(ck, 0, hw, est.candidates.layout(0), "Checkpoint")
     if plan is not None:
@@ -190,15 +196,24 @@ def _to_fit(m, hw, training, n: int, profile=None):
     return FitHint(n, best.take(np.array([0])))
 
 
-def _zero_stage(zero_stage: Optional[int], distributed_optimizer: Optional[bool]) -> int:
-    """estimate's ZeRO stage: as given (0-3), else 1, or 0 with the distributed optimizer (its
-    alternative); UsageError for another value or a stage beside the distributed optimizer."""
+def _zero_stage(zero_stage: Optional[int], distributed_optimizer: Optional[bool], profile,
+                pp: int) -> int:
+    """estimate's ZeRO stage: as given (0-3); else 0 with the distributed optimizer (its
+    alternative); else 1 where the framework ``profile`` (None: any) offers it with ``pp``
+    stages, or the highest stage it offers there (torchtitan: 3, FSDP; Megatron-LM 2021: 0);
+    UsageError for another value or a stage beside the distributed optimizer."""
     if zero_stage is not None and zero_stage not in (0, 1, 2, 3):
         raise UsageError(f"--zero-stage must be 0, 1, 2 or 3, got {zero_stage}")
     if distributed_optimizer and zero_stage:
         raise UsageError(f"--distributed-optimizer replaces ZeRO, so it needs --zero-stage 0 "
                          f"(got {zero_stage}): drop --zero-stage, or drop "
                          f"--distributed-optimizer to keep ZeRO-{zero_stage}")
-    if zero_stage is None:  # ZeRO-1, or its alternative the distributed optimizer
-        return 0 if distributed_optimizer else 1
-    return zero_stage
+    if zero_stage is not None:
+        return zero_stage
+    if distributed_optimizer:
+        return 0
+    if profile is None:
+        return 1
+    rules = profile.rules
+    offered = [z for z in rules.zero_stages if pp == 1 or z <= rules.max_zero_stage_with_pp]
+    return 1 if 1 in offered else max(offered, default=1)

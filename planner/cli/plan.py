@@ -187,6 +187,10 @@ def _search_output(m, hw, training, n, result, top: int, json_out: bool, currenc
     search_table(result, explanation, top, currency, gpus_searched=gpus_searched)
     breakdown_report(result)
     checkpoint_report(ck, 0, hw, best.candidates.layout(0), "Winner's checkpoint")
+    from ..cost.comm import a2a_overlap_note
+    overlap = a2a_overlap_note(training, best.candidates)
+    if overlap:
+        console.note(f"note: the winner: {overlap}")
     for line in model_notes(m):
         console.note(f"note: {line}")
     if export is not None:

@@ -47,8 +47,9 @@ def export_cmd(
 @handle_errors
 def placement(
     plan: Path = typer.Argument(..., help="Plan YAML written by `plan3d search --export`."),
-    order: str = typer.Option("megatron", "--order",
-                              help="Rank order: megatron (default), torchtitan or megatron-tp-pp-dp."),
+    order: Optional[str] = typer.Option(
+        None, "--order", help="Rank order: megatron, torchtitan or megatron-tp-pp-dp \\[default: "
+        "torchtitan for a plan made for torchtitan, else megatron]."),
     json_out: bool = typer.Option(False, "--json", help="Print every group, the node and the NVLink "
                                   "domain of every rank."),
 ) -> None:
@@ -57,7 +58,9 @@ def placement(
     from ..export import read_checked_plan
     from ..placement import full, summary
     p = read_checked_plan(plan)
-    key = order.strip().lower()
+    made_for = p.framework.export if p.framework is not None else None
+    key = order.strip().lower() if order is not None else \
+        ("torchtitan" if made_for == "torchtitan" else "megatron")
     if json_out:
         console.print_json(full(p, key))
     else:

@@ -134,12 +134,31 @@ def _expert_times(model: ModelSpec, training: TrainingSpec, c, links: Links, col
     recompute = total(phase="recompute")
     exposed = forward_backward
     if training.moe_a2a_overlap:
-        allowed = (np.asarray(c.ep) > 1) & (np.asarray(c.recompute) != 2) & \
-            ((np.asarray(c.pp) == 1) | (np.asarray(c.vpp) > 1))
+        allowed = a2a_overlap_applies(c)
         layer = times["attention"].forward + times["attention"].backward + \
             times["moe"].forward + times["moe"].backward
         exposed = np.where(allowed, np.maximum(0.0, forward_backward - layer), forward_backward)
     return {"ep_exposed": exposed, "ep_recompute": recompute, "ep_link": forward_backward + recompute}
+
+
+def a2a_overlap_applies(c) -> np.ndarray:
+    """Where Megatron-Core's EP communication overlap (--overlap-moe-expert-parallel-comm) can
+    run: ep > 1, no full recomputation, and the interleaved schedule when pp > 1 (its combined
+    1F1B pairs one micro-batch's forward with another's backward; moe.md 3.2, Megatron-LM
+    transformer_config.py L3003-3050). Bool array over
+    the candidates ``c`` (LayoutDegrees or Candidates)."""
+    return (np.asarray(c.ep) > 1) & (np.asarray(c.recompute) != 2) & \
+        ((np.asarray(c.pp) == 1) | (np.asarray(c.vpp) > 1))
+
+
+def a2a_overlap_note(training, c, index: int = 0) -> str | None:
+    """A note when the training asks for the EP overlap and candidate ``index`` of ``c`` cannot
+    run it (a2a_overlap_applies): the estimate costs that layout without it."""
+    if not training.moe_a2a_overlap or bool(np.asarray(a2a_overlap_applies(c)).reshape(-1)[index]):
+        return None
+    return ("--moe-a2a-overlap does not apply to this layout (Megatron-Core overlaps EP "
+            "communication only with ep > 1, no full recomputation and, with pp > 1, "
+            "interleaving): costed without it")
 
 
 def ring_times(c, colls: list[Collective], links: Links, layer: LayerTimes) -> tuple[np.ndarray, np.ndarray]:

@@ -52,7 +52,8 @@ def daly_efficiency(tau, delta, restart, mtbf) -> np.ndarray:
     stalling delta, and R to restart after each failure. In (0, 1]."""
     mtbf = np.asarray(mtbf, dtype=np.float64)
     tau = np.asarray(tau, dtype=np.float64)
-    return tau / (mtbf * np.exp(restart / mtbf) * np.expm1((tau + delta) / mtbf))
+    with np.errstate(over="ignore"):  # a restart or save far beyond the MTBF: efficiency 0
+        return tau / (mtbf * np.exp(restart / mtbf) * np.expm1((tau + delta) / mtbf))
 
 
 def interval_steps(optimal_s, step_s, background_s=0.0) -> np.ndarray:

@@ -52,6 +52,8 @@ megatron-core framework profile's rules (planner.frameworks.rules), the ones its
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..cost.model_flops import padded_vocab
 from ..cost import precision
 from ..specs import Plan
@@ -74,18 +76,17 @@ def megatron_args(plan: Plan) -> list[tuple[str, str | None]]:
         ("--tensor-model-parallel-size", str(lay.tp)),
         ("--pipeline-model-parallel-size", str(lay.pp)),
     ]
-    uneven = bool(lay.first_stage_layers or lay.last_stage_layers)
-    if lay.vpp > 1 and uneven:  # chunks per rank; the layers per chunk follow from the split
+    split = pipeline_split(plan, int(m))
+    if split.uneven and lay.vpp > 1:  # chunks per rank; the layers per chunk follow from the split
         args.append(("--num-virtual-stages-per-pipeline-rank", str(lay.vpp)))
     elif lay.vpp > 1:
         args.append(("--num-layers-per-virtual-pipeline-stage", str(layers_per_virtual_stage(plan))))
-    if lay.vpp > 1 and m % lay.pp:
-        args.append(("--microbatch-group-size-per-virtual-pipeline-stage",
-                     str(microbatch_group(int(m), lay.pp))))
-    if uneven and lay.vpp > 1 and bool(lay.embedding_loss_split(model.num_layers)):
+    if split.microbatch_group:
+        args.append(("--microbatch-group-size-per-virtual-pipeline-stage", str(split.microbatch_group)))
+    if split.embedding_loss:
         args += [("--account-for-embedding-in-pipeline-split", None),
                  ("--account-for-loss-in-pipeline-split", None)]
-    elif uneven:
+    elif split.uneven:
         args += [("--decoder-first-pipeline-num-layers", str(lay.first_stage_layers)),
                  ("--decoder-last-pipeline-num-layers", str(lay.last_stage_layers))]
     args.append(("--context-parallel-size", str(lay.cp)))
@@ -195,6 +196,29 @@ def checkpoint_args(plan: Plan, ck: dict | None) -> list[tuple[str, str | None]]
     if not fsdp:
         args.append(("--ckpt-fully-parallel-load", None))
     return args
+
+
+@dataclass(frozen=True)
+class PipelineSplit:
+    """How Megatron-Core is told the plan's pipeline split (the same TransformerConfig fields
+    under Megatron-LM's flags and Megatron-Bridge's model fields): ``uneven`` (first/last stage
+    layer counts given), ``embedding_loss`` (the first = last = middle - 1 form, as
+    account_for_embedding/loss_in_pipeline_split), ``microbatch_group`` (the interleaved
+    schedule's group when pp does not divide the micro-batches; 0 when not needed)."""
+
+    uneven: bool
+    embedding_loss: bool
+    microbatch_group: int
+
+
+def pipeline_split(plan: Plan, m: int) -> PipelineSplit:
+    """The plan's PipelineSplit for m micro-batches per step."""
+    lay = plan.layout
+    uneven = bool(lay.first_stage_layers or lay.last_stage_layers)
+    return PipelineSplit(
+        uneven=uneven,
+        embedding_loss=uneven and lay.vpp > 1 and bool(lay.embedding_loss_split(plan.model.num_layers)),
+        microbatch_group=microbatch_group(m, lay.pp) if lay.vpp > 1 and m % lay.pp else 0)
 
 
 def microbatch_group(m: int, pp: int) -> int:

@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import yaml
 
-from ..errors import UsageError
 from ..specs import Plan
 from ..cost.model_flops import padded_vocab
 from .common import (ARCHITECTURE_FIELDS, RANK_ORDER_NOTE, Export, describe, interval_note,
                      microbatches, recompute_modules, rope_note, save_interval, unwritten_note)
+from .megatron import pipeline_split
 from .megatron_model import moe_args
 from .nemo_model import job_fields, model_comments, model_fields
 
@@ -74,11 +74,7 @@ def nemo_fields(plan: Plan, ck: dict | None = None) -> dict[str, dict[str, objec
     """{section: {field: value}} for ``plan`` (None = unset / YAML null); ``ck`` the plan's
     checkpoint estimate (common.save_interval) for the checkpoint section."""
     lay, tr = plan.layout, plan.training
-    microbatches(plan)
-    if lay.first_stage_layers or lay.last_stage_layers:
-        raise UsageError("the plan splits the pipeline unevenly (first/last stage "
-                         f"{lay.first_stage_layers}/{lay.last_stage_layers} layers), which the "
-                         "Megatron-Bridge fields plan3d writes cannot express; export --to megatron")
+    split = pipeline_split(plan, int(microbatches(plan)))
     moe_args(plan)  # the same Megatron-Core rules as the Megatron-LM export (UsageError)
     recompute = {"none": (None, None, None, None),
                  "selective": ("selective", None, None, ["core_attn"]),
@@ -92,6 +88,7 @@ def nemo_fields(plan: Plan, ck: dict | None = None) -> dict[str, dict[str, objec
             "tensor_model_parallel_size": lay.tp,
             "pipeline_model_parallel_size": lay.pp,
             "virtual_pipeline_model_parallel_size": lay.vpp if lay.vpp > 1 else None,
+            **_split_fields(plan, split),
             "context_parallel_size": lay.cp,
             "sequence_parallel": lay.sequence_parallel,
             "seq_length": tr.seq_length,
@@ -120,6 +117,26 @@ def nemo_fields(plan: Plan, ck: dict | None = None) -> dict[str, dict[str, objec
         "mixed_precision": mixed_precision_preset(tr),
         **({"checkpoint": checkpoint_fields(plan, ck)} if ck is not None else {}),
     }
+
+
+def _split_fields(plan: Plan, split) -> dict[str, object]:
+    """The pipeline split as TransformerConfig fields of the model provider, the names
+    Megatron-Bridge maps Megatron-LM's flags to (NVIDIA-NeMo/Megatron-Bridge @067f987df03b
+    scripts/translate_mlm_to_bridge.py BRIDGE_TO_MLM_EXTRA: num_layers_in_first/last_pipeline_stage
+    = --decoder-first/last-pipeline-num-layers, microbatch_group_size_per_vp_stage =
+    --microbatch-group-size-per-virtual-pipeline-stage; account_for_embedding/loss_in_pipeline_split
+    as the Llama 3.1 405B recipe sets them, recipes/llama/llama3.py): what
+    megatron.pipeline_split says the Megatron-LM export writes as flags; none for an even split."""
+    lay = plan.layout
+    out: dict[str, object] = {}
+    if split.microbatch_group:
+        out["microbatch_group_size_per_vp_stage"] = split.microbatch_group
+    if split.embedding_loss:
+        out.update(account_for_embedding_in_pipeline_split=True, account_for_loss_in_pipeline_split=True)
+    elif split.uneven:
+        out.update(num_layers_in_first_pipeline_stage=lay.first_stage_layers,
+                   num_layers_in_last_pipeline_stage=lay.last_stage_layers)
+    return out
 
 
 def _offload_fields(layers: int) -> dict[str, object]:
@@ -172,9 +189,10 @@ def export_nemo(plan: Plan) -> Export:
     comments += model_comments(plan)
     skipped = {"max_position_embeddings"} | ({"activation"} if plan.model.activation == "swiglu"
                                              else set()) | ({"qk_norm"} if plan.model.qk_norm == "full" else set())
+    table = "; the learned position table has seq_length rows" \
+        if plan.model.position_embedding == "learned" else ""
     note = unwritten_note(plan, "Megatron-Bridge", set(ARCHITECTURE_FIELDS) - skipped,
-                          "set them in the provider's Python or layer spec; the learned position "
-                          "table has seq_length rows")
+                          f"set them in the provider's Python or layer spec{table}")
     if note:
         comments.append(note)
     if plan.layout.zero_stage >= 2:

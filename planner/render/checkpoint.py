@@ -42,7 +42,8 @@ def rows(d: dict, pp: int, gpus: int) -> list[tuple[str, str]]:
                     f"restart + {fmt.seconds(d['load_s'])} to read the checkpoint"),
         ("failures", f"{fmt.number(rate, 4)} per GPU-hour ({source}) x {fmt.count(gpus)} GPUs: "
                      f"one every {fmt.seconds(d['mtbf_s'])} (MTBF)"),
-        ("interval", f"save every {fmt.count(d['interval_steps'])} steps = "
+        ("interval", f"save every {fmt.count(d['interval_steps'])} "
+                     f"{'step' if d['interval_steps'] == 1 else 'steps'} = "
                      f"{fmt.seconds(d['interval_s'])} (Young/Daly optimum "
                      f"{fmt.seconds(d['optimal_interval_s'])})"),
         ("goodput", f"{fmt.percent(d['goodput'], 2)} of wall-clock time advances training"),

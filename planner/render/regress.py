@@ -93,7 +93,7 @@ def changes_table(changes: list, max_rows: int) -> None:
 
 def updated(verb: str, path, cases: int, entries: int, changed_cases: int, failing: dict) -> None:
     """The line after ``--update``, and a note per case recorded as not ok."""
-    out.print(f"{verb} {path}: {cases} cases; {fmt.count(entries)} entries changed in "
+    out.print(f"{verb} {path}: {_cases(cases)}; {fmt.count(entries)} entries changed in "
               f"{changed_cases} case{'s' if changed_cases != 1 else ''}.", markup=False)
     for name, v in failing.items():
         out.print(f"  note: case {name} is recorded as {v.get('status')}: {v.get('message')}",
@@ -102,7 +102,7 @@ def updated(verb: str, path, cases: int, entries: int, changed_cases: int, faili
 
 def clean(cases: int, terms: int, path, rtol: float) -> None:
     """The line of a run that matches its baseline."""
-    out.print(f"regress: {cases} cases, {fmt.count(terms)} terms match {path} within rtol "
+    out.print(f"regress: {_cases(cases)}, {fmt.count(terms)} terms match {path} within rtol "
               f"{rtol:g}.", markup=False)
 
 
@@ -110,5 +110,10 @@ def drifted(changes: list, cases_moved: int, cases: int, rtol: float, max_rows: 
     """The table of what moved and the line after it."""
     changes_table(changes, max_rows)
     out.print(f"regress: {fmt.count(len(changes))} change{'s' if len(changes) != 1 else ''} beyond "
-              f"rtol {rtol:g} in {cases_moved} of {cases} cases. If intended, rerun with --update "
+              f"rtol {rtol:g} in {cases_moved} of {_cases(cases)}. If intended, rerun with --update "
               "and commit the baseline diff.", markup=False)
+
+
+def _cases(n: int) -> str:
+    """'1 case', '53 cases'."""
+    return f"{n} case{'s' if n != 1 else ''}"

@@ -108,8 +108,7 @@ def _wide(rows: _Rows) -> Table:
         cells = [str(n), *(str(values[d]) for d in dims), lay.recompute_label,
                  "yes" if lay.sequence_parallel else "no"]
         cells += ["yes" if lay.distributed_optimizer else "no"] * distopt
-        cells += [(f"{lay.first_stage_layers}+..+{lay.last_stage_layers}"
-                   if lay.first_stage_layers else "even")] * split
+        cells += [lay.split_label if lay.first_stage_layers else "even"] * split
         f["TFLOP/s/GPU"] = f["TFLOP/s"]
         cells += [f[col] for col in figures]
         cells += [str(g.count) if g.count > 1 else ""] * rows.show_ties
@@ -183,9 +182,10 @@ def explain_text(e: ex.SearchExplanation, capacity: str, top: int) -> str:
     lines += _ties_text(e.groups[:top])
     r = e.runner_up
     if r is not None and r.ties_on_time:
-        lines.append(f"Runner-up ties on time ({_differs(r.differs)}) and uses "
-                     f"{r.extra_memory / fmt.GIB:+.1f} GiB; ties rank no offload, then the lower ZeRO "
-                     f"stage, then the smaller memory, first.")
+        more = r.extra_memory / fmt.GIB
+        memory = f"{abs(more):.1f} GiB {'more' if more >= 0 else 'less'} memory"
+        lines.append(f"Runner-up ties on time ({_differs(r.differs)}) and uses {memory}; ties rank "
+                     f"no offload, then the lower ZeRO stage, then the smaller memory, first.")
     elif r is not None:
         worse = ", ".join(f"{TIME_LABELS[t]} +{fmt.seconds(d)}" for t, d in r.worse) or "no single term"
         lines.append(f"Runner-up ({_differs(r.differs)}) is {fmt.percent(r.slower_by, 2)} slower: "

@@ -1,0 +1,154 @@
+"""Problems a new-user trial found (README set-up, COLUMNS=80, bad input), each fixed: the
+estimate's default ZeRO stage follows the framework, NaN/infinite numbers in input files, the
+reason for an expert group larger than the GPUs, a restart time far beyond the MTBF, an empty
+catalog name, placement's rank order from the plan's framework, a price without a cost, the EP
+overlap where it cannot run, the split label of two stages, wording."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from planner.cli import app
+from planner.specs import Layout
+
+ROOT = Path(__file__).resolve().parents[1]
+runner = CliRunner()
+
+
+def one_line_error(args: list[str]) -> str:
+    """Run the CLI; assert exit 2 with exactly one stderr line, and return it."""
+    res = runner.invoke(app, args)
+    assert res.exit_code == 2, (res.exit_code, res.stdout, res.stderr)
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    return lines[0]
+
+
+def estimate_layout(args: list[str]) -> dict:
+    res = runner.invoke(app, ["estimate", *args, "--json"])
+    assert res.exit_code in (0, 1), res.stderr
+    return json.loads(res.stdout)["layout"]
+
+
+@pytest.mark.parametrize("framework, model, extra, zero", [
+    ("torchtitan", "llama3-8b", [], 3),  # offers 0 and 3 (FSDP): its highest
+    ("megatron-lm-2021", "gpt3-175b", ["--tp", "8", "--pp", "8"], 0),  # offers 0 only
+    ("megatron-core", "llama3-8b", [], 1),  # ZeRO-1 (the distributed optimizer's memory)
+    ("deepspeed", "llama3-8b", ["--pp", "2"], 1),  # ZeRO-2/3 need pp = 1 there; 1 is offered
+])
+def test_estimate_default_zero_stage_follows_the_framework(framework, model, extra, zero):
+    gpus = "64" if model == "gpt3-175b" else "8"
+    lay = estimate_layout(["-m", model, "-g", gpus, "--framework", framework, *extra])
+    assert lay["zero_stage"] == zero
+
+
+def test_estimate_given_zero_stage_is_kept():
+    # a stage the framework does not offer stays an error naming the framework's rule
+    line = one_line_error(["estimate", "-m", "llama3-8b", "-g", "8", "--framework", "torchtitan",
+                           "--zero-stage", "1"])
+    assert "torchtitan offers ZeRO stages 0, 3" in line
+
+
+@pytest.mark.parametrize("old, new, field", [
+    ("bf16: 989.4", "bf16: .nan", "gpu.peak_tflops.bf16"),
+    ("bf16: 989.4", "bf16: .inf", "gpu.peak_tflops.bf16"),
+    ("  matmul: 0.605", "  matmul: .nan", "efficiency.matmul"),
+])
+def test_nan_and_infinite_numbers_are_refused(tmp_path, old, new, field):
+    text = (ROOT / "hardware_profiles" / "dgx-h100.yaml").read_text()
+    assert old in text
+    path = tmp_path / "hw.yaml"
+    path.write_text(text.replace(old, new, 1))
+    line = one_line_error(["search", "-m", "llama3-8b", "-g", "8", "--hardware", str(path)])
+    assert f"{field}: Input should be a finite number" in line
+
+
+def test_infinite_rope_base_is_refused_for_every_framework(tmp_path):
+    data = yaml.safe_load((ROOT / "models" / "qwen3-30b-a3b.yaml").read_text())
+    data["rope_theta"] = float("inf")
+    path = tmp_path / "m.yaml"
+    path.write_text(yaml.safe_dump(data))
+    for framework in ("megatron-core", "torchtitan"):
+        line = one_line_error(["search", "-m", str(path), "-g", "8", "--framework", framework])
+        assert "rope_theta: Input should be a finite number" in line
+
+
+@pytest.mark.parametrize("args, group", [
+    (["-m", "qwen3-30b-a3b", "-g", "8", "--ep", "16"], "etp*ep = 1*16 = 16 does not divide the 8 GPUs"),
+    (["-m", "deepseek-v3", "-g", "1024", "--etp", "3"], "etp*ep = 3*1 = 3 does not divide the 1,024 GPUs"),
+])
+def test_an_expert_group_that_cannot_tile_the_gpus_is_named(args, group):
+    assert group in one_line_error(["search", *args])
+
+
+def test_estimate_names_the_folding_rule_apart_from_the_expert_count():
+    # 128 experts are divisible by 16; 16 does not divide the 8 GPUs of the (single) stage
+    line = one_line_error(["estimate", "-m", "qwen3-30b-a3b", "-g", "8", "--ep", "16"])
+    assert "etp*ep dividing the tp*cp*dp GPUs of a pipeline stage" in line
+    assert "experts divisible by ep" not in line
+
+
+def test_restart_time_far_beyond_the_mtbf_gives_no_warnings():
+    res = runner.invoke(app, ["search", "-m", "llama3-8b", "-g", "8", "--restart-time", "1e9d",
+                              "--top", "1"])
+    assert res.exit_code == 0, res.stderr
+    assert "Warning" not in res.stderr and "overflow" not in res.stderr
+    assert "0.00% of wall-clock time advances training" in res.stdout
+
+
+def test_failure_rate_zero_says_what_is_allowed():
+    line = one_line_error(["search", "-m", "llama3-8b", "-g", "8", "--failure-rate", "0"])
+    assert "above 0 and below 1" in line and "1e-12" in line
+
+
+def test_empty_catalog_name():
+    assert "an empty name" in one_line_error(["models", "--show", ""])
+    assert "an empty name" in one_line_error(["search", "-m", "llama3-8b", "-g", "8", "--hardware", " "])
+
+
+def test_placement_takes_the_plans_framework_order(tmp_path):
+    plan = tmp_path / "tt.yaml"
+    res = runner.invoke(app, ["search", "-m", "llama3-8b", "-g", "16", "--framework", "torchtitan",
+                              "--tp", "2", "--export", str(plan)])
+    assert res.exit_code == 0, res.stderr
+    shown = runner.invoke(app, ["placement", str(plan)])
+    assert "rank order: torchtitan mesh" in shown.stdout
+    forced = runner.invoke(app, ["placement", str(plan), "--order", "megatron"])
+    assert "rank order: torchtitan" not in forced.stdout
+
+
+def test_price_alone_prices_the_run():
+    # llama3-8b's 15T-token budget: the cost column appears with a price alone
+    res = runner.invoke(app, ["search", "-m", "llama3-8b", "-g", "8", "--price-per-gpu-hour", "2",
+                              "--top", "1", "--json"])
+    assert res.exit_code == 0, res.stderr
+    entry = json.loads(res.stdout)[0]
+    # cost = GPU-hours x price: 8 GPUs x the time to train / 3600 x 2 USD
+    assert entry["throughput"]["cost"] == pytest.approx(
+        8 * entry["throughput"]["time_to_train_s"] / 3600 * 2, rel=1e-9)
+    # a model without a token budget cannot be priced
+    line = one_line_error(["search", "-m", "megatron-3.6b", "-g", "8", "--price-per-gpu-hour", "2"])
+    assert "needs a token budget" in line and "--tokens" in line
+
+
+def test_ep_overlap_that_cannot_run_is_noted():
+    # pp 2 without interleaving: Megatron-Core's combined 1F1B cannot pair micro-batches
+    res = runner.invoke(app, ["estimate", "-m", "mixtral-8x7b", "-g", "16", "--pp", "2", "--ep", "8",
+                              "--moe-a2a-overlap"])
+    assert "--moe-a2a-overlap does not apply to this layout" in res.stderr
+    res = runner.invoke(app, ["estimate", "-m", "mixtral-8x7b", "-g", "16", "--pp", "2", "--vpp", "2",
+                              "--ep", "8", "--moe-a2a-overlap"])
+    assert "does not apply" not in res.stderr
+
+
+def test_split_label_of_two_stages():
+    lay = Layout(tp=1, pp=2, dp=4, zero_stage=1, micro_batch_size=1, first_stage_layers=32,
+                 last_stage_layers=29)
+    assert "pp=2 (32+29 layers)" in lay.short()
+    lay = lay.model_copy(update={"pp": 4, "dp": 2})
+    assert "pp=4 (32+..+29 layers)" in lay.short()
