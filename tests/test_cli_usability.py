@@ -221,5 +221,22 @@ def test_estimate_help_shows_its_defaults():
     # "[default: 1]" unescaped is rich markup: the help used to print "Tensor-parallel size ."
     code, out, _ = cli("estimate", "--help")
     assert code == 0
+    out = " ".join(out.split())  # click wraps the help text at the width
     assert "Tensor-parallel size [default: 1]." in out
-    assert "ZeRO stage 0-3 [default: 1, else the framework's highest" in out
+    assert "ZeRO stage 0-3 [default: 1, else the framework's highest (torchtitan: 3)" in out
+
+
+def test_help_keeps_option_names_whole_at_80_columns():
+    # typer's rich panels cut long option names at 80 columns ("--global-batch-s…"); click's
+    # layout wraps the help text beside them instead
+    import os
+    import subprocess
+    import sys
+    env = {**os.environ, "COLUMNS": "80"}
+    for command in ("search", "estimate", "sweep"):
+        out = subprocess.run([sys.executable, "-c", "from planner.cli import main; main()", command,
+                              "--help"], env=env,
+                             capture_output=True, text=True, check=True).stdout
+        assert "…" not in out and max(map(len, out.splitlines())) <= 80, command
+        for name in ("--global-batch-size", "--allocator-reserve"):
+            assert name in out, (command, name)

@@ -7,17 +7,16 @@ import os
 import sys
 from enum import Enum
 
-if not sys.stdout.isatty():  # typer's --help piped or captured: don't cut option names at 80
-    # (plan3d's own output is laid out by planner.render.console, 80 columns when piped)
-    os.environ.setdefault("TERMINAL_WIDTH", "160")
+import typer
 
-import typer  # noqa: E402
+from .. import __version__
+from ..render import console
+from ..errors import PlannerError, UsageError
 
-from .. import __version__  # noqa: E402
-from ..render import console  # noqa: E402
-from ..errors import PlannerError, UsageError  # noqa: E402
-
+# rich_markup_mode None: click's own help layout, which wraps the help text beside whole option
+# names at any width (typer's rich panels cut option names at 80 columns: "--global-batch-s…")
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  rich_markup_mode=None,
                   help="Plan 3D-parallel (TP/PP/DP/ZeRO) training of large transformers.")
 
 
@@ -86,16 +85,16 @@ HEADROOM = typer.Option(None, "--min-memory-headroom",
                         help="Memory to leave free per GPU beyond the framework's reserve: '4GiB' or '10%'.")
 # The training framework and single facts of it (planner.frameworks.profile.Overrides)
 FRAMEWORK = typer.Option(None, "--framework", help="Framework profile name or YAML file "
-                         "(plan3d frameworks) \\[default: megatron-core].")
+                         "(plan3d frameworks) [default: megatron-core].")
 OFFLOAD_LAYERS = typer.Option(
     None, "--offload-layers",
     help="Move the activations of N layers to host memory over the host link (Megatron-Core "
-         "--cpu-offloading-num-layers: pp 1, no recomputation) \\[default: search: the least "
+         "--cpu-offloading-num-layers: pp 1, no recomputation) [default: search: the least "
          "N that fits where a layout needs it; 0 = never; estimate: 0].")
 RECOMPUTE_LAYERS = typer.Option(
     None, "--recompute-num-layers",
     help="Full recompute of only the first N layers of each model chunk (Megatron's block "
-         "method; 0 = every layer) \\[default: search: the least N that fits; estimate: 0].")
+         "method; 0 = every layer) [default: search: the least N that fits; estimate: 0].")
 FLASH = typer.Option(None, "--flash-attention/--no-flash-attention",
                      help="Override the framework's flash attention.")
 GRAD_DTYPE = typer.Option(None, "--grad-dtype", help="Gradient dtype: fp32 or bf16 (default: the framework's).")
@@ -103,31 +102,31 @@ ALLOCATOR = typer.Option(None, "--allocator-reserve", help="Allocator reserve as
                          "working set, e.g. 0.1 (default: the framework's).")
 PRECISION = typer.Option(None, "--precision", help="Linear layers in bf16, fp8 (per-tensor "
                          "scaling), fp8-blockwise (1x128/128x128 blocks) or mxfp8 (Blackwell) "
-                         "\\[default: bf16].")
+                         "[default: bf16].")
 # Mixture-of-experts job settings (TrainingSpec.moe_dispatcher, moe_a2a_overlap)
 EXPORT = typer.Option(None, "--export", help="Write the best layout as a plan YAML "
                       "(- for stdout; the table then goes to stderr).")
 FORCE = typer.Option(False, "--force", help="Overwrite an existing --export file.")
 CURRENCY = typer.Option(None, "--currency", help="Currency of --price-per-gpu-hour, an ISO 4217 "
-                        "code (EUR, ...) \\[default: USD].")
+                        "code (EUR, ...) [default: USD].")
 MAX_GPUS = typer.Option(None, "--max-gpus",
                         help="Use at most N GPUs in whole nodes; the search picks the count.")
 WHY_NOT = typer.Option(None, "--why-not",
                        help="Explain a (partial) layout, e.g. 'tp=4,pp=16', against the winner.")
 MOE_DISPATCHERS = ("alltoall", "allgather", "flex")
 MOE_DISPATCHER = typer.Option(None, "--moe-dispatcher", help="MoE token dispatcher: alltoall, "
-                              "allgather or flex (DeepEP / HybridEP) \\[default: alltoall].")
+                              "allgather or flex (DeepEP / HybridEP) [default: alltoall].")
 MOE_A2A_OVERLAP = typer.Option(None, "--moe-a2a-overlap/--no-moe-a2a-overlap",
                                help="Megatron-Core's EP communication overlap (needs ep > 1, "
-                                    "interleaving with pp > 1) \\[default: off].")
+                                    "interleaving with pp > 1) [default: off].")
 # Checkpoints and failures (planner.checkpoint_spec, cost.checkpoint) and the deadline
 FAILURE_RATE = typer.Option(None, "--failure-rate", help="Unexpected interruptions per GPU-hour "
-                            "\\[default: Llama 3's 1.97e-5: 419 in 54 days on 16,384 H100].")
+                            "[default: Llama 3's 1.97e-5: 419 in 54 days on 16,384 H100].")
 RESTART_TIME = typer.Option(None, "--restart-time", help="From a failure to training again, "
-                            "before the checkpoint is read: '10min' \\[default: 10min].")
+                            "before the checkpoint is read: '10min' [default: 10min].")
 ASYNC_SAVE = typer.Option(None, "--async-save/--sync-save", help="Checkpoints copied to host "
                           "memory and written in the background, or stalling for the whole "
-                          "write \\[default: async].")
+                          "write [default: async].")
 DEADLINE = typer.Option(None, "--deadline", help="Train within this time, failures and "
                         "checkpoints counted: '30d', '720h' (needs a token budget).")
 

@@ -22,34 +22,34 @@ from .plan import _inputs
 def estimate(
     model: Optional[str] = MODEL, gpus: Optional[int] = GPUS,
     hardware: Optional[str] = typer.Option(None, "--hardware",
-                                           help="Hardware profile name or YAML file \\[default: dgx-h100]."),
+                                           help="Hardware profile name or YAML file [default: dgx-h100]."),
     global_batch_size: Optional[int] = GBS, seq_length: Optional[int] = SEQ,
-    tp: Optional[int] = typer.Option(None, "--tp", help="Tensor-parallel size \\[default: 1]."),
-    pp: Optional[int] = typer.Option(None, "--pp", help="Pipeline-parallel size \\[default: 1]."),
-    dp: Optional[int] = typer.Option(None, "--dp", help="Data-parallel size \\[default: gpus/(tp*cp*pp)]."),
+    tp: Optional[int] = typer.Option(None, "--tp", help="Tensor-parallel size [default: 1]."),
+    pp: Optional[int] = typer.Option(None, "--pp", help="Pipeline-parallel size [default: 1]."),
+    dp: Optional[int] = typer.Option(None, "--dp", help="Data-parallel size [default: gpus/(tp*cp*pp)]."),
     zero_stage: Optional[int] = typer.Option(
-        None, "--zero-stage", help="ZeRO stage 0-3 \\[default: 1, else the framework's highest "
+        None, "--zero-stage", help="ZeRO stage 0-3 [default: 1, else the framework's highest "
                                    "(torchtitan: 3); 0 with --distributed-optimizer]."),
     micro_batch_size: Optional[int] = typer.Option(None, "--micro-batch-size",
-                                                   help="Micro-batch size \\[default: 1]."),
+                                                   help="Micro-batch size [default: 1]."),
     recompute: Optional[RecomputeChoice] = typer.Option(None, "--recompute",
-                                                        help="Recomputation \\[default: none]."),
+                                                        help="Recomputation [default: none]."),
     recompute_num_layers: Optional[int] = RECOMPUTE_LAYERS,
     offload_layers: Optional[int] = OFFLOAD_LAYERS,
     sequence_parallel: Optional[bool] = typer.Option(None, "--sequence-parallel/--no-sequence-parallel",
-                                                     help="Sequence parallelism \\[default: off]."),
-    vpp: Optional[int] = typer.Option(None, "--vpp", help="Virtual pipeline stages per rank \\[default: 1]."),
-    cp: Optional[int] = typer.Option(None, "--cp", help="Context-parallel size \\[default: 1]."),
-    ep: Optional[int] = typer.Option(None, "--ep", help="Expert-parallel size (MoE) \\[default: 1]."),
-    etp: Optional[int] = typer.Option(None, "--etp", help="Expert-tensor-parallel size (MoE) \\[default: 1]."),
+                                                     help="Sequence parallelism [default: off]."),
+    vpp: Optional[int] = typer.Option(None, "--vpp", help="Virtual pipeline stages per rank [default: 1]."),
+    cp: Optional[int] = typer.Option(None, "--cp", help="Context-parallel size [default: 1]."),
+    ep: Optional[int] = typer.Option(None, "--ep", help="Expert-parallel size (MoE) [default: 1]."),
+    etp: Optional[int] = typer.Option(None, "--etp", help="Expert-tensor-parallel size (MoE) [default: 1]."),
     distributed_optimizer: Optional[bool] = typer.Option(
         None, "--distributed-optimizer/--no-distributed-optimizer",
         help="Megatron's distributed optimizer, the ZeRO-1 alternative: implies --zero-stage 0 "
-             "\\[default: off]."),
+             "[default: off]."),
     first_stage_layers: Optional[int] = typer.Option(
-        None, "--first-stage-layers", help="Uneven pipeline split: layers on the first stage \\[default: even]."),
+        None, "--first-stage-layers", help="Uneven pipeline split: layers on the first stage [default: even]."),
     last_stage_layers: Optional[int] = typer.Option(
-        None, "--last-stage-layers", help="Uneven pipeline split: layers on the last stage \\[default: even]."),
+        None, "--last-stage-layers", help="Uneven pipeline split: layers on the last stage [default: even]."),
     plan: Optional[Path] = typer.Option(None, "--plan", help="Evaluate a plan YAML written by --export "
                                         "(alone: it cannot be combined with the other flags)."),
     allow_cross_node_tp: bool = typer.Option(False, "--allow-cross-node-tp",

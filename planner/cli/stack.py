@@ -17,7 +17,7 @@ from .app import JSON, app, handle_errors
 def export_cmd(
     plan: Path = typer.Argument(..., help="Plan YAML written by `plan3d search --export`."),
     to: Optional[str] = typer.Option(None, "--to", help="Target: megatron, nemo, deepspeed, torchtitan, "
-                                     "or a framework (megatron-core, ...) \\[default: the plan's framework]."),
+                                     "or a framework (megatron-core, ...) [default: the plan's framework]."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write to FILE instead of "
                                           "stdout (- or /dev/stdout: stdout)."),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing --output file."),
@@ -48,7 +48,7 @@ def export_cmd(
 def placement(
     plan: Path = typer.Argument(..., help="Plan YAML written by `plan3d search --export`."),
     order: Optional[str] = typer.Option(
-        None, "--order", help="Rank order: megatron, torchtitan or megatron-tp-pp-dp \\[default: "
+        None, "--order", help="Rank order: megatron, torchtitan or megatron-tp-pp-dp [default: "
         "torchtitan for a plan made for torchtitan, else megatron]."),
     json_out: bool = typer.Option(False, "--json", help="Print every group, the node and the NVLink "
                                   "domain of every rank."),
@@ -79,7 +79,7 @@ def validate(
     dtype: str = typer.Option("float64", "--dtype", help="float64 (exact checks) or float32."),
     layers_per_stage: int = typer.Option(1, "--layers-per-stage", help="Layers per pipeline chunk."),
     out: Optional[Path] = typer.Option(None, "--out", help="Where to write the measurements (- for "
-                                       "stdout) \\[default: measured.json, or measured-2.json, ... "
+                                       "stdout) [default: measured.json, or measured-2.json, ... "
                                        "if that exists]."),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing --out file."),
     timeout: float = typer.Option(600.0, "--timeout", help="Wall-clock limit of the run, seconds."),
