@@ -42,6 +42,18 @@ def check(objective: str, tokens: float | None, price_per_gpu_hour: float | None
         raise UsageError("--objective cost needs --price-per-gpu-hour")
 
 
+def check_budget(objective: str, tokens: float | None, price_per_gpu_hour: float | None,
+                 deadline_s: float | None) -> None:
+    """check() with the token budget the search has (``tokens``: --tokens, else the model's;
+    None: none): a deadline or a price needs one too (a price is for the whole run). UsageError."""
+    check(objective, tokens if objective != "throughput" else 1.0, price_per_gpu_hour)
+    if deadline_s is not None and tokens is None:
+        raise UsageError("--deadline needs a training token budget: the model gives none, pass --tokens")
+    if price_per_gpu_hour is not None and tokens is None:
+        raise UsageError("--price-per-gpu-hour prices the whole training run, which needs a token "
+                         "budget: the model gives none, pass --tokens")
+
+
 def needs_goodput(objective: str, deadline_s: float | None) -> bool:
     """Whether scoring needs the goodput (expected wall-clock time): time-to-train, cost, or a
     deadline."""

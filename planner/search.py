@@ -243,13 +243,7 @@ def search(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: 
     if opts.keep < 1:
         raise UsageError(f"the search must keep at least one layout, got keep={opts.keep}")
     tokens = opts.tokens if opts.tokens is not None else training.tokens
-    objective.check(opts.objective, tokens if opts.objective != "throughput" else 1.0,
-                    opts.price_per_gpu_hour)
-    if opts.deadline_s is not None and tokens is None:
-        raise UsageError("--deadline needs a training token budget: the model gives none, pass --tokens")
-    if opts.price_per_gpu_hour is not None and tokens is None:
-        raise UsageError("--price-per-gpu-hour prices the whole training run, which needs a token "
-                         "budget: the model gives none, pass --tokens")
+    objective.check_budget(opts.objective, tokens, opts.price_per_gpu_hour, opts.deadline_s)
     if opts.max_gpus is not None:
         check_inputs(opts.max_gpus, hw, "--max-gpus")
     elif gpus is None:

@@ -13,18 +13,10 @@ from typer.testing import CliRunner
 from planner import catalog
 from planner.cli import app
 from planner.cost.model_counts import total_params
+from tests.cli_errors import one_line_error
 
 HF = Path(__file__).parent / "data" / "hf"
 runner = CliRunner()
-
-
-def one_line_error(args: list[str]) -> str:
-    """Run the CLI; assert exit 2 with exactly one stderr line, and return it."""
-    res = runner.invoke(app, args)
-    assert res.exit_code == 2, (res.exit_code, res.stdout, res.stderr)
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1, res.stderr
-    return lines[0]
 
 
 @pytest.mark.parametrize("field, value, shown", [

@@ -15,18 +15,10 @@ from typer.testing import CliRunner
 
 from planner.cli import app
 from planner.specs import Layout
+from tests.cli_errors import one_line_error
 
 ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()
-
-
-def one_line_error(args: list[str]) -> str:
-    """Run the CLI; assert exit 2 with exactly one stderr line, and return it."""
-    res = runner.invoke(app, args)
-    assert res.exit_code == 2, (res.exit_code, res.stdout, res.stderr)
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1, res.stderr
-    return lines[0]
 
 
 def estimate_layout(args: list[str]) -> dict:
