@@ -42,6 +42,10 @@ def _positive(model: _Strict, *fields: str) -> None:
             raise ValueError(f"{name} must be positive")
 
 
+# A bound that catches a wrong unit (a GPU of today holds at most 288 GB; 2 TiB leaves decades).
+MAX_HBM = 2 * 2**40
+
+
 class GPUSpec(_Strict):
     """One accelerator.
 
@@ -69,6 +73,9 @@ class GPUSpec(_Strict):
             raise ValueError("peak_tflops values must be positive")
         if self.hbm_capacity <= 0 or self.hbm_bandwidth <= 0:
             raise ValueError("hbm_capacity and hbm_bandwidth must be positive")
+        if self.hbm_capacity > MAX_HBM:
+            raise ValueError(f"hbm_capacity {self.hbm_capacity / 2**40:.3g} TiB per GPU is beyond "
+                             f"any accelerator (at most {MAX_HBM // 2**40} TiB here): check its unit")
         return self
 
 

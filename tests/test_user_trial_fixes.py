@@ -144,3 +144,14 @@ def test_split_label_of_two_stages():
     assert "pp=2 (32+29 layers)" in lay.short()
     lay = lay.model_copy(update={"pp": 4, "dp": 2})
     assert "pp=4 (32+..+29 layers)" in lay.short()
+
+
+def test_hbm_capacity_in_a_wrong_unit_is_refused(tmp_path):
+    text = (ROOT / "hardware_profiles" / "dgx-h100.yaml").read_text()
+    path = tmp_path / "hw.yaml"
+    path.write_text(text.replace("hbm_capacity: 81559 MiB", "hbm_capacity: 81559 TiB", 1))
+    line = one_line_error(["search", "-m", "llama3-8b", "-g", "8", "--hardware", str(path)])
+    assert "beyond any accelerator" in line
+    # every shipped profile (GB200's 184 GiB the largest) loads: far below the 2 TiB bound
+    listing = runner.invoke(app, ["hardware"])
+    assert listing.exit_code == 0 and "gb200-nvl72" in listing.stdout, listing.stderr
