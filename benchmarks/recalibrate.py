@@ -100,8 +100,9 @@ def _calibrated_source(name: str, result: FitResult, plan: ProfilePlan, derived:
            if result.loo_errors else "")
     priors = ", ".join(f"{k} {v:g}" for k, v in plan.priors.items() if k != "step_overhead")
     if plan.fitted is not None:
-        kept = (f"the others are {plan.priors_from}'s fitted factors, carried over"
-                if plan.priors_from else "the others are the priors")
+        rest = "the others, matmul_fp8 derived as above," if derived else "the others"
+        kept = (f"{rest} are {plan.priors_from}'s fitted factors, carried over"
+                if plan.priors_from else f"{rest} are the priors")
         priors = (f"only {', '.join(plan.fitted)} fitted ({kept}), pulled toward "
                   f"{plan.priors_from + chr(39) + 's' if plan.priors_from else 'the prior'} values"
                   + (f"; {priors}" if priors else ""))

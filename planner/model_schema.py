@@ -20,12 +20,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, Field, model_validator
+
+from .quantities import STRICT
 
 
 class _Block(BaseModel):
-    # as specs._Strict: YAML's "32" is not silently an int; unknown fields are errors
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+    model_config = STRICT  # as quantities._Strict
 
 
 class MoESpec(_Block):

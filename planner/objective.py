@@ -54,6 +54,14 @@ def check_budget(objective: str, tokens: float | None, price_per_gpu_hour: float
                          "budget: the model gives none, pass --tokens")
 
 
+def reports_training(opts) -> bool:
+    """Whether a search (SearchOptions ``opts``) reports the time to train, GPU-hours and, with
+    a price, the cost of its layouts (annotate): the objective or a deadline needs them
+    (needs_goodput), or --tokens or --price-per-gpu-hour asks for them."""
+    return needs_goodput(opts.objective, opts.deadline_s) or opts.tokens is not None \
+        or opts.price_per_gpu_hour is not None
+
+
 def needs_goodput(objective: str, deadline_s: float | None) -> bool:
     """Whether scoring needs the goodput (expected wall-clock time): time-to-train, cost, or a
     deadline."""

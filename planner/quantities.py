@@ -34,10 +34,13 @@ Seconds = Annotated[float, BeforeValidator(_wrap_parse("time")),
 Fraction = Annotated[float, Field(gt=0.0, le=1.0)]
 
 
+# strict: YAML's "32" is not silently an int, nor "no" a bool; unknown fields are errors;
+# allow_inf_nan False: a NaN or infinite number (YAML .nan, .inf) is an error, not a value.
+STRICT = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+
 class _Strict(BaseModel):
-    # strict: YAML's "32" is not silently an int, nor "no" a bool; unknown fields are errors.
-    # allow_inf_nan False: a NaN or infinite number (YAML .nan, .inf) is an error, not a value.
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+    model_config = STRICT
 
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._+-]*$"  # usable on a command line: no spaces

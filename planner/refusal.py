@@ -23,7 +23,7 @@ from .errors import PlannerError
 from .grid import Grid
 from .inputs import MAX_GPUS
 from .render import fmt
-from .space import constraint_masks, uneven_splits
+from .space import FOLDING_RULE, constraint_masks, folds, uneven_splits
 from .specs import HardwareProfile, ModelSpec, TrainingSpec
 
 if TYPE_CHECKING:
@@ -41,10 +41,9 @@ def no_split_reason(model: ModelSpec, hw: HardwareProfile, gpus: int | None,
     rest. One line, no trailing period."""
     pins = {k: getattr(opts, k) for k in SPLIT_DEGREES}
     L = model.num_layers
-    group = (opts.ep or 1) * (opts.etp or 1)
-    if gpus is not None and opts.max_gpus is None and gpus % group:
-        return (f"etp*ep = {opts.etp or 1}*{opts.ep or 1} = {group} does not divide the {gpus:,} "
-                f"GPUs: the expert groups fold over the tp*cp*dp GPUs of each pipeline stage")
+    folding = _folding_problem(gpus, opts)
+    if folding:
+        return folding
     if opts.pp is not None and L % opts.pp and not uneven_splits(L, opts.pp):
         return f"pp={opts.pp} splits the {L} layers neither evenly nor unevenly"
     if opts.max_gpus is not None:
@@ -74,6 +73,27 @@ def no_split_reason(model: ModelSpec, hw: HardwareProfile, gpus: int | None,
         f"{gpus:,} GPUs"
     return (f"{lead}, and no {'*'.join(free)} makes {rest:,} "
             f"({'; '.join(rules[k] for k in free if k in rules)})")
+
+
+def _folding_problem(gpus: int | None, opts: "SearchOptions") -> str | None:
+    """Why pinned ep / etp cannot fold over any pipeline stage (space.FOLDING_RULE): a stage
+    holds gpus/pp GPUs (pp pinned) or at most all of them (at most --max-gpus with a budget)."""
+    etp, ep = opts.etp or 1, opts.ep or 1
+    if etp * ep == 1:
+        return None
+    if opts.max_gpus is not None:
+        stage, fits = opts.max_gpus, etp * ep <= opts.max_gpus
+        where = f"the --max-gpus budget of {stage:,} GPUs"
+    else:
+        pp = opts.pp if opts.pp and gpus % opts.pp == 0 else 1
+        stage = gpus // pp
+        fits = bool(folds(stage, etp, ep))
+        where = (f"the {stage:,} GPU{'s' if stage != 1 else ''} of a pipeline stage ({gpus:,} GPUs / "
+                 f"pp {pp})" if pp > 1 else f"the {gpus:,} GPUs, so no pipeline stage's share of them")
+    if fits:
+        return None
+    return (f"etp*ep = {etp}*{ep} = {etp * ep} does not divide {where}: the rule "
+            f"'{FOLDING_RULE}'")
 
 
 @dataclass(frozen=True)

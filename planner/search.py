@@ -26,7 +26,7 @@ from .inputs import MAX_GPUS, gpu_count  # noqa: F401 (MAX_GPUS re-exported)
 from .refusal import fit_hint, no_fit_message, no_split_reason, nothing_valid_message
 from .scan import CHUNK, FIT_RULE, Scan, scan  # noqa: F401 (re-exported)
 from .scan_layers import as_scanned
-from .space import (LAYERS_RULE, TP_RULE, UNEVEN_RULE, Candidates, constraint_masks,
+from .space import (LAYERS_RULE, TP_RULE, UNEVEN_RULE, Candidates, constraint_masks, folds,
                     default_uneven_split, divisors, uneven_problem, uneven_splits,
                     uneven_vpp_options)
 from .framework_spec import FrameworkProfile
@@ -206,7 +206,7 @@ def expert_mesh(split: dict[str, np.ndarray], num_experts: int, opts: SearchOpti
     rows, eps, etps = [], [], []
     for etp in choices:
         for ep in ep_axis.tolist():
-            idx = np.flatnonzero((etp > 0) & (stage % np.maximum(etp * ep, 1) == 0))
+            idx = np.flatnonzero(folds(stage, etp, ep))
             rows.append(idx)
             eps.append(np.full(idx.size, ep, dtype=np.int64))
             etps.append(etp[idx])
@@ -288,8 +288,7 @@ def search(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: 
     est = evaluate(model, hw, training, best)
     cand = est.candidates
     gpus_flat = np.asarray(cand.gpus, dtype=np.float64)
-    asked = objective.needs_goodput(opts.objective, opts.deadline_s) or opts.tokens is not None \
-        or opts.price_per_gpu_hour is not None
+    asked = objective.reports_training(opts)
     ck = evaluate_checkpoint(model, hw, training, cand, est.time["step"]) \
         if asked or unavailable(hw) is None else None
     goodput = None if ck is None else ck.values["goodput"]

@@ -182,6 +182,14 @@ EXPERT_RULE = "experts divisible by ep"
 FOLDING_RULE = "etp*ep dividing the tp*cp*dp GPUs of a pipeline stage"
 
 
+def folds(stage_gpus, etp, ep) -> np.ndarray:
+    """FOLDING_RULE (Megatron-Core parallel folding, moe.md 3.2): the expert groups of etp*ep
+    GPUs tile the tp*cp*dp GPUs of a pipeline stage (edp = tp*cp*dp/(etp*ep)). Broadcast bool
+    array; an etp or ep of 0 (no such mesh) folds nothing."""
+    group = np.asarray(etp) * np.asarray(ep)
+    return (group > 0) & (np.asarray(stage_gpus) % np.maximum(group, 1) == 0)
+
+
 def expert_rules(model: ModelSpec, c) -> dict[str, np.ndarray]:
     """Named rules of the expert mesh (Megatron-Core, moe.md 3.2): a dense model has ep = etp = 1;
     an MoE model needs num_experts divisible by ep and etp*ep dividing the stage's tp*cp*dp GPUs
@@ -192,7 +200,7 @@ def expert_rules(model: ModelSpec, c) -> dict[str, np.ndarray]:
     if model.moe is None:
         return {"expert parallelism needs an MoE model (ep = etp = 1)": (ep == 1) & (etp == 1)}
     m = model.moe
-    rules = {EXPERT_RULE: m.num_experts % ep == 0, FOLDING_RULE: c.stage_gpus % (etp * ep) == 0,
+    rules = {EXPERT_RULE: m.num_experts % ep == 0, FOLDING_RULE: folds(c.stage_gpus, etp, ep),
              "expert ffn_hidden_size divisible by etp": m.ffn_hidden_size % etp == 0,
              "MoE with tp > 1 needs sequence parallelism": (np.asarray(c.tp) == 1) | c.sequence_parallel}
     if model.bias:

@@ -152,6 +152,11 @@ def test_bridge_writes_the_interleaved_split_forms():
     plan = plan.model_copy(update={"training": TrainingSpec(seq_length=8192, global_batch_size=2560)})
     assert nemo_fields(plan)["model"]["microbatch_group_size_per_vp_stage"] == 20
     assert dict(megatron_args(plan))["--microbatch-group-size-per-virtual-pipeline-stage"] == "20"
+    # every field written is a Megatron-Bridge field (tests/data/megatron_bridge_fields.txt)
+    from tests.test_frameworks import BRIDGE, flatten
+    for lay in (plan.layout, plan.layout.model_copy(update={"vpp": 1})):
+        fields = flatten(nemo_fields(plan.model_copy(update={"layout": lay})))
+        assert set(fields) <= BRIDGE, set(fields) - BRIDGE
 
 
 def _model(layers):

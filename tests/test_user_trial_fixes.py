@@ -71,11 +71,17 @@ def test_infinite_rope_base_is_refused_for_every_framework(tmp_path):
 
 
 @pytest.mark.parametrize("args, group", [
-    (["-m", "qwen3-30b-a3b", "-g", "8", "--ep", "16"], "etp*ep = 1*16 = 16 does not divide the 8 GPUs"),
-    (["-m", "deepseek-v3", "-g", "1024", "--etp", "3"], "etp*ep = 3*1 = 3 does not divide the 1,024 GPUs"),
+    (["-m", "qwen3-30b-a3b", "-g", "8", "--ep", "16"], "etp*ep = 1*16 = 16 does not divide the 8 GPUs,"),
+    (["-m", "deepseek-v3", "-g", "1024", "--etp", "3"], "etp*ep = 3*1 = 3 does not divide the 1,024 GPUs,"),
+    # pp 16 on 16 GPUs leaves one GPU per stage: 16 % 2 == 0 but 1 % 2 != 0
+    (["-m", "qwen3-30b-a3b", "-g", "16", "--pp", "16", "--ep", "2"],
+     "etp*ep = 1*2 = 2 does not divide the 1 GPU of a pipeline stage (16 GPUs / pp 16)"),
+    (["-m", "qwen3-30b-a3b", "--max-gpus", "8", "--ep", "16"],
+     "etp*ep = 1*16 = 16 does not divide the --max-gpus budget of 8 GPUs"),
 ])
 def test_an_expert_group_that_cannot_tile_the_gpus_is_named(args, group):
-    assert group in one_line_error(["search", *args])
+    line = one_line_error(["search", *args])
+    assert group in line and "'etp*ep dividing the tp*cp*dp GPUs of a pipeline stage'" in line
 
 
 def test_estimate_names_the_folding_rule_apart_from_the_expert_count():
@@ -85,6 +91,7 @@ def test_estimate_names_the_folding_rule_apart_from_the_expert_count():
     assert "experts divisible by ep" not in line
 
 
+@pytest.mark.filterwarnings("error")  # pytest captures warnings: make numpy's fail the test
 def test_restart_time_far_beyond_the_mtbf_gives_no_warnings():
     res = runner.invoke(app, ["search", "-m", "llama3-8b", "-g", "8", "--restart-time", "1e9d",
                               "--top", "1"])
@@ -111,7 +118,8 @@ def test_placement_takes_the_plans_framework_order(tmp_path):
     shown = runner.invoke(app, ["placement", str(plan)])
     assert "rank order: torchtitan mesh" in shown.stdout
     forced = runner.invoke(app, ["placement", str(plan), "--order", "megatron"])
-    assert "rank order: torchtitan" not in forced.stdout
+    assert forced.exit_code == 0, forced.stderr
+    assert "rank order: Megatron" in forced.stdout and "rank order: torchtitan" not in forced.stdout
 
 
 def test_price_alone_prices_the_run():
@@ -130,11 +138,12 @@ def test_price_alone_prices_the_run():
 
 def test_ep_overlap_that_cannot_run_is_noted():
     # pp 2 without interleaving: Megatron-Core's combined 1F1B cannot pair micro-batches
-    res = runner.invoke(app, ["estimate", "-m", "mixtral-8x7b", "-g", "16", "--pp", "2", "--ep", "8",
-                              "--moe-a2a-overlap"])
-    assert "--moe-a2a-overlap does not apply to this layout" in res.stderr
-    res = runner.invoke(app, ["estimate", "-m", "mixtral-8x7b", "-g", "16", "--pp", "2", "--vpp", "2",
-                              "--ep", "8", "--moe-a2a-overlap"])
+    base = ["estimate", "-m", "qwen3-30b-a3b", "-g", "16", "--pp", "2", "--ep", "8", "--moe-a2a-overlap"]
+    res = runner.invoke(app, base)
+    assert res.exit_code == 0, res.stderr  # the layout fits
+    assert "(moe_a2a_overlap) does not apply to this layout" in res.stderr
+    res = runner.invoke(app, [*base, "--vpp", "2"])
+    assert res.exit_code == 0, res.stderr
     assert "does not apply" not in res.stderr
 
 
@@ -155,3 +164,15 @@ def test_hbm_capacity_in_a_wrong_unit_is_refused(tmp_path):
     # every shipped profile (GB200's 184 GiB the largest) loads: far below the 2 TiB bound
     listing = runner.invoke(app, ["hardware"])
     assert listing.exit_code == 0 and "gb200-nvl72" in listing.stdout, listing.stderr
+
+
+def test_default_zero_stage_with_pipeline_stages():
+    # a profile offering ZeRO 0 and 3 with ZeRO-3 only at pp = 1: pp 1 -> 3, pp 2 -> 0;
+    # megatron-core (0-3, any with pp) -> 1 either way
+    from planner import catalog
+    from planner.frameworks.rules import default_zero_stage
+    rules = catalog.resolve_framework("torchtitan").rules.model_copy(
+        update={"zero_stages": [0, 3], "max_zero_stage_with_pp": 0})
+    assert (default_zero_stage(rules, 1), default_zero_stage(rules, 2)) == (3, 0)
+    core = catalog.resolve_framework("megatron-core").rules
+    assert (default_zero_stage(core, 1), default_zero_stage(core, 4)) == (1, 1)

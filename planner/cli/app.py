@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import os
-import sys
 from enum import Enum
 
 import typer

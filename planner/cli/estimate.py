@@ -199,9 +199,9 @@ def _to_fit(m, hw, training, n: int, profile=None):
 def _zero_stage(zero_stage: Optional[int], distributed_optimizer: Optional[bool], profile,
                 pp: int) -> int:
     """estimate's ZeRO stage: as given (0-3); else 0 with the distributed optimizer (its
-    alternative); else 1 where the framework ``profile`` (None: any) offers it with ``pp``
-    stages, or the highest stage it offers there (torchtitan: 3, FSDP; Megatron-LM 2021: 0);
-    UsageError for another value or a stage beside the distributed optimizer."""
+    alternative); else the framework ``profile``'s default with ``pp`` stages
+    (frameworks.rules.default_zero_stage; None: 1); UsageError for another value or a stage
+    beside the distributed optimizer."""
     if zero_stage is not None and zero_stage not in (0, 1, 2, 3):
         raise UsageError(f"--zero-stage must be 0, 1, 2 or 3, got {zero_stage}")
     if distributed_optimizer and zero_stage:
@@ -214,6 +214,5 @@ def _zero_stage(zero_stage: Optional[int], distributed_optimizer: Optional[bool]
         return 0
     if profile is None:
         return 1
-    rules = profile.rules
-    offered = [z for z in rules.zero_stages if pp == 1 or z <= rules.max_zero_stage_with_pp]
-    return 1 if 1 in offered else max(offered, default=1)
+    from ..frameworks.rules import default_zero_stage
+    return default_zero_stage(profile.rules, pp)

@@ -52,7 +52,8 @@ def search(
                                   help="Rank by: throughput | time-to-train | cost."),
     tokens: Optional[float] = typer.Option(None, "--tokens", help="Training tokens (default: the model's)."),
     price_per_gpu_hour: Optional[float] = typer.Option(None, "--price-per-gpu-hour",
-                                                       help="Price of one GPU-hour (for --objective cost)."),
+                                                       help="Price of one GPU-hour: prices the run (the cost "
+                                                       "column; --objective cost ranks by it)."),
     currency: Optional[str] = CURRENCY, max_gpus: Optional[int] = MAX_GPUS,
     min_memory_headroom: Optional[str] = HEADROOM,
     allow_cross_node_tp: bool = typer.Option(False, "--allow-cross-node-tp",

@@ -145,9 +145,14 @@ def a2a_overlap_applies(c) -> np.ndarray:
     """Where Megatron-Core's EP communication overlap (--overlap-moe-expert-parallel-comm) can
     run: ep > 1, no full recomputation, and the interleaved schedule when pp > 1 (its combined
     1F1B pairs one micro-batch's forward with another's backward; moe.md 3.2, Megatron-LM
-    transformer_config.py L3003-3050). Bool array over
-    the candidates ``c`` (LayoutDegrees or Candidates)."""
-    return (np.asarray(c.ep) > 1) & (np.asarray(c.recompute) != 2) & \
+    transformer_config.py L3003-3050). Bool array over the candidates ``c``: arrays with the
+    recompute codes of specs.RECOMPUTE_CODES (Candidates, an evaluation's candidates), or one
+    specs.Layout (its recompute mode by name)."""
+    from ..specs import RECOMPUTE_CODES
+    recompute = np.asarray(c.recompute)
+    if recompute.dtype.kind in "UO":  # a Layout: the mode by name
+        recompute = np.vectorize(RECOMPUTE_CODES.__getitem__)(recompute)
+    return (np.asarray(c.ep) > 1) & (recompute != RECOMPUTE_CODES["full"]) & \
         ((np.asarray(c.pp) == 1) | (np.asarray(c.vpp) > 1))
 
 
@@ -156,9 +161,9 @@ def a2a_overlap_note(training, c, index: int = 0) -> str | None:
     run it (a2a_overlap_applies): the estimate costs that layout without it."""
     if not training.moe_a2a_overlap or bool(np.asarray(a2a_overlap_applies(c)).reshape(-1)[index]):
         return None
-    return ("--moe-a2a-overlap does not apply to this layout (Megatron-Core overlaps EP "
-            "communication only with ep > 1, no full recomputation and, with pp > 1, "
-            "interleaving): costed without it")
+    return ("the EP communication overlap (moe_a2a_overlap) does not apply to this layout "
+            "(Megatron-Core overlaps it only with ep > 1, no full recomputation and, with pp > 1, "
+            "interleaving): the estimate is without it")
 
 
 def ring_times(c, colls: list[Collective], links: Links, layer: LayerTimes) -> tuple[np.ndarray, np.ndarray]:

@@ -77,16 +77,16 @@ def megatron_args(plan: Plan) -> list[tuple[str, str | None]]:
         ("--pipeline-model-parallel-size", str(lay.pp)),
     ]
     split = pipeline_split(plan, int(m))
-    if split.uneven and lay.vpp > 1:  # chunks per rank; the layers per chunk follow from the split
+    if split.form != "even" and lay.vpp > 1:  # chunks per rank; layers per chunk follow the split
         args.append(("--num-virtual-stages-per-pipeline-rank", str(lay.vpp)))
     elif lay.vpp > 1:
         args.append(("--num-layers-per-virtual-pipeline-stage", str(layers_per_virtual_stage(plan))))
     if split.microbatch_group:
         args.append(("--microbatch-group-size-per-virtual-pipeline-stage", str(split.microbatch_group)))
-    if split.embedding_loss:
+    if split.form == "embedding_loss":
         args += [("--account-for-embedding-in-pipeline-split", None),
                  ("--account-for-loss-in-pipeline-split", None)]
-    elif split.uneven:
+    elif split.form == "first_last":
         args += [("--decoder-first-pipeline-num-layers", str(lay.first_stage_layers)),
                  ("--decoder-last-pipeline-num-layers", str(lay.last_stage_layers))]
     args.append(("--context-parallel-size", str(lay.cp)))
@@ -201,24 +201,27 @@ def checkpoint_args(plan: Plan, ck: dict | None) -> list[tuple[str, str | None]]
 @dataclass(frozen=True)
 class PipelineSplit:
     """How Megatron-Core is told the plan's pipeline split (the same TransformerConfig fields
-    under Megatron-LM's flags and Megatron-Bridge's model fields): ``uneven`` (first/last stage
-    layer counts given), ``embedding_loss`` (the first = last = middle - 1 form, as
-    account_for_embedding/loss_in_pipeline_split), ``microbatch_group`` (the interleaved
-    schedule's group when pp does not divide the micro-batches; 0 when not needed)."""
+    under Megatron-LM's flags and Megatron-Bridge's model fields). ``form``: "even";
+    "embedding_loss" (an interleaved uneven split of the first = last = middle - 1 form,
+    account_for_embedding/loss_in_pipeline_split; only with vpp > 1, where the layer counts per
+    chunk cannot be given); "first_last" (any other uneven split: the first and last stages'
+    layer counts). ``microbatch_group``: the interleaved schedule's group when pp does not
+    divide the micro-batches (0 when not needed)."""
 
-    uneven: bool
-    embedding_loss: bool
+    form: str
     microbatch_group: int
 
 
 def pipeline_split(plan: Plan, m: int) -> PipelineSplit:
     """The plan's PipelineSplit for m micro-batches per step."""
     lay = plan.layout
-    uneven = bool(lay.first_stage_layers or lay.last_stage_layers)
-    return PipelineSplit(
-        uneven=uneven,
-        embedding_loss=uneven and lay.vpp > 1 and bool(lay.embedding_loss_split(plan.model.num_layers)),
-        microbatch_group=microbatch_group(m, lay.pp) if lay.vpp > 1 and m % lay.pp else 0)
+    if not bool(lay.uneven()):
+        form = "even"
+    elif lay.vpp > 1 and bool(lay.embedding_loss_split(plan.model.num_layers)):
+        form = "embedding_loss"
+    else:
+        form = "first_last"
+    return PipelineSplit(form, microbatch_group(m, lay.pp) if lay.vpp > 1 and m % lay.pp else 0)
 
 
 def microbatch_group(m: int, pp: int) -> int:

@@ -163,7 +163,8 @@ def ep_overlap(plan: Plan) -> bool:
     if model.mtp_layers > 1:
         raise UsageError(f"Megatron-Core's EP overlap (moe_a2a_overlap) supports at most one MTP "
                          f"layer; {model.name} has {model.mtp_layers}")
-    return lay.ep > 1 and lay.recompute != "full" and (lay.pp == 1 or lay.vpp > 1)
+    from ..cost.comm import a2a_overlap_applies
+    return bool(a2a_overlap_applies(lay))
 
 
 def job_args(plan: Plan) -> tuple[Args, list[str]]:

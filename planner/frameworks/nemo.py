@@ -131,9 +131,9 @@ def _split_fields(plan: Plan, split) -> dict[str, object]:
     out: dict[str, object] = {}
     if split.microbatch_group:
         out["microbatch_group_size_per_vp_stage"] = split.microbatch_group
-    if split.embedding_loss:
+    if split.form == "embedding_loss":
         out.update(account_for_embedding_in_pipeline_split=True, account_for_loss_in_pipeline_split=True)
-    elif split.uneven:
+    elif split.form == "first_last":
         out.update(num_layers_in_first_pipeline_stage=lay.first_stage_layers,
                    num_layers_in_last_pipeline_stage=lay.last_stage_layers)
     return out

@@ -132,17 +132,34 @@ def _expert_masks(profile: FrameworkProfile, c) -> dict:
     return out
 
 
+def offered_zero(rules, zero_stage, pp) -> np.ndarray:
+    """Whether the framework ``rules`` (FrameworkProfile.rules) offer ZeRO stage ``zero_stage``
+    with ``pp`` pipeline stages: a stage it offers, at most max_zero_stage_with_pp when pp > 1.
+    Broadcast bool array."""
+    zero = np.asarray(zero_stage)
+    return np.isin(zero, rules.zero_stages) & ((np.asarray(pp) == 1) | (zero <= rules.max_zero_stage_with_pp))
+
+
+def default_zero_stage(rules, pp: int) -> int:
+    """The ZeRO stage a layout takes when none is given: 1 (ZeRO-1, the distributed optimizer's
+    memory) where the framework offers it with ``pp`` stages, else the highest stage it offers
+    there (torchtitan: 3, FSDP; Megatron-LM 2021: 0)."""
+    offered = [z for z in range(4) if bool(offered_zero(rules, z, pp))]
+    return 1 if 1 in offered else max(offered, default=1)
+
+
 def _sharding_masks(profile: FrameworkProfile, c, pp) -> dict:
-    """ZeRO stages offered, ZeRO with PP, Megatron's distributed optimizer."""
+    """ZeRO stages offered, ZeRO with PP, Megatron's distributed optimizer (the two parts of
+    offered_zero, each a named rule)."""
     r, d = profile.rules, profile.display
     out: dict[str, np.ndarray] = {}
     if len(r.zero_stages) < 4:
         out[f"{d} offers ZeRO stages {', '.join(map(str, sorted(r.zero_stages)))}"] = \
-            np.isin(c.zero_stage, r.zero_stages)
+            offered_zero(r, c.zero_stage, 1)
     if r.max_zero_stage_with_pp < 3:
         stages = " and ".join(f"ZeRO-{z}" for z in range(r.max_zero_stage_with_pp + 1, 4))
         out[f"{d}: {stages} need pp = 1"] = \
-            (pp == 1) | (np.asarray(c.zero_stage) <= r.max_zero_stage_with_pp)
+            offered_zero(r.model_copy(update={"zero_stages": [0, 1, 2, 3]}), c.zero_stage, pp)
     if not r.distributed_optimizer:
         out[f"{d} has no distributed optimizer (Megatron's; use zero_stage 1)"] = \
             ~np.asarray(c.distributed_optimizer)
