@@ -196,15 +196,17 @@ def _bias(f: HFFields, mt: str, a: int, kv: int | None, d: int, L: int, notes: l
     if mt in ("gpt2", "bloom"):
         return True
     if mt == "falcon":
-        return bool(f.get("bias"))
+        return _bool(f.origin, "bias", f.get("bias"))
     if mt == "opt":
-        return bool(f.get("enable_bias"))
+        return _bool(f.origin, "enable_bias", f.get("enable_bias"))
     if mt == "gpt_neox":
-        return bool(f.get("attention_bias") if "use_bias" not in f.cfg else f.cfg["use_bias"])
+        key = "attention_bias" if "use_bias" not in f.cfg else "use_bias"
+        return _bool(f.origin, key, f.get(key) if key == "attention_bias" else f.cfg[key])
     if mt in hf_moe.MOE_FAMILIES:
         return False                                           # gpt_oss: hf_moe sets it
-    attn = bool(f.get("attention_bias")) if mt == "llama" else bool(f.cfg.get("attention_bias"))
-    mlp = bool(f.get("mlp_bias")) if mt == "llama" else bool(f.cfg.get("mlp_bias"))
+    attn = _bool(f.origin, "attention_bias", f.get("attention_bias") if mt == "llama"
+                 else f.cfg.get("attention_bias"))
+    mlp = _bool(f.origin, "mlp_bias", f.get("mlp_bias") if mt == "llama" else f.cfg.get("mlp_bias"))
     if attn != mlp:
         notes.append("attention_bias and mlp_bias differ: biases not modeled")
     return attn and mlp
@@ -265,7 +267,17 @@ def _shape(cfg: dict, origin: str) -> dict[str, int]:
         if value is None:
             raise UsageError(f"{origin}: missing {' / '.join(keys)}")
         shape[field] = _int(origin, key, value)
+        if shape[field] < 1:
+            raise UsageError(f"{origin}: {key} must be a positive integer, got {value!r}")
     return shape
+
+
+def _bool(origin: str, key: str, value) -> bool:
+    """A config switch as a bool: JSON true/false (None: false, transformers' unset); a string
+    such as "no" is a UsageError naming the field, not truthy."""
+    if value is None or isinstance(value, bool):
+        return bool(value)
+    raise UsageError(f"{origin}: {key} must be true or false, got {value!r}")
 
 
 def from_hf_dict(cfg: dict, origin: str, name: str) -> ModelSpec:
@@ -300,7 +312,7 @@ def from_hf_dict(cfg: dict, origin: str, name: str) -> ModelSpec:
         "num_kv_heads": kv if kv and kv != a else None,
         "head_dim": head_dim if head_dim and head_dim * a != h else None,
         "ffn_hidden_size": ffn, "activation": activation,
-        "tie_embeddings": bool(f.get("tie_word_embeddings")),
+        "tie_embeddings": _bool(origin, "tie_word_embeddings", f.get("tie_word_embeddings")),
         "norm": "rmsnorm" if mt in GATED else "layernorm",
         "bias": _bias(f, mt, a, kv, head_dim or h // a, L, notes), "position_embedding": position,
         "qkv_bias": mt == "qwen2" or None, "norm_epsilon": _norm_epsilon(f, mt, notes),

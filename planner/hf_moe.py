@@ -44,8 +44,12 @@ def _int(f: HFFields, key: str, value) -> int:
     return int(value)
 
 
-def _need(f: HFFields, key: str) -> int:
-    return _int(f, key, f.get(key, nullable=False))
+def _need(f: HFFields, key: str, least: int = 1) -> int:
+    """A required integer field, at least ``least`` (UsageError naming it)."""
+    value = _int(f, key, f.get(key, nullable=False))
+    if value < least:
+        raise UsageError(f"{f.origin}: {key} must be at least {least}, got {value}")
+    return value
 
 
 def fit_pattern(mask: list[bool]) -> tuple[int, int] | None:
@@ -70,7 +74,7 @@ def _hf_moe_mask(f: HFFields, mt: str, L: int) -> tuple[list[bool], str]:
         return [i not in only and (i + 1) % step == 0 for i in range(L)], \
             "mlp_only_layers / decoder_sparse_step"
     if mt in ("deepseek_v2", "deepseek_v3"):
-        first, freq = _need(f, "first_k_dense_replace"), _need(f, "moe_layer_freq")
+        first, freq = _need(f, "first_k_dense_replace", 0), _need(f, "moe_layer_freq")
         return [i >= first and i % freq == 0 for i in range(L)], \
             "first_k_dense_replace / moe_layer_freq"
     if mt == "llama4_text":
@@ -96,7 +100,7 @@ def _moe(f: HFFields, mt: str, L: int) -> dict:
            "ffn_hidden_size": _need(f, EXPERT_FFN_KEY.get(mt, "intermediate_size")),
            "first_dense_layers": first, "layer_freq": freq}
     if mt in ("deepseek_v2", "deepseek_v3"):
-        moe["shared_experts"] = _need(f, "n_shared_experts")
+        moe["shared_experts"] = _need(f, "n_shared_experts", 0)
     elif mt == "llama4_text":
         moe["shared_experts"] = 1          # Llama4TextMoe.shared_expert (intermediate_size)
     out = {"moe": moe}
@@ -115,7 +119,7 @@ def _mla(f: HFFields, mt: str) -> dict:
     if f.get("attention_bias"):
         raise UsageError(f"{f.origin}: cannot map attention_bias=true with MLA (not modelled)")
     if mt == "deepseek_v3":
-        out["mtp_layers"] = _need(f, "num_nextn_predict_layers")
+        out["mtp_layers"] = _need(f, "num_nextn_predict_layers", 0)
     return out
 
 
@@ -141,7 +145,7 @@ def _sliding_layers(f: HFFields, mt: str, L: int, notes: list[str]) -> list[int]
         if mt == "qwen3_moe":
             raise UsageError(f"{f.origin}: cannot map use_sliding_window=true for qwen3_moe "
                              "(its layers are not documented)")
-        first = _need(f, "max_window_layers")
+        first = _need(f, "max_window_layers", 0)
         return list(range(first, L))
     return []
 

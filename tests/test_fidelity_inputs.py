@@ -63,7 +63,7 @@ def test_accuracy_prints_hints_ids_and_sources_literally(tmp_path):
     assert result.exit_code == 0, result.output
     flat = " ".join(result.stdout.split())  # lines wrap at 80 columns
     assert "(tag the notes [flops=narayanan|korthikanti|mosaic])" in flat
-    assert "tpu-run: hardware not modelled by plan3d (TPU v4 [pod])" in flat
+    assert "tpu-run: hardware not modelled by plan3d (TPU v4 [pod]; name a profile" in flat
     assert "[italic]Lab[/italic]" in flat  # the source group, in the summary
 
 

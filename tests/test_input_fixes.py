@@ -150,7 +150,8 @@ def test_accuracy_with_no_comparable_run_is_an_error(tmp_path, monkeypatch):
     write_runs(tmp_path, monkeypatch, [tpu, dict(tpu, id="y")])
     assert one_line_error(["accuracy", "runs.yaml"]) == (
         "error: runs.yaml: no run can be compared; run x: hardware not modelled by plan3d "
-        "(TPU v4) (and 1 more)")
+        "(TPU v4; name a profile with hardware.profile, e.g. dgx-h100, or write a GPU name of "
+        "`plan3d hardware`) (and 1 more)")
 
 
 # --- plan3d regress: malformed cases and --max-rows ---

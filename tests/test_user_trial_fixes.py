@@ -176,3 +176,45 @@ def test_default_zero_stage_with_pipeline_stages():
     assert (default_zero_stage(rules, 1), default_zero_stage(rules, 2)) == (3, 0)
     core = catalog.resolve_framework("megatron-core").rules
     assert (default_zero_stage(core, 1), default_zero_stage(core, 4)) == (1, 1)
+
+
+# --- second trial: exports, Hugging Face configs, runs files ---
+
+HF = ROOT / "tests" / "data" / "hf"
+
+
+def test_bridge_export_leaves_an_unknown_norm_epsilon_out(tmp_path):
+    # gpt3-175b states no norm epsilon: null would replace the provider's float (1e-5)
+    plan = tmp_path / "p.yaml"
+    res = runner.invoke(app, ["search", "--model", "175b", "--gpus", "512", "--export", str(plan)])
+    assert res.exit_code == 0, res.stderr
+    out = runner.invoke(app, ["export", str(plan), "--to", "nemo"])
+    assert out.exit_code == 0, out.stderr
+    assert "layernorm_epsilon: null" not in out.stdout and "layernorm_epsilon=null" not in out.stdout
+    assert "layernorm_epsilon (Megatron-Core default 1e-5) applies" in " ".join(out.stdout.split())
+
+
+@pytest.mark.parametrize("source, field, value, words", [
+    ("mixtral-8x7b.json", "tie_word_embeddings", "no", "tie_word_embeddings must be true or false"),
+    ("mixtral-8x7b.json", "num_attention_heads", 0, "num_attention_heads must be a positive integer"),
+    ("qwen3-30b-a3b.json", "decoder_sparse_step", 0, "decoder_sparse_step must be at least 1"),
+])
+def test_hugging_face_fields_out_of_range(tmp_path, source, field, value, words):
+    cfg = json.loads((HF / source).read_text())
+    cfg[field] = value
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    assert words in one_line_error(["models", "--show", str(path)])
+
+
+def test_runs_file_batch_not_whole_micro_batches(tmp_path, monkeypatch):
+    # korthikanti22-175b-selective-sp: dp 1 (64 GPUs, tp 8, pp 8), micro-batch 1, batch 64;
+    # with dp stated as 2 (tp 8, pp 4) and micro_batch 1 a batch of 63 splits 31.5 per rank
+    rows = yaml.safe_load((ROOT / "benchmarks" / "published_runs.yaml").read_text())
+    row = next(r for r in rows if r["id"] == "korthikanti22-175b-selective-sp")
+    row = dict(row, id="mylab-175b", notes="[flops=korthikanti]",
+               layout=dict(row["layout"], pp=4, dp=2, micro_batch=1, global_batch=63))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs.yaml").write_text(yaml.safe_dump([row]))
+    line = one_line_error(["accuracy", "runs.yaml"])
+    assert "run mylab-175b: layout.global_batch 63 is not a multiple of dp x micro_batch = 2 x 1 = 2" in line

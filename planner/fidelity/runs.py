@@ -200,7 +200,8 @@ def _skip_reason(hw_row: dict, model_row: dict, lay: dict, facts: RunFacts, prof
     """Why a row cannot be predicted (None if it can)."""
     catalog = isinstance(facts.model, dict) and "catalog" in facts.model
     if profile is None:
-        return f"hardware not modelled by plan3d ({hw_row.get('gpu')})"
+        return (f"hardware not modelled by plan3d ({hw_row.get('gpu')}; name a profile with "
+                f"hardware.profile, e.g. dgx-h100, or write a GPU name of `plan3d hardware`)")
     if not hw_row.get("gpus"):
         return "GPU count not given"
     if not catalog and any(model_row.get(k) is None for k in ("layers", "hidden", "heads")):
@@ -255,4 +256,10 @@ def _case(row: dict, path: Path | None = None) -> RunCase:
                             exact=True)
     if problem:
         raise UsageError(problem)
+    dp, mbs = case.layout.dp, case.layout.micro_batch_size
+    stated = "micro_batch" not in unknown
+    if int(batch) % (dp * (mbs if stated else 1)):
+        what = f"dp x micro_batch = {dp} x {mbs} = {dp * mbs}" if stated else f"dp = {dp}"
+        raise UsageError(f"layout.global_batch {int(batch):,} is not a multiple of {what}: every "
+                         "data-parallel rank takes whole micro-batches")
     return case

@@ -89,23 +89,27 @@ def _attention_fields(plan: Plan) -> dict[str, object]:
 
 
 def model_fields(plan: Plan, vocab: int) -> dict[str, object]:
-    """{provider field: value} of the plan's model and expert-parallel degrees (None = unset);
-    ``vocab`` is the padded vocabulary the plan was costed with."""
+    """{provider field: value} of the plan's model and expert-parallel degrees (None = the
+    field's None); ``vocab`` is the padded vocabulary the plan was costed with. A value plan3d
+    does not know (norm epsilon, a RoPE base that is not an integer) is left out, so the
+    provider's default applies (a comment says so): null would replace a float or int field."""
     m = plan.model
     out: dict[str, object] = {
         "num_layers": m.num_layers, "hidden_size": m.hidden_size, "ffn_hidden_size": m.ffn,
         "num_attention_heads": m.num_attention_heads, "vocab_size": vocab,
         "normalization": "RMSNorm" if m.norm == "rmsnorm" else "LayerNorm",
         "gated_linear_unit": m.activation == "swiglu", "add_bias_linear": m.bias,
-        "add_qkv_bias": m.bias or m.qkv_bias, "layernorm_epsilon": m.norm_epsilon,
+        "add_qkv_bias": m.bias or m.qkv_bias,
         "share_embeddings_and_output_weights": m.tie_embeddings,
         "attention_dropout": m.dropout, "hidden_dropout": m.dropout,
     }
+    if m.norm_epsilon is not None:
+        out["layernorm_epsilon"] = m.norm_epsilon
     if m.position_embedding in POSITION:
         out["position_embedding_type"] = POSITION[m.position_embedding]
     if m.position_embedding == "rope":
-        out["rotary_base"] = int(m.rope_theta) if m.rope_theta is not None and \
-            float(m.rope_theta).is_integer() else None
+        if m.rope_theta is not None and float(m.rope_theta).is_integer():
+            out["rotary_base"] = int(m.rope_theta)
         out["rotary_percent"] = m.rotary_percent
     out.update(_attention_fields(plan))
     out.update(_moe_fields(plan))
