@@ -218,3 +218,31 @@ def test_runs_file_batch_not_whole_micro_batches(tmp_path, monkeypatch):
     (tmp_path / "runs.yaml").write_text(yaml.safe_dump([row]))
     line = one_line_error(["accuracy", "runs.yaml"])
     assert "run mylab-175b: layout.global_batch 63 is not a multiple of dp x micro_batch = 2 x 1 = 2" in line
+
+
+def test_interleaved_warmup_uses_the_micro_batch_group():
+    # Megatron-Core: m = 10 micro-batches on pp 4 run in groups of G = 5 (10 mod 4 = 2 < 4; 10 mod 5
+    # = 0); rank 0's warm-up is 2*(pp-1) + (vpp-1)*G = 6 + 5 = 11 chunk forwards, + 1 in flight =
+    # 12 (with groups of pp: 6 + 4 + 1 = 11). Forward k runs chunk (k // 5) % 2: k 0-4 chunk 0,
+    # 5-9 chunk 1, 10-11 chunk 0: 7 forwards of chunk 0.
+    from types import SimpleNamespace
+
+    from planner.cost.pipeline import _forwards_held, chunk_forwards, microbatch_group
+    assert (microbatch_group(10, 4), microbatch_group(9, 4), microbatch_group(8, 4)) == (5, 5, 4)
+    c = SimpleNamespace(pp=[4, 4], vpp=[2, 2])
+    n, interleaved, group = _forwards_held(c, [10, 8], 0)
+    assert n.tolist() == [12.0, 11.0] and group.tolist() == [5.0, 4.0] and interleaved.all()
+    assert float(chunk_forwards(12, 0, 5, 2)) == 7.0
+
+
+def test_estimate_counts_the_group_in_memory():
+    # 175B on 512 GPUs, tp 2 cp 2 pp 16 vpp 6 dp 8: batch 1536 -> 192 micro-batches (16 divides),
+    # 1544 -> 193 (groups of 22 by microbatch_group): more activations in flight, not fewer
+    def peak(batch):
+        res = runner.invoke(app, ["estimate", "--model", "175b", "--gpus", "512", "--tp", "2", "--cp", "2",
+                                  "--pp", "16", "--vpp", "6", "--sequence-parallel",
+                                  "--global-batch-size", str(batch), "--json"])
+        data = json.loads(res.stdout)
+        assert data["layout"]["vpp"] == 6
+        return data["memory"]["activations"]
+    assert peak(1544) > 1.2 * peak(1536)

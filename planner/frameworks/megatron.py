@@ -56,6 +56,7 @@ from dataclasses import dataclass
 
 from ..cost.model_flops import padded_vocab
 from ..cost import precision
+from ..cost.pipeline import microbatch_group
 from ..specs import Plan
 from .common import (RANK_ORDER_NOTE, Export, describe, interval_note, layers_per_virtual_stage,
                      microbatches, recompute_modules, save_interval, theta_text)
@@ -224,17 +225,6 @@ def pipeline_split(plan: Plan, m: int) -> PipelineSplit:
     return PipelineSplit(form, microbatch_group(m, lay.pp) if lay.vpp > 1 and m % lay.pp else 0)
 
 
-def microbatch_group(m: int, pp: int) -> int:
-    """Megatron-Core's micro-batch group G of the interleaved schedule for m micro-batches on pp
-    stages when pp does not divide m: the smallest G with pp <= G <= m and m mod G either 0 or
-    >= pp (megatron/core/pipeline_parallel/schedules.py L1160-1180). m = 10, pp = 4: 5;
-    m = 9, pp = 4: 5 (9 mod 5 = 4). ValueError if m < pp."""
-    for group in range(pp, m + 1):
-        if m % group == 0 or m % group >= pp:
-            return group
-    raise ValueError(f"{m} micro-batches cannot be interleaved on {pp} stages")
-
-
 def export_megatron(plan: Plan) -> Export:
     """Megatron-LM arguments: header comments, then one flag per line joined by `` \\``."""
     args = megatron_args(plan)
@@ -273,7 +263,7 @@ def export_megatron(plan: Plan) -> Export:
     if lay.vpp > 1 and m % lay.pp:
         comments.append(f"{m} micro-batches are not a multiple of pp = {lay.pp}: the interleaved "
                         f"schedule runs them in groups of {microbatch_group(m, lay.pp)} (the "
-                        f"estimate assumed groups of pp; a little more memory in flight)")
+                        f"estimate holds that many more forwards in flight)")
     lines = [flag if value is None else f"{flag} {value}" for flag, value in args]
     text = "".join(f"# {c}\n" for c in comments) + " \\\n".join(lines) + "\n"
     notes = [CROSS_ENTROPY_NOTE] if plan.training.cross_entropy_in_place else []
