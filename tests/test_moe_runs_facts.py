@@ -49,3 +49,19 @@ def test_a_run_that_states_full_recompute_keeps_every_layer_recomputed():
     assert "recompute" not in case.unknown and case.layout.recompute == "full"
     resolve(case)
     assert case.layout.recompute == "full" and case.layout.recompute_num_layers == 0
+
+
+def test_gpt_oss_recompute_and_expert_parallelism_follow_each_release():
+    # Megatron-Bridge @5776a6d9 (25.11): recompute_modules [layernorm, moe_act] without a
+    # granularity (no recomputation); @c0b9a000 (26.02) and @74695a06 (26.04) set granularity
+    # "selective" with them: selective+ (layernorm, moe_act; MLA's module does not apply)
+    ids = ("mbridge2511-gb200-bf16-gptoss120b-64gpu", "mbridge2511-b200-bf16-gptoss120b-64gpu",
+           "mbridge2602-gb200-bf16-gptoss120b-64gpu", "mbridge260401-gb200-bf16-gptoss120b-64gpu")
+    cases = _cases(*ids)
+    assert [cases[i].layout.recompute for i in ids] == ["none", "none", "selective+", "selective+"]
+    # the 25.11 DGX-B200 row prints EP 8; its config (and its throughput) is EP 64's, and the
+    # override is listed among the run's assumptions
+    b200 = cases["mbridge2511-b200-bf16-gptoss120b-64gpu"]
+    assert b200.layout.ep == 64 and "ep=64 (facts) for the row's 8" in b200.assumptions
+    # at EP 64 each GPU holds 2 of the 128 experts: it fits the 179 GiB of a B200 (it ran)
+    assert bool(estimate_layout(b200.model, b200.hardware, b200.training, b200.layout).fits[0])

@@ -16,7 +16,8 @@ entry by entry, each with its source:
 - ``group`` (the name of its source in the tables), ``flops`` (the FLOP convention of its
   TFLOP/s and MFU), ``peak`` (the dense 16-bit peak its MFU divides by), ``memory_unit``;
 - ``layout``: settings of the layout the row leaves out (micro_batch, vpp, recompute,
-  zero_stage, distributed_optimizer, sequence_parallel, first/last_stage_layers);
+  zero_stage, distributed_optimizer, sequence_parallel, first/last_stage_layers, ep, etp), or
+  the sourced value of one it misprints (listed in the run's assumptions as overriding the row);
 - ``training``: settings of the job (moe_a2a_overlap, moe_dispatcher, moe_imbalance,
   overlap_grad_reduce, tp_backward_overlap, optimizer_moment_bytes, optimizer_offload_fraction,
   moe_activation_offload, cross_entropy_in_place);
@@ -63,6 +64,7 @@ class LayoutFacts(_Strict):
     sequence_parallel: bool | None = None
     first_stage_layers: int | None = Field(default=None, ge=0)
     last_stage_layers: int | None = Field(default=None, ge=0)
+    ep: int | None = Field(default=None, gt=0)
     etp: int | None = Field(default=None, gt=0)
     global_batch: int | None = Field(default=None, gt=0)
 

@@ -69,7 +69,7 @@ def layout_of(run_id: str, gpus: int, lay: dict, facts: RunFacts, model: ModelSp
     LAYOUT_DEFAULTS value, listed through ``assume`` unless it cannot change the prediction."""
     from ..space import default_uneven_split
     tp, pp, cp, dp = split_degrees(gpus, lay, assume)
-    ep = int(lay.get("ep") or 1)
+    ep = int(_stated(lay, facts, "ep", assume) or 1)
     defaults = dict(LAYOUT_DEFAULTS, recompute="full" if convention == "narayanan" else "none")
     if model.moe is None:
         defaults.pop("etp")
