@@ -246,3 +246,15 @@ def test_estimate_counts_the_group_in_memory():
         assert data["layout"]["vpp"] == 6
         return data["memory"]["activations"]
     assert peak(1544) > 1.2 * peak(1536)
+
+
+@pytest.mark.parametrize("model, eps", [("qwen3-235b-a22b", "1e-06"), ("llama3-70b", "1e-05")])
+def test_megatron_export_writes_the_catalog_norm_epsilon(tmp_path, model, eps):
+    # Qwen3 MoE normalises with 1e-6 (Bridge Qwen3MoEModelProvider), not Megatron-Core's default
+    # 1e-5; Llama 3 states its 1e-5 (Llama3ModelProvider): neither falls back to the default
+    plan = tmp_path / "p.yaml"
+    res = runner.invoke(app, ["search", "--model", model, "--gpus", "256", "--export", str(plan)])
+    assert res.exit_code == 0, res.stderr
+    out = runner.invoke(app, ["export", str(plan), "--to", "megatron"])
+    assert out.exit_code == 0, out.stderr
+    assert f"--norm-epsilon {eps}" in out.stdout and "not known" not in out.stdout
