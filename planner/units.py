@@ -70,6 +70,27 @@ def parse_quantity(value: object, kind: str, field: str | None = "value") -> flo
     return _to_si(number, units[unit])
 
 
+_COUNT_SUFFIXES = {"K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
+_COUNT = re.compile(rf"^\s*({_NUMBER})\s*([A-Za-z]?)\s*$")
+
+
+def parse_count(text: str | None, field: str) -> float | None:
+    """A count such as a number of training tokens: a plain number ("2e12", "300000000000") or
+    one with a decimal suffix, either case: K (1e3), M (1e6), B or G (1e9), T (1e12), so "2T" is
+    2e12 and "300B" 3e11. None (not given) stays None.
+
+    Raises UsageError, prefixed with ``field``, for anything else (another suffix, two numbers,
+    text). The caller checks the range (planner.inputs.check_numbers)."""
+    if text is None:
+        return None
+    match = _COUNT.match(str(text))
+    suffix = match.group(2).upper() if match else ""
+    if not match or (suffix and suffix not in _COUNT_SUFFIXES):
+        raise UsageError(f"{field}: cannot read {text!r} as a count; write e.g. 2e12 or 2T "
+                         "(suffixes K, M, B, T)")
+    return float(match.group(1)) * _COUNT_SUFFIXES.get(suffix, 1.0)
+
+
 def format_quantity(value: float, kind: str) -> str:
     """Inverse of parse_quantity: the shortest exact unit form (``85899345920`` -> ``"80 GiB"``).
 

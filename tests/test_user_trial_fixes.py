@@ -258,3 +258,28 @@ def test_megatron_export_writes_the_catalog_norm_epsilon(tmp_path, model, eps):
     out = runner.invoke(app, ["export", str(plan), "--to", "megatron"])
     assert out.exit_code == 0, out.stderr
     assert f"--norm-epsilon {eps}" in out.stdout and "not known" not in out.stdout
+
+
+@pytest.mark.parametrize("text, value", [
+    ("2T", 2e12), ("2t", 2e12), ("300B", 3e11), ("15 T", 1.5e13), ("1.5M", 1.5e6), ("2e12", 2e12),
+    ("250G", 2.5e11), ("4096", 4096.0), ("3k", 3e3)])
+def test_token_counts_take_decimal_suffixes(text, value):
+    from planner.units import parse_count
+    assert parse_count(text, "--tokens") == value
+
+
+def test_token_count_suffix_reaches_the_time_to_train():
+    # the same search with 2T and 2e12 tokens trains for the same time, twice that of 1T (the
+    # goodput of failures and checkpoints does not depend on the token count)
+    def seconds(tokens):
+        res = runner.invoke(app, ["search", "--model", "llama3-8b", "--gpus", "64", "--tokens", tokens,
+                                  "--objective", "time-to-train", "--json"])
+        assert res.exit_code == 0, res.stderr
+        return json.loads(res.stdout)[0]["throughput"]["time_to_train_s"]
+    assert seconds("2T") == seconds("2e12") == pytest.approx(2 * seconds("1T"), rel=1e-9)
+
+
+@pytest.mark.parametrize("text", ["2X", "abc", "2TB", "1e3e3", "nan"])
+def test_a_token_count_that_is_not_one_is_refused(text):
+    line = one_line_error(["search", "--model", "llama3-8b", "--gpus", "64", "--tokens", text])
+    assert "--tokens" in line and "2T" in line

@@ -11,6 +11,7 @@ from .. import catalog
 from ..errors import UsageError
 from ..render import console
 from ..inputs import check_numbers, search_options
+from ..units import parse_count
 from .app import (CURRENCY, EXPORT, FORCE, MAX_GPUS, WHY_NOT, OFFLOAD_LAYERS, RECOMPUTE_LAYERS, ALLOCATOR, ASYNC_SAVE, DEADLINE, FAILURE_RATE,
                   FLASH, FRAMEWORK, GBS, GPUS, GRAD_DTYPE, HARDWARE, HEADROOM, JSON, MODEL,
                   MOE_A2A_OVERLAP, MOE_DISPATCHER, PRECISION, RESTART_TIME, SEQ, PrecisionChoice,
@@ -50,7 +51,8 @@ def search(
     max_cp: int = typer.Option(16, "--max-cp", help="Upper bound on cp (powers of two)."),
     objective: str = typer.Option("throughput", "--objective",
                                   help="Rank by: throughput | time-to-train | cost."),
-    tokens: Optional[float] = typer.Option(None, "--tokens", help="Training tokens (default: the model's)."),
+    tokens: Optional[str] = typer.Option(None, "--tokens", help="Training tokens, e.g. 2e12 or 2T "
+                                         "(default: the model's)."),
     price_per_gpu_hour: Optional[float] = typer.Option(None, "--price-per-gpu-hour",
                                                        help="Price of one GPU-hour: prices the run (the cost "
                                                        "column; --objective cost ranks by it)."),
@@ -69,6 +71,7 @@ def search(
     """Rank the TP/PP/DP/ZeRO layouts that fit, by predicted throughput (or --objective)."""
     from ..objective import parse_deadline
     from ..search import search as run_search
+    tokens = parse_count(tokens, "--tokens")
     m, hw, profile, training = _inputs(
         model, hardware, global_batch_size, seq_length, _checkpoint(failure_rate, restart_time,
                                                                     async_save),
@@ -212,8 +215,8 @@ def sweep(
                                         "linear scaling) and MFU vs GPUs to a PNG (- for stdout)."),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing --plot file."),
     min_memory_headroom: Optional[str] = HEADROOM,
-    tokens: Optional[float] = typer.Option(None, "--tokens", help="Training tokens, for the time "
-                                           "to train (default: the model's)."),
+    tokens: Optional[str] = typer.Option(None, "--tokens", help="Training tokens, for the time "
+                                         "to train, e.g. 2e12 or 2T (default: the model's)."),
     deadline: Optional[str] = DEADLINE, failure_rate: Optional[float] = FAILURE_RATE,
     restart_time: Optional[str] = RESTART_TIME, async_save: Optional[bool] = ASYNC_SAVE,
     framework: Optional[str] = FRAMEWORK, flash_attention: Optional[bool] = FLASH,
@@ -225,6 +228,7 @@ def sweep(
     from .sweep import run
     m = catalog.resolve_model(_require(model, "--model"))
     hw = catalog.resolve_hardware(hardware)
+    tokens = parse_count(tokens, "--tokens")
     check_numbers({"tokens": tokens})
     profile, training = _training(m, None, seq_length, _checkpoint(failure_rate, restart_time,
                                                                    async_save),
