@@ -22,7 +22,7 @@ from .cost.checkpoint import evaluate_checkpoint, unavailable
 from .degrees import SPLIT_DEGREES, split_problem
 from .errors import DeadlineError, NoFitError, UsageError
 from .grid import Grid, parallel_splits
-from .inputs import MAX_GPUS, gpu_count  # noqa: F401 (MAX_GPUS re-exported)
+from .inputs import MAX_GPUS, check_integers, gpu_count  # noqa: F401 (MAX_GPUS re-exported)
 from .refusal import fit_hint, no_fit_message, no_split_reason, nothing_valid_message
 from .scan import CHUNK, FIT_RULE, Scan, scan  # noqa: F401 (re-exported)
 from .scan_layers import as_scanned
@@ -245,7 +245,9 @@ def search(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: 
     tokens = opts.tokens if opts.tokens is not None else training.tokens
     objective.check_budget(opts.objective, tokens, opts.price_per_gpu_hour, opts.deadline_s)
     if opts.max_gpus is not None:
-        check_inputs(opts.max_gpus, hw, "--max-gpus")
+        # a budget, not a count: any positive integer (the grid keeps whole nodes within it, or
+        # below one node a divisor of it), so 12 on 8-GPU nodes searches 1..8 as 4 does 1..4
+        check_integers({"max_gpus": opts.max_gpus}, label=lambda _: "--max-gpus")
     elif gpus is None:
         raise UsageError("give a GPU count (--gpus) or a budget (--max-gpus)")
     else:

@@ -283,3 +283,13 @@ def test_token_count_suffix_reaches_the_time_to_train():
 def test_a_token_count_that_is_not_one_is_refused(text):
     line = one_line_error(["search", "--model", "llama3-8b", "--gpus", "64", "--tokens", text])
     assert "--tokens" in line and "2T" in line
+
+
+def test_max_gpus_is_a_budget_not_a_node_count():
+    # --max-gpus 12 on 8-GPU nodes: counts of whole nodes within 12 (8), or below a node its
+    # divisors; 4 was taken while 12 was refused as "not a whole number of nodes"
+    res = runner.invoke(app, ["search", "--model", "llama3-8b", "--max-gpus", "12", "--top", "3", "--json"])
+    assert res.exit_code == 0, res.stderr
+    counts = {row["gpus"] for row in json.loads(res.stdout)}
+    assert counts and all(n <= 12 and (n % 8 == 0 or 8 % n == 0) for n in counts)
+    assert "--max-gpus must be positive" in one_line_error(["search", "--model", "llama3-8b", "--max-gpus", "0"])
