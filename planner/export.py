@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import yaml
@@ -40,9 +41,31 @@ def write_plan(plan: Plan, path: Path, force: bool = False) -> None:
     write(path, plan_to_yaml(plan), force)
 
 
+_VERSION = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?(?:[.+-]?[0-9A-Za-z.]*)?$")
+
+
+def _version_key(text: object) -> tuple[int, int, int] | None:
+    """(major, minor, patch) of a version string such as "0.1.0" or "1.2" (None: not one)."""
+    match = _VERSION.match(str(text).strip())
+    return None if match is None else tuple(int(g or 0) for g in match.groups())  # type: ignore[return-value]
+
+
 def read_plan(path: Path) -> Plan:
-    """Load and validate a plan file (UsageError with the field on any problem)."""
-    return validate(Plan, read_yaml(path), str(path))
+    """Load and validate a plan file (UsageError with the field on any problem). A
+    ``plan3d_version`` that is no version is refused; a plan that fails to validate and was
+    written by a newer plan3d says so (its fields may be ones this version does not know)."""
+    data = read_yaml(path)
+    written = data.get("plan3d_version") if isinstance(data, dict) else None
+    if written is not None and _version_key(written) is None:
+        raise UsageError(f"{path}: plan3d_version: {written!r} is not a plan3d version "
+                         f"(e.g. {__version__})")
+    try:
+        return validate(Plan, data, str(path))
+    except UsageError as exc:
+        if written is not None and _version_key(written) > _version_key(__version__):
+            raise UsageError(f"{exc} (written by plan3d {written}, newer than this {__version__}: "
+                             "read it with that version or later)") from None
+        raise
 
 
 def read_checked_plan(path: Path) -> Plan:

@@ -293,3 +293,32 @@ def test_max_gpus_is_a_budget_not_a_node_count():
     counts = {row["gpus"] for row in json.loads(res.stdout)}
     assert counts and all(n <= 12 and (n % 8 == 0 or 8 % n == 0) for n in counts)
     assert "--max-gpus must be positive" in one_line_error(["search", "--model", "llama3-8b", "--max-gpus", "0"])
+
+
+def _plan_with(tmp_path, version, extra=None):
+    plan = tmp_path / f"p{len(list(tmp_path.iterdir()))}.yaml"
+    res = runner.invoke(app, ["search", "--model", "llama3-8b", "--gpus", "8", "--export", str(plan)])
+    assert res.exit_code == 0, res.stderr
+    data = yaml.safe_load(plan.read_text())
+    data["plan3d_version"] = version
+    data.update(extra or {})
+    plan.write_text(yaml.safe_dump(data))
+    return str(plan)
+
+
+def test_a_plan_from_a_newer_plan3d_says_so_when_it_cannot_be_read(tmp_path):
+    from planner import __version__
+    newer = f"{int(__version__.split('.')[0]) + 1}.0.0"
+    plan = _plan_with(tmp_path, newer, {"future_field": 1})
+    for args in (["export", plan, "--to", "megatron"], ["estimate", "--plan", plan]):
+        line = one_line_error(args)
+        assert "future_field: unknown field" in line and f"written by plan3d {newer}, newer than" in line
+    # an older plan with the same problem is just that problem
+    line = one_line_error(["estimate", "--plan", _plan_with(tmp_path, "0.0.1", {"future_field": 1})])
+    assert line.endswith("future_field: unknown field")
+
+
+@pytest.mark.parametrize("version", ["banana", "1", ""])
+def test_a_plan3d_version_that_is_no_version_is_refused(tmp_path, version):
+    line = one_line_error(["estimate", "--plan", _plan_with(tmp_path, version)])
+    assert "plan3d_version" in line and "is not a plan3d version" in line
