@@ -220,6 +220,26 @@ def test_runs_file_batch_not_whole_micro_batches(tmp_path, monkeypatch):
     assert "run mylab-175b: layout.global_batch 63 is not a multiple of dp x micro_batch = 2 x 1 = 2" in line
 
 
+@pytest.mark.parametrize("tokens_per_s, refused", [(300_000, True), (130_000, False), (126_000, True)])
+def test_runs_file_step_time_and_token_rate_must_agree(tmp_path, monkeypatch, tokens_per_s, refused):
+    # batch 64 x 2048 tokens = 131,072 tokens per step; a step of 1.0 s is 131,072 tokens/s:
+    # 130,000 is 0.8 % away and 126,000 4.0 % (refused beyond 2 %), 300,000 a different run
+    rows = yaml.safe_load((ROOT / "benchmarks" / "published_runs.yaml").read_text())
+    row = next(r for r in rows if r["id"] == "korthikanti22-175b-selective-sp")
+    assert (row["layout"]["global_batch"], row["model"]["seq_len"]) == (64, 2048)
+    row = dict(row, id="mylab-175b", notes="[flops=korthikanti]",
+               measured={"iteration_s": 1.0, "tokens_per_s": tokens_per_s})
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs.yaml").write_text(yaml.safe_dump([row]))
+    if refused:
+        line = one_line_error(["accuracy", "runs.yaml", "--no-loso"])
+        assert "run mylab-175b: measured.iteration_s 1 s and measured.tokens_per_s" in line
+        assert f"= {131072 / tokens_per_s:.4g} s" in line
+    else:
+        res = runner.invoke(app, ["accuracy", "runs.yaml", "--no-loso", "--json"])
+        assert res.exit_code == 0, res.stderr
+
+
 def test_interleaved_warmup_uses_the_micro_batch_group():
     # Megatron-Core: m = 10 micro-batches on pp 4 run in groups of G = 5 (10 mod 4 = 2 < 4; 10 mod 5
     # = 0); rank 0's warm-up is 2*(pp-1) + (vpp-1)*G = 6 + 5 = 11 chunk forwards, + 1 in flight =

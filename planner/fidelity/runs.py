@@ -172,6 +172,23 @@ def _measured(m: object) -> dict[str, float]:
     return out
 
 
+THROUGHPUT_AGREEMENT = 0.02  # published tables round tokens/s and step times to 3-4 digits
+
+
+def _check_throughput_agrees(measured: dict[str, float], tokens_per_step: int) -> None:
+    """A row that gives both a step time and a token rate gives one figure twice: tokens per
+    step = tokens/s x step time. UsageError when they disagree by more than THROUGHPUT_AGREEMENT
+    (the shipped rows agree within 0.5 %), naming the step time the token rate implies."""
+    step, rate = measured.get("iteration_s"), measured.get("tokens_per_s")
+    if step is None or rate is None:
+        return
+    implied = tokens_per_step / rate
+    if abs(step / implied - 1.0) > THROUGHPUT_AGREEMENT:
+        raise UsageError(f"measured.iteration_s {step:g} s and measured.tokens_per_s {rate:,.0f} "
+                         f"disagree: global batch x seq_len / tokens_per_s = {implied:.4g} s "
+                         f"({abs(step / implied - 1.0):.1%} apart); correct one or give only one")
+
+
 def _hardware(hw_row: dict, facts: RunFacts, assume) -> str | None:
     """The hardware profile of a run: the row's ``hardware.profile``, else the facts', else the
     catalog profile whose GPU is named exactly as the row's ``hardware.gpu`` (assumed); None if
@@ -239,6 +256,8 @@ def _case(row: dict, path: Path | None = None) -> RunCase:
         seq = 1024
         assume("seq_len=1024")
     check_integers({"seq_length": seq}, label=lambda _: "model.seq_len")
+    if model_row.get("seq_len") is not None:
+        _check_throughput_agrees(case.measured, int(batch) * int(seq))
     case.hardware = resolve_hardware(profile)
     case.peak_flops = PEAKS[facts.peak] if facts.peak else case.hardware.gpu.peak_tflops["bf16"] * 1e12
     model_facts = facts.model if isinstance(facts.model, dict) else None
