@@ -130,7 +130,7 @@ def test_malformed_plan_and_model_files(tmp_path):
     bad.write_text("layout: [1, 2\n")
     code, _, err = run("estimate", "--plan", str(bad))
     assert code == 2 and "line" in err and "Traceback" not in err
-    bad.write_text("plan3d_version: x\n")
+    bad.write_text("plan3d_version: 0.1.0\n")
     code, _, err = run("estimate", "--plan", str(bad))
     assert code == 2 and "missing required field" in err
     model = tmp_path / "m.yaml"

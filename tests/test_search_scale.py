@@ -209,7 +209,7 @@ def test_objective_inputs_are_checked(gpt3_h100):
     with pytest.raises(UsageError, match="throughput, time-to-train, cost"):
         search(m, hw, tr, 512, SearchOptions(objective="speed"))
     with pytest.raises(UsageError, match="whole number of 8-GPU nodes"):
-        search(m, hw, tr, None, SearchOptions(max_gpus=100))
+        search(m, hw, tr, 100, SearchOptions())  # a count must be whole nodes; a budget need not
 
 
 def test_headroom_parsing():

@@ -23,7 +23,7 @@ def make_plan(model: str, **layout) -> Plan:
     hw = catalog.resolve_hardware("dgx-h100")
     lay = Layout(**layout)
     training = TrainingSpec(seq_length=2048, global_batch_size=lay.dp * lay.micro_batch_size * 64)
-    return Plan(plan3d_version="test", model=m, hardware=hw, gpus=lay.gpus, training=training,
+    return Plan(plan3d_version="0.1.0", model=m, hardware=hw, gpus=lay.gpus, training=training,
                 layout=lay)
 
 

@@ -22,7 +22,7 @@ def llama2_plan(cp: int) -> Plan:
     """llama2-7b, tp 1, cp 1 or 2, dp 2, ZeRO-3, full recompute, micro-batch 2: on --world 4
     the miniature is tp=1 cp=cp pp=1 dp=2 (dp stays 2: 1*2*1*2 = 4 ranks)."""
     lay = Layout(tp=1, cp=cp, pp=1, dp=2, zero_stage=3, micro_batch_size=2, recompute="full")
-    return Plan(plan3d_version="test", model=catalog.resolve_model("llama2-7b"),
+    return Plan(plan3d_version="0.1.0", model=catalog.resolve_model("llama2-7b"),
                 hardware=catalog.resolve_hardware("dgx-h100"), gpus=lay.gpus,
                 training=TrainingSpec(seq_length=4096, global_batch_size=256), layout=lay)
 
@@ -118,7 +118,7 @@ def test_adapter_on_the_middle_ranks_of_a_deeper_pipeline():
     from planner.validate.activations import predicted_activations
     from planner.validate.miniature import full_scale
     lay = Layout(tp=1, pp=4, dp=1, zero_stage=1, micro_batch_size=1)
-    plan = Plan(plan3d_version="test", model=catalog.resolve_model("llama3-8b"),
+    plan = Plan(plan3d_version="0.1.0", model=catalog.resolve_model("llama3-8b"),
                 hardware=catalog.resolve_hardware("dgx-h100"), gpus=lay.gpus,
                 training=TrainingSpec(seq_length=2048, global_batch_size=8), layout=lay)
     run = full_scale(plan, 1, "float32", 2, "cpu")

@@ -19,7 +19,7 @@ from planner.validate.miniature import full_scale, miniature, predict
 
 def _plan(model="175b", **layout) -> Plan:
     lay = Layout(**layout)
-    return Plan(plan3d_version="test", model=catalog.resolve_model(model),
+    return Plan(plan3d_version="0.1.0", model=catalog.resolve_model(model),
                 hardware=catalog.resolve_hardware("dgx-h100"), gpus=lay.gpus,
                 training=TrainingSpec(seq_length=2048, global_batch_size=1536), layout=lay)
 

@@ -15,7 +15,7 @@ from planner.validate.miniature import miniature
 
 def _plan(model: str, **layout) -> Plan:
     lay = Layout(**layout)
-    return Plan(plan3d_version="test", model=catalog.resolve_model(model),
+    return Plan(plan3d_version="0.1.0", model=catalog.resolve_model(model),
                 hardware=catalog.resolve_hardware("dgx-h100"), gpus=lay.gpus,
                 training=TrainingSpec(seq_length=4096, global_batch_size=lay.dp * 8), layout=lay)
 
