@@ -284,6 +284,8 @@ class SavedBytes:
         if st.nbytes() == 0:
             return None
         key, span = st.data_ptr() or id(st), _extent(local)
+        if span[1] <= span[0]:  # an empty view (an expert that got no tokens) holds no bytes
+            return None
         spans = self._spans.setdefault(key, {})
         spans[span] = spans.get(span, 0) + 1
         self._recount(key)
@@ -312,7 +314,8 @@ class SavedBytes:
             self._bytes[key] = total
         else:
             self._bytes.pop(key, None)
-            self._spans.pop(key, None)
+            if not self._spans.get(key):  # forget the storage only once no span is held
+                self._spans.pop(key, None)
         self.peak = max(self.peak, self.live)
 
     def recompute_hooks(self) -> "_RecomputeHooks":
