@@ -88,14 +88,18 @@ def _wide(rows: _Rows) -> Table:
     """One column per layout dimension and per figure (a wide terminal)."""
     t = tables.new()
     tables.number_column(t, "#")
-    dims = ["tp", *(["cp"] * rows.show_cp), "pp", "dp", "zero", "mbs", "vpp"]
+    show_ep = any(lay.ep > 1 for lay in rows.layouts)
+    show_etp = any(lay.etp > 1 for lay in rows.layouts)
+    dims = ["tp", *(["cp"] * rows.show_cp), "pp", "dp", *(["ep"] * show_ep), *(["etp"] * show_etp),
+            "zero", "mbs", "vpp"]
     for col in dims:
         tables.number_column(t, col)
     tables.code_column(t, "recompute")
     tables.number_column(t, "SP")
     distopt = any(lay.distributed_optimizer for lay in rows.layouts)
     split = any(lay.first_stage_layers for lay in rows.layouts)
-    for col in ["distopt"] * distopt + ["pp split"] * split:
+    offload = any(lay.offload_layers for lay in rows.layouts)
+    for col in ["distopt"] * distopt + ["pp split"] * split + ["offload"] * offload:
         tables.number_column(t, col)
     figures = ["mem/GPU", "step", "tokens/s", "TFLOP/s/GPU", "MFU", "bubble",
                *["GPUs"] * rows.show_gpus, *["train"] * rows.show_train, *["cost"] * rows.show_cost]
@@ -103,12 +107,13 @@ def _wide(rows: _Rows) -> Table:
         tables.number_column(t, col)
     for n, (i, lay, g) in enumerate(zip(rows.index, rows.layouts, rows.groups), start=1):
         f = rows.figures(i)
-        values = {"tp": lay.tp, "cp": lay.cp, "pp": lay.pp, "dp": lay.dp, "zero": lay.zero_stage,
-                  "mbs": lay.micro_batch_size, "vpp": lay.vpp}
+        values = {"tp": lay.tp, "cp": lay.cp, "pp": lay.pp, "dp": lay.dp, "ep": lay.ep, "etp": lay.etp,
+                  "zero": lay.zero_stage, "mbs": lay.micro_batch_size, "vpp": lay.vpp}
         cells = [str(n), *(str(values[d]) for d in dims), lay.recompute_label,
                  "yes" if lay.sequence_parallel else "no"]
         cells += ["yes" if lay.distributed_optimizer else "no"] * distopt
         cells += [lay.split_label if lay.first_stage_layers else "even"] * split
+        cells += [str(lay.offload_layers)] * offload
         f["TFLOP/s/GPU"] = f["TFLOP/s"]
         cells += [f[col] for col in figures]
         cells += [str(g.count) if g.count > 1 else ""] * rows.show_ties
