@@ -361,3 +361,41 @@ def test_wide_search_table_has_a_column_for_every_setting_that_varies(monkeypatc
     cells = [c.strip() for c in first.replace("│", "|").split("|")]
     assert cells[cols.index("ep")] == str(rows[0]["layout"]["ep"])
     assert cells[cols.index("offload")] == str(rows[0]["layout"]["offload_layers"])
+
+
+def _own_run(tmp_path, monkeypatch, **model):
+    row = {"id": "mylab-llama3-8b", "source": "my lab, 2026",
+           "model": {"name": "llama3-8b", "layers": 32, "hidden": 4096, "heads": 32, "kv_heads": 8,
+                     "ffn_hidden": 14336, "vocab": 128256, "seq_len": 8192, **model},
+           "hardware": {"gpu": "H100-SXM5-80GB", "gpus": 8, "profile": "dgx-h100"},
+           "layout": {"tp": 1, "pp": 1, "dp": 8, "micro_batch": 1, "global_batch": 64, "zero_stage": 1},
+           "measured": {"iteration_s": 9.5}}
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs.yaml").write_text(yaml.safe_dump([row]))
+    return runner.invoke(app, ["accuracy", "runs.yaml", "--no-loso", "--json"])
+
+
+def test_own_run_names_its_catalog_model(tmp_path, monkeypatch):
+    # without model.catalog the row is a Megatron GPT (GeLU, LayerNorm, biases, learned
+    # positions) of Llama 3 8B's shape, and the assumption says model.name is a catalog model;
+    # with it, the run is costed as the catalog's Llama 3 8B (SwiGLU, RMSNorm, RoPE, untied)
+    plain = json.loads(_own_run(tmp_path, monkeypatch).stdout)["runs"][0]
+    assert any("model.catalog: llama3-8b" in a for a in plain["assumptions"])
+    res = _own_run(tmp_path, monkeypatch, catalog="llama3-8b")
+    named = json.loads(res.stdout)["runs"][0]
+    assert not any("architecture=" in a for a in named["assumptions"])
+    from planner.catalog import resolve_model
+    from planner.cost.step import estimate_layout
+    from planner.fidelity.runs import load_runs
+    case = load_runs(tmp_path / "runs.yaml")[0]
+    ref = resolve_model("llama3-8b")
+    assert (case.model.activation, case.model.norm, case.model.tie_embeddings) == \
+        (ref.activation, ref.norm, ref.tie_embeddings) == ("swiglu", "rmsnorm", False)
+    step = float(estimate_layout(case.model, case.hardware, case.training, case.layout).time["step"][0])
+    assert named["predicted_step_s"] == pytest.approx(step) != pytest.approx(plain["predicted_step_s"])
+
+
+def test_own_run_shape_that_contradicts_its_catalog_model_is_refused(tmp_path, monkeypatch):
+    res = _own_run(tmp_path, monkeypatch, catalog="llama3-8b", kv_heads=4)
+    assert res.exit_code == 2
+    assert "model.kv_heads is 4 but catalog model llama3-8b has 8" in res.stderr

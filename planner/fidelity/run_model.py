@@ -1,6 +1,7 @@
-"""The model of a measured run: a catalog model the facts name, or one built from the row.
+"""The model of a measured run: a catalog model the facts or the row name, or one built from the row.
 
-With ``model: {catalog: NAME, ...}`` in the run's facts (planner.fidelity.facts) the run trains
+With ``model: {catalog: NAME, ...}`` in the run's facts (planner.fidelity.facts), or
+``model.catalog: NAME`` in the row (the facts' name wins), the run trains
 that catalog model (a name, a model YAML or a Hugging Face config.json), with the listed
 ModelSpec fields changed (DeepSeek-V3 without its MTP module: ``mtp_layers: 0``); every shape the
 row states is checked against it, and a shape the row leaves out (``vocab: null``) is taken from
@@ -40,7 +41,7 @@ def run_model(run_id: str, row: dict, facts_model: dict[str, Any] | None, archit
     ``facts_model``: the facts' model mapping (None = none); ``seq``/``batch``: its sequence
     length and global batch. UsageError if a stated shape contradicts the catalog model."""
     given = dict(facts_model or {})
-    catalog = given.pop("catalog", None)
+    catalog = given.pop("catalog", None) or row.get("catalog")
     defaults = TrainingDefaults(seq_length=seq, global_batch_size=batch)
     if catalog is not None:
         base = resolve_model(str(catalog))
@@ -90,12 +91,26 @@ def _from_row(run_id: str, row: dict, given: dict[str, Any], architecture: str |
     arch = dict(ARCHITECTURES[architecture or "megatron-gpt"])
     missing = [k for k in arch if k not in given]
     if architecture is None and missing:  # the row's source names no model code
-        assume(f"architecture=megatron-gpt ({', '.join(missing)})")
+        hint = _catalog_hint(row.get("name"))
+        assume(f"architecture=megatron-gpt ({', '.join(missing)}){hint}")
     data = {**arch, **data, **given}
     if data.get("position_embedding") == "learned":
         data.setdefault("max_position_embeddings", defaults.seq_length)
     data.update(name=run_id, source=f"run {run_id}", training=defaults.model_dump())
     return validate(ModelSpec, data, f"run {run_id} model")
+
+
+def _catalog_hint(name: object) -> str:
+    """A note for an assumed architecture when the row's model.name is a catalog model's name
+    or alias ("" otherwise): model.catalog would cost the run as that model."""
+    if not isinstance(name, str) or not name.strip() or any(c in name for c in "/\\") \
+            or name.endswith((".yaml", ".yml", ".json")):
+        return ""
+    try:
+        found = resolve_model(name.strip())
+    except UsageError:
+        return ""
+    return f"; model.name {name!r} is catalog model {found.name}: model.catalog: {found.name} costs it as that"
 
 
 def _check_against(row: dict, model: ModelSpec, catalog: str, assume: Callable[[str], None]) -> None:
@@ -120,4 +135,4 @@ def _check_against(row: dict, model: ModelSpec, catalog: str, assume: Callable[[
             continue
         if int(value) != actual.get(key):
             raise UsageError(f"model.{key} is {value} but catalog model {catalog} has "
-                             f"{actual.get(key)}: name the right model in the run's facts")
+                             f"{actual.get(key)}: name the right model (model.catalog or the run's facts)")

@@ -20,7 +20,7 @@ from ..errors import UsageError
 TOP_FIELDS = ("id", "source", "model", "hardware", "layout", "measured", "notes", "framework",
               "precision")
 SECTION_FIELDS: dict[str, tuple[str, ...]] = {
-    "model": ("name", "params_b", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab",
+    "model": ("name", "catalog", "params_b", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab",
               "seq_len", "arch_notes", "num_experts", "top_k", "moe_ffn_hidden", "shared_experts",
               "dense_layers"),
     "hardware": ("gpu", "gpus", "gpus_per_node", "intra_node", "inter_node", "profile"),
