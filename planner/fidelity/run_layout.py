@@ -63,7 +63,7 @@ def split_degrees(gpus: int, lay: dict, assume) -> tuple[int, int, int, int]:
     return int(tp), int(pp), cp, dp
 
 
-def layout_of(run_id: str, gpus: int, lay: dict, facts: RunFacts, model: ModelSpec,
+def layout_of(gpus: int, lay: dict, facts: RunFacts, model: ModelSpec,
               convention: str, assume) -> tuple[Layout, list[str]]:
     """(Layout of the run, the settings it leaves unknown). Each unknown setting takes its
     LAYOUT_DEFAULTS value, listed through ``assume`` unless it cannot change the prediction."""
@@ -100,11 +100,11 @@ def layout_of(run_id: str, gpus: int, lay: dict, facts: RunFacts, model: ModelSp
         distributed_optimizer=bool(value["distributed_optimizer"]),
         micro_batch_size=int(value["micro_batch"]), recompute=value["recompute"],
         sequence_parallel=bool(value["sequence_parallel"]) and tp > 1, vpp=int(value["vpp"]),
-        first_stage_layers=int(first or 0), last_stage_layers=int(last or 0)), f"run {run_id} layout")
+        first_stage_layers=int(first or 0), last_stage_layers=int(last or 0)), "layout")
     return layout, unknown
 
 
-def training_of(run_id: str, model: ModelSpec, seq: int, batch: int, facts: RunFacts,
+def training_of(model: ModelSpec, seq: int, batch: int, facts: RunFacts,
                 precision: str, assume) -> tuple[TrainingSpec, list[str]]:
     """(TrainingSpec of the run, the training settings it leaves unknown): the job (sequence,
     batch, dtype) checked as every command checks one (planner.inputs.training_spec), run by the
@@ -116,7 +116,7 @@ def training_of(run_id: str, model: ModelSpec, seq: int, batch: int, facts: RunF
     if facts.framework is None:
         assume(f"framework={framework} {dtype}")
     job = training_spec(model, {"seq_length": seq, "global_batch_size": batch, "dtype": dtype},
-                        field_of("training"), f"run {run_id} training")
+                        field_of("training"), "training")
     training = resolve_training(job, resolve_framework(framework), facts.overrides())
     given = facts.training.model_dump(exclude_none=True) if facts.training is not None else {}
     unknown = [k for k in TRAINING_DEFAULTS if k not in given] if model.moe is not None else []

@@ -47,7 +47,7 @@ def run_model(run_id: str, row: dict, facts_model: dict[str, Any] | None, archit
         base = resolve_model(str(catalog))
         data = {**base.model_dump(mode="json", exclude_none=True), **given,
                 "name": run_id, "aliases": [], "training": defaults.model_dump()}
-        model = validate(ModelSpec, data, f"run {run_id} model ({catalog} with {sorted(given)})")
+        model = validate(ModelSpec, data, f"model ({catalog} with {sorted(given)})")
         _check_against(row, model, str(catalog), assume)
         return model
     return _from_row(run_id, row, given, architecture, defaults, assume)
@@ -97,7 +97,7 @@ def _from_row(run_id: str, row: dict, given: dict[str, Any], architecture: str |
     if data.get("position_embedding") == "learned":
         data.setdefault("max_position_embeddings", defaults.seq_length)
     data.update(name=run_id, source=f"run {run_id}", training=defaults.model_dump())
-    return validate(ModelSpec, data, f"run {run_id} model")
+    return validate(ModelSpec, data, "model")
 
 
 def _catalog_hint(name: object) -> str:

@@ -172,6 +172,20 @@ def _measured(m: object) -> dict[str, float]:
     return out
 
 
+def _expert_problem(model: ModelSpec, layout: Layout) -> str | None:
+    """The expert-mesh rules a run's layout breaks (space.expert_rules, the ones every command
+    applies: experts divisible by ep, etp*ep dividing a stage's tp*cp*dp GPUs, ...), as one
+    message; None if it keeps them."""
+    from ..space import Candidates, expert_rules
+    import numpy as np
+    rules = expert_rules(model, Candidates.from_layouts([layout]))
+    broken = [rule for rule, ok in rules.items() if not np.all(ok)]
+    if not broken:
+        return None
+    return (f"layout ep={layout.ep} etp={layout.etp} (tp={layout.tp} cp={layout.cp} dp={layout.dp}) "
+            f"breaks: {'; '.join(broken)}")
+
+
 THROUGHPUT_AGREEMENT = 0.02  # published tables round tokens/s and step times to 3-4 digits
 
 
@@ -215,14 +229,14 @@ def _sections(row: dict) -> tuple[dict, dict, dict]:
 
 def _skip_reason(hw_row: dict, model_row: dict, lay: dict, facts: RunFacts, profile) -> str | None:
     """Why a row cannot be predicted (None if it can)."""
-    catalog = isinstance(facts.model, dict) and "catalog" in facts.model
+    catalog = (isinstance(facts.model, dict) and "catalog" in facts.model) or bool(model_row.get("catalog"))
     if profile is None:
         return (f"hardware not modelled by plan3d ({hw_row.get('gpu')}; name a profile with "
                 f"hardware.profile, e.g. dgx-h100, or write a GPU name of `plan3d hardware`)")
     if not hw_row.get("gpus"):
         return "GPU count not given"
     if not catalog and any(model_row.get(k) is None for k in ("layers", "hidden", "heads")):
-        return "architecture not given (layers/hidden/heads only in the source's images)"
+        return "architecture not given (no model.catalog, and layers/hidden/heads not all stated)"
     if lay.get("dp") is None and (lay.get("tp") is None or lay.get("pp") is None):
         return "parallel layout not given"
     if lay.get("global_batch") is None and (facts.layout is None or facts.layout.global_batch is None):
@@ -262,17 +276,17 @@ def _case(row: dict, path: Path | None = None) -> RunCase:
     case.peak_flops = PEAKS[facts.peak] if facts.peak else case.hardware.gpu.peak_tflops["bf16"] * 1e12
     model_facts = facts.model if isinstance(facts.model, dict) else None
     case.model = run_model(case.id, model_row, model_facts, facts.architecture, int(seq), int(batch), assume)
-    case.layout, unknown = layout_of(case.id, case.gpus, lay, facts, case.model, case.convention, assume)
+    case.layout, unknown = layout_of(case.gpus, lay, facts, case.model, case.convention, assume)
     precision = row.get("precision") or facts.precision
     if precision is None:
         precision = "bf16"
         assume("precision=bf16")
-    case.training, unknown_training = training_of(case.id, case.model, int(seq), int(batch), facts,
+    case.training, unknown_training = training_of(case.model, int(seq), int(batch), facts,
                                                   str(precision), assume)
     case.unknown = unknown + unknown_training
     check_precision(case.hardware, case.training)
     problem = split_problem(case.gpus, {k: getattr(case.layout, k) for k in ("tp", "cp", "pp", "dp")},
-                            exact=True)
+                            exact=True) or _expert_problem(case.model, case.layout)
     if problem:
         raise UsageError(problem)
     dp, mbs = case.layout.dp, case.layout.micro_batch_size
