@@ -417,3 +417,15 @@ def test_own_run_layout_keeps_the_expert_rules(tmp_path, monkeypatch):
     row["layout"]["ep"] = 8
     (tmp_path / "runs.yaml").write_text(yaml.safe_dump([row]))
     assert runner.invoke(app, ["accuracy", "runs.yaml", "--no-loso", "--json"]).exit_code == 0
+
+
+def test_own_run_precision_error_is_one_line(tmp_path, monkeypatch):
+    row = {"id": "mylab-mixtral", "source": "my lab", "precision": "fp4",
+           "model": {"name": "mixtral", "catalog": "mixtral-8x7b", "seq_len": 4096},
+           "hardware": {"gpus": 64, "profile": "dgx-h100"},
+           "layout": {"tp": 1, "pp": 1, "dp": 64, "ep": 8, "micro_batch": 1, "global_batch": 512},
+           "measured": {"iteration_s": 9.5}}
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs.yaml").write_text(yaml.safe_dump([row]))
+    line = one_line_error(["accuracy", "runs.yaml"])
+    assert "run mylab-mixtral: training: precision: Input should be 'bf16'" in line

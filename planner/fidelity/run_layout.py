@@ -126,7 +126,4 @@ def training_of(model: ModelSpec, seq: int, batch: int, facts: RunFacts,
         unknown.append("grad_dtype")
         assume(f"grad_dtype={gradient_dtype_name(training)} ({framework} default)")
     data = {**training.model_dump(mode="json"), **TRAINING_DEFAULTS, **given, "precision": precision}
-    try:
-        return TrainingSpec.model_validate(data), unknown
-    except ValueError as exc:
-        raise UsageError(f"training: {exc}") from None
+    return validate(TrainingSpec, data, "training"), unknown
