@@ -190,6 +190,10 @@ def check_room(shown: str, headroom_bytes: float, headroom_fraction: float, capa
     layout could fit, so say so before searching. ``shown`` names the headroom as the user gave
     it ('--min-memory-headroom 4GiB'). UsageError."""
     usable = usable_memory(capacity, headroom_bytes, headroom_fraction)
+    if usable <= framework_overhead and not (headroom_bytes or headroom_fraction):
+        raise UsageError(f"gpu.hbm_capacity of {gpu_name} is {capacity / GIB:.3g} GiB, no more than its "
+                         f"{framework_overhead / GIB:.1f} GiB runtime reserve: no layout can fit "
+                         "(check the hardware profile)")
     if usable <= framework_overhead:
         raise UsageError(f"{shown} leaves {max(usable, 0.0) / GIB:.1f} "
                          f"GiB of the {format_gib(capacity)} GiB per {gpu_name}, no more than its "

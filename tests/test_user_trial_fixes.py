@@ -429,3 +429,12 @@ def test_own_run_precision_error_is_one_line(tmp_path, monkeypatch):
     (tmp_path / "runs.yaml").write_text(yaml.safe_dump([row]))
     line = one_line_error(["accuracy", "runs.yaml"])
     assert "run mylab-mixtral: training: precision: Input should be 'bf16'" in line
+
+
+def test_hardware_capacity_below_the_reserve_names_the_profile_field(tmp_path):
+    # no headroom was given: the error used to blame a "--headroom-bytes 0" flag that does not exist
+    data = yaml.safe_load((ROOT / "hardware_profiles" / "dgx-h100.yaml").read_text())
+    data["gpu"]["hbm_capacity"] = "1 MiB"
+    (tmp_path / "hw.yaml").write_text(yaml.safe_dump(data))
+    line = one_line_error(["search", "--model", "llama3-8b", "--gpus", "16", "--hardware", str(tmp_path / "hw.yaml")])
+    assert "gpu.hbm_capacity of H100-SXM5-80GB is 0.000977 GiB" in line and "headroom" not in line
