@@ -116,8 +116,9 @@ class RunnerUp:
     """The best layout outside the winner's tie group: its table row (1-based), the Layout
     fields that differ from the winner (field, winner's value, its value), whether it ties on
     time (within RUNNER_UP_TIE), its extra memory (bytes, may be negative), how much slower it
-    is (fraction of the winner's step) and the terms that make it slower ([(term, seconds)],
-    positive, largest first)."""
+    is (fraction of the winner's step), the terms that make it slower ([(term, seconds)],
+    positive, largest first) and those that make it faster (negative, largest saving first):
+    together they sum to the gap."""
 
     row: int
     layout: Layout
@@ -126,6 +127,7 @@ class RunnerUp:
     extra_memory: float
     slower_by: float
     worse: tuple[tuple[str, float], ...]
+    better: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -190,11 +192,13 @@ def _runner_up(est: Estimate, groups: list[TieGroup]) -> RunnerUp | None:
     differs = tuple((k, getattr(first, k), getattr(second, k)) for k in type(first).model_fields
                     if getattr(first, k) != getattr(second, k))
     step = est.time["step"]
-    worse = tuple((t, d) for t, d in term_deltas(est, j, est, 0) if d > 0)
+    deltas = term_deltas(est, j, est, 0)
+    worse = tuple((t, d) for t, d in deltas if d > 0)
+    better = tuple((t, d) for t, d in reversed(deltas) if d < 0)
     return RunnerUp(row=2, layout=second, differs=differs,
                     ties_on_time=bool(step[j] <= step[0] * (1 + RUNNER_UP_TIE)),
                     extra_memory=float(est.memory["total"][j] - est.memory["total"][0]),
-                    slower_by=float(step[j] / step[0] - 1), worse=worse)
+                    slower_by=float(step[j] / step[0] - 1), worse=worse, better=better)
 
 
 def _cp_fallback(est: Estimate, groups: list[TieGroup]) -> CpFallback | None:

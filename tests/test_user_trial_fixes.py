@@ -438,3 +438,21 @@ def test_hardware_capacity_below_the_reserve_names_the_profile_field(tmp_path):
     (tmp_path / "hw.yaml").write_text(yaml.safe_dump(data))
     line = one_line_error(["search", "--model", "llama3-8b", "--gpus", "16", "--hardware", str(tmp_path / "hw.yaml")])
     assert "gpu.hbm_capacity of H100-SXM5-80GB is 0.000977 GiB" in line and "headroom" not in line
+
+
+def test_runner_up_terms_sum_to_the_gap():
+    # Qwen3-235B on up to 1,024 H100 by cost: the runner-up (ZeRO 1 -> 2) is slower by more DP
+    # traffic but its slowest stage spends less on expert dispatch; the sentence listed only the
+    # terms that grew (+1.06 s for a +64 ms gap). Worse and better terms now sum to the gap.
+    from planner.catalog import resolve_hardware, resolve_model
+    from planner.explain import explain_search
+    from planner.inputs import training_spec
+    from planner.search import SearchOptions, search
+    m, hw = resolve_model("qwen3-235b-a22b"), resolve_hardware("dgx-h100")
+    result = search(m, hw, training_spec(m), None, SearchOptions(
+        max_gpus=1024, objective="cost", tokens=3e11, price_per_gpu_hour=2.5))
+    e = explain_search(result)
+    r, step = e.runner_up, result.ranked.time["step"]
+    gap = float(step[e.groups[1].first] - step[0])
+    assert sum(d for _, d in r.worse + r.better) == pytest.approx(gap, rel=1e-9, abs=1e-12)
+    assert all(d > 0 for _, d in r.worse) and all(d < 0 for _, d in r.better)
