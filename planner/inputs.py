@@ -29,6 +29,9 @@ MAX_GPUS = 1_000_000  # no GPU count, degree or count plan3d models is larger (i
 MAX_SEQ_LENGTH = 10_000_000
 MAX_BATCH = 100_000_000
 _TOP = {"seq_length": MAX_SEQ_LENGTH, "global_batch_size": MAX_BATCH}
+# Training tokens: 1e16 is some 300x the largest published pre-training set (Qwen3: 36T); above
+# it the times to train overflow the tables without meaning anything.
+MAX_TOKENS = 1e16
 
 Label = Callable[[str], str]
 
@@ -57,7 +60,9 @@ def check_numbers(values: dict[str, Any], allow_zero: bool = False, label: Label
         if isinstance(value, float) and not math.isfinite(value):
             raise UsageError(f"{shown} must be a finite number, got {value}")
         if value < 0 or (value == 0 and not allow_zero):
-            raise UsageError(f"{shown} must be {'0 or more' if allow_zero else 'positive'}, got {value}")
+            raise UsageError(f"{shown} must be {'0 or more' if allow_zero else 'positive'}, got {value:g}")
+        if name == "tokens" and value > MAX_TOKENS:
+            raise UsageError(f"{shown} {value:g} is beyond what plan3d models (at most {MAX_TOKENS:g})")
         top = _TOP.get(name, MAX_GPUS)
         if isinstance(value, int) and value > top:
             raise UsageError(f"{shown} {value:,} is beyond what plan3d models (at most {top:,})")

@@ -456,3 +456,11 @@ def test_runner_up_terms_sum_to_the_gap():
     gap = float(step[e.groups[1].first] - step[0])
     assert sum(d for _, d in r.worse + r.better) == pytest.approx(gap, rel=1e-9, abs=1e-12)
     assert all(d > 0 for _, d in r.worse) and all(d < 0 for _, d in r.better)
+
+
+def test_token_count_has_an_upper_bound():
+    # 1e30 tokens printed 41,985,899,457,561,280,512.0 days and squeezed the table
+    assert "--tokens 1e+30 is beyond what plan3d models (at most 1e+16)" in one_line_error(
+        ["search", "--model", "mixtral-8x7b", "--gpus", "64", "--tokens", "1e30"])
+    assert one_line_error(["search", "--model", "mixtral-8x7b", "--gpus", "64", "--tokens", "-2T"]) \
+        == "error: --tokens must be positive, got -2e+12"
