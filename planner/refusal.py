@@ -92,8 +92,11 @@ def _folding_problem(gpus: int | None, opts: "SearchOptions") -> str | None:
                  f"pp {pp})" if pp > 1 else f"the {gpus:,} GPUs, so no pipeline stage's share of them")
     if fits:
         return None
-    return (f"etp*ep = {etp}*{ep} = {etp * ep} does not divide {where}: the rule "
-            f"'{FOLDING_RULE}'")
+    if opts.etp and opts.ep:
+        product = f"etp*ep = {etp}*{ep} = {etp * ep}"
+    else:  # one pinned: no value of the other can help (a multiple never divides what it cannot)
+        product = f"etp {etp} (with any ep)" if opts.etp else f"ep {ep} (with any etp)"
+    return f"{product} does not divide {where}: the rule '{FOLDING_RULE}'"
 
 
 @dataclass(frozen=True)
