@@ -59,6 +59,8 @@ def parse_quantity(value: object, kind: str, field: str | None = "value") -> flo
     if isinstance(value, (int, float)):
         raise UsageError(f"{prefix}{value!r} needs a unit, e.g. {_example(kind)}")
     match = _PATTERN.match(value)
+    if not match and re.fullmatch(rf"\s*{_NUMBER}\s*", value):
+        raise UsageError(f"{prefix}{value.strip()!r} needs a unit, e.g. {_example(kind)}")
     if not match:
         raise UsageError(f"{prefix}cannot parse {value!r}; expected e.g. {_example(kind)}")
     number, unit = float(match.group(1)), match.group(2)
@@ -124,4 +126,4 @@ def format_gib(value: float) -> str:
 
 
 def _example(kind: str) -> str:
-    return {"bytes": "'80 GiB'", "bandwidth": "'900 GB/s' or '400 Gb/s'", "time": "'5 us'"}[kind]
+    return {"bytes": "'80 GiB'", "bandwidth": "'900 GB/s' or '400 Gb/s'", "time": "'5 us' or '10 min'"}[kind]

@@ -146,7 +146,7 @@ def test_estimate_checkpoint_section_flags_and_json():
 @pytest.mark.parametrize("flags, message", [
     (("--failure-rate", "0"), "--failure-rate is interruptions per GPU-hour"),
     (("--failure-rate", "2"), "--failure-rate is interruptions per GPU-hour"),
-    (("--restart-time", "10"), "--restart-time: cannot parse '10'")])
+    (("--restart-time", "10"), "--restart-time: '10' needs a unit, e.g. '5 us' or '10 min'")])
 def test_checkpoint_flags_refused_in_one_line(flags, message):
     code, out, err = cli("estimate", "-m", "175b", "-g", "512", "--tp", "8", "--pp", "8", *flags)
     assert code == 2 and out == "" and err.startswith(f"error: {message}")
