@@ -106,8 +106,8 @@ PRECISION = typer.Option(None, "--precision", help="Linear layers in bf16, fp8 (
 EXPORT = typer.Option(None, "--export", help="Write the best layout as a plan YAML "
                       "(- for stdout; the table then goes to stderr).")
 FORCE = typer.Option(False, "--force", help="Overwrite an existing --export file.")
-CURRENCY = typer.Option(None, "--currency", help="Currency of --price-per-gpu-hour, an ISO 4217 "
-                        "code (EUR, ...) [default: USD].")
+CURRENCY = typer.Option(None, "--currency", help="Currency of --price-per-gpu-hour, a three-letter "
+                        "code such as EUR, printed as given (nothing is converted) [default: USD].")
 MAX_GPUS = typer.Option(None, "--max-gpus",
                         help="Use at most N GPUs in whole nodes; the search picks the count.")
 WHY_NOT = typer.Option(None, "--why-not",

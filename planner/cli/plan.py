@@ -134,7 +134,8 @@ def _check_search_flags(export: Optional[Path], force: bool, why_not: Optional[s
 
 
 def _currency(code: Optional[str], price: Optional[float]) -> str:
-    """The --currency code (upper case; default USD); UsageError unless three letters (ISO 4217),
+    """The --currency code (upper case; default USD); UsageError unless three letters (the form
+    of ISO 4217 codes; any three letters are taken: the code only labels the price),
     or when given without --price-per-gpu-hour (it names that price's unit)."""
     if code is None:
         return "USD"
@@ -142,7 +143,7 @@ def _currency(code: Optional[str], price: Optional[float]) -> str:
         raise UsageError("--currency names the unit of --price-per-gpu-hour: give the price too")
     text = code.strip().upper()
     if len(text) != 3 or not text.isalpha() or not text.isascii():
-        raise UsageError(f"--currency must be a three-letter ISO 4217 code such as USD or EUR, "
+        raise UsageError(f"--currency must be a three-letter code such as USD or EUR, "
                          f"got {code!r}")
     return text
 
