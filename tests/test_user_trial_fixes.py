@@ -464,3 +464,17 @@ def test_token_count_has_an_upper_bound():
         ["search", "--model", "mixtral-8x7b", "--gpus", "64", "--tokens", "1e30"])
     assert one_line_error(["search", "--model", "mixtral-8x7b", "--gpus", "64", "--tokens", "-2T"]) \
         == "error: --tokens must be positive, got -2e+12"
+
+
+def test_models_table_keeps_every_name_and_alias_whole_at_80_columns():
+    # 'llama4-maverick-17b-128e' was printed as 'llama4-maverick-17b-128' + 'e': not copyable
+    from planner.catalog import models
+    res = runner.invoke(app, ["models"])
+    assert res.exit_code == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert max(map(len, lines)) <= 80
+    cells = {c.strip().rstrip(",") for line in lines for part in line.split("│")[:1]
+             for c in part.split(", ")}
+    for m in models().values():
+        assert m.name in cells and set(m.aliases) <= cells, m.name
+    assert any("top-8/256 +1sh" in line for line in lines)  # DeepSeek-V3's experts, uncut

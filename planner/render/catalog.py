@@ -29,7 +29,10 @@ def models_table(models) -> None:
     attention heads / KV heads (MLA, window), MLP activation (MoE: top-k of the experts)."""
     from ..cost.model_counts import active_params, total_params
     t = tables.new("Models")
-    tables.text_column(t, "name\n[dim]aliases[/]")
+    # wide enough for the longest name or alias (with its comma): folded only between aliases
+    words = [m.name for m in models] + [a + ("," if k < len(m.aliases) - 1 else "")
+                                        for m in models for k, a in enumerate(m.aliases)]
+    tables.text_column(t, "name\n[dim]aliases[/]", min_width=max(map(len, words), default=4))
     for col in ("params\nactive", "layers", "hidden", "heads/kv"):
         tables.number_column(t, col)
     tables.code_column(t, "mlp")
