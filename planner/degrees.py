@@ -208,8 +208,8 @@ def split_problem(gpus: int, degrees: dict, exact: bool, count: str | None = Non
         return None
     product = math.prod(v for _, v in given)
     names = "*".join(k for k, _ in given)
-    expr = f"{names}={product}" if len(given) == 1 else \
-        f"{names} = {'*'.join(str(v) for _, v in given)} = {product}"
+    expr = f"{names}={product:,}" if len(given) == 1 else \
+        f"{names} = {'*'.join(str(v) for _, v in given)} = {product:,}"
     where = count or f"{gpus:,} GPUs"
     if exact:
         return None if product == gpus else f"{expr} != {where}"

@@ -100,7 +100,7 @@ def test_estimate_from_flags_matches_hand_checks():
     (["estimate", "--plan", "nosuch.yaml"], 2, "cannot read nosuch.yaml"),
     (["frobnicate"], 2, "No such command"),
     (["search", "--model", "175b", "--gpus", "512", "--tp", "8", "--pp", "8", "--dp", "16"], 2,
-     "tp*pp*dp = 8*8*16 = 1024 > 512 GPUs"),
+     "tp*pp*dp = 8*8*16 = 1,024 > 512 GPUs"),
     (["search", "--model", "175b", "--gpus", "512", "--micro-batch-size", "5"], 2,
      "--micro-batch-size 5 does not divide the per-replica batch"),
     (["search", "--model", "175b", "--gpus", "512", "--tp", "8", "--max-tp", "4"], 2,

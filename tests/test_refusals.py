@@ -102,7 +102,7 @@ def test_a_plan_edited_into_a_wrong_split_names_the_product(tmp_path):
     lay = data["layout"]
     lay["dp"] *= 2  # the product is now twice the plan's 512 GPUs
     plan.write_text(yaml.safe_dump(data))
-    want = (f"tp*cp*pp*dp = {lay['tp']}*{lay['cp']}*{lay['pp']}*{lay['dp']} = 1024 != 512 GPUs")
+    want = (f"tp*cp*pp*dp = {lay['tp']}*{lay['cp']}*{lay['pp']}*{lay['dp']} = 1,024 != 512 GPUs")
     for args in (["estimate", "--plan", plan], ["export", plan, "--to", "megatron"],
                  ["placement", plan]):
         code, out, err = cli(*args)

@@ -478,3 +478,14 @@ def test_models_table_keeps_every_name_and_alias_whole_at_80_columns():
     for m in models().values():
         assert m.name in cells and set(m.aliases) <= cells, m.name
     assert any("top-8/256 +1sh" in line for line in lines)  # DeepSeek-V3's experts, uncut
+
+
+def test_why_not_says_how_many_times_slower_past_double():
+    # pp 32 on 64 GPUs for an 8B model: the winner runs over 2x its tokens/s; "231% slower" read
+    # as a percentage of a time, so past 2x the verdict is the ratio of times per token
+    res = runner.invoke(app, ["search", "--model", "llama3-8b", "--gpus", "64", "--why-not", "pp=32", "--json"])
+    assert res.exit_code == 0, res.stderr
+    ratio = 1 + json.loads(res.stdout)["slower_by"]
+    assert ratio > 2
+    text = runner.invoke(app, ["search", "--model", "llama3-8b", "--gpus", "64", "--why-not", "pp=32"]).stdout
+    assert f"{ratio:.2f}x the time per token of the winner" in " ".join(text.split())

@@ -21,7 +21,9 @@ def why_not_report(verdict) -> None:
     if verdict.status == "winner":
         _winner(verdict)
         return
-    out.print(f"[bold]{fmt.percent(verdict.slower_by)} slower than the winner[/] "
+    s = verdict.slower_by  # >= 1: "2.34x the winner's time" reads better than "134% slower"
+    lead = f"{fmt.percent(s)} slower than" if s < 1 else f"{1 + s:.2f}x the time per token of"
+    out.print(f"[bold]{lead} the winner[/] "
               f"{verdict.winner.candidates.layout(0).short()}: {'; '.join(verdict.reasons)}.")
     t = tables.new()
     tables.text_column(t, "term")
