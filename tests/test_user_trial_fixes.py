@@ -489,3 +489,17 @@ def test_why_not_says_how_many_times_slower_past_double():
     assert ratio > 2
     text = runner.invoke(app, ["search", "--model", "llama3-8b", "--gpus", "64", "--why-not", "pp=32"]).stdout
     assert f"{ratio:.2f}x the time per token of the winner" in " ".join(text.split())
+
+
+def test_moe_exports_name_the_same_unmodelled_routing_fields(tmp_path):
+    # the Megatron comment listed --moe-router-topk-scaling-factor and --moe-router-dtype, the
+    # Bridge comment did not; Bridge's 61-layer moe_layer_freq was a 61-line YAML list
+    plan = tmp_path / "p.yaml"
+    assert runner.invoke(app, ["search", "--model", "deepseek-v3", "--gpus", "1024", "--export", str(plan)]).exit_code == 0
+    meg = runner.invoke(app, ["export", str(plan), "--to", "megatron"]).stdout
+    nemo = runner.invoke(app, ["export", str(plan), "--to", "nemo"]).stdout
+    for field in ("moe_router_topk_scaling_factor", "moe_router_dtype", "moe_aux_loss_coeff"):
+        assert f"--{field.replace('_', '-')}" in meg and field in nemo
+    body = yaml.safe_load(nemo)
+    assert body["model"]["moe_layer_freq"] == [0] * 3 + [1] * 58  # DeepSeek-V3: 3 dense layers
+    assert sum("moe_layer_freq" in line or line.strip().startswith("1,") for line in nemo.splitlines()) < 5

@@ -114,7 +114,7 @@ def field_values(plan: Plan, fields) -> str:
         if f not in fields or (not spec[f].is_required() and value == spec[f].default):
             continue
         if hasattr(value, "model_dump"):
-            out += [f"{f}.{k}={v}" for k, v in value.model_dump().items()]
+            out += [f"{f}.{k}={v}" for k, v in value.model_dump(exclude_none=True).items()]
         else:
             out.append(f"{f}={value}")
     return ", ".join(out)
@@ -128,6 +128,8 @@ def unwritten_note(plan: Plan, target: str, written, where: str) -> str | None:
     if not rest:
         return None
     return f"model fields {target} has no option for ({where}): {rest}"
+
+
 def save_interval(plan: Plan) -> dict | None:
     """The plan's checkpoint (planner.cost.checkpoint.evaluate_checkpoint at the plan's
     estimated step time, as the ``checkpoint`` object of ``--json``): ``interval_steps`` is

@@ -78,6 +78,12 @@ from ..cost.model_counts import moe_layer_mask, window_layer_mask
 from ..errors import UsageError
 from ..specs import Plan
 
+# Megatron-Core TransformerConfig routing fields plan3d's model schema does not hold (a/b: set
+# together); both exports name them for the user to set from the model card
+UNMODELLED_ROUTING = ("moe_router_score_function", "moe_router_enable_expert_bias",
+                      "moe_router_num_groups/moe_router_group_topk", "moe_router_topk_scaling_factor",
+                      "moe_aux_loss_coeff", "moe_router_dtype")
+
 Args = list[tuple[str, str | None]]
 
 
@@ -132,9 +138,8 @@ def moe_args(plan: Plan) -> tuple[Args, list[str]]:
     comments = [
         f"experts: {moe.num_experts} over ep={lay.ep} x etp={lay.etp} (edp={lay.edp}); dropless "
         f"{plan.training.moe_dispatcher} dispatch with grouped GEMM, as the estimate assumed",
-        "routing not in plan3d's model schema, set from the model card: --moe-router-score-function, "
-        "--moe-router-enable-expert-bias, --moe-router-num-groups/--moe-router-group-topk, "
-        "--moe-router-topk-scaling-factor, --moe-aux-loss-coeff, --moe-router-dtype"]
+        "routing not in plan3d's model schema, set from the model card: " + ", ".join(
+            "/".join(f"--{f.replace('_', '-')}" for f in group.split("/")) for group in UNMODELLED_ROUTING)]
     if moe.router_topk == 1:
         args.append(("--moe-router-pre-softmax", None))
         comments.append("top-1 routing: Megatron-Core requires --moe-router-pre-softmax with its "

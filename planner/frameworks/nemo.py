@@ -39,6 +39,19 @@ SOURCE = ("NVIDIA-NeMo/Megatron-Bridge docs/megatron-lm-to-megatron-bridge.md @1
 SHARDING = {2: "optim_grads", 3: "optim_grads_params"}  # Megatron-FSDP strategies
 
 
+class _FlowScalarListsDumper(yaml.SafeDumper):
+    """yaml.SafeDumper writing a list of scalars on one line, [0, 0, 0, 1, ...] (a 61-layer
+    moe_layer_freq was 61 lines), and every other value as block YAML."""
+
+
+def _scalar_list(dumper: yaml.SafeDumper, data: list) -> yaml.Node:
+    flow = all(isinstance(v, (bool, int, float, str)) for v in data)
+    return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flow)
+
+
+_FlowScalarListsDumper.add_representer(list, _scalar_list)
+
+
 def checkpoint_fields(plan: Plan, ck: dict | None) -> dict[str, object]:
     """The ``checkpoint`` section for the plan's checkpoint estimate ``ck`` (empty without)."""
     if ck is None:
@@ -198,6 +211,6 @@ def export_nemo(plan: Plan) -> Export:
     if plan.layout.zero_stage >= 2:
         comments.append(f"ZeRO-{plan.layout.zero_stage} = Megatron-FSDP with "
                         f"data_parallel_sharding_strategy {SHARDING[plan.layout.zero_stage]}")
-    body = yaml.safe_dump(fields, sort_keys=False, default_flow_style=False)
+    body = yaml.dump(fields, Dumper=_FlowScalarListsDumper, sort_keys=False, default_flow_style=False)
     keys = [o.split("=", 1)[0] for o in overrides]
     return Export("nemo", "".join(f"# {c}\n" for c in comments) + body, keys=keys)

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from ..cost.model_counts import moe_layer_mask, window_layer_mask
 from ..specs import Plan
-from .megatron_model import ep_overlap, flex_backend
+from .megatron_model import UNMODELLED_ROUTING, ep_overlap, flex_backend
 
 POSITION = {"rope": "rope", "learned": "learned_absolute"}
 
@@ -154,6 +154,5 @@ def model_comments(plan: Plan) -> list[str]:
                    "(Megatron-Core default 1e-5) applies")
     if m.moe is not None:
         out.append("routing not in plan3d's model schema, set from the model card: "
-                   "moe_router_score_function, moe_router_enable_expert_bias, "
-                   "moe_router_num_groups/moe_router_group_topk, moe_aux_loss_coeff")
+                   + ", ".join(UNMODELLED_ROUTING))
     return out
