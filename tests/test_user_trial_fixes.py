@@ -401,32 +401,30 @@ def test_own_run_shape_that_contradicts_its_catalog_model_is_refused(tmp_path, m
     assert "model.kv_heads is 4 but catalog model llama3-8b has 8" in res.stderr
 
 
-def test_own_run_layout_keeps_the_expert_rules(tmp_path, monkeypatch):
-    # Mixtral 8x7B has 8 experts: ep 3 divides neither them nor the 64 GPUs of a stage; search,
-    # estimate and regress refuse it, and so does a runs file (it used to be costed)
-    row = {"id": "mylab-mixtral", "source": "my lab",
+def _write_mixtral_run(tmp_path, monkeypatch, ep, **top):
+    """A runs.yaml of one Mixtral 8x7B run on 64 H100 (dp 64, the given ep) in tmp_path (cwd)."""
+    row = {"id": "mylab-mixtral", "source": "my lab", **top,
            "model": {"name": "mixtral", "catalog": "mixtral-8x7b", "seq_len": 4096},
            "hardware": {"gpus": 64, "profile": "dgx-h100"},
-           "layout": {"tp": 1, "pp": 1, "dp": 64, "ep": 3, "micro_batch": 1, "global_batch": 512},
+           "layout": {"tp": 1, "pp": 1, "dp": 64, "ep": ep, "micro_batch": 1, "global_batch": 512},
            "measured": {"iteration_s": 9.5}}
     monkeypatch.chdir(tmp_path)
     (tmp_path / "runs.yaml").write_text(yaml.safe_dump([row]))
+
+
+def test_own_run_layout_keeps_the_expert_rules(tmp_path, monkeypatch):
+    # Mixtral 8x7B has 8 experts: ep 3 divides neither them nor the 64 GPUs of a stage; search,
+    # estimate and regress refuse it, and so does a runs file (it used to be costed)
+    _write_mixtral_run(tmp_path, monkeypatch, ep=3)
     line = one_line_error(["accuracy", "runs.yaml"])
     assert line.startswith("error: runs.yaml: run mylab-mixtral: layout ep=3 etp=1")
     assert "experts divisible by ep" in line and "run mylab-mixtral: run" not in line
-    row["layout"]["ep"] = 8
-    (tmp_path / "runs.yaml").write_text(yaml.safe_dump([row]))
+    _write_mixtral_run(tmp_path, monkeypatch, ep=8)
     assert runner.invoke(app, ["accuracy", "runs.yaml", "--no-loso", "--json"]).exit_code == 0
 
 
 def test_own_run_precision_error_is_one_line(tmp_path, monkeypatch):
-    row = {"id": "mylab-mixtral", "source": "my lab", "precision": "fp4",
-           "model": {"name": "mixtral", "catalog": "mixtral-8x7b", "seq_len": 4096},
-           "hardware": {"gpus": 64, "profile": "dgx-h100"},
-           "layout": {"tp": 1, "pp": 1, "dp": 64, "ep": 8, "micro_batch": 1, "global_batch": 512},
-           "measured": {"iteration_s": 9.5}}
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "runs.yaml").write_text(yaml.safe_dump([row]))
+    _write_mixtral_run(tmp_path, monkeypatch, ep=8, precision="fp4")
     line = one_line_error(["accuracy", "runs.yaml"])
     assert "run mylab-mixtral: training: precision: Input should be 'bf16'" in line
 
