@@ -192,6 +192,12 @@ def _catalog_names(kind: str) -> dict[str, str]:
     return names
 
 
+def catalog_model_name(name: str) -> str | None:
+    """The catalog model that ``name`` names as its name or an alias (case-insensitive), None if
+    none does (a path is not looked up)."""
+    return _catalog_names("models").get(name.strip().lower())
+
+
 def _resolve(kind: str, label: str, name: str, cls: type[T]) -> T:
     command = {"models": "models", FRAMEWORKS: "frameworks"}.get(kind, "hardware")
     if not name.strip():  # Path("") is the current directory

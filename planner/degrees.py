@@ -194,6 +194,16 @@ class LayoutDegrees:
 SPLIT_DEGREES = ("tp", "cp", "pp", "dp")
 
 
+def product_expr(degrees: dict[str, int]) -> str:
+    """Degrees and their product as errors name them: 'tp=8' for one, 'tp*pp*dp = 8*8*16 =
+    1,024' for several (in the order given)."""
+    product = math.prod(degrees.values())
+    names = "*".join(degrees)
+    if len(degrees) == 1:
+        return f"{names}={product:,}"
+    return f"{names} = {'*'.join(str(v) for v in degrees.values())} = {product:,}"
+
+
 def split_problem(gpus: int, degrees: dict, exact: bool, count: str | None = None) -> str | None:
     """Why the given split degrees cannot use ``gpus`` GPUs, naming their product; None if they can.
 
@@ -207,9 +217,7 @@ def split_problem(gpus: int, degrees: dict, exact: bool, count: str | None = Non
     if not given:
         return None
     product = math.prod(v for _, v in given)
-    names = "*".join(k for k, _ in given)
-    expr = f"{names}={product:,}" if len(given) == 1 else \
-        f"{names} = {'*'.join(str(v) for _, v in given)} = {product:,}"
+    expr = product_expr(dict(given))
     where = count or f"{gpus:,} GPUs"
     if exact:
         return None if product == gpus else f"{expr} != {where}"

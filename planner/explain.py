@@ -118,7 +118,7 @@ class RunnerUp:
     time (within RUNNER_UP_TIE), its extra memory (bytes, may be negative), how much slower it
     is (fraction of the winner's step), the terms that make it slower ([(term, seconds)],
     positive, largest first) and those that make it faster (negative, largest saving first):
-    together they sum to the gap."""
+    together they sum to the gap (terms equal to float round-off left out)."""
 
     row: int
     layout: Layout
@@ -193,8 +193,9 @@ def _runner_up(est: Estimate, groups: list[TieGroup]) -> RunnerUp | None:
                     if getattr(first, k) != getattr(second, k))
     step = est.time["step"]
     deltas = term_deltas(est, j, est, 0)
-    worse = tuple((t, d) for t, d in deltas if d > 0)
-    better = tuple((t, d) for t, d in reversed(deltas) if d < 0)
+    noise = 1e-9 * float(step[0])  # float round-off of equal terms, not a difference
+    worse = tuple((t, d) for t, d in deltas if d > noise)
+    better = tuple((t, d) for t, d in reversed(deltas) if d < -noise)
     return RunnerUp(row=2, layout=second, differs=differs,
                     ties_on_time=bool(step[j] <= step[0] * (1 + RUNNER_UP_TIE)),
                     extra_memory=float(est.memory["total"][j] - est.memory["total"][0]),

@@ -12,7 +12,7 @@ from .catalog import read_yaml, validate
 from .errors import UsageError
 from .outputs import check_destination, write  # noqa: F401 (check_destination re-exported)
 from .framework_spec import FrameworkProfile
-from .specs import HardwareProfile, Layout, ModelSpec, Plan, TrainingSpec
+from .specs import VERSION_PATTERN, HardwareProfile, Layout, ModelSpec, Plan, TrainingSpec
 
 
 def make_plan(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, layout: Layout,
@@ -41,7 +41,7 @@ def write_plan(plan: Plan, path: Path, force: bool = False) -> None:
     write(path, plan_to_yaml(plan), force)
 
 
-_VERSION = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?(?:[.+-]?[0-9A-Za-z.]*)?$")
+_VERSION = re.compile(VERSION_PATTERN)
 
 
 def _version_key(text: object) -> tuple[int, int, int] | None:

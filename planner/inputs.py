@@ -28,10 +28,10 @@ from .errors import UsageError
 MAX_GPUS = 1_000_000  # no GPU count, degree or count plan3d models is larger (int64 headroom)
 MAX_SEQ_LENGTH = 10_000_000
 MAX_BATCH = 100_000_000
-_TOP = {"seq_length": MAX_SEQ_LENGTH, "global_batch_size": MAX_BATCH}
 # Training tokens: 1e16 is some 300x the largest published pre-training set (Qwen3: 36T); above
 # it the times to train overflow the tables without meaning anything.
 MAX_TOKENS = 1e16
+_TOP = {"seq_length": MAX_SEQ_LENGTH, "global_batch_size": MAX_BATCH, "tokens": MAX_TOKENS}
 
 Label = Callable[[str], str]
 
@@ -49,8 +49,9 @@ def field_of(prefix: str) -> Label:
 def check_numbers(values: dict[str, Any], allow_zero: bool = False, label: Label = flag) -> None:
     """UsageError unless each given value (None = not given) is a number, finite, > 0 (>= 0 with
     ``allow_zero``) and at most what plan3d models: MAX_SEQ_LENGTH for seq_length, MAX_BATCH for
-    global_batch_size, MAX_GPUS for any other integer (a larger one would overflow the cost
-    model's int64 arrays)."""
+    global_batch_size, MAX_TOKENS for tokens, MAX_GPUS for any other integer (a larger one would
+    overflow the cost model's int64 arrays). Integers are shown with separators, other numbers
+    short (-2e+12)."""
     for name, value in values.items():
         if value is None:
             continue
@@ -59,13 +60,13 @@ def check_numbers(values: dict[str, Any], allow_zero: bool = False, label: Label
             raise UsageError(f"{shown} must be a number, got {value!r}")
         if isinstance(value, float) and not math.isfinite(value):
             raise UsageError(f"{shown} must be a finite number, got {value}")
+        text = f"{value:,}" if isinstance(value, int) else f"{value:g}"
         if value < 0 or (value == 0 and not allow_zero):
-            raise UsageError(f"{shown} must be {'0 or more' if allow_zero else 'positive'}, got {value:g}")
-        if name == "tokens" and value > MAX_TOKENS:
-            raise UsageError(f"{shown} {value:g} is beyond what plan3d models (at most {MAX_TOKENS:g})")
+            raise UsageError(f"{shown} must be {'0 or more' if allow_zero else 'positive'}, got {text}")
         top = _TOP.get(name, MAX_GPUS)
-        if isinstance(value, int) and value > top:
-            raise UsageError(f"{shown} {value:,} is beyond what plan3d models (at most {top:,})")
+        if (isinstance(value, int) or name in _TOP) and value > top:
+            limit = f"{top:,}" if isinstance(top, int) else f"{top:g}"
+            raise UsageError(f"{shown} {text} is beyond what plan3d models (at most {limit})")
 
 
 def check_integers(values: dict[str, Any], allow_zero: bool = False, label: Label = flag) -> None:

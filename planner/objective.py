@@ -184,16 +184,17 @@ def check_headroom(text: str | None, capacity: float, framework_overhead: float,
 
 def check_room(shown: str, headroom_bytes: float, headroom_fraction: float, capacity: float,
                framework_overhead: float, gpu_name: str) -> None:
-    """Refuse a headroom that leaves no more than the least reserve any layout keeps
-    (``framework_overhead``, bytes: the framework profile's runtime reserve plus the hardware
-    profile's optional extra allowance, formulas.md 3.10) of ``capacity`` (bytes of HBM): no
-    layout could fit, so say so before searching. ``shown`` names the headroom as the user gave
-    it ('--min-memory-headroom 4GiB'). UsageError."""
-    usable = usable_memory(capacity, headroom_bytes, headroom_fraction)
-    if usable <= framework_overhead and not (headroom_bytes or headroom_fraction):
-        raise UsageError(f"gpu.hbm_capacity of {gpu_name} is {capacity / GIB:.3g} GiB, no more than its "
-                         f"{framework_overhead / GIB:.1f} GiB runtime reserve: no layout can fit "
+    """Refuse a GPU whose ``capacity`` (bytes of HBM) is no more than the least reserve any
+    layout keeps (``framework_overhead``, bytes: the framework profile's runtime reserve plus the
+    hardware profile's optional extra allowance, formulas.md 3.10), whatever the headroom: the
+    hardware profile's gpu.hbm_capacity is named. Then refuse a headroom that leaves no more than
+    that reserve: no layout could fit, so say so before searching. ``shown`` names the headroom
+    as the user gave it ('--min-memory-headroom 4GiB'). UsageError."""
+    if capacity <= framework_overhead:
+        raise UsageError(f"gpu.hbm_capacity of {gpu_name} is {format_gib(capacity)} GiB, no more than "
+                         f"its {framework_overhead / GIB:.1f} GiB runtime reserve: no layout can fit "
                          "(check the hardware profile)")
+    usable = usable_memory(capacity, headroom_bytes, headroom_fraction)
     if usable <= framework_overhead:
         raise UsageError(f"{shown} leaves {max(usable, 0.0) / GIB:.1f} "
                          f"GiB of the {format_gib(capacity)} GiB per {gpu_name}, no more than its "

@@ -18,7 +18,7 @@ import numpy as np
 
 from .cost import Estimate, memory_total
 from .cost.collectives import nvlink_domain
-from .degrees import SPLIT_DEGREES, split_problem
+from .degrees import SPLIT_DEGREES, product_expr, split_problem
 from .errors import PlannerError
 from .grid import Grid
 from .inputs import MAX_GPUS
@@ -66,10 +66,7 @@ def no_split_reason(model: ModelSpec, hw: HardwareProfile, gpus: int | None,
              "cp": f"cp a power of two up to {opts.max_cp}",
              "pp": f"pp a divisor of the {L} layers, or a power of two with an uneven split"
                    + (f", up to {opts.max_pp}" if opts.max_pp else "")}
-    product = gpus // rest
-    named = f"{'*'.join(given)} = {'*'.join(map(str, given.values()))} = {product}" \
-        if len(given) > 1 else f"{'*'.join(given)}={product}"
-    lead = f"{named} leaves {rest:,} of {gpus:,} GPUs for {'*'.join(free)}" if given else \
+    lead = f"{product_expr(given)} leaves {rest:,} of {gpus:,} GPUs for {'*'.join(free)}" if given else \
         f"{gpus:,} GPUs"
     return (f"{lead}, and no {'*'.join(free)} makes {rest:,} "
             f"({'; '.join(rules[k] for k in free if k in rules)})")
@@ -93,7 +90,7 @@ def _folding_problem(gpus: int | None, opts: "SearchOptions") -> str | None:
     if fits:
         return None
     if opts.etp and opts.ep:
-        product = f"etp*ep = {etp}*{ep} = {etp * ep}"
+        product = product_expr({"etp": etp, "ep": ep})
     else:  # one pinned: no value of the other can help (a multiple never divides what it cannot)
         product = f"etp {etp} (with any ep)" if opts.etp else f"ep {ep} (with any etp)"
     return f"{product} does not divide {where}: the rule '{FOLDING_RULE}'"

@@ -27,7 +27,7 @@ from .refusal import fit_hint, no_fit_message, no_split_reason, nothing_valid_me
 from .scan import CHUNK, FIT_RULE, Scan, scan  # noqa: F401 (re-exported)
 from .scan_layers import as_scanned
 from .space import (LAYERS_RULE, TP_RULE, UNEVEN_RULE, Candidates, constraint_masks, folds,
-                    default_uneven_split, divisors, uneven_problem, uneven_splits,
+                    default_uneven_split, divisors, rules_broken, uneven_problem, uneven_splits,
                     uneven_vpp_options)
 from .framework_spec import FrameworkProfile
 from .specs import RECOMPUTE_CODES, HardwareProfile, Layout, ModelSpec, TrainingSpec
@@ -49,8 +49,9 @@ class SearchOptions:
     ``objective``: throughput | time-to-train | cost (planner.objective); ``tokens`` overrides
     the model's training token budget; ``price_per_gpu_hour`` prices cost; ``deadline_s``: keep
     only layouts whose expected time to train (failures and checkpoints counted) is at most
-    this many seconds (planner.objective.score). ``max_gpus``: use at
-    most this many GPUs in whole nodes, the search also picks the count. ``headroom_bytes`` /
+    this many seconds (planner.objective.score). ``max_gpus``: a budget
+    of at most this many GPUs (any positive integer); the search also picks the count, whole
+    nodes within it or, below one node, a divisor of a node. ``headroom_bytes`` /
     ``headroom_fraction``: memory per GPU that a layout must leave free beyond the framework's
     reserve. ``recompute_num_layers``: a pinned N of full recompute of the first N layers of
     each model chunk (None: with full recompute the search takes the least N that fits,
@@ -362,7 +363,7 @@ def check_layout(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, 
         layout = layout.model_copy(update=dict(first_stage_layers=0, last_stage_layers=0))  # even
     masks = constraint_masks(model, training, nvlink_domain(hw), Candidates.from_layouts([layout]),
                              allow_cross_node_tp, framework)
-    broken = [rule for rule, ok in masks.items() if not np.all(ok)]
+    broken = rules_broken(masks)
     if broken:
         hint = ""
         f, la = default_uneven_split(model.num_layers, layout.pp)

@@ -178,6 +178,12 @@ def _recompute_layers_ok(num_layers: int, c) -> np.ndarray:
     return (n == 0) | ((np.asarray(c.recompute) == 2) & (n <= largest))
 
 
+def rules_broken(masks: dict[str, np.ndarray]) -> list[str]:
+    """The rules of ``masks`` (rule -> bool array, e.g. constraint_masks or expert_rules on one
+    layout's Candidates) that some candidate fails, in their order: what one layout breaks."""
+    return [rule for rule, ok in masks.items() if not np.all(ok)]
+
+
 EXPERT_RULE = "experts divisible by ep"
 FOLDING_RULE = "etp*ep dividing the tp*cp*dp GPUs of a pipeline stage"
 

@@ -353,6 +353,10 @@ class Layout(LayoutDegrees, _Strict):
         return f"full:{self.recompute_num_layers}" if self.recompute_num_layers else self.recompute
 
 
+# A plan3d version as plans record it: major.minor[.patch], then an optional suffix (0.1.0, 1.2rc1)
+VERSION_PATTERN = r"^(\d+)\.(\d+)(?:\.(\d+))?(?:[.+-]?[0-9A-Za-z.]*)?$"
+
+
 class Plan(_Strict):
     """A chosen plan as written by ``--export``: everything needed to re-evaluate it.
 
@@ -362,7 +366,7 @@ class Plan(_Strict):
     rules are then the catalog profile named by ``training.framework`` (megatron-core).
     """
 
-    plan3d_version: str
+    plan3d_version: str = Field(pattern=VERSION_PATTERN)
     model: ModelSpec
     hardware: HardwareProfile
     gpus: int = Field(gt=0)

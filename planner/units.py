@@ -42,7 +42,7 @@ def _from_si(value: float, factor: tuple[float, float]) -> float:
     return value * factor[1] / factor[0]
 
 _NUMBER = r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?"
-_PATTERN = re.compile(rf"^\s*({_NUMBER})\s*([A-Za-zµ/]+)\s*$")
+_PATTERN = re.compile(rf"^\s*({_NUMBER})\s*([A-Za-zµ/]*)\s*$")
 
 
 def parse_quantity(value: object, kind: str, field: str | None = "value") -> float:
@@ -59,11 +59,11 @@ def parse_quantity(value: object, kind: str, field: str | None = "value") -> flo
     if isinstance(value, (int, float)):
         raise UsageError(f"{prefix}{value!r} needs a unit, e.g. {_example(kind)}")
     match = _PATTERN.match(value)
-    if not match and re.fullmatch(rf"\s*{_NUMBER}\s*", value):
-        raise UsageError(f"{prefix}{value.strip()!r} needs a unit, e.g. {_example(kind)}")
     if not match:
         raise UsageError(f"{prefix}cannot parse {value!r}; expected e.g. {_example(kind)}")
     number, unit = float(match.group(1)), match.group(2)
+    if not unit:
+        raise UsageError(f"{prefix}{value.strip()!r} needs a unit, e.g. {_example(kind)}")
     if unit not in units:
         known = ", ".join(sorted(units))
         raise UsageError(f"{prefix}unknown unit {unit!r} in {value!r} (known: {known})")

@@ -109,7 +109,7 @@ FORCE = typer.Option(False, "--force", help="Overwrite an existing --export file
 CURRENCY = typer.Option(None, "--currency", help="Currency of --price-per-gpu-hour, a three-letter "
                         "code such as EUR, printed as given (nothing is converted) [default: USD].")
 MAX_GPUS = typer.Option(None, "--max-gpus",
-                        help="Use at most N GPUs in whole nodes; the search picks the count.")
+                        help="A budget of at most N GPUs; the search picks the count (whole nodes, or a divisor of one).")
 WHY_NOT = typer.Option(None, "--why-not",
                        help="Explain a (partial) layout, e.g. 'tp=4,pp=16', against the winner.")
 MOE_DISPATCHERS = ("alltoall", "allgather", "flex")

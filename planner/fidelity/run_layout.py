@@ -4,8 +4,8 @@ one default for each setting neither states (listed in the run's assumptions and
 Defaults (the ONLY ones; ``plan3d accuracy --resolve search`` replaces them by the planner's best
 layout consistent with what is stated, planner.fidelity.resolve):
 - micro_batch 1; vpp 1 (plain 1F1B); recompute full where the source counts FLOPs with
-  Narayanan's formula (which assumes full recomputation), else none; sequence_parallel off;
-  zero_stage 0 without the distributed optimizer; etp 1 (Megatron's guidance for MoE; moe.md 6);
+  Narayanan's formula (which assumes full recomputation), else none; sequence_parallel off
+  (on for an MoE model with tp > 1: Megatron-Core requires it); zero_stage 0 without the distributed optimizer; etp 1 (Megatron's guidance for MoE; moe.md 6);
   tp = 8 and pp = (gpus/dp)/8 where only dp is given (Narayanan 2021 Table 2 gives only t*p:
   one DGX node of TP, as every PTD-P layout of its Table 1 from 18B up);
 - a pipeline that pp does not divide: space.default_uneven_split (the middle stages one layer
@@ -21,7 +21,6 @@ from __future__ import annotations
 from typing import Any
 
 from ..catalog import resolve_framework, validate
-from ..errors import UsageError
 from ..frameworks.profile import gradient_dtype_name, resolve_training
 from ..inputs import field_of, training_spec
 from ..specs import Layout, ModelSpec, TrainingSpec
@@ -73,6 +72,8 @@ def layout_of(gpus: int, lay: dict, facts: RunFacts, model: ModelSpec,
     defaults = dict(LAYOUT_DEFAULTS, recompute="full" if convention == "narayanan" else "none")
     if model.moe is None:
         defaults.pop("etp")
+    elif tp > 1:  # Megatron-Core's MoE layer trains with tp > 1 only with SP (space.expert_rules)
+        defaults["sequence_parallel"] = True
     distopt = _stated(lay, facts, "distributed_optimizer") is True
     value, unknown = {"etp": 1}, []
     for key, default in defaults.items():

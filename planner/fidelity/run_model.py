@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..catalog import resolve_model, validate
+from ..catalog import catalog_model_name, resolve_model, validate
 from ..errors import UsageError
 from ..specs import ModelSpec, TrainingDefaults
 
@@ -37,11 +37,13 @@ SHAPE = {"layers": "num_layers", "hidden": "hidden_size", "heads": "num_attentio
 
 def run_model(run_id: str, row: dict, facts_model: dict[str, Any] | None, architecture: str | None,
               seq: int, batch: int, assume: Callable[[str], None]) -> ModelSpec:
-    """The ModelSpec of run ``run_id`` (named after it). ``row``: the row's ``model`` mapping;
-    ``facts_model``: the facts' model mapping (None = none); ``seq``/``batch``: its sequence
-    length and global batch. UsageError if a stated shape contradicts the catalog model."""
+    """The ModelSpec of run ``run_id`` (named after it). ``row``: the row's ``model`` mapping
+    (its ``catalog`` names the model when the facts do not, catalog_of); ``facts_model``: the
+    facts' model mapping (None = none); ``seq``/``batch``: its sequence length and global batch.
+    UsageError if a stated shape contradicts the catalog model."""
+    catalog = catalog_of(row, facts_model)
     given = dict(facts_model or {})
-    catalog = given.pop("catalog", None) or row.get("catalog")
+    given.pop("catalog", None)
     defaults = TrainingDefaults(seq_length=seq, global_batch_size=batch)
     if catalog is not None:
         base = resolve_model(str(catalog))
@@ -103,14 +105,23 @@ def _from_row(run_id: str, row: dict, given: dict[str, Any], architecture: str |
 def _catalog_hint(name: object) -> str:
     """A note for an assumed architecture when the row's model.name is a catalog model's name
     or alias ("" otherwise): model.catalog would cost the run as that model."""
-    if not isinstance(name, str) or not name.strip() or any(c in name for c in "/\\") \
-            or name.endswith((".yaml", ".yml", ".json")):
-        return ""
-    try:
-        found = resolve_model(name.strip())
-    except UsageError:
-        return ""
-    return f"; model.name {name!r} is catalog model {found.name}: model.catalog: {found.name} costs it as that"
+    found = catalog_model_name(name) if isinstance(name, str) else None
+    return f"; model.name {name!r} is catalog model {found}: model.catalog: {found} costs it as that" \
+        if found else ""
+
+
+def catalog_of(row: dict, facts_model: object) -> str | None:
+    """The catalog model a run trains (a name, a model YAML or a config.json): its facts'
+    ``model.catalog``, else the row's ``model.catalog``; None when neither names one. UsageError
+    for a row's model.catalog that is not a non-empty string, or one that the facts contradict."""
+    given = facts_model.get("catalog") if isinstance(facts_model, dict) else None
+    own = row.get("catalog")
+    if own is not None and (not isinstance(own, str) or not own.strip()):
+        raise UsageError(f"model.catalog must name a catalog model, a model YAML or a config.json, "
+                         f"got {own!r}")
+    if given is not None and own is not None and str(given).strip().lower() != own.strip().lower():
+        raise UsageError(f"model.catalog is {own} but the run's facts name {given}: name one model")
+    return str(given) if given is not None else own
 
 
 def _check_against(row: dict, model: ModelSpec, catalog: str, assume: Callable[[str], None]) -> None:

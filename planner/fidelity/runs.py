@@ -19,8 +19,8 @@ in the run's ``assumptions`` (``plan3d accuracy`` prints them).
 - peak memory: GB = 10^9 bytes unless the notes tag ``[memory=GiB]`` or the facts'
   ``memory_unit: GiB`` says the source's code prints binary units (Megatron-LM's report_memory
   divides by 1024^2 and labels it "MB").
-- skipped: a GPU count, the architecture (layers/hidden/heads, unless the facts name a catalog
-  model), the parallel layout or the global batch not given; hardware with no profile.
+- skipped: a GPU count, the architecture (layers/hidden/heads, unless the facts or the row's
+  model.catalog name a catalog model), the parallel layout or the global batch not given; hardware with no profile.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from ..inputs import check_integers
 from ..specs import NAME_PATTERN, HardwareProfile, Layout, ModelSpec, TrainingSpec
 from .facts import RunFacts, run_facts
 from .run_layout import layout_of, training_of
-from .run_model import run_model
+from .run_model import catalog_of, run_model
 from .schema import check_fields, notes_tags
 from ..units import GIB
 
@@ -174,16 +174,11 @@ def _measured(m: object) -> dict[str, float]:
 
 def _expert_problem(model: ModelSpec, layout: Layout) -> str | None:
     """The expert-mesh rules a run's layout breaks (space.expert_rules, the ones every command
-    applies: experts divisible by ep, etp*ep dividing a stage's tp*cp*dp GPUs, ...), as one
-    message; None if it keeps them."""
-    from ..space import Candidates, expert_rules
-    import numpy as np
-    rules = expert_rules(model, Candidates.from_layouts([layout]))
-    broken = [rule for rule, ok in rules.items() if not np.all(ok)]
-    if not broken:
-        return None
-    return (f"layout ep={layout.ep} etp={layout.etp} (tp={layout.tp} cp={layout.cp} dp={layout.dp}) "
-            f"breaks: {'; '.join(broken)}")
+    applies: experts divisible by ep, etp*ep dividing a stage's tp*cp*dp GPUs, SP with tp > 1,
+    ...), worded as search.check_layout words them; None if it keeps them."""
+    from ..space import Candidates, expert_rules, rules_broken
+    broken = rules_broken(expert_rules(model, Candidates.from_layouts([layout])))
+    return f"layout {layout.short()} breaks: {'; '.join(broken)}" if broken else None
 
 
 THROUGHPUT_AGREEMENT = 0.02  # published tables round tokens/s and step times to 3-4 digits
@@ -229,7 +224,7 @@ def _sections(row: dict) -> tuple[dict, dict, dict]:
 
 def _skip_reason(hw_row: dict, model_row: dict, lay: dict, facts: RunFacts, profile) -> str | None:
     """Why a row cannot be predicted (None if it can)."""
-    catalog = (isinstance(facts.model, dict) and "catalog" in facts.model) or bool(model_row.get("catalog"))
+    catalog = catalog_of(model_row, facts.model) is not None
     if profile is None:
         return (f"hardware not modelled by plan3d ({hw_row.get('gpu')}; name a profile with "
                 f"hardware.profile, e.g. dgx-h100, or write a GPU name of `plan3d hardware`)")

@@ -76,13 +76,20 @@ import numpy as np
 
 from ..cost.model_counts import moe_layer_mask, window_layer_mask
 from ..errors import UsageError
+from ..inputs import flag
 from ..specs import Plan
 
-# Megatron-Core TransformerConfig routing fields plan3d's model schema does not hold (a/b: set
-# together); both exports name them for the user to set from the model card
-UNMODELLED_ROUTING = ("moe_router_score_function", "moe_router_enable_expert_bias",
-                      "moe_router_num_groups/moe_router_group_topk", "moe_router_topk_scaling_factor",
-                      "moe_aux_loss_coeff", "moe_router_dtype")
+# Megatron-Core TransformerConfig routing fields plan3d's model schema does not hold (a group is
+# set together); both exports name them for the user to set from the model card
+UNMODELLED_ROUTING = (("moe_router_score_function",), ("moe_router_enable_expert_bias",),
+                      ("moe_router_num_groups", "moe_router_group_topk"),
+                      ("moe_router_topk_scaling_factor",), ("moe_aux_loss_coeff",), ("moe_router_dtype",))
+
+
+def unmodelled_routing(name=lambda field: field) -> str:
+    """UNMODELLED_ROUTING as one comment's list, each field written by ``name`` (Megatron's
+    planner.inputs.flag: --moe-router-dtype; Bridge's field name as is), a group joined by '/'."""
+    return ", ".join("/".join(map(name, group)) for group in UNMODELLED_ROUTING)
 
 Args = list[tuple[str, str | None]]
 
@@ -138,8 +145,7 @@ def moe_args(plan: Plan) -> tuple[Args, list[str]]:
     comments = [
         f"experts: {moe.num_experts} over ep={lay.ep} x etp={lay.etp} (edp={lay.edp}); dropless "
         f"{plan.training.moe_dispatcher} dispatch with grouped GEMM, as the estimate assumed",
-        "routing not in plan3d's model schema, set from the model card: " + ", ".join(
-            "/".join(f"--{f.replace('_', '-')}" for f in group.split("/")) for group in UNMODELLED_ROUTING)]
+        "routing not in plan3d's model schema, set from the model card: " + unmodelled_routing(flag)]
     if moe.router_topk == 1:
         args.append(("--moe-router-pre-softmax", None))
         comments.append("top-1 routing: Megatron-Core requires --moe-router-pre-softmax with its "
@@ -270,9 +276,9 @@ def model_args(plan: Plan) -> tuple[Args, list[str]]:
     a2, c2 = moe_args(plan)
     a3, c3 = job_args(plan)
     args: Args = []
-    for flag, value in a1 + a2 + a3:
-        if all(flag != f for f, _ in args):
-            args.append((flag, value))
+    for option, value in a1 + a2 + a3:
+        if all(option != f for f, _ in args):
+            args.append((option, value))
     eps = plan.model.norm_epsilon
     if eps is not None:
         args.append(("--norm-epsilon", f"{eps:g}"))

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from ..cost.model_counts import moe_layer_mask, window_layer_mask
 from ..specs import Plan
-from .megatron_model import UNMODELLED_ROUTING, ep_overlap, flex_backend
+from .megatron_model import ep_overlap, flex_backend, unmodelled_routing
 
 POSITION = {"rope": "rope", "learned": "learned_absolute"}
 
@@ -154,5 +154,5 @@ def model_comments(plan: Plan) -> list[str]:
                    "(Megatron-Core default 1e-5) applies")
     if m.moe is not None:
         out.append("routing not in plan3d's model schema, set from the model card: "
-                   + ", ".join(UNMODELLED_ROUTING))
+                   + unmodelled_routing())
     return out

@@ -193,8 +193,7 @@ def explain_text(e: ex.SearchExplanation, capacity: str, top: int) -> str:
                      f"no offload, then the lower ZeRO stage, then the smaller memory, first.")
     elif r is not None:
         worse = ", ".join(f"{TIME_LABELS[t]} +{fmt.seconds(d)}" for t, d in r.worse) or "no single term"
-        better = ", ".join(f"{TIME_LABELS[t]} -{fmt.seconds(-d)}" for t, d in r.better
-                           if -d >= 0.0005 * w.step_s)
+        better = ", ".join(f"{TIME_LABELS[t]} -{fmt.seconds(-d)}" for t, d in r.better)
         lines.append(f"Runner-up ({_differs(r.differs)}) is {fmt.percent(r.slower_by, 2)} slower: "
                      f"{worse}" + (f"; less: {better}" if better else "") + ".")
     if e.cp_fallback is not None:
