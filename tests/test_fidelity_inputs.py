@@ -79,7 +79,7 @@ def test_shipped_rows_all_load_with_the_field_check():
     ("layout", "micro_batch_size", "tp, pp, dp, cp, ep, etp, vpp, micro_batch, global_batch, "
                                    "zero_stage, recompute, sequence_parallel"),
     ("layout", "zero", None),
-    ("model", "layer", "name, params_b, layers, hidden, heads, kv_heads, ffn_hidden, vocab, seq_len, "
+    ("model", "layer", "name, catalog, params_b, layers, hidden, heads, kv_heads, ffn_hidden, vocab, seq_len, "
                        "arch_notes, num_experts, top_k, moe_ffn_hidden, shared_experts, dense_layers"),
     ("hardware", "gpu_count", "gpu, gpus, gpus_per_node, intra_node, inter_node, profile"),
     ("measured", "mfu", "tflops_per_gpu, mfu_percent, hfu_percent, tokens_per_s, iteration_s, "
