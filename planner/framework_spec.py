@@ -24,7 +24,7 @@ source). planner.frameworks.profile resolves a TrainingSpec from a profile; SI u
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -38,14 +38,21 @@ class _Facts(_Strict):
     """A block of facts with a ``sources`` mapping: one non-empty source per fact field."""
 
     sources: dict[str, str]
+    # Fields added after profiles were written (plans embed their profile): at their default
+    # they need no source, and their source is this text
+    DEFAULT_SOURCES: ClassVar[dict[str, str]] = {}
 
     @model_validator(mode="after")
     def _every_fact_sourced(self) -> "_Facts":
-        facts = [name for name in type(self).model_fields if name != "sources"]
+        fields = type(self).model_fields
+        facts = [name for name in fields if name != "sources"]
         unknown = sorted(set(self.sources) - set(facts))
         if unknown:
             raise ValueError(f"sources names {unknown[0]!r}, which is not a field of this block "
                              f"(fields: {', '.join(facts)})")
+        for name, text in self.DEFAULT_SOURCES.items():
+            if not str(self.sources.get(name, "")).strip() and getattr(self, name) == fields[name].default:
+                self.sources[name] = text
         missing = [name for name in facts if not str(self.sources.get(name, "")).strip()]
         if missing:
             raise ValueError(f"{missing[0]} has no source: add sources.{missing[0]} (where the "
@@ -72,6 +79,8 @@ class Rules(_Facts):
       embedding-and-loss form).
     - ``zero_stages``: the ZeRO stages it offers (1 = Megatron's distributed optimizer where
       that is the mechanism); ``max_zero_stage_with_pp``: the highest stage allowed with pp > 1;
+      ``max_zero_stage_with_moe``: the highest stage allowed for a model with MoE layers (3, the
+      default: no limit known);
       ``distributed_optimizer``: Megatron's --use-distributed-optimizer exists.
     - ``recompute``: the recomputation modes plan3d can cost that it offers;
       ``recompute_num_layers``: full recompute of only the first N layers of each model chunk
@@ -102,6 +111,9 @@ class Rules(_Facts):
     uneven_split: Literal["none", "megatron", "edge_stages"]
     zero_stages: list[Literal[0, 1, 2, 3]] = Field(min_length=1)
     max_zero_stage_with_pp: Literal[0, 1, 2, 3]
+    max_zero_stage_with_moe: Literal[0, 1, 2, 3] = 3
+    DEFAULT_SOURCES: ClassVar[dict[str, str]] = {
+        "max_zero_stage_with_moe": "no ZeRO stage limit for MoE layers is known in this framework"}
     distributed_optimizer: bool
     recompute: list[Recompute] = Field(min_length=1)
     recompute_num_layers: bool

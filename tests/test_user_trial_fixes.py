@@ -522,3 +522,32 @@ def test_own_run_catalog_that_its_facts_contradict_is_refused(tmp_path, monkeypa
         [{"runs": "mylab-*", "source": "my notes", "model": "mixtral-8x7b"}]))
     line = one_line_error(["accuracy", "runs.yaml"])
     assert "model.catalog is llama3-8b but the run's facts name mixtral-8x7b" in line
+
+
+def test_deepspeed_moe_plans_stop_at_zero_2():
+    # DeepSpeed's engine asserts "MoE not supported with Stage 3" (runtime/engine.py
+    # _configure_zero_optimizer): the deepspeed profile's search never proposes ZeRO-3 for an MoE
+    # model (its winner was zero=3, whose config died at deepspeed.initialize), and a pin says why
+    res = runner.invoke(app, ["search", "--model", "qwen3-30b-a3b", "--gpus", "16", "--framework",
+                              "deepspeed", "--top", "20", "--json"])
+    assert res.exit_code == 0, res.stderr
+    stages = {row["layout"]["zero_stage"] for row in json.loads(res.stdout)}
+    assert stages and max(stages) <= 2
+    line = one_line_error(["search", "--model", "qwen3-30b-a3b", "--gpus", "16", "--framework",
+                           "deepspeed", "--zero-stage", "3"])
+    assert "DeepSpeed: MoE layers need ZeRO stage 2 or lower" in line
+    # a dense model keeps ZeRO-3 on DeepSpeed
+    dense = runner.invoke(app, ["search", "--model", "llama3-8b", "--gpus", "16", "--framework",
+                                "deepspeed", "--zero-stage", "3", "--json"])
+    assert dense.exit_code == 0 and json.loads(dense.stdout)[0]["layout"]["zero_stage"] == 3
+
+
+def test_a_framework_profile_written_before_a_rule_existed_still_loads(tmp_path):
+    # plans embed their framework profile: one written without max_zero_stage_with_moe takes its
+    # default (no limit) and that default's source
+    from planner.catalog import resolve_framework
+    from planner.framework_spec import FrameworkProfile
+    data = resolve_framework("megatron-core").model_dump(mode="json")
+    del data["rules"]["max_zero_stage_with_moe"], data["rules"]["sources"]["max_zero_stage_with_moe"]
+    rules = FrameworkProfile.model_validate(data).rules
+    assert rules.max_zero_stage_with_moe == 3 and "no ZeRO stage limit" in rules.sources["max_zero_stage_with_moe"]

@@ -117,10 +117,14 @@ def _pipeline_masks(profile: FrameworkProfile, model: ModelSpec, c, m, pp, vpp) 
 
 
 def _expert_masks(profile: FrameworkProfile, c) -> dict:
-    """Expert tensor parallelism and where the ep ranks come from (Rules.expert_ranks)."""
+    """The ZeRO stages MoE layers allow, expert tensor parallelism and where the ep ranks come
+    from (Rules.max_zero_stage_with_moe, expert_tensor_parallel, expert_ranks)."""
     r, d = profile.rules, profile.display
     ep = np.asarray(c.ep)
     out: dict[str, np.ndarray] = {}
+    if r.max_zero_stage_with_moe < 3:
+        out[f"{d}: MoE layers need ZeRO stage {r.max_zero_stage_with_moe} or lower"] = \
+            np.asarray(c.zero_stage) <= r.max_zero_stage_with_moe
     if not r.expert_tensor_parallel:
         out[f"{d} has no expert tensor parallelism (etp = 1)"] = np.asarray(c.etp) == 1
     if r.expert_ranks == "data":
