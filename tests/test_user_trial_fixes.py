@@ -551,3 +551,19 @@ def test_a_framework_profile_written_before_a_rule_existed_still_loads(tmp_path)
     del data["rules"]["max_zero_stage_with_moe"], data["rules"]["sources"]["max_zero_stage_with_moe"]
     rules = FrameworkProfile.model_validate(data).rules
     assert rules.max_zero_stage_with_moe == 3 and "no ZeRO stage limit" in rules.sources["max_zero_stage_with_moe"]
+
+
+def test_export_of_a_plan_that_does_not_fit_says_so(tmp_path):
+    # a plan edited to ZeRO-0 no longer fits (estimate --plan exits 1); export still writes the
+    # arguments but says so first
+    plan = tmp_path / "p.yaml"
+    assert runner.invoke(app, ["search", "--model", "llama3-70b", "--gpus", "64", "--export", str(plan)]).exit_code == 0
+    data = yaml.safe_load(plan.read_text())
+    data["layout"]["zero_stage"], data["layout"]["distributed_optimizer"] = 0, False
+    plan.write_text(yaml.safe_dump(data))
+    assert runner.invoke(app, ["estimate", "--plan", str(plan)]).exit_code == 1
+    out = runner.invoke(app, ["export", str(plan), "--to", "megatron"])
+    assert out.exit_code == 0 and out.stderr.startswith("note: this plan does not fit: it needs ")
+    fits = tmp_path / "q.yaml"
+    assert runner.invoke(app, ["search", "--model", "llama3-70b", "--gpus", "64", "--export", str(fits)]).exit_code == 0
+    assert "does not fit" not in runner.invoke(app, ["export", str(fits), "--to", "megatron"]).stderr

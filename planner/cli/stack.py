@@ -36,11 +36,25 @@ def export_cmd(
         raise UsageError(f"--torchtitan-format applies to --to torchtitan only, not --to {target}")
     result = export_plan(p, target, (torchtitan_format or "overrides").strip().lower())
     from ..explain import model_notes
-    for note in result.notes + model_notes(p.model):
+    for note in _fit_note(p) + result.notes + model_notes(p.model):
         console.note(f"note: {note}")
     write(output or Path("-"), result.text, force, "--output", "config.txt")
     if output is not None and not is_stdout(output):
         console.note(f"Wrote {target} configuration to {output}")
+
+
+def _fit_note(plan) -> list[str]:
+    """[] when the plan fits its GPUs' memory, else the one note that it does not (the export
+    still writes it: plan3d estimate --plan shows the terms)."""
+    from ..cost.step import estimate_layout
+    from ..units import format_gib
+    est = estimate_layout(plan.model, plan.hardware, plan.training, plan.layout)
+    if bool(est.fits[0]):
+        return []
+    need, have = float(est.memory["total"][0]), float(est.memory["capacity"][0])
+    return [f"this plan does not fit: it needs {format_gib(need)} GiB per GPU of the "
+            f"{format_gib(have)} GiB ({plan.hardware.gpu.name}); `plan3d estimate --plan` shows the "
+            "terms, `plan3d search` a layout that fits"]
 
 
 @app.command()

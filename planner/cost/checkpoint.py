@@ -76,7 +76,8 @@ class CheckpointFormat:
 
 
 # The checkpoint format each framework writes (frameworks_checkpoints.md 3.1)
-FORMAT_NAMES = {"megatron-core": "Megatron-Core torch_dist", "torchtitan": "torchtitan DCP",
+FORMAT_NAMES = {"megatron-core": "Megatron-Core torch_dist; fsdp_dtensor with Megatron-FSDP",
+                "torchtitan": "torchtitan DCP",
                 "deepspeed": "DeepSpeed ZeRO checkpoint"}
 
 

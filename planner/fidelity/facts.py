@@ -121,11 +121,30 @@ MERGED = ("layout", "training")  # mappings merged field by field
 
 @lru_cache(maxsize=None)
 def facts_file(path: Path) -> tuple[FactsEntry, ...]:
-    """The entries of a facts file (UsageError naming the entry if malformed)."""
+    """The entries of a facts file (UsageError naming the entry if malformed, or if it names a
+    hardware profile or catalog model that does not exist, whether or not a run uses it)."""
     data = read_yaml(path)
     if not isinstance(data, list):
         raise UsageError(f"{path}: expected a list of entries (runs, source, facts)")
-    return tuple(validate(FactsEntry, entry, f"{path}: entry {i + 1}") for i, entry in enumerate(data))
+    entries = tuple(validate(FactsEntry, entry, f"{path}: entry {i + 1}") for i, entry in enumerate(data))
+    for i, entry in enumerate(entries):
+        _check_names(entry, f"{path}: entry {i + 1}")
+    return entries
+
+
+def _check_names(entry: FactsEntry, where: str) -> None:
+    """UsageError for an entry's hardware profile or catalog model name that resolves to nothing
+    (a path, which resolves relative to the working directory, is checked when a run uses it)."""
+    from ..catalog import resolve_hardware, resolve_model
+    model = entry.model.get("catalog") if isinstance(entry.model, dict) else entry.model
+    for field, name, resolve in (("hardware", entry.hardware, resolve_hardware),
+                                 ("model", model, resolve_model)):
+        if isinstance(name, str) and not any(c in name for c in "/\\") and \
+                not name.endswith((".yaml", ".yml", ".json")):
+            try:
+                resolve(name)
+            except UsageError as exc:
+                raise UsageError(f"{where}: {field}: {exc}") from None
 
 
 def facts_files(runs_file: Path | None) -> list[Path]:

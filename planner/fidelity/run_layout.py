@@ -21,8 +21,9 @@ from __future__ import annotations
 from typing import Any
 
 from ..catalog import resolve_framework, validate
+from ..errors import UsageError
 from ..frameworks.profile import gradient_dtype_name, resolve_training
-from ..inputs import field_of, training_spec
+from ..inputs import check_integers, field_of, training_spec
 from ..specs import Layout, ModelSpec, TrainingSpec
 from .facts import RunFacts
 
@@ -52,14 +53,30 @@ def _stated(lay: dict, facts: RunFacts, key: str, assume=None) -> Any:
 
 def split_degrees(gpus: int, lay: dict, assume) -> tuple[int, int, int, int]:
     """(tp, pp, cp, dp) of a row: as given, dp = gpus/(tp*pp*cp) where dp is not given, and
-    tp = 8, pp = (gpus/dp)/(8*cp) where only dp is (listed as assumed)."""
-    tp, pp, dp, cp = lay.get("tp"), lay.get("pp"), lay.get("dp"), int(lay.get("cp") or 1)
+    where dp is given but not tp and pp, tp = 8, pp = (gpus/dp)/(8*cp) (listed as assumed); one of
+    tp and pp missing is what the others leave (listed). UsageError for a stated degree that is
+    not a positive integer, or a model-parallel size that does not split so."""
+    check_integers({k: lay.get(k) for k in ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "micro_batch")},
+                   label=lambda k: f"layout.{k}")
+    tp, pp, dp, cp = lay.get("tp"), lay.get("pp"), lay.get("dp"), lay.get("cp") or 1
     if tp is None or pp is None:
-        mp = gpus // (int(dp) * cp)
-        tp, pp = 8, mp // 8
-        assume(f"tp=8,pp={pp} (tp*pp={mp})")
-    dp = int(dp) if dp is not None else gpus // (int(tp) * int(pp) * cp)
-    return int(tp), int(pp), cp, dp
+        mp = gpus // (dp * cp)
+        if tp is None and pp is None:
+            if mp < 8 or mp % 8:
+                raise UsageError(f"layout.tp and layout.pp are not given and tp*pp = {mp} (gpus / "
+                                 "(dp*cp)) is not 8 GPUs of tensor parallelism times a pipeline: "
+                                 "state them")
+            tp, pp = 8, mp // 8
+            assume(f"tp=8,pp={pp} (tp*pp={mp})")
+        else:
+            given, name = (tp, "pp") if pp is None else (pp, "tp")
+            if mp % given:
+                raise UsageError(f"layout.{name} is not given and {given} does not divide the "
+                                 f"tp*pp = {mp} GPUs that gpus / (dp*cp) leaves: state it")
+            tp, pp = (tp, mp // tp) if pp is None else (mp // pp, pp)
+            assume(f"{name}={tp if name == 'tp' else pp} (tp*pp={mp})")
+    dp = dp if dp is not None else gpus // (tp * pp * cp)
+    return tp, pp, cp, dp
 
 
 def layout_of(gpus: int, lay: dict, facts: RunFacts, model: ModelSpec,
@@ -68,7 +85,10 @@ def layout_of(gpus: int, lay: dict, facts: RunFacts, model: ModelSpec,
     LAYOUT_DEFAULTS value, listed through ``assume`` unless it cannot change the prediction."""
     from ..space import default_uneven_split
     tp, pp, cp, dp = split_degrees(gpus, lay, assume)
-    ep = int(_stated(lay, facts, "ep", assume) or 1)
+    ep = _stated(lay, facts, "ep", assume)
+    if ep is None and model.moe is not None:
+        assume("ep=1 (no expert parallelism)")
+    ep = int(ep or 1)
     defaults = dict(LAYOUT_DEFAULTS, recompute="full" if convention == "narayanan" else "none")
     if model.moe is None:
         defaults.pop("etp")

@@ -184,10 +184,11 @@ def _expert_problem(model: ModelSpec, layout: Layout) -> str | None:
 THROUGHPUT_AGREEMENT = 0.02  # published tables round tokens/s and step times to 3-4 digits
 
 
-def _check_throughput_agrees(measured: dict[str, float], tokens_per_step: int) -> None:
+def _check_throughput_agrees(measured: dict[str, float], tokens_per_step: int, assumed: str = "") -> None:
     """A row that gives both a step time and a token rate gives one figure twice: tokens per
     step = tokens/s x step time. UsageError when they disagree by more than THROUGHPUT_AGREEMENT
-    (the shipped rows agree within 0.5 %), naming the step time the token rate implies."""
+    (the shipped rows agree within 0.5 %), naming the step time the token rate implies and
+    ``assumed`` (what tokens_per_step rests on that the row does not state)."""
     step, rate = measured.get("iteration_s"), measured.get("tokens_per_s")
     if step is None or rate is None:
         return
@@ -195,7 +196,8 @@ def _check_throughput_agrees(measured: dict[str, float], tokens_per_step: int) -
     if abs(step / implied - 1.0) > THROUGHPUT_AGREEMENT:
         raise UsageError(f"measured.iteration_s {step:g} s and measured.tokens_per_s {rate:,.0f} "
                          f"disagree: global batch x seq_len / tokens_per_s = {implied:.4g} s "
-                         f"({abs(step / implied - 1.0):.1%} apart); correct one or give only one")
+                         f"({abs(step / implied - 1.0):.1%} apart){assumed}; correct one or give "
+                         "only one")
 
 
 def _hardware(hw_row: dict, facts: RunFacts, assume) -> str | None:
@@ -211,6 +213,20 @@ def _hardware(hw_row: dict, facts: RunFacts, assume) -> str | None:
             assume(f"hardware={name} (its GPU is {hw_row['gpu']})")
             return name
     return None
+
+
+def _check_hardware_agrees(hw_row: dict, hw: HardwareProfile) -> None:
+    """UsageError when the row's hardware.gpu is another profile's GPU name, or its
+    gpus_per_node is not the profile's: the run would be costed on hardware it did not run on."""
+    gpu = str(hw_row.get("gpu") or "").strip().lower()
+    others = {h.gpu.name.lower(): h.gpu.name for h in hardware_profiles().values()}
+    if gpu in others and gpu != hw.gpu.name.lower():
+        raise UsageError(f"hardware.gpu {others[gpu]} is not the GPU of profile {hw.name} "
+                         f"({hw.gpu.name}): name the profile of the GPU the run used")
+    per_node = hw_row.get("gpus_per_node")
+    if per_node is not None and per_node != hw.gpus_per_node:
+        raise UsageError(f"hardware.gpus_per_node {per_node} is not profile {hw.name}'s "
+                         f"{hw.gpus_per_node}: name a profile of that node (or write one)")
 
 
 def _sections(row: dict) -> tuple[dict, dict, dict]:
@@ -258,16 +274,18 @@ def _case(row: dict, path: Path | None = None) -> RunCase:
     case.skipped = _skip_reason(hw_row, model_row, lay, facts, profile)
     if case.skipped:
         return case
-    batch = lay["global_batch"] if lay.get("global_batch") is not None else facts.layout.global_batch
+    stated = facts.layout.global_batch if facts.layout is not None else None
+    batch = lay["global_batch"] if lay.get("global_batch") is not None else stated
+    if stated is not None and batch != stated:
+        raise UsageError(f"layout.global_batch {batch} but the run's facts give {stated}: correct one")
     check_integers({"global_batch_size": batch}, label=lambda _: "layout.global_batch")
     seq = model_row.get("seq_len")
     if seq is None:
         seq = 1024
         assume("seq_len=1024")
     check_integers({"seq_length": seq}, label=lambda _: "model.seq_len")
-    if model_row.get("seq_len") is not None:
-        _check_throughput_agrees(case.measured, int(batch) * int(seq))
     case.hardware = resolve_hardware(profile)
+    _check_hardware_agrees(hw_row, case.hardware)
     case.peak_flops = PEAKS[facts.peak] if facts.peak else case.hardware.gpu.peak_tflops["bf16"] * 1e12
     model_facts = facts.model if isinstance(facts.model, dict) else None
     case.model = run_model(case.id, model_row, model_facts, facts.architecture, int(seq), int(batch), assume)
@@ -290,4 +308,6 @@ def _case(row: dict, path: Path | None = None) -> RunCase:
         what = f"dp x micro_batch = {dp} x {mbs} = {dp * mbs}" if stated else f"dp = {dp}"
         raise UsageError(f"layout.global_batch {int(batch):,} is not a multiple of {what}: every "
                          "data-parallel rank takes whole micro-batches")
+    _check_throughput_agrees(case.measured, int(batch) * int(seq),
+                             "" if model_row.get("seq_len") is not None else f" (seq_len not given: {seq} assumed)")
     return case

@@ -123,12 +123,15 @@ def _prefix(ids: list[str]) -> str:
 
 
 def _layout(lay, training=None) -> str:
+    """A run's layout in one short line: t2 p8 d16 e32 v4 z1 b1 sel+ sp fp8 (recompute none, sel,
+    sel+, full or full:N, each distinct)."""
     if lay is None:
         return ""
     extra = "".join(f" {k}{v}" for k, v in (("c", lay.cp), ("e", lay.ep)) if v > 1)
     precision = "" if training is None or training.precision == "bf16" else f" {training.precision}"
     return (f"t{lay.tp} p{lay.pp} d{lay.dp}{extra} v{lay.vpp} z{lay.zero_stage} "
-            f"b{lay.micro_batch_size} {lay.recompute[:4]}{'+sp' if lay.sequence_parallel else ''}"
+            f"b{lay.micro_batch_size} {lay.recompute_label.replace('selective', 'sel')}"
+            f"{' sp' if lay.sequence_parallel else ''}"
             f"{precision}")
 
 
