@@ -567,3 +567,12 @@ def test_export_of_a_plan_that_does_not_fit_says_so(tmp_path):
     fits = tmp_path / "q.yaml"
     assert runner.invoke(app, ["search", "--model", "llama3-70b", "--gpus", "64", "--export", str(fits)]).exit_code == 0
     assert "does not fit" not in runner.invoke(app, ["export", str(fits), "--to", "megatron"]).stderr
+
+
+def test_calibrate_says_what_its_runs_assume(tmp_path, monkeypatch):
+    # accuracy lists each run's defaults; calibrate fitted on the same runs without saying them
+    _own_run(tmp_path, monkeypatch)
+    res = runner.invoke(app, ["calibrate", "runs.yaml", "--hardware", "dgx-h100", "-o", str(tmp_path / "cal.yaml")])
+    assert res.exit_code == 0, res.stderr
+    flat = " ".join(res.stderr.split())
+    assert "note: the fitted runs assume" in flat and "recompute=none (1 run)" in flat

@@ -104,7 +104,7 @@ def calibrate(
     from ..outputs import check_destination, is_stdout, report_to_stderr, shown
     from ..fidelity.calibrate import factors_of, fit, partition, source_text, with_factors
     from ..fidelity.profile_io import write_profile
-    from ..render.fidelity import calibration_notes, calibration_report
+    from ..render.fidelity import assumptions_text, calibration_notes, calibration_report
     from ..fidelity.runs import load_runs, select_runs
     check_destination(output, force, "--output", "my-profile.yaml")
     hw = catalog.resolve_hardware(hardware)
@@ -119,7 +119,7 @@ def calibrate(
         if c.id not in kept:
             unused[c.id] = "excluded by --exclude" if any(fnmatch(c.id, p) for p in exclude) else \
                 f"excluded by --min-trust {min_trust} (trust: {c.trust})"
-    calibration_notes(unused, len(used), len(factors_of(hw)), hw.name)
+    calibration_notes(unused, len(used), len(factors_of(hw)), hw.name, assumptions_text(used))
     if not used:
         why = "after --exclude/--min-trust" if len(kept) < len(loaded) else "to calibrate on"
         raise UsageError(f"no usable measured run on hardware {hw.name} {why}")

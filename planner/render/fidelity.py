@@ -185,13 +185,10 @@ def accuracy_tables(comparisons, skipped, summary: dict, loso: dict | None = Non
         out.print(f"Leave-one-source-out: {loso.get('__refits__', 0)} refits of the fitted profiles "
                   "(benchmarks/calibration.yaml) without the source predicted; runs on profiles "
                   "that are not fitted, or of sources they are not fitted on, are held out already.")
-    counts: dict[str, int] = {}
-    for c in comparisons:
-        for a in c.case.assumptions:
-            counts[a] = counts.get(a, 0) + 1
-    if counts:
+    assumed = assumptions_text([c.case for c in comparisons])
+    if assumed:
         out.print("[bold]Defaults assumed[/] (rules: planner/fidelity/runs.py; per run: --json): " +
-                  escape(", ".join(f"{a} ({n} run{'' if n == 1 else 's'})" for a, n in counts.items())))
+                  escape(assumed))
     if skipped:
         out.print("[bold]Skipped[/]")
         for s in skipped:
@@ -262,9 +259,21 @@ def calibration_report(result, hw_name: str, path: str, loo: bool = True) -> Non
              "not a value to trust")
 
 
-def calibration_notes(unused: dict[str, str], used: int, factors: int, hw_name: str) -> None:
-    """On stderr: the runs a calibration leaves out, one line per reason, and a warning when
-    fewer runs than factors are fitted (the priors then decide most factors)."""
+def assumptions_text(cases) -> str:
+    """What the runs ``cases`` (RunCase) assume, each with how many runs: 'recompute=none (3
+    runs), precision=bf16 (1 run)' ('' when nothing is assumed)."""
+    counts: dict[str, int] = {}
+    for case in cases:
+        for a in case.assumptions:
+            counts[a] = counts.get(a, 0) + 1
+    return ", ".join(f"{a} ({n} run{'' if n == 1 else 's'})" for a, n in counts.items())
+
+
+def calibration_notes(unused: dict[str, str], used: int, factors: int, hw_name: str,
+                      assumed: str = "") -> None:
+    """On stderr: the runs a calibration leaves out, one line per reason, a warning when fewer
+    runs than factors are fitted (the priors then decide most factors), and what the fitted runs
+    assume (``assumed``, assumptions_text)."""
     by_reason: dict[str, list[str]] = {}
     for rid, reason in unused.items():
         by_reason.setdefault(reason, []).append(rid)
@@ -275,3 +284,6 @@ def calibration_notes(unused: dict[str, str], used: int, factors: int, hw_name: 
     if 0 < used < factors:
         note(f"warning: {used} run{'s' if used != 1 else ''} for {factors} factors: the priors "
              "hold most of them; treat the fit as weak")
+    if assumed:
+        note(f"note: the fitted runs assume (each setting they leave unknown at its one default, "
+             f"as plan3d accuracy without --resolve search): {assumed}")
