@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from .checkpoint_spec import CheckpointSpec
 from .degrees import LayoutDegrees, split_problem
@@ -374,6 +374,15 @@ class Plan(_Strict):
     layout: Layout
     estimate: dict[str, Any] | None = None
     framework: FrameworkProfile | None = None
+
+    @field_validator("framework", mode="before")
+    @classmethod
+    def _embedded(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            raise ValueError(f"a plan embeds its framework profile in full, not a name ({value!r}): "
+                             f"search with --framework {value} --export for a {value} plan, or write "
+                             f"this one's config with plan3d export --to {value}")
+        return value
 
     @model_validator(mode="after")
     def _check(self) -> "Plan":

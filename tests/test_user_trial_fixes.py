@@ -576,3 +576,12 @@ def test_calibrate_says_what_its_runs_assume(tmp_path, monkeypatch):
     assert res.exit_code == 0, res.stderr
     flat = " ".join(res.stderr.split())
     assert "note: the fitted runs assume" in flat and "recompute=none (1 run)" in flat
+
+
+def test_a_plan_whose_framework_is_a_name_says_how_to_get_one(tmp_path):
+    # the framework block was edited to a name: pydantic's "valid dictionary or instance of
+    # FrameworkProfile" named a class; the error says what a plan holds and what to run
+    plan = _plan_with(tmp_path, "0.1.0", {"framework": "torchtitan"})
+    line = one_line_error(["estimate", "--plan", plan])
+    assert "framework: a plan embeds its framework profile in full" in line
+    assert "plan3d export --to torchtitan" in line and "FrameworkProfile" not in line
