@@ -585,3 +585,12 @@ def test_a_plan_whose_framework_is_a_name_says_how_to_get_one(tmp_path):
     line = one_line_error(["estimate", "--plan", plan])
     assert "framework: a plan embeds its framework profile in full" in line
     assert "plan3d export --to torchtitan" in line and "FrameworkProfile" not in line
+
+
+def test_accuracy_on_runs_no_profile_is_fitted_on_says_they_are_held_out(tmp_path, monkeypatch):
+    # "Leave-one-source-out: 0 refits ... without the source predicted" read as a failure
+    _own_run(tmp_path, monkeypatch)
+    res = runner.invoke(app, ["accuracy", "runs.yaml"])
+    assert res.exit_code == 0, res.stderr
+    flat = " ".join(res.stdout.split())
+    assert "no shipped profile is fitted on these runs' sources" in flat and "0 refits" not in flat
