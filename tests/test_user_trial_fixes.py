@@ -594,3 +594,17 @@ def test_accuracy_on_runs_no_profile_is_fitted_on_says_they_are_held_out(tmp_pat
     assert res.exit_code == 0, res.stderr
     flat = " ".join(res.stdout.split())
     assert "no shipped profile is fitted on these runs' sources" in flat and "0 refits" not in flat
+
+
+@pytest.mark.parametrize("zero, fmt", [(1, "Megatron-Core torch_dist"), (2, "Megatron-Core fsdp_dtensor (Megatron-FSDP)")])
+def test_checkpoint_format_follows_the_sharding_the_export_writes(tmp_path, zero, fmt):
+    # the Megatron export writes --ckpt-format fsdp_dtensor under Megatron-FSDP (ZeRO-2/3) and
+    # torch_dist otherwise; estimate's checkpoint said torch_dist for both
+    plan = tmp_path / "p.yaml"
+    res = runner.invoke(app, ["search", "--model", "llama3-8b", "--gpus", "8", "--zero-stage", str(zero),
+                              "--recompute", "full", "--export", str(plan)])
+    assert res.exit_code == 0, res.stderr
+    est = json.loads(runner.invoke(app, ["estimate", "--plan", str(plan), "--json"]).stdout)
+    assert est["checkpoint"]["format"] == fmt
+    args = runner.invoke(app, ["export", str(plan), "--to", "megatron"]).stdout
+    assert f"--ckpt-format {fmt.split()[1]}" in args

@@ -76,9 +76,13 @@ class CheckpointFormat:
 
 
 # The checkpoint format each framework writes (frameworks_checkpoints.md 3.1)
-FORMAT_NAMES = {"megatron-core": "Megatron-Core torch_dist; fsdp_dtensor with Megatron-FSDP",
-                "torchtitan": "torchtitan DCP",
+FORMAT_NAMES = {"megatron-core": "Megatron-Core torch_dist", "torchtitan": "torchtitan DCP",
                 "deepspeed": "DeepSpeed ZeRO checkpoint"}
+
+
+# Megatron-Core under Megatron-FSDP (ZeRO-2/3: --data-parallel-sharding-strategy optim_grads[_params])
+# saves with --ckpt-format fsdp_dtensor, as the Megatron and Bridge exports write it
+FSDP_FORMAT = "Megatron-Core fsdp_dtensor (Megatron-FSDP)"
 
 
 def megatron_format(training: TrainingSpec) -> CheckpointFormat:
@@ -220,12 +224,15 @@ class CheckpointEstimate:
         return CheckpointEstimate({k: v[index] for k, v in self.values.items()}, self.info)
 
     def to_dict(self, i: int) -> dict:
-        """Candidate i as the ``checkpoint`` object of ``--json`` (SI units)."""
+        """Candidate i as the ``checkpoint`` object of ``--json`` (SI units); its ``format``
+        names Megatron-FSDP's fsdp_dtensor where candidate i shards with it."""
         out = dict(self.info)
         for k, v in self.values.items():
             value = v[i]
-            out[k] = bool(value) if k == "async" else int(value) if k in (
+            out[k] = bool(value) if k in ("async", "fsdp") else int(value) if k in (
                 "interval_steps", "largest_stage") else float(value)
+        if out.pop("fsdp"):
+            out["format"] = FSDP_FORMAT
         return out
 
 
@@ -254,7 +261,8 @@ def evaluate_checkpoint(model: ModelSpec, hw: HardwareProfile, training: Trainin
     interval = steps * step_s
     values = {**sizes, **times, "restart_s": restart, "mtbf_s": mtbf, "optimal_interval_s": optimal,
               "interval_steps": steps, "interval_s": interval,
-              "goodput": failures.goodput(interval, delta, restart, mtbf, background)}
+              "goodput": failures.goodput(interval, delta, restart, mtbf, background),
+              "fsdp": (training.framework == "megatron-core") & (np.asarray(c.zero_stage) >= 2)}
     shape = np.broadcast_shapes(*(np.shape(v) for v in values.values()))
     values = {k: np.broadcast_to(v, shape) for k, v in values.items()}
     return CheckpointEstimate(values, _info(hw, training, fmt))
