@@ -1,0 +1,136 @@
+"""Runs files of one's own measured runs (plan3d accuracy / calibrate): what a row and its facts
+file must state, and what is refused (one line each)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from planner.cli import app
+from tests.cli_errors import one_line_error
+
+ROOT = Path(__file__).resolve().parents[1]
+runner = CliRunner()
+
+
+@pytest.mark.parametrize("tokens_per_s, refused", [(300_000, True), (130_000, False), (126_000, True)])
+def test_runs_file_step_time_and_token_rate_must_agree(tmp_path, monkeypatch, tokens_per_s, refused):
+    # batch 64 x 2048 tokens = 131,072 tokens per step; a step of 1.0 s is 131,072 tokens/s:
+    # 130,000 is 0.8 % away and 126,000 4.0 % (refused beyond 2 %), 300,000 a different run
+    rows = yaml.safe_load((ROOT / "benchmarks" / "published_runs.yaml").read_text())
+    row = next(r for r in rows if r["id"] == "korthikanti22-175b-selective-sp")
+    assert (row["layout"]["global_batch"], row["model"]["seq_len"]) == (64, 2048)
+    row = dict(row, id="mylab-175b", notes="[flops=korthikanti]",
+               measured={"iteration_s": 1.0, "tokens_per_s": tokens_per_s})
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs.yaml").write_text(yaml.safe_dump([row]))
+    if refused:
+        line = one_line_error(["accuracy", "runs.yaml", "--no-loso"])
+        assert "run mylab-175b: measured.iteration_s 1 s and measured.tokens_per_s" in line
+        assert f"= {131072 / tokens_per_s:.4g} s" in line
+    else:
+        res = runner.invoke(app, ["accuracy", "runs.yaml", "--no-loso", "--json"])
+        assert res.exit_code == 0, res.stderr
+
+
+def _own_run(tmp_path, monkeypatch, **model):
+    row = {"id": "mylab-llama3-8b", "source": "my lab, 2026",
+           "model": {"name": "llama3-8b", "layers": 32, "hidden": 4096, "heads": 32, "kv_heads": 8,
+                     "ffn_hidden": 14336, "vocab": 128256, "seq_len": 8192, **model},
+           "hardware": {"gpu": "H100-SXM5-80GB", "gpus": 8, "profile": "dgx-h100"},
+           "layout": {"tp": 1, "pp": 1, "dp": 8, "micro_batch": 1, "global_batch": 64, "zero_stage": 1},
+           "measured": {"iteration_s": 9.5}}
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs.yaml").write_text(yaml.safe_dump([row]))
+    return runner.invoke(app, ["accuracy", "runs.yaml", "--no-loso", "--json"])
+
+
+def test_own_run_names_its_catalog_model(tmp_path, monkeypatch):
+    # without model.catalog the row is a Megatron GPT (GeLU, LayerNorm, biases, learned
+    # positions) of Llama 3 8B's shape, and the assumption says model.name is a catalog model;
+    # with it, the run is costed as the catalog's Llama 3 8B (SwiGLU, RMSNorm, RoPE, untied)
+    plain = json.loads(_own_run(tmp_path, monkeypatch).stdout)["runs"][0]
+    assert any("model.catalog: llama3-8b" in a for a in plain["assumptions"])
+    res = _own_run(tmp_path, monkeypatch, catalog="llama3-8b")
+    named = json.loads(res.stdout)["runs"][0]
+    assert not any("architecture=" in a for a in named["assumptions"])
+    from planner.catalog import resolve_model
+    from planner.fidelity.runs import load_runs
+    case = load_runs(tmp_path / "runs.yaml")[0]
+    ref = resolve_model("llama3-8b")
+    assert (case.model.activation, case.model.norm, case.model.tie_embeddings,
+            case.model.position_embedding) == (ref.activation, ref.norm, ref.tie_embeddings,
+                                               ref.position_embedding) == ("swiglu", "rmsnorm", False, "rope")
+    # SwiGLU's three FFN matrices of 14,336 against GeLU's two: the catalog model costs more
+    assert named["predicted_step_s"] > plain["predicted_step_s"]
+
+
+def test_own_run_shape_that_contradicts_its_catalog_model_is_refused(tmp_path, monkeypatch):
+    res = _own_run(tmp_path, monkeypatch, catalog="llama3-8b", kv_heads=4)
+    assert res.exit_code == 2
+    assert "model.kv_heads is 4 but catalog model llama3-8b has 8" in res.stderr
+
+
+def _write_mixtral_run(tmp_path, monkeypatch, ep, tp=1, **top):
+    """A runs.yaml of one Mixtral 8x7B run on 64 H100 (tp, the given ep) in tmp_path (cwd)."""
+    row = {"id": "mylab-mixtral", "source": "my lab", **top,
+           "model": {"name": "mixtral", "catalog": "mixtral-8x7b", "seq_len": 4096},
+           "hardware": {"gpus": 64, "profile": "dgx-h100"},
+           "layout": {"tp": tp, "pp": 1, "dp": 64 // tp, "ep": ep, "micro_batch": 1, "global_batch": 512},
+           "measured": {"iteration_s": 9.5}}
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs.yaml").write_text(yaml.safe_dump([row]))
+
+
+def test_own_run_layout_keeps_the_expert_rules(tmp_path, monkeypatch):
+    # Mixtral 8x7B has 8 experts: ep 3 divides neither them nor the 64 GPUs of a stage; search,
+    # estimate and regress refuse it, and so does a runs file (it used to be costed)
+    _write_mixtral_run(tmp_path, monkeypatch, ep=3)
+    line = one_line_error(["accuracy", "runs.yaml"])
+    assert line.startswith("error: runs.yaml: run mylab-mixtral: layout tp=1 pp=1 dp=64 ep=3 zero=0")
+    assert "experts divisible by ep" in line and "run mylab-mixtral: run" not in line
+    _write_mixtral_run(tmp_path, monkeypatch, ep=8)
+    assert runner.invoke(app, ["accuracy", "runs.yaml", "--no-loso", "--json"]).exit_code == 0
+    # tp 2 without a stated SP: Megatron-Core's MoE layer needs SP with tp > 1, so that is the
+    # default (SP off would break the rule this check applies)
+    _write_mixtral_run(tmp_path, monkeypatch, ep=8, tp=2)
+    res = runner.invoke(app, ["accuracy", "runs.yaml", "--no-loso", "--json"])
+    assert res.exit_code == 0, res.stderr
+    assert json.loads(res.stdout)["runs"][0]["layout"]["sequence_parallel"] is True
+
+
+def test_own_run_precision_error_is_one_line(tmp_path, monkeypatch):
+    _write_mixtral_run(tmp_path, monkeypatch, ep=8, precision="fp4")
+    line = one_line_error(["accuracy", "runs.yaml"])
+    assert "run mylab-mixtral: training: precision: Input should be 'bf16'" in line
+
+
+def test_own_run_catalog_that_its_facts_contradict_is_refused(tmp_path, monkeypatch):
+    # the row names llama3-8b, its facts file mixtral-8x7b: one model must be named, not one dropped
+    _own_run(tmp_path, monkeypatch, catalog="llama3-8b")
+    (tmp_path / "runs_facts.yaml").write_text(yaml.safe_dump(
+        [{"runs": "mylab-*", "source": "my notes", "model": "mixtral-8x7b"}]))
+    line = one_line_error(["accuracy", "runs.yaml"])
+    assert "model.catalog is llama3-8b but the run's facts name mixtral-8x7b" in line
+
+
+def test_calibrate_says_what_its_runs_assume(tmp_path, monkeypatch):
+    # accuracy lists each run's defaults; calibrate fitted on the same runs without saying them
+    _own_run(tmp_path, monkeypatch)
+    res = runner.invoke(app, ["calibrate", "runs.yaml", "--hardware", "dgx-h100", "-o", str(tmp_path / "cal.yaml")])
+    assert res.exit_code == 0, res.stderr
+    flat = " ".join(res.stderr.split())
+    assert "note: the fitted runs assume" in flat and "recompute=none (1 run)" in flat
+
+
+def test_accuracy_on_runs_no_profile_is_fitted_on_says_they_are_held_out(tmp_path, monkeypatch):
+    # "Leave-one-source-out: 0 refits ... without the source predicted" read as a failure
+    _own_run(tmp_path, monkeypatch)
+    res = runner.invoke(app, ["accuracy", "runs.yaml"])
+    assert res.exit_code == 0, res.stderr
+    flat = " ".join(res.stdout.split())
+    assert "no shipped profile is fitted on these runs' sources" in flat and "0 refits" not in flat
