@@ -192,6 +192,12 @@ def _catalog_names(kind: str) -> dict[str, str]:
     return names
 
 
+def is_bare_name(name: str) -> bool:
+    """Whether ``name`` is a catalog name rather than a path: no folder separator and no .yaml,
+    .yml or .json ending."""
+    return "/" not in name and "\\" not in name and not name.endswith((".yaml", ".yml", ".json"))
+
+
 def catalog_model_name(name: str) -> str | None:
     """The catalog model that ``name`` names as its name or an alias (case-insensitive), None if
     none does (a path is not looked up)."""
@@ -203,7 +209,7 @@ def _resolve(kind: str, label: str, name: str, cls: type[T]) -> T:
     if not name.strip():  # Path("") is the current directory
         raise UsageError(f"no {label} named (an empty name); see `plan3d {command}` for the list")
     path = Path(name).expanduser()
-    bare = "/" not in name and "\\" not in name and not name.endswith((".yaml", ".yml", ".json"))
+    bare = is_bare_name(name)
     if bare and path.exists() and name.strip().lower() in (names := _catalog_names(kind)):
         what = "folder" if path.is_dir() else "file"
         canonical = names[name.strip().lower()]

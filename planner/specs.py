@@ -380,8 +380,9 @@ class Plan(_Strict):
     def _embedded(cls, value: Any) -> Any:
         if isinstance(value, str):
             raise ValueError(f"a plan embeds its framework profile in full, not a name ({value!r}): "
-                             f"search with --framework {value} --export for a {value} plan, or write "
-                             f"this one's config with plan3d export --to {value}")
+                             "delete the framework line (the plan then takes training.framework's "
+                             "profile) or export a plan again with plan3d search --framework NAME "
+                             "--export")
         return value
 
     @model_validator(mode="after")

@@ -134,3 +134,73 @@ def test_accuracy_on_runs_no_profile_is_fitted_on_says_they_are_held_out(tmp_pat
     assert res.exit_code == 0, res.stderr
     flat = " ".join(res.stdout.split())
     assert "no shipped profile is fitted on these runs' sources" in flat and "0 refits" not in flat
+
+
+def _llama_row(**changes):
+    """Llama 3 8B on one DGX H100 (tp 1, pp 1, dp 8, batch 64 x 8,192), with ``changes``: a dict
+    per section, merged into it."""
+    row = {"id": "mylab-llama3-8b", "source": "my lab",
+           "model": {"name": "llama3-8b", "catalog": "llama3-8b", "seq_len": 8192},
+           "hardware": {"gpu": "H100-SXM5-80GB", "gpus": 8, "profile": "dgx-h100"},
+           "layout": {"tp": 1, "pp": 1, "dp": 8, "micro_batch": 1, "global_batch": 64},
+           "measured": {"iteration_s": 9.5}}
+    for section, values in changes.items():
+        row[section] = {**row[section], **values} if isinstance(values, dict) else values
+    return row
+
+
+def _write(tmp_path, monkeypatch, row, facts=None):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs.yaml").write_text(yaml.safe_dump([row]))
+    if facts is not None:
+        (tmp_path / "runs_facts.yaml").write_text(yaml.safe_dump(facts))
+
+
+@pytest.mark.parametrize("changes, facts, words", [
+    # degrees are whole numbers: 1.5, true and '2' were cast to 1, 1 and 2
+    ({"layout": {"tp": 1.5}}, None, "layout.tp must be a whole number, got 1.5"),
+    ({"layout": {"tp": True}}, None, "layout.tp must be a whole number, got True"),
+    ({"layout": {"pp": "2"}}, None, "layout.pp must be a whole number, got '2'"),
+    # tp missing with pp and dp given: what gpus / (dp*cp) leaves must split (was ZeroDivisionError)
+    ({"layout": {"tp": None, "dp": 16}}, None, "layout.dp x cp = 16 does not divide the 8 GPUs"),
+    ({"layout": {"tp": None, "pp": 3, "dp": 1}}, None, "layout.tp is not given and 3 does not divide the tp*pp = 8"),
+    ({"layout": {"tp": None, "pp": None, "dp": 2}}, None, "tp*pp = 4 (gpus / (dp*cp)) is not 8 GPUs"),
+    # hardware that contradicts the profile: an A100 name on an H100 profile, 4 GPUs per node on 8
+    ({"hardware": {"gpu": "A100-SXM4-80GB"}}, None, "hardware.gpu A100-SXM4-80GB is not the GPU of profile dgx-h100"),
+    ({"hardware": {"gpus_per_node": 4}}, None, "hardware.gpus_per_node 4 is not profile dgx-h100's 8"),
+    ({"hardware": {"gpus_per_node": "8"}}, None, "hardware.gpus_per_node must be a whole number, got '8'"),
+    # a facts file that contradicts the row, or names what does not exist
+    ({}, [{"runs": "mylab-*", "source": "s", "layout": {"global_batch": 128}}],
+     "layout.global_batch 64 but the run's facts give 128"),
+    ({}, [{"runs": "mylab-*", "source": "s", "hardware": "dgx-h1000"}], "hardware: unknown hardware profile 'dgx-h1000'"),
+    ({}, [{"runs": "other-*", "source": "s", "framework": "megatron-cor"}], "framework: unknown framework profile"),
+    # no seq_len, and the two figures imply 8,192 (64 x 8,192 / 9.5 s = 55,188 tokens/s)
+    ({"model": {"seq_len": None}, "measured": {"iteration_s": 9.5, "tokens_per_s": 55188}}, None,
+     "model.seq_len is not given (1024 assumed) and measured.iteration_s x tokens_per_s / global batch = 8,192"),
+])
+def test_own_run_contradictions_are_refused(tmp_path, monkeypatch, changes, facts, words):
+    _write(tmp_path, monkeypatch, _llama_row(**changes), facts)
+    assert words in one_line_error(["accuracy", "runs.yaml"])
+
+
+def test_own_run_derived_degrees_and_defaults_are_listed(tmp_path, monkeypatch):
+    # pp missing: 8 GPUs / (dp 4) = 2 = tp 2 x pp 1; an MoE run without ep: ep 1, listed
+    _write(tmp_path, monkeypatch, _llama_row(layout={"tp": 2, "pp": None, "dp": 4}))
+    run = json.loads(runner.invoke(app, ["accuracy", "runs.yaml", "--no-loso", "--json"]).stdout)["runs"][0]
+    assert run["layout"]["pp"] == 1 and "pp=1 (tp*pp=2)" in run["assumptions"]
+    _write(tmp_path, monkeypatch, _llama_row(model={"catalog": "mixtral-8x7b", "name": "mixtral", "seq_len": 4096},
+                                             layout={"global_batch": 512}))
+    res = runner.invoke(app, ["accuracy", "runs.yaml", "--no-loso", "--json"])
+    assert res.exit_code == 0, res.stderr
+    run = json.loads(res.stdout)["runs"][0]
+    assert run["layout"]["ep"] == 1 and "ep=1 (no expert parallelism)" in run["assumptions"]
+
+
+def test_accuracy_layouts_tell_selective_from_selective_plus(tmp_path, monkeypatch):
+    # the layout column printed 'sele' for both
+    rows = [_llama_row(layout={"recompute": mode}) for mode in ("selective", "selective+")]
+    rows[1]["id"] = "mylab-llama3-8b-b"
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs.yaml").write_text(yaml.safe_dump(rows))
+    text = runner.invoke(app, ["accuracy", "runs.yaml", "--no-loso"]).stdout
+    assert " b1 sel " in text.replace("\n", " ") and " b1 sel+ " in text.replace("\n", " ")

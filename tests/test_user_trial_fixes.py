@@ -484,7 +484,12 @@ def test_a_plan_whose_framework_is_a_name_says_how_to_get_one(tmp_path):
     plan = _plan_with(tmp_path, "0.1.0", {"framework": "torchtitan"})
     line = one_line_error(["estimate", "--plan", plan])
     assert "framework: a plan embeds its framework profile in full" in line
-    assert "plan3d export --to torchtitan" in line and "FrameworkProfile" not in line
+    assert "delete the framework line" in line and "FrameworkProfile" not in line
+    # and deleting it works: the plan takes training.framework's profile
+    data = yaml.safe_load(Path(plan).read_text())
+    del data["framework"]
+    Path(plan).write_text(yaml.safe_dump(data))
+    assert runner.invoke(app, ["export", plan, "--to", "megatron"]).exit_code == 0
 
 
 @pytest.mark.parametrize("zero, fmt", [(1, "Megatron-Core torch_dist"), (2, "Megatron-Core fsdp_dtensor (Megatron-FSDP)")])

@@ -47,14 +47,13 @@ def _fit_note(plan) -> list[str]:
     """[] when the plan fits its GPUs' memory, else the one note that it does not (the export
     still writes it: plan3d estimate --plan shows the terms)."""
     from ..cost.step import estimate_layout
-    from ..units import format_gib
+    from ..render.breakdown import shortfall_text
     est = estimate_layout(plan.model, plan.hardware, plan.training, plan.layout)
     if bool(est.fits[0]):
         return []
-    need, have = float(est.memory["total"][0]), float(est.memory["capacity"][0])
-    return [f"this plan does not fit: it needs {format_gib(need)} GiB per GPU of the "
-            f"{format_gib(have)} GiB ({plan.hardware.gpu.name}); `plan3d estimate --plan` shows the "
-            "terms, `plan3d search` a layout that fits"]
+    missing = shortfall_text(est.to_dict(0)["memory"])
+    return [f"this plan does not fit: {missing}; `plan3d estimate --plan` shows the terms, "
+            "`plan3d search` a layout that fits"]
 
 
 @app.command()

@@ -80,9 +80,16 @@ FORMAT_NAMES = {"megatron-core": "Megatron-Core torch_dist", "torchtitan": "torc
                 "deepspeed": "DeepSpeed ZeRO checkpoint"}
 
 
-# Megatron-Core under Megatron-FSDP (ZeRO-2/3: --data-parallel-sharding-strategy optim_grads[_params])
-# saves with --ckpt-format fsdp_dtensor, as the Megatron and Bridge exports write it
+# Megatron-Core's ZeRO-2/3: Megatron-FSDP with --data-parallel-sharding-strategy (the Megatron and
+# Bridge exports write these), which saves with --ckpt-format fsdp_dtensor, else torch_dist
+MEGATRON_FSDP_STRATEGY = {2: "optim_grads", 3: "optim_grads_params"}
 FSDP_FORMAT = "Megatron-Core fsdp_dtensor (Megatron-FSDP)"
+
+
+def megatron_ckpt_format(zero_stage: int) -> str:
+    """Megatron-Core's --ckpt-format for a layout of ``zero_stage``: fsdp_dtensor under
+    Megatron-FSDP (MEGATRON_FSDP_STRATEGY), else torch_dist."""
+    return "fsdp_dtensor" if zero_stage in MEGATRON_FSDP_STRATEGY else "torch_dist"
 
 
 def megatron_format(training: TrainingSpec) -> CheckpointFormat:
@@ -245,7 +252,8 @@ def evaluate_checkpoint(model: ModelSpec, hw: HardwareProfile, training: Trainin
     load_s, blocking_s, save_s, async (save_load_times); restart_s = restart_time + load_s; mtbf_s =
     1/(gpus * failures per GPU-s); optimal_interval_s = Daly's tau for delta = blocking_s;
     interval_steps (failures.interval_steps: nearest whole steps, at least the background write
-    when async); interval_s = interval_steps * step_s; goodput (failures.goodput at interval_s).
+    when async); interval_s = interval_steps * step_s; goodput (failures.goodput at interval_s);
+    fsdp (bool: Megatron-Core under Megatron-FSDP, whose format is FSDP_FORMAT).
     UsageError if the profile lacks storage, host_link or host_memory."""
     spec = training.checkpoint
     fmt = megatron_format(training)
@@ -262,7 +270,8 @@ def evaluate_checkpoint(model: ModelSpec, hw: HardwareProfile, training: Trainin
     values = {**sizes, **times, "restart_s": restart, "mtbf_s": mtbf, "optimal_interval_s": optimal,
               "interval_steps": steps, "interval_s": interval,
               "goodput": failures.goodput(interval, delta, restart, mtbf, background),
-              "fsdp": (training.framework == "megatron-core") & (np.asarray(c.zero_stage) >= 2)}
+              "fsdp": (training.framework == "megatron-core")
+              & np.isin(np.asarray(c.zero_stage), list(MEGATRON_FSDP_STRATEGY))}
     shape = np.broadcast_shapes(*(np.shape(v) for v in values.values()))
     values = {k: np.broadcast_to(v, shape) for k, v in values.items()}
     return CheckpointEstimate(values, _info(hw, training, fmt))

@@ -119,11 +119,18 @@ class FactsEntry(RunFacts):
 MERGED = ("layout", "training")  # mappings merged field by field
 
 
-@lru_cache(maxsize=None)
 def facts_file(path: Path) -> tuple[FactsEntry, ...]:
     """The entries of a facts file (UsageError naming the entry if malformed, or if it names a
-    hardware profile or catalog model that does not exist, whether or not a run uses it)."""
-    data = read_yaml(path)
+    hardware profile, catalog model or framework profile that does not exist, whether or not a
+    run uses it). Read once per file and modification time (a relative path is resolved first,
+    so another folder's file of the same name is not mistaken for it)."""
+    resolved = Path(path).resolve()
+    return _facts_file(resolved, resolved.stat().st_mtime_ns if resolved.exists() else 0, str(path))
+
+
+@lru_cache(maxsize=None)
+def _facts_file(resolved: Path, mtime_ns: int, path: str) -> tuple[FactsEntry, ...]:
+    data = read_yaml(Path(path))  # resolved, mtime_ns: the cache key
     if not isinstance(data, list):
         raise UsageError(f"{path}: expected a list of entries (runs, source, facts)")
     entries = tuple(validate(FactsEntry, entry, f"{path}: entry {i + 1}") for i, entry in enumerate(data))
@@ -133,14 +140,15 @@ def facts_file(path: Path) -> tuple[FactsEntry, ...]:
 
 
 def _check_names(entry: FactsEntry, where: str) -> None:
-    """UsageError for an entry's hardware profile or catalog model name that resolves to nothing
-    (a path, which resolves relative to the working directory, is checked when a run uses it)."""
-    from ..catalog import resolve_hardware, resolve_model
+    """UsageError for an entry's hardware profile, catalog model or framework profile name that
+    resolves to nothing (a path, which resolves relative to the working directory, is checked
+    when a run uses it)."""
+    from ..catalog import is_bare_name, resolve_framework, resolve_hardware, resolve_model
     model = entry.model.get("catalog") if isinstance(entry.model, dict) else entry.model
     for field, name, resolve in (("hardware", entry.hardware, resolve_hardware),
-                                 ("model", model, resolve_model)):
-        if isinstance(name, str) and not any(c in name for c in "/\\") and \
-                not name.endswith((".yaml", ".yml", ".json")):
+                                 ("model", model, resolve_model),
+                                 ("framework", entry.framework, resolve_framework)):
+        if isinstance(name, str) and is_bare_name(name):
             try:
                 resolve(name)
             except UsageError as exc:

@@ -60,6 +60,8 @@ def split_degrees(gpus: int, lay: dict, assume) -> tuple[int, int, int, int]:
                    label=lambda k: f"layout.{k}")
     tp, pp, dp, cp = lay.get("tp"), lay.get("pp"), lay.get("dp"), lay.get("cp") or 1
     if tp is None or pp is None:
+        if gpus % (dp * cp):
+            raise UsageError(f"layout.dp x cp = {dp * cp} does not divide the {gpus:,} GPUs")
         mp = gpus // (dp * cp)
         if tp is None and pp is None:
             if mp < 8 or mp % 8:

@@ -184,20 +184,24 @@ def _expert_problem(model: ModelSpec, layout: Layout) -> str | None:
 THROUGHPUT_AGREEMENT = 0.02  # published tables round tokens/s and step times to 3-4 digits
 
 
-def _check_throughput_agrees(measured: dict[str, float], tokens_per_step: int, assumed: str = "") -> None:
+def _check_throughput_agrees(measured: dict[str, float], batch: int, seq: int, seq_stated: bool) -> None:
     """A row that gives both a step time and a token rate gives one figure twice: tokens per
-    step = tokens/s x step time. UsageError when they disagree by more than THROUGHPUT_AGREEMENT
-    (the shipped rows agree within 0.5 %), naming the step time the token rate implies and
-    ``assumed`` (what tokens_per_step rests on that the row does not state)."""
+    step (batch x seq) = tokens/s x step time. UsageError when they disagree by more than
+    THROUGHPUT_AGREEMENT (the shipped rows agree within 0.5 %): naming the step time the token
+    rate implies, or, where seq_len was assumed, the seq_len the two figures imply."""
     step, rate = measured.get("iteration_s"), measured.get("tokens_per_s")
     if step is None or rate is None:
         return
-    implied = tokens_per_step / rate
-    if abs(step / implied - 1.0) > THROUGHPUT_AGREEMENT:
-        raise UsageError(f"measured.iteration_s {step:g} s and measured.tokens_per_s {rate:,.0f} "
-                         f"disagree: global batch x seq_len / tokens_per_s = {implied:.4g} s "
-                         f"({abs(step / implied - 1.0):.1%} apart){assumed}; correct one or give "
-                         "only one")
+    implied = batch * seq / rate
+    if abs(step / implied - 1.0) <= THROUGHPUT_AGREEMENT:
+        return
+    if not seq_stated:
+        raise UsageError(f"model.seq_len is not given ({seq} assumed) and measured.iteration_s x "
+                         f"tokens_per_s / global batch = {step * rate / batch:,.0f} tokens per "
+                         "sequence: state model.seq_len")
+    raise UsageError(f"measured.iteration_s {step:g} s and measured.tokens_per_s {rate:,.0f} "
+                     f"disagree: global batch x seq_len / tokens_per_s = {implied:.4g} s "
+                     f"({abs(step / implied - 1.0):.1%} apart); correct one or give only one")
 
 
 def _hardware(hw_row: dict, facts: RunFacts, assume) -> str | None:
@@ -207,23 +211,29 @@ def _hardware(hw_row: dict, facts: RunFacts, assume) -> str | None:
     named = hw_row.get("profile") or facts.hardware
     if named is not None:
         return str(named)
+    name = _profile_of_gpu(hw_row)
+    if name is not None:
+        assume(f"hardware={name} (its GPU is {hw_row['gpu']})")
+    return name
+
+
+def _profile_of_gpu(hw_row: dict) -> str | None:
+    """The first catalog profile whose GPU is named exactly (any case) as the row's
+    hardware.gpu; None if none is."""
     gpu = str(hw_row.get("gpu") or "").strip().lower()
-    for name, hw in hardware_profiles().items():
-        if gpu and hw.gpu.name.lower() == gpu:
-            assume(f"hardware={name} (its GPU is {hw_row['gpu']})")
-            return name
-    return None
+    return next((name for name, hw in hardware_profiles().items() if gpu and hw.gpu.name.lower() == gpu),
+                None)
 
 
 def _check_hardware_agrees(hw_row: dict, hw: HardwareProfile) -> None:
     """UsageError when the row's hardware.gpu is another profile's GPU name, or its
     gpus_per_node is not the profile's: the run would be costed on hardware it did not run on."""
-    gpu = str(hw_row.get("gpu") or "").strip().lower()
-    others = {h.gpu.name.lower(): h.gpu.name for h in hardware_profiles().values()}
-    if gpu in others and gpu != hw.gpu.name.lower():
-        raise UsageError(f"hardware.gpu {others[gpu]} is not the GPU of profile {hw.name} "
+    other = _profile_of_gpu(hw_row)
+    if other is not None and hardware_profiles()[other].gpu.name != hw.gpu.name:
+        raise UsageError(f"hardware.gpu {hw_row['gpu']} is not the GPU of profile {hw.name} "
                          f"({hw.gpu.name}): name the profile of the GPU the run used")
     per_node = hw_row.get("gpus_per_node")
+    check_integers({"gpus_per_node": per_node}, label=lambda _: "hardware.gpus_per_node")
     if per_node is not None and per_node != hw.gpus_per_node:
         raise UsageError(f"hardware.gpus_per_node {per_node} is not profile {hw.name}'s "
                          f"{hw.gpus_per_node}: name a profile of that node (or write one)")
@@ -276,9 +286,9 @@ def _case(row: dict, path: Path | None = None) -> RunCase:
         return case
     stated = facts.layout.global_batch if facts.layout is not None else None
     batch = lay["global_batch"] if lay.get("global_batch") is not None else stated
+    check_integers({"global_batch_size": batch}, label=lambda _: "layout.global_batch")
     if stated is not None and batch != stated:
         raise UsageError(f"layout.global_batch {batch} but the run's facts give {stated}: correct one")
-    check_integers({"global_batch_size": batch}, label=lambda _: "layout.global_batch")
     seq = model_row.get("seq_len")
     if seq is None:
         seq = 1024
@@ -308,6 +318,5 @@ def _case(row: dict, path: Path | None = None) -> RunCase:
         what = f"dp x micro_batch = {dp} x {mbs} = {dp * mbs}" if stated else f"dp = {dp}"
         raise UsageError(f"layout.global_batch {int(batch):,} is not a multiple of {what}: every "
                          "data-parallel rank takes whole micro-batches")
-    _check_throughput_agrees(case.measured, int(batch) * int(seq),
-                             "" if model_row.get("seq_len") is not None else f" (seq_len not given: {seq} assumed)")
+    _check_throughput_agrees(case.measured, int(batch), int(seq), model_row.get("seq_len") is not None)
     return case

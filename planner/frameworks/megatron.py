@@ -61,9 +61,10 @@ from ..specs import Plan
 from .common import (RANK_ORDER_NOTE, Export, describe, interval_note, layers_per_virtual_stage,
                      microbatches, recompute_modules, save_interval, theta_text)
 from .megatron_model import CROSS_ENTROPY_NOTE, model_args
+from ..cost.checkpoint import MEGATRON_FSDP_STRATEGY, megatron_ckpt_format
 
 SOURCE = "NVIDIA/Megatron-LM commit d98e8a64ddf3 (2026-08-22), megatron/training/arguments.py"
-FSDP_STRATEGY = {2: "optim_grads", 3: "optim_grads_params"}
+FSDP_STRATEGY = MEGATRON_FSDP_STRATEGY
 POSITION = {"rope": "rope", "learned": "learned_absolute"}
 
 
@@ -191,7 +192,7 @@ def checkpoint_args(plan: Plan, ck: dict | None) -> list[tuple[str, str | None]]
         return []
     fsdp = plan.layout.zero_stage in FSDP_STRATEGY
     args = [("--save-interval", str(ck["interval_steps"])),
-            ("--ckpt-format", "fsdp_dtensor" if fsdp else "torch_dist")]
+            ("--ckpt-format", megatron_ckpt_format(plan.layout.zero_stage))]
     if ck["async"]:
         args += [("--async-save", None), ("--use-persistent-ckpt-worker", None)]
     if not fsdp:

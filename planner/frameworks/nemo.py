@@ -26,6 +26,7 @@ from __future__ import annotations
 import yaml
 
 from ..specs import Plan
+from ..cost.checkpoint import MEGATRON_FSDP_STRATEGY, megatron_ckpt_format
 from ..cost.model_flops import padded_vocab
 from .common import (ARCHITECTURE_FIELDS, RANK_ORDER_NOTE, Export, describe, interval_note,
                      microbatches, recompute_modules, rope_note, save_interval, unwritten_note)
@@ -36,7 +37,7 @@ from .nemo_model import job_fields, model_comments, model_fields
 SOURCE = ("NVIDIA-NeMo/Megatron-Bridge docs/megatron-lm-to-megatron-bridge.md @167ba2ad3210, "
           "src/megatron/bridge/recipes/llama/llama3.py @6f6f95e09fc9; model provider fields: "
           "@067f987df03b conversion/model_bridge.py CONFIG_MAPPING, gpt_provider.py")
-SHARDING = {2: "optim_grads", 3: "optim_grads_params"}  # Megatron-FSDP strategies
+SHARDING = MEGATRON_FSDP_STRATEGY  # Megatron-FSDP strategies
 
 
 class _FlowScalarListsDumper(yaml.SafeDumper):
@@ -58,7 +59,7 @@ def checkpoint_fields(plan: Plan, ck: dict | None) -> dict[str, object]:
         return {}
     fsdp = plan.layout.zero_stage in SHARDING
     out: dict[str, object] = {"save_interval": ck["interval_steps"],
-                              "ckpt_format": "fsdp_dtensor" if fsdp else "torch_dist",
+                              "ckpt_format": megatron_ckpt_format(plan.layout.zero_stage),
                               "async_save": bool(ck["async"])}
     if not fsdp:
         out["fully_parallel_load"] = True
@@ -94,7 +95,7 @@ def nemo_fields(plan: Plan, ck: dict | None = None) -> dict[str, dict[str, objec
                  "selective+": ("selective", None, None, recompute_modules(plan.model)),
                  "full": ("full", "block", lay.recompute_num_layers, None) if lay.recompute_num_layers
                  else ("full", "uniform", 1, None)}[lay.recompute]
-    fsdp = lay.zero_stage >= 2
+    fsdp = lay.zero_stage in SHARDING
     job = job_fields(plan)
     return {
         "model": {
@@ -208,7 +209,7 @@ def export_nemo(plan: Plan) -> Export:
                           f"set them in the provider's Python or layer spec{table}")
     if note:
         comments.append(note)
-    if plan.layout.zero_stage >= 2:
+    if plan.layout.zero_stage in SHARDING:
         comments.append(f"ZeRO-{plan.layout.zero_stage} = Megatron-FSDP with "
                         f"data_parallel_sharding_strategy {SHARDING[plan.layout.zero_stage]}")
     body = yaml.dump(fields, Dumper=_FlowScalarListsDumper, sort_keys=False, default_flow_style=False)

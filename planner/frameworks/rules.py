@@ -81,6 +81,9 @@ def framework_masks(profile: FrameworkProfile, model: ModelSpec, training: Train
         out[f"{d} has no expert parallelism (ep = 1)"] = np.asarray(c.ep) == 1
     elif model.moe is not None:
         out.update(_expert_masks(profile, c))
+    if model.moe is not None and r.max_zero_stage_with_moe < 3:  # whatever ep is
+        out[f"{d}: MoE layers need ZeRO stage {r.max_zero_stage_with_moe} or lower"] = \
+            np.asarray(c.zero_stage) <= r.max_zero_stage_with_moe
     if model.tie_embeddings and not r.tied_embeddings_with_pp:
         out[f"{d}: tied embeddings need pp = 1"] = pp == 1
     return out
@@ -117,14 +120,11 @@ def _pipeline_masks(profile: FrameworkProfile, model: ModelSpec, c, m, pp, vpp) 
 
 
 def _expert_masks(profile: FrameworkProfile, c) -> dict:
-    """The ZeRO stages MoE layers allow, expert tensor parallelism and where the ep ranks come
-    from (Rules.max_zero_stage_with_moe, expert_tensor_parallel, expert_ranks)."""
+    """Expert tensor parallelism and where the ep ranks come from (Rules.expert_tensor_parallel,
+    expert_ranks)."""
     r, d = profile.rules, profile.display
     ep = np.asarray(c.ep)
     out: dict[str, np.ndarray] = {}
-    if r.max_zero_stage_with_moe < 3:
-        out[f"{d}: MoE layers need ZeRO stage {r.max_zero_stage_with_moe} or lower"] = \
-            np.asarray(c.zero_stage) <= r.max_zero_stage_with_moe
     if not r.expert_tensor_parallel:
         out[f"{d} has no expert tensor parallelism (etp = 1)"] = np.asarray(c.etp) == 1
     if r.expert_ranks == "data":

@@ -124,12 +124,18 @@ def _memory_table(mem: dict) -> None:
     tables.show(t, out)
 
 
+def shortfall_text(mem: dict) -> str:
+    """'it needs 192.47 GiB per GPU, 112.83 GiB more than the 79.6 GiB it has' for one layout's
+    memory (bytes: total, shortfall_bytes, capacity)."""
+    return (f"it needs {fmt.gib(mem['total'], 2)} per GPU, {fmt.gib(mem['shortfall_bytes'], 2)} more "
+            f"than the {fmt.capacity(mem['capacity'])} GiB it has")
+
+
 def _no_fit_lines(est, mem: dict, to_fit) -> None:
     """Does not fit: the shortfall per GPU, no step time or throughput, and what would fit."""
     gpus = est.candidates.layout(0).gpus
-    out.print(f"[bold red]Does not fit[/]: it needs {fmt.gib(mem['total'], 2)} per GPU, "
-              f"{fmt.gib(mem['shortfall_bytes'], 2)} more than the {fmt.capacity(mem['capacity'])} "
-              f"GiB it has; a layout that cannot run has no step time, tokens/s or MFU.")
+    out.print(f"[bold red]Does not fit[/]: {shortfall_text(mem)}; a layout that cannot run has no "
+              "step time, tokens/s or MFU.")
     if to_fit is None:
         out.print("To fit: no count of GPUs plan3d models has a layout of this model that fits "
                   "at this sequence length and batch; use GPUs with more memory.")
