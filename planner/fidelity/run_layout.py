@@ -5,7 +5,8 @@ Defaults (the ONLY ones; ``plan3d accuracy --resolve search`` replaces them by t
 layout consistent with what is stated, planner.fidelity.resolve):
 - micro_batch 1; vpp 1 (plain 1F1B); recompute full where the source counts FLOPs with
   Narayanan's formula (which assumes full recomputation), else none; sequence_parallel off
-  (on for an MoE model with tp > 1: Megatron-Core requires it); zero_stage 0 without the distributed optimizer; etp 1 (Megatron's guidance for MoE; moe.md 6);
+  (on for an MoE model with tp > 1: Megatron-Core requires it); zero_stage 0 without the
+  distributed optimizer; etp 1 (Megatron's guidance for MoE; moe.md 6);
   tp = 8 and pp = (gpus/dp)/8 where only dp is given (Narayanan 2021 Table 2 gives only t*p:
   one DGX node of TP, as every PTD-P layout of its Table 1 from 18B up);
 - a pipeline that pp does not divide: space.default_uneven_split (the middle stages one layer

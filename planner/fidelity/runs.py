@@ -20,7 +20,8 @@ in the run's ``assumptions`` (``plan3d accuracy`` prints them).
   ``memory_unit: GiB`` says the source's code prints binary units (Megatron-LM's report_memory
   divides by 1024^2 and labels it "MB").
 - skipped: a GPU count, the architecture (layers/hidden/heads, unless the facts or the row's
-  model.catalog name a catalog model), the parallel layout or the global batch not given; hardware with no profile.
+  model.catalog name a catalog model), the parallel layout or the global batch not given;
+  hardware with no profile.
 """
 
 from __future__ import annotations

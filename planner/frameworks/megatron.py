@@ -64,7 +64,6 @@ from .megatron_model import CROSS_ENTROPY_NOTE, model_args
 from ..cost.checkpoint import MEGATRON_FSDP_STRATEGY, megatron_ckpt_format
 
 SOURCE = "NVIDIA/Megatron-LM commit d98e8a64ddf3 (2026-08-22), megatron/training/arguments.py"
-FSDP_STRATEGY = MEGATRON_FSDP_STRATEGY
 POSITION = {"rope": "rope", "learned": "learned_absolute"}
 
 
@@ -96,9 +95,9 @@ def megatron_args(plan: Plan) -> list[tuple[str, str | None]]:
         args.append(("--sequence-parallel", None))
     if lay.sharding_stage == 1:
         args.append(("--use-distributed-optimizer", None))
-    elif lay.zero_stage in FSDP_STRATEGY:
+    elif lay.zero_stage in MEGATRON_FSDP_STRATEGY:
         args += [("--use-megatron-fsdp", None),
-                 ("--data-parallel-sharding-strategy", FSDP_STRATEGY[lay.zero_stage])]
+                 ("--data-parallel-sharding-strategy", MEGATRON_FSDP_STRATEGY[lay.zero_stage])]
     args += recompute_args(plan)
     args += [
         ("--micro-batch-size", str(lay.micro_batch_size)),
@@ -190,7 +189,7 @@ def checkpoint_args(plan: Plan, ck: dict | None) -> list[tuple[str, str | None]]
     ``ck`` (common.save_interval); none without one."""
     if ck is None:
         return []
-    fsdp = plan.layout.zero_stage in FSDP_STRATEGY
+    fsdp = plan.layout.zero_stage in MEGATRON_FSDP_STRATEGY
     args = [("--save-interval", str(ck["interval_steps"])),
             ("--ckpt-format", megatron_ckpt_format(plan.layout.zero_stage))]
     if ck["async"]:
@@ -242,7 +241,7 @@ def export_megatron(plan: Plan) -> Export:
         "--save/--load directories, logging",
         interval_note(ck, plan),
     ]
-    if lay.zero_stage in FSDP_STRATEGY:
+    if lay.zero_stage in MEGATRON_FSDP_STRATEGY:
         comments.append(f"ZeRO-{lay.zero_stage} is Megatron-FSDP here (plain DDP and the distributed "
                         "optimizer shard only optimizer states); check that your Megatron-LM "
                         "version supports Megatron-FSDP with this tp/pp; its checkpoints are "

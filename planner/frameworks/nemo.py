@@ -37,7 +37,6 @@ from .nemo_model import job_fields, model_comments, model_fields
 SOURCE = ("NVIDIA-NeMo/Megatron-Bridge docs/megatron-lm-to-megatron-bridge.md @167ba2ad3210, "
           "src/megatron/bridge/recipes/llama/llama3.py @6f6f95e09fc9; model provider fields: "
           "@067f987df03b conversion/model_bridge.py CONFIG_MAPPING, gpt_provider.py")
-SHARDING = MEGATRON_FSDP_STRATEGY  # Megatron-FSDP strategies
 
 
 class _FlowScalarListsDumper(yaml.SafeDumper):
@@ -57,7 +56,7 @@ def checkpoint_fields(plan: Plan, ck: dict | None) -> dict[str, object]:
     """The ``checkpoint`` section for the plan's checkpoint estimate ``ck`` (empty without)."""
     if ck is None:
         return {}
-    fsdp = plan.layout.zero_stage in SHARDING
+    fsdp = plan.layout.zero_stage in MEGATRON_FSDP_STRATEGY
     out: dict[str, object] = {"save_interval": ck["interval_steps"],
                               "ckpt_format": megatron_ckpt_format(plan.layout.zero_stage),
                               "async_save": bool(ck["async"])}
@@ -95,7 +94,7 @@ def nemo_fields(plan: Plan, ck: dict | None = None) -> dict[str, dict[str, objec
                  "selective+": ("selective", None, None, recompute_modules(plan.model)),
                  "full": ("full", "block", lay.recompute_num_layers, None) if lay.recompute_num_layers
                  else ("full", "uniform", 1, None)}[lay.recompute]
-    fsdp = lay.zero_stage in SHARDING
+    fsdp = lay.zero_stage in MEGATRON_FSDP_STRATEGY
     job = job_fields(plan)
     return {
         "model": {
@@ -120,7 +119,7 @@ def nemo_fields(plan: Plan, ck: dict | None = None) -> dict[str, dict[str, objec
         "ddp": {
             "use_distributed_optimizer": bool(lay.sharding_stage == 1),
             "use_megatron_fsdp": fsdp,
-            "data_parallel_sharding_strategy": SHARDING.get(lay.zero_stage, "no_shard"),
+            "data_parallel_sharding_strategy": MEGATRON_FSDP_STRATEGY.get(lay.zero_stage, "no_shard"),
             "overlap_grad_reduce": tr.overlap_grad_reduce,
             "overlap_param_gather": tr.overlap_grad_reduce and bool(lay.sharding_stage >= 1),
             "grad_reduce_in_fp32": tr.grad_bytes == 4,
@@ -209,9 +208,9 @@ def export_nemo(plan: Plan) -> Export:
                           f"set them in the provider's Python or layer spec{table}")
     if note:
         comments.append(note)
-    if plan.layout.zero_stage in SHARDING:
+    if plan.layout.zero_stage in MEGATRON_FSDP_STRATEGY:
         comments.append(f"ZeRO-{plan.layout.zero_stage} = Megatron-FSDP with "
-                        f"data_parallel_sharding_strategy {SHARDING[plan.layout.zero_stage]}")
+                        f"data_parallel_sharding_strategy {MEGATRON_FSDP_STRATEGY[plan.layout.zero_stage]}")
     body = yaml.dump(fields, Dumper=_FlowScalarListsDumper, sort_keys=False, default_flow_style=False)
     keys = [o.split("=", 1)[0] for o in overrides]
     return Export("nemo", "".join(f"# {c}\n" for c in comments) + body, keys=keys)

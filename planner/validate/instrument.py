@@ -314,8 +314,7 @@ class SavedBytes:
             self._bytes[key] = total
         else:
             self._bytes.pop(key, None)
-            if not self._spans.get(key):  # forget the storage only once no span is held
-                self._spans.pop(key, None)
+            self._spans.pop(key, None)
         self.peak = max(self.peak, self.live)
 
     def recompute_hooks(self) -> "_RecomputeHooks":
