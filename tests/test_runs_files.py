@@ -174,6 +174,9 @@ def _write(tmp_path, monkeypatch, row, facts=None):
      "layout.global_batch 64 but the run's facts give 128"),
     ({}, [{"runs": "mylab-*", "source": "s", "hardware": "dgx-h1000"}], "hardware: unknown hardware profile 'dgx-h1000'"),
     ({}, [{"runs": "other-*", "source": "s", "framework": "megatron-cor"}], "framework: unknown framework profile"),
+    # a mistyped glob applied its facts to no run, silently
+    ({}, [{"runs": "mylab-*", "source": "s", "group": "mine"}, {"runs": "mylb-*", "source": "s", "layout": {"vpp": 2}}],
+     "entry 2: runs 'mylb-*' matches no run id of runs.yaml"),
     # no seq_len, and the two figures imply 8,192 (64 x 8,192 / 9.5 s = 55,188 tokens/s)
     ({"model": {"seq_len": None}, "measured": {"iteration_s": 9.5, "tokens_per_s": 55188}}, None,
      "model.seq_len is not given (1024 assumed) and measured.iteration_s x tokens_per_s / global batch = 8,192"),

@@ -159,14 +159,34 @@ def facts_files(runs_file: Path | None) -> list[Path]:
     """The facts files of a runs file: ``<stem>_facts.yaml`` beside it if there is one, else the
     shipped ones (the repository's benchmarks/, else the wheel's copies)."""
     if runs_file is not None:
-        own = runs_file.parent / f"{runs_file.stem}_facts.yaml"
-        if own.is_file():
+        own = own_facts_file(runs_file)
+        if own is not None:
             return [own]
     for folder in (REPO_BENCHMARKS, WHEEL_CATALOG):
         found = [folder / name for name in SHIPPED_FACTS if (folder / name).is_file()]
         if found:
             return found
     return []
+
+
+def own_facts_file(runs_file: Path) -> Path | None:
+    """The runs file's own facts file, ``<stem>_facts.yaml`` beside it, or None."""
+    own = runs_file.parent / f"{runs_file.stem}_facts.yaml"
+    return own if own.is_file() else None
+
+
+def check_entries_match(runs_file: Path, run_ids: list[str]) -> None:
+    """UsageError naming the first entry of the runs file's own facts file whose ``runs`` glob
+    matches none of ``run_ids`` (a mistyped glob would otherwise apply its facts to nothing,
+    silently). The shipped facts a runs file without its own falls back on are not checked:
+    they describe the shipped runs."""
+    own = own_facts_file(runs_file)
+    if own is None:
+        return
+    for i, entry in enumerate(facts_file(own)):
+        if not any(fnmatch(run_id, entry.runs) for run_id in run_ids):
+            raise UsageError(f"{own}: entry {i + 1}: runs {entry.runs!r} matches no run id of "
+                             f"{runs_file.name}; correct the glob or remove the entry")
 
 
 def _merge(entries: list[RunFacts]) -> dict[str, Any]:

@@ -38,7 +38,7 @@ from ..degrees import split_problem
 from ..errors import UsageError
 from ..inputs import check_integers
 from ..specs import NAME_PATTERN, HardwareProfile, Layout, ModelSpec, TrainingSpec
-from .facts import RunFacts, run_facts
+from .facts import RunFacts, check_entries_match, run_facts
 from .run_layout import layout_of, training_of
 from .run_model import catalog_of, run_model
 from .schema import check_fields, notes_tags
@@ -129,6 +129,7 @@ def load_runs(path: Path | None = None) -> list[RunCase]:
             raise UsageError(f"{path}: run {row['id']}: {exc}") from None
         case.dataset = path.stem
         cases.append(case)
+    check_entries_match(path, list(seen))
     return cases
 
 
