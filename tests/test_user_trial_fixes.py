@@ -504,3 +504,22 @@ def test_checkpoint_format_follows_the_sharding_the_export_writes(tmp_path, zero
     assert est["checkpoint"]["format"] == fmt
     args = runner.invoke(app, ["export", str(plan), "--to", "megatron"]).stdout
     assert f"--ckpt-format {fmt.split()[1]}" in args
+
+
+@pytest.mark.parametrize("model, tp, flag, sp", [
+    ("qwen3-30b-a3b", "2", [], True),  # MoE, tp 2: SP on (was off, and the rule then refused it)
+    ("qwen3-30b-a3b", "1", [], False),  # tp 1: nothing to split
+    ("llama3-8b", "2", [], False),  # dense: the stated default, off
+    ("llama3-8b", "2", ["--sequence-parallel"], True),
+])
+def test_estimate_turns_sequence_parallelism_on_where_moe_needs_it(model, tp, flag, sp):
+    res = runner.invoke(app, ["estimate", "-m", model, "-g", "16", "--tp", tp, "--json", *flag])
+    assert res.exit_code in (0, 1), res.stderr
+    assert json.loads(res.stdout)["layout"]["sequence_parallel"] is sp
+    assert ("sequence parallelism on: an MoE model with tp > 1 needs it" in res.stderr) is (sp and not flag)
+
+
+def test_estimate_moe_without_sequence_parallelism_is_still_refused():
+    line = one_line_error(["estimate", "-m", "qwen3-30b-a3b", "-g", "16", "--tp", "2",
+                           "--no-sequence-parallel"])
+    assert "MoE with tp > 1 needs sequence parallelism" in line

@@ -37,7 +37,7 @@ def estimate(
     recompute_num_layers: Optional[int] = RECOMPUTE_LAYERS,
     offload_layers: Optional[int] = OFFLOAD_LAYERS,
     sequence_parallel: Optional[bool] = typer.Option(None, "--sequence-parallel/--no-sequence-parallel",
-                                                     help="Sequence parallelism [default: off]."),
+                                                     help="Sequence parallelism [default: off; on for an MoE model with tp > 1, which needs it]."),
     vpp: Optional[int] = typer.Option(None, "--vpp", help="Virtual pipeline stages per rank [default: 1]."),
     cp: Optional[int] = typer.Option(None, "--cp", help="Context-parallel size [default: 1]."),
     ep: Optional[int] = typer.Option(None, "--ep", help="Expert-parallel size (MoE) [default: 1]."),
@@ -102,10 +102,16 @@ def _from_flags(flags: dict, allow_cross_node_tp: bool):
         _moe_job(f["moe_dispatcher"], f["moe_a2a_overlap"]))
     zero_stage = _zero_stage(f["zero_stage"], f["distributed_optimizer"], profile, f["pp"] or 1)
     n = _require(f["gpus"], "--gpus")
+    sequence_parallel = f["sequence_parallel"]
+    if sequence_parallel is None:  # Megatron-Core trains an MoE layer with tp > 1 only with SP
+        sequence_parallel = m.moe is not None and (f["tp"] or 1) > 1
+        if sequence_parallel:
+            console.note("note: sequence parallelism on: an MoE model with tp > 1 needs it "
+                         "(--no-sequence-parallel is refused for the same reason)")
     fields = dict(tp=f["tp"], cp=f["cp"], pp=f["pp"], dp=f["dp"], zero_stage=zero_stage,
                   micro_batch_size=f["micro_batch_size"] or 1,
                   recompute=(f["recompute"] or RecomputeChoice.none).value,
-                  sequence_parallel=bool(f["sequence_parallel"]), vpp=f["vpp"] or 1,
+                  sequence_parallel=sequence_parallel, vpp=f["vpp"] or 1,
                   distributed_optimizer=bool(f["distributed_optimizer"]), ep=f["ep"] or 1,
                   etp=f["etp"] or 1, first_stage_layers=f["first_stage_layers"] or 0,
                   last_stage_layers=f["last_stage_layers"] or 0,
