@@ -370,7 +370,8 @@ def check_layout(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, 
         if LAYERS_RULE in broken and f > 0 and _uneven_fits(
                 model, training, hw, layout.model_copy(update=dict(first_stage_layers=f, last_stage_layers=la)),
                 framework):
-            hint = f" (an uneven split would do: first_stage_layers {f}, last_stage_layers {la})"
+            hint = (f" (an uneven split would do: {f} layers on the first stage and {la} on the last,"
+                    f" --first-stage-layers {f} --last-stage-layers {la})")
         if TP_RULE in broken:
             hint += f" ({CROSS_NODE_HINT})"
         if UNEVEN_RULE in broken:

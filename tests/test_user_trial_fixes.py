@@ -523,3 +523,12 @@ def test_estimate_moe_without_sequence_parallelism_is_still_refused():
     line = one_line_error(["estimate", "-m", "qwen3-30b-a3b", "-g", "16", "--tp", "2",
                            "--no-sequence-parallel"])
     assert "MoE with tp > 1 needs sequence parallelism" in line
+
+
+def test_layers_rule_names_the_uneven_split_flags():
+    # DeepSeek-V3's 61 layers on pp 8: 61 - 8*7 = 5 left; 6 on the first stage, 7 on the last
+    # and 8 on each of the 6 middle ones (6 + 7 + 48 = 61); the hint named YAML fields only
+    line = one_line_error(["estimate", "-m", "deepseek-v3", "-g", "1024", "--tp", "2", "--pp", "8",
+                           "--ep", "64", "--sequence-parallel"])
+    assert "layers divisible by pp*vpp" in line
+    assert "--first-stage-layers 6 --last-stage-layers 7" in line
