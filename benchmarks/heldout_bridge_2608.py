@@ -23,6 +23,8 @@ from pathlib import Path
 
 import yaml
 
+from planner.fidelity.facts import matching_entries
+
 ROOT = Path(__file__).resolve().parents[1]
 # (row of the same layout in modern_runs.yaml, model catalog name, 26.08 tokens/s/GPU, GPUs)
 ROWS = [("mbridge2602-gb200-mxfp8-deepseekv3-256gpu", "deepseekv3", 4912, 256),
@@ -67,8 +69,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         runs = Path(tmp) / "mbridge2608_runs.yaml"
         runs.write_text(yaml.safe_dump(out, sort_keys=False))
-        shipped = (ROOT / "benchmarks" / "modern_runs_facts.yaml").read_text()
-        (Path(tmp) / "mbridge2608_runs_facts.yaml").write_text(FACTS + shipped)
+        shipped = matching_entries(ROOT / "benchmarks" / "modern_runs_facts.yaml", [r["id"] for r in out])
+        (Path(tmp) / "mbridge2608_runs_facts.yaml").write_text(FACTS + yaml.safe_dump(shipped, sort_keys=False))
         return subprocess.call([sys.executable, "-c", "from planner.cli import main; main()",
                                 "accuracy", str(runs), "--resolve", "search", "--no-loso"])
 

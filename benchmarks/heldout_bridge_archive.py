@@ -27,6 +27,8 @@ from pathlib import Path
 
 import yaml
 
+from planner.fidelity.facts import matching_entries
+
 ROOT = Path(__file__).resolve().parents[1]
 # (release, system, model, GPUs, precision, GBS, MBS, sequence, TP, PP, CP, VP (None: n/a), EP,
 #  tokens/s/GPU), as printed
@@ -93,7 +95,7 @@ def _row(release, system, model, gpus, precision, gbs, mbs, seq, tp, pp, cp, vp,
 
 def write_inputs(folder: Path) -> Path:
     """Write the held-out runs file and its facts file (the rows' own entries, then the shipped
-    modern_runs_facts.yaml) into ``folder``; return the runs file. SystemExit if a held-out id is
+    modern_runs_facts.yaml entries that match them) into ``folder``; return the runs file. SystemExit if a held-out id is
     also a dataset id."""
     rows, facts = zip(*(_row(*r) for r in ROWS))
     shipped = yaml.safe_load((ROOT / "benchmarks" / "modern_runs.yaml").read_text())
@@ -102,9 +104,8 @@ def write_inputs(folder: Path) -> Path:
         raise SystemExit(f"held-out ids also in the dataset: {sorted(clash)}")
     runs = folder / "heldout_runs.yaml"
     runs.write_text(yaml.safe_dump(list(rows), sort_keys=False))
-    shipped_facts = (ROOT / "benchmarks" / "modern_runs_facts.yaml").read_text()
-    (folder / "heldout_runs_facts.yaml").write_text(yaml.safe_dump(list(facts), sort_keys=False)
-                                                    + shipped_facts)
+    shipped_facts = matching_entries(ROOT / "benchmarks" / "modern_runs_facts.yaml", [r["id"] for r in rows])
+    (folder / "heldout_runs_facts.yaml").write_text(yaml.safe_dump(list(facts) + shipped_facts, sort_keys=False))
     return runs
 
 

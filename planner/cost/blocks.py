@@ -208,7 +208,9 @@ def linear_io_per_token(model: ModelSpec, c, training: TrainingSpec) -> dict[str
     out n(d_n + d_r)/t and n(d_n + d_v)/t; out-projection n*d_v/t and h/sp. MLP: fc1 h/sp and
     (glu - 1)*f/t, fc2 f/t and h/sp (glu = mc.glu_factor, 3 for SwiGLU). MoE: per routed row
     (k*g/t per token, elementwise_bytes_per_token's convention) fc1 h and (glu - 1)*F, fc2 F and
-    h; shared experts as an MLP of F_sh."""
+    h; with expert TP each GPU holds etp times the rows (gathered over the ETP group in 16 bits
+    before the grouped GEMM quantizes them), each h wide at fc1's input and fc2's output
+    gradient and 1/etp of F inside: k*g/t * (2h*etp + glu*F); shared experts as an MLP of F_sh."""
     tp, sp, h = np.asarray(c.tp, dtype=np.float64), c.sp_divisor, model.hidden_size
     glu = mc.glu_factor(model)
     n = model.num_attention_heads
@@ -229,7 +231,7 @@ def linear_io_per_token(model: ModelSpec, c, training: TrainingSpec) -> dict[str
         mo = model.moe
         rows = training.moe_imbalance * mo.router_topk / tp
         shared = (2.0 * h / sp + glu * mo.shared_ffn / tp) * mo.shared_experts
-        out[MOE] = rows * (2.0 * h + glu * mo.ffn_hidden_size) + shared
+        out[MOE] = rows * (2.0 * h * c.etp + glu * mo.ffn_hidden_size) + shared
     return out
 
 
@@ -244,7 +246,8 @@ def attention_flops_per_sequence(model: ModelSpec, training: TrainingSpec, windo
 def elementwise_bytes_per_token(model: ModelSpec, c, training: TrainingSpec) -> dict[str, np.ndarray]:
     """HBM bytes per token (of s*b/cp) of the memory-bound kernels of one block, forward (backward
     moves twice as much): a norm (read 2h, write 2h) and a bias-dropout-add (read 4h, write 2h,
-    mask h) = 11h per block, split by SP; the activation function 4f (GeLU) or 6f (SwiGLU: read
+    mask h) = 11h per block, split by SP; QK norms read and write their inputs, 4*d*(n + g')/t
+    (qk_norm_elements); the activation function 4f (GeLU) or 6f (SwiGLU: read
     gate and up, write the product) /t; MoE: the router's softmax and top-k on E scores per
     token, the permutation of the routed rows (PERMUTE_BYTES_PER_ROW_H x h each) and the
     activation on them, on the SP shard."""
@@ -252,7 +255,8 @@ def elementwise_bytes_per_token(model: ModelSpec, c, training: TrainingSpec) -> 
     h = model.hidden_size
     sp = c.sp_divisor
     act = 2.0 * (mc.fc1_outputs(model) + 1)  # bf16: read the fc1 outputs, write the product
-    out = {ATTENTION: 11.0 * h / sp}
+    qk = 4.0 * qk_norm_elements(model, kv_heads_per_rank(model, tp) * tp) / tp  # read 2 + write 2
+    out = {ATTENTION: 11.0 * h / sp + qk}
     if WINDOW in block_kinds(model):
         out[WINDOW] = out[ATTENTION]
     if MLP in block_kinds(model):
@@ -276,8 +280,9 @@ def activation_bytes_per_token(model: ModelSpec, training: TrainingSpec, c, reco
 
     Replicated terms R are split by SP, sharded ones S by TP (formulas.md 3.2):
     attention: R = 2h norm input + 2h QKV input (dropped by layernorm) + h dropout mask;
-      S = Q, K, V 2*d*(n + 2g') + out-proj input 2*n*d + the fp32 log-sum-exp 4n (flash) or the
-      scores (2 + 3 with dropout)*n*s (no flash; dropped by core_attn). MLA (moe.md 5.4):
+      S = Q, K, V 2*d*(n + 2g') + out-proj input 2*n*d + QK-norm inputs 2*d*(n + g') (Qwen3,
+      OLMoE; qk_norm_elements) + the fp32 log-sum-exp 4n (flash) or the scores (2 + 3 with
+      dropout)*n*s (no flash; dropped by core_attn). MLA (moe.md 5.4):
       R = 2h norm input + 2h down-projection input (layernorm) + latents 4*r_q + 4*r_kv + 2*d_r;
       S = q, k, v 2n(2(d_n + d_r) + d_v) (dropped by mla_up_proj) + output 2n*d_v + 4n.
     dense MLP: R = 2h norm input + 2h fc1 input (layernorm) + h mask; S = 2*glu_in*f + 2f.
@@ -340,12 +345,25 @@ def _attention_saved(model: ModelSpec, training: TrainingSpec, tp, norm_out, cor
         return 2.0 * h + norm_out + latents, shard
     d, g = model.kv_channels, kv_heads_per_rank(model, tp) * tp  # g' = max(g, t), over the TP group
     dropout = model.dropout > 0
-    shard = 2.0 * d * (n + 2 * g) + (2.0 + o_copy) * n * d
+    shard = 2.0 * d * (n + 2 * g) + (2.0 + o_copy) * n * d + qk_norm_elements(model, g) * 2.0
     if training.flash_attention:
         scores = 4.0 * n
     else:
         scores = np.where(core, 0.0, (5.0 if dropout else 2.0) * n * training.seq_length)
     return 2.0 * h + norm_out + (h if dropout else 0.0), shard + scores
+
+
+def qk_norm_elements(model: ModelSpec, g) -> object:
+    """Elements per token of the query and key norms' inputs over the TP group, d*(n + g)
+    (``g`` the KV heads there: g' = max(g, t)); 0 without QK norms and for MLA, whose latent
+    norms are counted with the latents. Qwen3 (per head) and OLMoE (full width) normalise q and
+    k after the QKV GEMM and before RoPE; each norm saves its 16-bit input for the backward
+    (moe.md 5.5: "q/k-norm inputs"), and Megatron-Core's ``layernorm`` recompute module drops
+    only the input and pre-MLP norms (transformer_layer.py, recompute_input_layernorm /
+    recompute_pre_mlp_layernorm @d98e8a64), so no recompute but full drops them."""
+    if model.qk_norm == "none" or model.attention_kind == "mla":
+        return 0.0
+    return model.kv_channels * (model.num_attention_heads + g)
 
 
 def mla_up_share(model: ModelSpec) -> float:

@@ -81,7 +81,7 @@ def block_comm(model: ModelSpec, training: TrainingSpec, c, links: Links,
     """Time of volumes.block_collectives, per block kind: TP on the tp group (the backward's
     hidden collectives under 2 x the block's column-parallel GEMM time), the CP ring between CP
     neighbours, the expert dispatch on the EP group (ep ranks etp apart) and the expert-TP
-    group (etp ranks), all-to-all times scaled by training.moe_imbalance (the busiest rank
+    group (etp ranks), all-to-all and expert-TP times scaled by training.moe_imbalance (the busiest rank
     receives that much more, moe.md 4.2). ``link`` False: without the TP link seconds (no
     step time needs them). {kind: BlockComm}"""
     tp = _Timer(links, group_span(c.tp, 1, links.domain))
@@ -128,7 +128,7 @@ def _expert_times(model: ModelSpec, training: TrainingSpec, c, links: Links, col
         t = 0.0
         for x in colls:
             if x.group in timers and all(getattr(x, k) == v for k, v in match.items()):
-                t = t + timers[x.group](x) * (gamma if x.kind == "all_to_all" else 1.0)
+                t = t + timers[x.group](x) * (gamma if _routed(x) else 1.0)
         return t
     forward_backward = total(phase="forward") + total(phase="backward")
     recompute = total(phase="recompute")
@@ -139,6 +139,14 @@ def _expert_times(model: ModelSpec, training: TrainingSpec, c, links: Links, col
             times["moe"].forward + times["moe"].backward
         exposed = np.where(allowed, np.maximum(0.0, forward_backward - layer), forward_backward)
     return {"ep_exposed": exposed, "ep_recompute": recompute, "ep_link": forward_backward + recompute}
+
+
+def _routed(x: Collective) -> bool:
+    """Whether a collective carries the routed rows, whose busiest rank holds moe_imbalance
+    times the balanced share: the alltoall dispatcher's all-to-alls and the expert-TP
+    collectives of the rows each rank received (moe.md 4.2); the allgather dispatcher's
+    collectives move every token, balanced."""
+    return x.kind == "all_to_all" or x.group == "etp"
 
 
 def a2a_overlap_applies(c) -> np.ndarray:

@@ -13,7 +13,7 @@ recompute repeats the forward's. The allgather dispatcher (moe.md 4.3) instead a
 T tokens, their probabilities and routing map over the etp*ep group and reduce-scatters the
 result. Payload S is what one GPU sends (all-to-all) or the unsharded tensor (all-gather
 output, reduce-scatter input), formulas.md 5.1; the busiest rank receives moe_imbalance times
-the balanced share, which cost.comm applies to the all-to-all time.
+the balanced share, which cost.comm applies to the all-to-all and expert-TP times.
 """
 
 from __future__ import annotations

@@ -189,6 +189,16 @@ def check_entries_match(runs_file: Path, run_ids: list[str]) -> None:
                              f"{runs_file.name}; correct the glob or remove the entry")
 
 
+def matching_entries(path: Path, run_ids: list[str]) -> list[dict]:
+    """The entries of the facts file at ``path`` (as written, YAML mappings) whose ``runs`` glob
+    matches one of ``run_ids``, in file order: the facts another runs file of some of the same
+    runs may take over (check_entries_match refuses the rest). UsageError if the file is
+    malformed."""
+    facts_file(path)  # checked
+    return [entry for entry in read_yaml(Path(path))
+            if any(fnmatch(run_id, str(entry["runs"])) for run_id in run_ids)]
+
+
 def _merge(entries: list[RunFacts]) -> dict[str, Any]:
     """Field by field, the first entry that sets a field wins; layout, training and a model
     mapping are merged key by key; approximations are concatenated."""
