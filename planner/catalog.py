@@ -175,10 +175,38 @@ def framework_profiles() -> dict[str, FrameworkProfile]:
     return _load_all(FRAMEWORKS)  # type: ignore[return-value]
 
 
+# what each kind of plan3d input file has at its top level, and where it goes
+_KINDS = {
+    "plan": (("plan3d_version", "layout"), "use `plan3d estimate --plan {name}` (or export, "
+             "validate, placement)"),
+    "model": (("num_layers", "hidden_size"), "pass it as --model {name}"),
+    "hardware profile": (("gpu", "efficiency"), "pass it as --hardware {name}"),
+    "framework profile": (("rules", "runtime"), "pass it as --framework {name}"),
+}
+
+
+def file_kind(data: object) -> str | None:
+    """Which kind of plan3d input a parsed YAML mapping is (plan, model, hardware profile,
+    framework profile), from the keys each kind must have; None if none matches."""
+    if not isinstance(data, dict):
+        return None
+    return next((kind for kind, (keys, _) in _KINDS.items() if all(k in data for k in keys)), None)
+
+
+def refuse_other_kind(data: object, name: str, expected: str) -> None:
+    """UsageError when ``data`` (the parsed file ``name``, read as an ``expected`` kind) is
+    another kind of plan3d file: say what it is and where it goes, instead of listing the
+    fields it lacks."""
+    kind = file_kind(data)
+    if kind is not None and kind != expected:
+        raise UsageError(f"{name} is a {kind} file, not a {expected}; "
+                         + _KINDS[kind][1].format(name=name))
+
+
 def refuse_plan(data: object, name: str) -> None:
     """UsageError when ``data`` (a parsed --model/--hardware file) is a plan3d plan (it has
     ``plan3d_version`` and ``layout``): say which command reads it instead of listing fields."""
-    if isinstance(data, dict) and "plan3d_version" in data and "layout" in data:
+    if file_kind(data) == "plan":
         raise UsageError(f"{name} is a plan3d plan; use `plan3d estimate --plan {name}`")
 
 
@@ -232,6 +260,7 @@ def _resolve(kind: str, label: str, name: str, cls: type[T]) -> T:
             raise UsageError(f"{name}: JSON {label} files are not supported yet; write the YAML schema")
         data = read_yaml(path)
         refuse_plan(data, name)
+        refuse_other_kind(data, name, label)
         if kind == FRAMEWORKS:
             return validate_framework(data, str(path))  # type: ignore[return-value]
         return validate(cls, data, str(path))

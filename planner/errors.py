@@ -52,11 +52,14 @@ class DeadlineError(PlannerError):
     """Layouts fit, but none trains within the deadline (``--deadline``). Exit code 1.
 
     ``fastest``: the layout with the shortest expected time to train (a planner.cost.Estimate
-    of one layout, index 0), None when the raiser has none; ``seconds``: that time."""
+    of one layout, index 0), None when the raiser has none; ``seconds``: that time; ``rows``:
+    a sweep's rows (planner.sweep), each count marked with why it missed, else None."""
 
     exit_code = 1
 
-    def __init__(self, message: str, fastest: Any = None, seconds: float | None = None) -> None:
+    def __init__(self, message: str, fastest: Any = None, seconds: float | None = None,
+                 rows: list | None = None) -> None:
         super().__init__(message)
         self.fastest = fastest
         self.seconds = seconds
+        self.rows = rows

@@ -233,7 +233,9 @@ def model_notes(model) -> list[str]:
     elif model.qkv_bias:
         out.append("biases on the Q/K/V projections only (qkv_bias)")
     if model.qk_norm != "none":
-        out.append(f"QK norm: {model.qk_norm.replace('_', '-')}")
+        what = "each head's" if model.qk_norm == "per_head" else "the whole"
+        out.append(f"queries and keys are normalised after the QKV projection ({what} q and k; "
+                   f"qk_norm: {model.qk_norm}); the norms' inputs are saved activations")
     if model.attention_sinks:
         out.append("a learned attention sink per head")
     if model.norm_epsilon is None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import yaml
 
 from . import __version__
-from .catalog import read_yaml, validate
+from .catalog import read_yaml, refuse_other_kind, validate
 from .errors import UsageError
 from .outputs import check_destination, write  # noqa: F401 (check_destination re-exported)
 from .framework_spec import FrameworkProfile
@@ -55,6 +55,7 @@ def read_plan(path: Path) -> Plan:
     ``plan3d_version`` that is no version is refused; a plan that fails to validate and was
     written by a newer plan3d says so (its fields may be ones this version does not know)."""
     data = read_yaml(path)
+    refuse_other_kind(data, str(path), "plan")
     written = data.get("plan3d_version") if isinstance(data, dict) else None
     if written is not None and _version_key(written) is None:
         raise UsageError(f"{path}: plan3d_version: {written!r} is not a plan3d version "

@@ -122,6 +122,10 @@ _SEARCH_INTS = ("tp", "pp", "dp", "micro_batch_size", "vpp", "cp", "ep", "etp", 
 _SEARCH_BOOLS = ("sequence_parallel", "distributed_optimizer", "allow_cross_node_tp")
 
 
+# pins whose bound has a default (search.SearchOptions): --cp 32 searches cp 32 without --max-cp
+_DEFAULT_BOUNDS = (("micro_batch_size", "max_micro_batch_size"), ("vpp", "max_vpp"), ("cp", "max_cp"))
+
+
 def search_options(hw, training, given: dict[str, Any], headroom: str | None = None,
                    label: Label = flag, model=None):
     """search.SearchOptions of ``given`` (its field names; None = not given), checked: degrees,
@@ -138,6 +142,10 @@ def search_options(hw, training, given: dict[str, Any], headroom: str | None = N
     from .search import SearchOptions
     from .specs import RECOMPUTE_CODES
     given = {k: v for k, v in given.items() if v is not None}
+    for pin, bound in _DEFAULT_BOUNDS:  # a pin above a default bound the user did not give raises it
+        if bound not in given and isinstance(given.get(pin), int) and \
+                given[pin] > SearchOptions.__dataclass_fields__[bound].default:
+            given[bound] = given[pin]
     known = {f.name for f in dataclasses.fields(SearchOptions)}
     for name in given:
         if name not in known:

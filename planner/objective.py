@@ -43,10 +43,16 @@ def check(objective: str, tokens: float | None, price_per_gpu_hour: float | None
 
 
 def check_budget(objective: str, tokens: float | None, price_per_gpu_hour: float | None,
-                 deadline_s: float | None) -> None:
+                 deadline_s: float | None, step_tokens: float | None = None) -> None:
     """check() with the token budget the search has (``tokens``: --tokens, else the model's;
-    None: none): a deadline or a price needs one too (a price is for the whole run). UsageError."""
+    None: none): a deadline or a price needs one too (a price is for the whole run), and a
+    budget is at least one optimizer step's ``step_tokens`` (global batch x sequence length)
+    when that is given. UsageError."""
     check(objective, tokens if objective != "throughput" else 1.0, price_per_gpu_hour)
+    if tokens is not None and step_tokens is not None and tokens < step_tokens:
+        raise UsageError(f"a training budget of {tokens:,.6g} tokens is less than one optimizer "
+                         f"step ({step_tokens:,.0f} tokens: global batch x sequence length); "
+                         "give the run's total tokens, e.g. --tokens 2T")
     if deadline_s is not None and tokens is None:
         raise UsageError("--deadline needs a training token budget: the model gives none, pass --tokens")
     if price_per_gpu_hour is not None and tokens is None:

@@ -247,7 +247,9 @@ def _dim_summary(pl: Placement, dim: str, examples: int) -> dict[str, object]:
 
 def summary(plan: Plan, order: str = "megatron", examples: int = 2) -> dict[str, object]:
     """Compact description: group counts, strides, example groups, node and NVLink-domain
-    crossing, the cost-model check; for MoE plans the expert groups and
+    crossing (``nvlink_domain``: the GPUs of a domain as layouts use them, a power-of-two block
+    of hosts, collectives.nvlink_domain; ``nvlink_domain_hardware``: the profile's whole
+    domain), the cost-model check; for MoE plans the expert groups and
     ``ep_leaves_nvlink_domain`` (some EP group spans more than one domain; None without
     experts)."""
     pl = place(plan, order)
@@ -257,6 +259,7 @@ def summary(plan: Plan, order: str = "megatron", examples: int = 2) -> dict[str,
             "expert_order_description": EXPERT_ORDER_TEXT[order] if moe else None,
             "gpus": plan.gpus, "gpus_per_node": pl.gpus_per_node,
             "nodes": -(-plan.gpus // pl.gpus_per_node), "nvlink_domain": pl.domain_size,
+            "nvlink_domain_hardware": int(plan.hardware.nvlink_domain or pl.gpus_per_node),
             "nvlink_domains": -(-plan.gpus // pl.domain_size),
             "dims": dims, "tp_crosses_node": bool(dims["tp"]["groups_crossing_nodes"]),
             "ep_leaves_nvlink_domain": bool(dims["ep"]["groups_crossing_domains"]) if moe else None,

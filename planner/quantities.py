@@ -12,7 +12,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer
 
 from .errors import UsageError
-from .units import format_quantity, parse_quantity
+from .units import format_quantity, parse_count, parse_quantity
 
 
 def _wrap_parse(kind: str):
@@ -32,6 +32,21 @@ Bandwidth = Annotated[float, BeforeValidator(_wrap_parse("bandwidth")),
 Seconds = Annotated[float, BeforeValidator(_wrap_parse("time")),
                     PlainSerializer(lambda v: format_quantity(v, "time"), return_type=str, when_used="json")]
 Fraction = Annotated[float, Field(gt=0.0, le=1.0)]
+
+
+def _parse_count(value: Any) -> Any:
+    """A count written as text ("2T", "300B", or "2e12", which YAML 1.1 reads as a string):
+    units.parse_count; a number passes through to the strict float check."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return parse_count(value, "count")
+    except UsageError as exc:  # pydantic adds the field's full path
+        raise ValueError(str(exc).removeprefix("count: ")) from None
+
+
+# a number of tokens: a number, or text with a K/M/B/T suffix ("2T"); dumped as a number
+Count = Annotated[float, BeforeValidator(_parse_count)]
 
 
 # strict: YAML's "32" is not silently an int, nor "no" a bool; unknown fields are errors;

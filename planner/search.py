@@ -58,7 +58,9 @@ class SearchOptions:
     cost.recompute.least_recompute_layers; 0: every layer). ``offload_layers``: a pinned N of
     layers whose activations go to host memory (None: where the framework offers activation
     offload, a layout with pp 1 and no recomputation that does not fit otherwise gets the least
-    N that fits, cost.offload; 0: never). ``framework``: the profile whose rules apply (None: the catalog profile named by
+    N that fits, cost.offload; 0: never). ``first_stage_layers`` / ``last_stage_layers``: a
+    pinned pipeline split (an even split matches when every stage holds that many layers).
+    ``framework``: the profile whose rules apply (None: the catalog profile named by
     the TrainingSpec's ``framework``, megatron-core by default).
     """
 
@@ -76,6 +78,8 @@ class SearchOptions:
     ep: int | None = None
     etp: int | None = None
     distributed_optimizer: bool | None = None
+    first_stage_layers: int | None = None  # with last_stage_layers: pins the pipeline split
+    last_stage_layers: int | None = None
     max_tp: int | None = None
     max_pp: int | None = None
     max_micro_batch_size: int = 64
@@ -173,6 +177,8 @@ def build_grid(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gp
     if opts.dp is not None:
         keep = split["dp"] == opts.dp
         split = {k: v[keep] for k, v in split.items()}
+    if opts.first_stage_layers is not None or opts.last_stage_layers is not None:
+        split = _pinned_split(split, L, opts.first_stage_layers, opts.last_stage_layers)
     if model.moe is not None:
         split = expert_mesh(split, model.moe.num_experts, opts)
     knobs = dict(
@@ -189,6 +195,21 @@ def build_grid(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gp
                                              ("offload_layers", opts.offload_layers))
              if value is not None}
     return Grid(split, knobs, fixed)
+
+
+def _pinned_split(split: dict[str, np.ndarray], num_layers: int, first: int | None,
+                  last: int | None) -> dict[str, np.ndarray]:
+    """The split rows whose pipeline split has ``first`` layers on the first stage and ``last``
+    on the last (None: any); an even split (stored as 0, 0) matches when every stage holds
+    that many."""
+    pp = split["pp"]
+    even = (split["first_stage_layers"] == 0) & (num_layers % pp == 0)
+    per_stage = num_layers // pp
+    keep = np.ones(pp.shape, dtype=bool)
+    for pin, column in ((first, "first_stage_layers"), (last, "last_stage_layers")):
+        if pin is not None:
+            keep &= (split[column] == pin) | (even & (per_stage == pin))
+    return {k: v[keep] for k, v in split.items()}
 
 
 def expert_mesh(split: dict[str, np.ndarray], num_experts: int, opts: SearchOptions) -> dict[str, np.ndarray]:
@@ -244,7 +265,8 @@ def search(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: 
     if opts.keep < 1:
         raise UsageError(f"the search must keep at least one layout, got keep={opts.keep}")
     tokens = opts.tokens if opts.tokens is not None else training.tokens
-    objective.check_budget(opts.objective, tokens, opts.price_per_gpu_hour, opts.deadline_s)
+    objective.check_budget(opts.objective, tokens, opts.price_per_gpu_hour, opts.deadline_s,
+                           float(training.global_batch_size) * training.seq_length)
     if opts.max_gpus is not None:
         # a budget, not a count: any positive integer (the grid keeps whole nodes within it, or
         # below one node a divisor of it), so 12 on 8-GPU nodes searches 1..8 as 4 does 1..4

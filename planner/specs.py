@@ -17,7 +17,7 @@ from .degrees import LayoutDegrees, split_problem
 from .framework_spec import FrameworkProfile
 from .hardware_spec import (Efficiency, GPUSpec, HardwareProfile, HostLink,  # noqa: F401 (re-export)
                             HostMemory, InterNode, IntraNode, Storage, StorageLink)
-from .quantities import NAME_PATTERN, Bandwidth, Bytes, Fraction, Seconds, _Strict  # noqa: F401
+from .quantities import NAME_PATTERN, Bandwidth, Bytes, Count, Fraction, Seconds, _Strict  # noqa: F401
 from .model_schema import MLASpec, MoESpec, WindowLayers, check_architecture
 
 
@@ -29,7 +29,7 @@ class TrainingDefaults(_Strict):
 
     seq_length: int = Field(gt=0, le=10_000_000)
     global_batch_size: int = Field(gt=0, le=100_000_000)
-    tokens: float | None = Field(default=None, gt=0)
+    tokens: Count | None = Field(default=None, gt=0)  # 2e12, 2.0e+12 or "2T"
 
 
 class ModelSpec(_Strict):
@@ -146,6 +146,12 @@ class ModelSpec(_Strict):
     def ffn(self) -> int:
         """f: dense MLP intermediate width (of the dense layers of an MoE model)."""
         return self.ffn_hidden_size or 4 * self.hidden_size
+
+    @property
+    def has_dense_mlp(self) -> bool:
+        """Whether some layer has a dense MLP (of width ``ffn``): every dense model; an MoE
+        model with leading dense layers or MoE only every k-th layer (moe.layer_freq > 1)."""
+        return self.moe is None or bool(self.moe.first_dense_layers) or self.moe.layer_freq > 1
 
     @property
     def attention_kind(self) -> str:

@@ -58,7 +58,8 @@ def sweep(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, counts:
 
     Row keys (every row has all of them, ROW_KEYS): gpus, global_batch_size, layout (dict),
     layout_short, tokens_per_s, mfu, step_s, memory_bytes, scaling_efficiency (None for the base
-    and for errors), error (None or one line: the search's, with the count that would fit); a
+    and for errors), error (None or one line: the search's, with the count that would fit),
+    error_brief (the same as the table's cell says it: the closest memory, the deadline miss); a
     row with an error has None for the figures. With a token budget (``opts.tokens`` or the
     model's, and an objective or deadline that needs it, planner.objective.needs_goodput) a row
     with a layout also has goodput and time_to_train_s (expected wall-clock time, seconds). A
@@ -67,7 +68,7 @@ def sweep(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, counts:
     valid layouts), UsageError when no count has a valid layout.
     """
     rows, failures = _rows(model, hw, training, counts, opts, on_step)
-    _raise_if_none(model, counts, rows, failures)
+    _raise_if_none(model, counts, rows, failures, rows)
     return rows
 
 
@@ -84,7 +85,8 @@ def _rows(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, counts:
             best = search(model, hw, training, n, small).ranked
         except PlannerError as exc:
             failures |= {type(exc)} & {NoFitError, DeadlineError}
-            rows.append(row(n, training.global_batch_size, error=str(exc)))
+            rows.append(row(n, training.global_batch_size, error=str(exc),
+                            error_brief=_short_error(exc, opts)))
         else:
             tps = float(best.throughput["tokens_per_s"][0])
             eff = None if base is None else (tps / n) / (base[1] / base[0])
@@ -100,29 +102,51 @@ def _rows(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, counts:
     return rows, failures
 
 
-def _raise_if_none(model: ModelSpec, counts: list[int], rows: list[dict], failures: set) -> None:
-    """When no row has a layout: DeadlineError if layouts fitted but none met the deadline,
-    NoFitError (like search, exit 1) if layouts existed but none fitted, else UsageError, naming
-    the last count's reason."""
+def _short_error(exc: PlannerError, opts: SearchOptions) -> str:
+    """A count's error as its table cell says it: a missed deadline as the time the fastest
+    layout would take and that layout, no fit as the closest layout's memory and the count
+    from which a layout fits (the search's sentences repeat the model, the GPUs and the budget
+    the header gives, and the closest layout; --json and plan3d search have them in full); any
+    other error in full."""
+    from .render.fmt import gib, seconds
+    if isinstance(exc, DeadlineError) and exc.fastest is not None and exc.seconds is not None:
+        return (f"misses the {seconds(opts.deadline_s)} deadline: {seconds(exc.seconds)} at best, "
+                f"{exc.fastest.candidates.layout(0).short()}")
+    if isinstance(exc, NoFitError) and exc.closest is not None and exc.usable is not None:
+        need = float(exc.closest.memory["total"][0])
+        more = "" if exc.to_fit is None else f"; fits from {exc.to_fit.gpus:,} GPUs"
+        return f"no fit: the closest needs {gib(need)} of {gib(exc.usable)}{more}"
+    return str(exc)
+
+
+def _raise_if_none(model: ModelSpec, counts: list[int], rows: list[dict], failures: set,
+                   table: list[dict]) -> None:
+    """When no row has a layout: DeadlineError if layouts fitted but none met the deadline
+    (carrying the sweep's ``table`` rows, each count marked, for the caller to print), NoFitError
+    (like search, exit 1) if layouts existed but none fitted, else UsageError, naming the last
+    count's reason."""
     if all(r["error"] for r in rows):
-        late = DeadlineError in failures
-        kind = DeadlineError if late else NoFitError if NoFitError in failures else UsageError
-        raise kind(
-            f"no GPU count in {counts[0]}..{counts[-1]} has a layout of {model.name} that "
-            f"{'meets the deadline' if late else 'fits'}: "
-            f"{rows[-1]['error']}")
+        span = f"no GPU count in {counts[0]}..{counts[-1]}"
+        if DeadlineError in failures:
+            raise DeadlineError(f"{span} trains {model.name} within the deadline; on "
+                                f"{rows[-1]['gpus']:,} GPUs: {rows[-1]['error_brief']}", rows=table)
+        if NoFitError in failures:
+            raise NoFitError(f"{span} has a layout of {model.name} that fits: {rows[-1]['error']}")
+        raise UsageError(f"{span} can run {model.name}: {rows[-1]['error']}")
 
 
 ROW_KEYS = ("gpus", "global_batch_size", "layout", "layout_short", "tokens_per_s", "mfu",
-            "step_s", "memory_bytes", "scaling_efficiency", "error")
+            "step_s", "memory_bytes", "scaling_efficiency", "error", "error_brief")
 
 
 def row(gpus: int, batch: int, best=None, efficiency: float | None = None,
-        error: str | None = None) -> dict:
+        error: str | None = None, error_brief: str | None = None) -> dict:
     """One sweep row with every key of ROW_KEYS: the best layout (``best``, an Estimate, index
-    0) and its figures, or None for each where ``error`` (one line) says why there is none."""
+    0) and its figures, or None for each where ``error`` (one line) says why there is none,
+    ``error_brief`` the same as the table's cell says it (default: ``error``)."""
     out = dict.fromkeys(ROW_KEYS)
-    out.update(gpus=gpus, global_batch_size=batch, scaling_efficiency=efficiency, error=error)
+    out.update(gpus=gpus, global_batch_size=batch, scaling_efficiency=efficiency, error=error,
+               error_brief=error_brief or error)
     if best is not None:
         lay = best.candidates.layout(0)
         out.update(layout=lay.model_dump(), layout_short=lay.short(),
@@ -169,5 +193,5 @@ def sweep_batches(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec,
         if all(r["error"] for r in found):
             failed.append((found, failures))
     if len(failed) == len(batches):
-        _raise_if_none(model, counts, failed[0][0], set().union(*(f for _, f in failed)))
+        _raise_if_none(model, counts, failed[0][0], set().union(*(f for _, f in failed)), rows)
     return rows

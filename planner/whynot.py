@@ -20,7 +20,8 @@ from .search import MAX_GPUS, SearchOptions, build_grid, search
 from .cost.collectives import nvlink_domain
 from .render import fmt
 from .refusal import no_split_reason
-from .space import UNEVEN_RULE, constraint_masks, default_uneven_split, uneven_vpp_options
+from .space import (MAX_EDGE_SHORTFALL, UNEVEN_RULE, constraint_masks, default_uneven_split,
+                    uneven_problem, uneven_vpp_options)
 from .specs import RECOMPUTE_CODES, HardwareProfile, ModelSpec, TrainingSpec
 
 _KEYS = {"tp": "tp", "cp": "cp", "pp": "pp", "dp": "dp", "ep": "ep", "etp": "etp",
@@ -35,26 +36,69 @@ _SHORT = {"distributed_optimizer": "distopt", "zero_stage": "zero", "micro_batch
 _TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
 
 
+_SPLIT_PRINTED = re.compile(r"\(\s*(\d+)\s*\+\s*(?:\.\.\s*\+\s*)?(\d+)\s+layers\s*\)")
+_SPLIT_VALUE = re.compile(r"^(\d+)\+(?:\.\.\+)?(\d+)$")
+
+
+def _put(pins: dict[str, object], name: str, value: object, text: str) -> None:
+    """Record pin ``name`` (None: only check it is new); UsageError if given twice."""
+    if name in pins:
+        raise UsageError(f"--why-not: {_SHORT.get(name, name)} is given twice in {text!r}; "
+                         "give each dimension once")
+    if value is not None:
+        pins[name] = value
+
+
+def _layers_count(value: str, what: str) -> int:
+    if not (value.isascii() and value.isdigit()) or int(value) > MAX_GPUS:
+        raise UsageError(f"--why-not: {what} needs a whole number of layers, got {value!r}")
+    return int(value)
+
+
+def _split_pins(pins: dict[str, object], value: str, text: str) -> None:
+    """first_stage_layers and last_stage_layers of ``split=F+..+L`` (or F+L)."""
+    match = _SPLIT_VALUE.match(value.replace(" ", ""))
+    if not match:
+        raise UsageError(f"--why-not: split is the first and last stages' layers, e.g. "
+                         f"split=12+..+10 (or 32+29 on two stages), got {value!r}")
+    first, last = (_layers_count(v, "split") for v in match.groups())
+    if first == 0 or last == 0:
+        raise UsageError(f"--why-not: a split's stages hold at least one layer, got {value!r}")
+    _put(pins, "first_stage_layers", first, text)
+    _put(pins, "last_stage_layers", last, text)
+
+
 def parse_layout(text: str) -> dict[str, object]:
     """``"tp=4,pp=16,sp=1,recompute=full"`` -> SearchOptions pins. UsageError on anything odd.
 
     Keys: tp, cp, pp, dp, zero (zero_stage), distopt (distributed_optimizer: 1/0), mbs
-    (micro_batch_size), vpp, recompute (none/selective/selective+/full), recompute_num_layers
-    (full recompute of the first N layers of each model chunk; 0 = every layer), offload
-    (offload_layers: activations of N layers in host memory; 0 = none), sp (sequence_parallel: 1/0).
+    (micro_batch_size), vpp, recompute (none/selective/selective+/full, or full:N: the first N
+    layers of each model chunk), recompute_num_layers (full recompute of the first N layers of
+    each model chunk; 0 = every layer), offload (offload_layers: activations of N layers in host
+    memory; 0 = none), sp (sequence_parallel: 1/0), split (an uneven pipeline split, the first
+    and last stages' layers: 12+..+10, or 32+29 on two stages). A layout as the tables print it
+    reads too: ``tp=1 cp=4 pp=4 (12+..+10 layers) dp=4 ep=8 zero=1 mbs=1 vpp=1 recompute=full:43
+    sp`` (a bare sp or distopt is 1).
     """
     pins: dict[str, object] = {}
     spaced = re.sub(r"\s*=\s*", "=", text.strip())  # "tp = 8" reads as "tp=8"
+    spaced = _SPLIT_PRINTED.sub(r"split=\1+\2", spaced)  # "(12+..+10 layers)" as printed
     for part in filter(None, (p.strip() for p in spaced.replace(" ", ",").split(","))):
         key, sep, value = part.partition("=")
         key, value = key.strip().lower(), value.strip().lower()
+        if not sep and key in ("sp", "distopt"):  # as the tables print them
+            sep, value = "=", "1"
+        if key == "split" and sep:
+            _split_pins(pins, value, text)
+            continue
+        if key == "recompute" and value.startswith("full:"):
+            _put(pins, "recompute_num_layers", _layers_count(value[5:], "recompute=full:N"), text)
+            value = "full"
         if not sep or key not in _KEYS or not value:
             raise UsageError(f"--why-not: cannot read {part!r}; write e.g. 'tp=4,pp=16' "
                              f"(keys: {', '.join(sorted(set(_KEYS)))})")
         name = _KEYS[key]
-        if name in pins:
-            raise UsageError(f"--why-not: {_SHORT.get(name, name)} is given twice in {text!r}; "
-                             "give each dimension once")
+        _put(pins, name, None, text)
         if name == "recompute":
             if value not in RECOMPUTE_CODES:
                 raise UsageError(f"--why-not: recompute must be none, selective, selective+ or full, got {value!r}")
@@ -115,17 +159,22 @@ def broken_rules(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, 
     can be met alone but not together, the rule after which nothing remained. [] when valid."""
     grid = build_grid(model, hw, training, gpus, opts)
     if grid.size == 0:
+        free = replace(opts, first_stage_layers=None, last_stage_layers=None)
+        if free != opts and build_grid(model, hw, training, gpus, free).size:
+            return [_split_reason(model, opts)]
         return [no_split_reason(model, hw, gpus, opts)]
     masks = constraint_masks(model, training, nvlink_domain(hw), grid.candidates(),
                              opts.allow_cross_node_tp, opts.framework)
     broken = [rule for rule, ok in masks.items() if not np.any(ok)]
     if broken:
         return broken
-    alive = np.ones(grid.shape, dtype=bool)
-    for rule, ok in masks.items():
-        alive &= np.broadcast_to(ok, grid.shape)
+    rules = list(masks.items())
+    prefix = [np.ones(grid.shape, dtype=bool)]  # prefix[i]: every rule before rule i passes
+    for i, (rule, ok) in enumerate(rules):
+        alive = prefix[-1] & np.broadcast_to(ok, grid.shape)
         if not alive.any():
-            return [f"{rule} (together with the rules before it)"]
+            return [_together(rule, ok, rules[:i], prefix, grid.shape)]
+        prefix.append(alive)
     if opts.offload_layers:  # a pinned offload within the host memory and the host link's room
         from .cost.offload import check_host_memory, offload_runs
         runs = np.broadcast_to(offload_runs(model, hw, training, grid.candidates()), grid.shape)
@@ -135,6 +184,37 @@ def broken_rules(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, 
             except UsageError as exc:
                 return [str(exc)]
     return []
+
+
+def _split_reason(model: ModelSpec, opts: SearchOptions) -> str:
+    """Why no layout has the pinned pipeline split: on a pinned pp, space.uneven_problem's
+    reason, else that the search does not try it (space.uneven_splits); without pp, that no pp
+    the search tries splits the layers so."""
+    first, last = opts.first_stage_layers, opts.last_stage_layers
+    shown = f"split {first}+..+{last}"
+    if not opts.pp:
+        return f"{shown}: no pp the search tries splits the {model.num_layers} layers so"
+    problem = uneven_problem(model.num_layers, opts.pp, first, last, opts.vpp or 1)
+    return f"{shown} on pp={opts.pp}: " + (problem or (
+        f"not among the splits the search tries (each edge stage at most {MAX_EDGE_SHORTFALL} "
+        "layers lighter than a middle one)"))
+
+
+def _together(rule: str, ok, before: list, prefix: list, shape: tuple) -> str:
+    """``rule`` (mask ``ok``) with the earlier rules it cannot be met together with: each
+    earlier rule j without which some layout passes ``rule`` and every other earlier rule
+    (prefix[j] & the rules after j), e.g. "DeepSpeed has no sequence parallelism, together
+    with: MoE with tp > 1 needs sequence parallelism"."""
+    target = np.broadcast_to(ok, shape)
+    suffix = np.ones(shape, dtype=bool)  # the rules after j (and before ``rule``) pass
+    culprits = []
+    for j in range(len(before) - 1, -1, -1):
+        if (prefix[j] & suffix & target).any():
+            culprits.append(before[j][0])
+        suffix = suffix & np.broadcast_to(before[j][1], shape)
+    if not culprits:
+        return f"{rule} (together with the rules before it)"
+    return f"{rule}, together with: {'; '.join(reversed(culprits))}"
 
 
 _FLAGS = {"sequence_parallel": ("--sequence-parallel", "--no-sequence-parallel"),

@@ -55,7 +55,6 @@ def test_gpt3_175b_distributed_optimizer_total_and_per_rank():
     # per-rank bytes = the pipeline rank's state over its sharding group (8 TP x 8 dp*cp GPUs)
     stage0 = stage_bytes(m, c, 0, training=TRAINING)[0]
     assert stage0 == 14 * (8 * 2_796_681_216 + 26_050_560)
-    assert 4_939_780_608 == 14 * (2_796_681_216 + 26_050_560) / 8
 
 
 def test_every_zero_stage_writes_the_same_bytes():

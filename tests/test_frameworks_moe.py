@@ -299,3 +299,19 @@ def test_qwen2_qkv_bias_in_the_per_gpu_parameters():
     assert float(np.ravel(sharded)[0]) == 14_680_064 + 2_304
     plain = qwen2.model_copy(update={"qkv_bias": False})
     assert float(np.ravel(blocks.block_params(plain, c)[blocks.ATTENTION][0])[0]) == 14_680_064
+
+
+@pytest.mark.parametrize("name, layout, gpus, dense", [
+    ("qwen3-30b-a3b", dict(tp=2, pp=1, dp=8, ep=8, zero_stage=1, micro_batch_size=1, sequence_parallel=True), 16, None),
+    ("deepseek-v3", DSV3_PP1, 128, 18432)])  # DeepSeek-V3's 3 dense layers: intermediate_size 18432
+def test_the_dense_mlp_width_is_written_only_where_a_dense_layer_uses_it(name, layout, gpus, dense):
+    # Qwen3-30B-A3B is MoE in every layer: its config's intermediate_size 6144 (and a 4h
+    # fallback for models without one) was written as --ffn-hidden-size, a width nothing uses
+    plan = plan_of(name, gpus, gbs=gpus * 8, **layout)
+    meg, nemo = export_plan(plan, "megatron"), export_plan(plan, "nemo")
+    if dense is None:
+        assert "--ffn-hidden-size" not in meg.keys and "--ffn-hidden-size not set" in meg.text
+        assert "ffn_hidden_size:" not in nemo.text.replace("moe_ffn_hidden_size:", "")
+        assert "ffn_hidden_size not set (the model's ffn_hidden_size 6144)" in nemo.text
+    else:
+        assert f"--ffn-hidden-size {dense}" in meg.text and f"ffn_hidden_size: {dense}" in nemo.text

@@ -132,3 +132,20 @@ def test_sweep_json_error_rows_have_every_key():
     assert list(rows[0]) == list(rows[1])
     assert all(rows[0][k] is None for k in ("layout", "layout_short", "tokens_per_s", "mfu",
                                             "step_s", "memory_bytes", "scaling_efficiency"))
+
+
+@pytest.mark.parametrize("given, bound, value", [
+    ({"cp": 32}, "max_cp", 32), ({"vpp": 24}, "max_vpp", 24),
+    ({"micro_batch_size": 128}, "max_micro_batch_size", 128), ({"cp": 8}, "max_cp", 16)])
+def test_a_pin_above_a_default_bound_raises_the_bound(given, bound, value):
+    # `--cp 32` said "--cp 32 contradicts --max-cp 16", a bound the user never gave (default 16)
+    from planner.catalog import resolve_hardware
+    from planner.inputs import search_options
+    from planner.specs import TrainingSpec
+    opts = search_options(resolve_hardware("dgx-h100"), TrainingSpec(seq_length=8192, global_batch_size=64), given)
+    assert getattr(opts, bound) == value
+
+
+def test_a_pin_above_a_bound_the_user_gave_is_refused():
+    code, out, err = cli("search", "--model", "llama3-8b", "--gpus", 64, "--cp", 32, "--max-cp", 16)
+    assert code == 2 and err == "error: --cp 32 contradicts --max-cp 16\n"

@@ -36,6 +36,10 @@ def test_significant_and_durations_read_back_with_units():
 def test_seconds_bytes_bandwidth_parameters_percentages():
     assert fmt.seconds(0.0659) == "65.9 ms" and fmt.seconds(13.567) == "13.57 s"
     assert fmt.seconds(5400) == "1.5 h" and fmt.seconds(4.89e6) == "56.6 days"  # 4.89e6/86400
+    # 1,000 days and beyond in Julian years: 5,192.6 days / 365.25 = 14.2 years; a run that
+    # would not end (3.8e20 days) is not printed as a 21-digit number
+    assert fmt.seconds(999.9 * 86400) == "999.9 days" and fmt.seconds(5192.6 * 86400) == "14.2 years"
+    assert fmt.seconds(3.776e20 * 86400) == "> 10,000 years" and fmt.seconds(float("inf")) == "never"
     assert fmt.signed_seconds(2.09) == "+2.09 s" and fmt.signed_seconds(-0.2534) == "−253.4 ms"
     assert fmt.gib(66_140_079_104) == "61.6 GiB"  # 66140079104 / 2^30 = 61.598
     assert fmt.capacity(80 * 2**30) == "80" and fmt.capacity(141e9) == "131.3"  # 141e9/2^30

@@ -126,6 +126,37 @@ def test_parse_layout():
             parse_layout(bad)
 
 
+@pytest.mark.parametrize("layout", [
+    dict(tp=2, cp=4, pp=16, dp=8, ep=8, zero_stage=1, micro_batch_size=2, first_stage_layers=4,
+         last_stage_layers=1, sequence_parallel=True),
+    dict(tp=1, pp=2, dp=4, zero_stage=0, distributed_optimizer=True, micro_batch_size=1,
+         recompute="full", recompute_num_layers=43, first_stage_layers=32, last_stage_layers=29),
+    dict(tp=1, pp=1, dp=8, zero_stage=3, micro_batch_size=4, offload_layers=2, recompute="selective+"),
+])
+def test_why_not_reads_a_layout_as_the_tables_print_it(layout):
+    # a printed row could not be pasted: "cannot read '(12+..+10'", "recompute must be ...,
+    # got 'full:43'"; every field of Layout.short() reads back to the layout's value
+    from planner.specs import Layout
+    lay = Layout(**layout)
+    pins = parse_layout(lay.short())
+    for name, value in pins.items():
+        assert getattr(lay, name) == value, (name, lay.short())
+    expected = {k for k, v in layout.items() if v} | {"tp", "pp", "dp", "zero_stage", "micro_batch_size",
+                                                       "vpp", "recompute"}
+    assert expected <= set(pins), (expected - set(pins), lay.short())
+
+
+@pytest.mark.parametrize("bad, words", [
+    ("split=1+x", "split is the first and last stages' layers"),
+    ("split=0+48", "a split's stages hold at least one layer"),
+    ("recompute=full:4 recompute_num_layers=3", "recompute_num_layers is given twice"),
+    ("recompute=full:x", "recompute=full:N needs a whole number of layers"),
+])
+def test_why_not_split_and_recompute_layers_errors(bad, words):
+    with pytest.raises(UsageError, match=words):
+        parse_layout(bad)
+
+
 def test_breakdowns_sum_to_their_totals(gpt3_h100):
     m, hw, tr = gpt3_h100
     est = search(m, hw, tr, 512).ranked

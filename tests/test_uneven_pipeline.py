@@ -79,7 +79,7 @@ def test_uneven_step_and_memory():
 def test_rules_and_hints():
     m, hw = catalog.resolve_model("llama3-405b"), catalog.resolve_hardware("dgx-h100")
     tr = TrainingSpec(seq_length=8192, global_batch_size=2048)
-    with pytest.raises(UsageError, match="first_stage_layers 7, last_stage_layers 7"):
+    with pytest.raises(UsageError, match="--first-stage-layers 7 --last-stage-layers 7"):
         check_layout(m, hw, tr, 16384, dict(tp=8, pp=16, zero_stage=1, micro_batch_size=1))
     for bad in (dict(first_stage_layers=5, last_stage_layers=7),  # 114 on 14 stages: not whole
                 # interleaved: 7 is not divisible by 3, nor is (126 + 2) by 16*3
@@ -95,7 +95,7 @@ def test_rules_and_hints():
     for vpp in (2, 4):
         check_layout(m, hw, tr, 16384, dict(tp=8, pp=16, zero_stage=1, micro_batch_size=1, vpp=vpp,
                                             first_stage_layers=7, last_stage_layers=7))
-    with pytest.raises(UsageError, match="first_stage_layers 7, last_stage_layers 7"):
+    with pytest.raises(UsageError, match="--first-stage-layers 7 --last-stage-layers 7"):
         check_layout(m, hw, tr, 16384, dict(tp=8, pp=16, zero_stage=1, micro_batch_size=1, vpp=4))
     for vpp in (3, 8):  # no split helps
         with pytest.raises(UsageError, match=r"layers divisible by pp\*vpp$"):

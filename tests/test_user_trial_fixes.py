@@ -532,3 +532,114 @@ def test_layers_rule_names_the_uneven_split_flags():
                            "--ep", "64", "--sequence-parallel"])
     assert "layers divisible by pp*vpp" in line
     assert "--first-stage-layers 6 --last-stage-layers 7" in line
+
+
+@pytest.mark.parametrize("args, words", [
+    (["search", "-m", "llama3-8b", "-g", "8", "--force"], "--force lets --export overwrite a file"),
+    (["sweep", "-m", "llama3-8b", "-g", "8", "--force"], "--force lets --plot overwrite a file"),
+])
+def test_force_without_a_file_to_overwrite_is_refused(args, words):
+    # --force was accepted and did nothing
+    assert words in one_line_error(args)
+
+
+def test_export_force_without_output_is_refused(tmp_path):
+    plan = tmp_path / "p.yaml"
+    assert runner.invoke(app, ["search", "-m", "llama3-8b", "-g", "8", "--export", str(plan)]).exit_code == 0
+    assert "--force lets --output overwrite a file" in one_line_error(["export", str(plan), "--force"])
+
+
+@pytest.mark.parametrize("where", ["flag", "model"])
+def test_a_token_budget_below_one_step_is_refused(tmp_path, where):
+    # 1.5 tokens trained in "0.0 ms"; llama3-8b's step is 64 x 8,192 = 524,288 tokens here
+    args = ["search", "-m", "llama3-8b", "-g", "8", "--global-batch-size", "64", "--objective", "time-to-train"]
+    if where == "flag":
+        args += ["--tokens", "1.5"]
+    else:
+        data = yaml.safe_load((ROOT / "models" / "llama3-8b.yaml").read_text())
+        data["training"]["tokens"] = 1.5
+        (tmp_path / "m.yaml").write_text(yaml.safe_dump(data))
+        args[2] = str(tmp_path / "m.yaml")
+    line = one_line_error(args)
+    assert "a training budget of 1.5 tokens is less than one optimizer step (524,288 tokens" in line
+
+
+@pytest.mark.parametrize("text, value", [("2e12", 2e12), ("2T", 2e12), ("300B", 3e11), (2.0e12, 2e12)])
+def test_model_token_budget_reads_as_the_flag_does(tmp_path, text, value):
+    # PyYAML reads 2e12 (no dot) as a string; the model file refused it ("valid number")
+    from planner.catalog import resolve_model
+    data = yaml.safe_load((ROOT / "models" / "llama3-8b.yaml").read_text())
+    data["training"]["tokens"] = text
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump(data))
+    assert resolve_model(str(tmp_path / "m.yaml")).training.tokens == value
+
+
+def test_sweep_without_a_budget_for_its_deadline_says_so_once():
+    # was "no GPU count in 64..128 has a layout of ... that fits: --deadline needs ..."
+    line = one_line_error(["sweep", "-m", "mistral-7b", "-g", "8,16", "--deadline", "30d"])
+    assert line == "error: --deadline needs a training token budget: the model gives none, pass --tokens"
+
+
+def test_sweep_that_misses_its_deadline_everywhere_still_prints_the_table():
+    # 1e12 tokens at about 1.4e5 tokens/s on 8 H100 is months, on 16 still more than a day
+    res = runner.invoke(app, ["sweep", "-m", "llama3-8b", "-g", "8,16", "--tokens", "1T",
+                              "--deadline", "1d"])
+    assert res.exit_code == 1
+    assert "misses the 1.0 days deadline:" in " ".join(res.stdout.split())
+    assert "no GPU count in 8..16 trains llama3-8b within the deadline; on 16 GPUs: misses" in res.stderr
+
+
+@pytest.mark.parametrize("args, words", [
+    # two rules that pass alone but not together: both named (was "(together with the rules before it)")
+    (["--framework", "deepspeed", "--why-not", "tp=2"],
+     "DeepSpeed has no sequence parallelism, together with: MoE with tp > 1 needs sequence parallelism"),
+    # 48 layers on pp 4 with 13 + 11 on the edges: 24 left, 12 per middle stage, below 13
+    (["--why-not", "pp=4 split=13+..+11"],
+     "split 13+..+11 on pp=4: an edge stage holds more than a middle stage's 12 layers"),
+])
+def test_why_not_names_what_breaks(args, words):
+    res = runner.invoke(app, ["search", "-m", "qwen3-30b-a3b", "-g", "64", *args])
+    assert res.exit_code == 0, res.stderr
+    assert words in " ".join(res.stdout.split())
+
+
+@pytest.mark.parametrize("args, words", [
+    # each listed the fields the file lacked ("source: missing required field (and 15 more problems)")
+    (["search", "--model", "hardware_profiles/dgx-h100.yaml", "--gpus", "8"],
+     "hardware_profiles/dgx-h100.yaml is a hardware profile file, not a model; pass it as --hardware"),
+    (["estimate", "--plan", "models/qwen3-30b-a3b.yaml"],
+     "models/qwen3-30b-a3b.yaml is a model file, not a plan; pass it as --model"),
+    (["export", "models/qwen3-30b-a3b.yaml"], "is a model file, not a plan"),
+    (["placement", "hardware_profiles/dgx-h100.yaml"], "is a hardware profile file, not a plan"),
+    (["search", "-m", "llama3-8b", "-g", "8", "--hardware", "models/llama3-8b.yaml"],
+     "is a model file, not a hardware profile; pass it as --model"),
+    (["search", "-m", "llama3-8b", "-g", "8", "--framework", "hardware_profiles/dgx-h100.yaml"],
+     "is a hardware profile file, not a framework profile"),
+    (["search", "--model", "framework_profiles/deepspeed.yaml", "-g", "8"],
+     "is a framework profile file, not a model; pass it as --framework"),
+])
+def test_a_file_of_another_kind_says_what_it_is(monkeypatch, args, words):
+    monkeypatch.chdir(ROOT)
+    assert words in one_line_error(args)
+
+
+def test_sweep_cell_of_a_count_without_a_fit_is_brief():
+    # the cell held the search's whole sentence, 11 lines at 80 columns; --json keeps it in full
+    res = runner.invoke(app, ["sweep", "-m", "deepseek-v3", "-g", "128,256", "--hardware", "dgx-h100", "--json"])
+    assert res.exit_code == 0, res.stderr
+    first = json.loads(res.stdout)[0]
+    assert first["error"].startswith("no layout of deepseek-v3 fits on 128 x H100-SXM5-80GB: the closest, tp=")
+    assert first["error_brief"].startswith("no fit: the closest needs ") and "fits from " in first["error_brief"]
+
+
+def test_a_dispatcher_without_an_expert_group_is_noted():
+    res = runner.invoke(app, ["search", "-m", "qwen3-30b-a3b", "-g", "64", "--moe-dispatcher", "flex",
+                              "--ep", "1", "--top", "1"])
+    assert res.exit_code == 0, res.stderr
+    assert "the flex token dispatcher has nothing to move on this layout (ep = etp = 1" in res.stderr
+
+
+def test_messages_print_emoji_codes_as_written():
+    # rich turned ":100:" into an emoji in "--gpus '8:100:5'"
+    line = one_line_error(["sweep", "-m", "llama3-8b", "--gpus", "8:100:5"])
+    assert "'8:100:5'" in line

@@ -38,7 +38,7 @@ def models(json_out: bool = JSON,
         import sys
         import yaml
         data = _model_dict(catalog.resolve_model(show))
-        sys.stdout.write(yaml.safe_dump(data, sort_keys=False, width=100, allow_unicode=True))
+        sys.stdout.write(yaml.safe_dump(data, sort_keys=False, width=70, allow_unicode=True))
         return
     entries = catalog.models().values()
     if json_out:  # every field of the schema in every row, null where a model has none
@@ -73,7 +73,7 @@ def frameworks(json_out: bool = JSON,
         for block in data.values():  # each block's facts first, their sources after them
             if isinstance(block, dict) and "sources" in block:
                 block["sources"] = block.pop("sources")
-        sys.stdout.write(yaml.safe_dump(data, sort_keys=False, width=100, allow_unicode=True))
+        sys.stdout.write(yaml.safe_dump(data, sort_keys=False, width=70, allow_unicode=True))
         return
     entries = catalog.framework_profiles().values()
     if json_out:

@@ -46,9 +46,9 @@ def search(
         help="Pin Megatron's distributed optimizer (costed as ZeRO-1; off unless pinned)."),
     max_tp: Optional[int] = typer.Option(None, "--max-tp", help="Upper bound on tp."),
     max_pp: Optional[int] = typer.Option(None, "--max-pp", help="Upper bound on pp."),
-    max_micro_batch_size: int = typer.Option(64, "--max-micro-batch-size", help="Upper bound on micro-batch size."),
-    max_vpp: int = typer.Option(16, "--max-vpp", help="Upper bound on vpp."),
-    max_cp: int = typer.Option(16, "--max-cp", help="Upper bound on cp (powers of two)."),
+    max_micro_batch_size: Optional[int] = typer.Option(None, "--max-micro-batch-size", help="Upper bound on micro-batch size [default: 64, or the --micro-batch-size pin]."),
+    max_vpp: Optional[int] = typer.Option(None, "--max-vpp", help="Upper bound on vpp [default: 16, or the --vpp pin]."),
+    max_cp: Optional[int] = typer.Option(None, "--max-cp", help="Upper bound on cp (powers of two) [default: 16, or the --cp pin]."),
     objective: str = typer.Option("throughput", "--objective",
                                   help="Rank by: throughput | time-to-train | cost."),
     tokens: Optional[str] = typer.Option(None, "--tokens", help="Training tokens, e.g. 2e12 or 2T "
@@ -117,8 +117,8 @@ def _export_and_show(m, hw, training, profile, result, export, force, show) -> N
 def _check_search_flags(export: Optional[Path], force: bool, why_not: Optional[str],
                         gpus: Optional[int], max_gpus: Optional[int], json_out: bool) -> None:
     """UsageError for flags that cannot go together (--export with --why-not, --gpus with
-    --max-gpus, --export - with --json), neither --gpus nor --max-gpus, or an --export file
-    that exists (no --force)."""
+    --max-gpus, --export - with --json, --force without --export), neither --gpus nor
+    --max-gpus, or an --export file that exists (no --force)."""
     from ..outputs import check_destination, refuse_json_too
     if export is not None and why_not is not None:
         raise UsageError("--export writes the search's best plan and --why-not judges your "
@@ -127,6 +127,8 @@ def _check_search_flags(export: Optional[Path], force: bool, why_not: Optional[s
     if export is not None:
         check_destination(export, force)
         refuse_json_too(export, "--export", json_out)
+    elif force:
+        raise UsageError("--force lets --export overwrite a file; without --export it does nothing")
     if gpus is not None and max_gpus is not None:
         raise UsageError("give --gpus (a fixed count) or --max-gpus (a budget), not both")
     if max_gpus is None:

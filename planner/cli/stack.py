@@ -30,6 +30,8 @@ def export_cmd(
     from ..outputs import check_destination, is_stdout, write
     if output is not None:
         check_destination(output, force, "--output", "config.txt")
+    elif force:
+        raise UsageError("--force lets --output overwrite a file; without --output it does nothing")
     p = read_checked_plan(plan)
     target = export_target(to, p)
     if torchtitan_format is not None and target != "torchtitan":

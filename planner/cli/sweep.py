@@ -21,7 +21,8 @@ def run(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: str
     model's) each count's layout is the one with the shortest expected time to train (failures
     and checkpoints counted), else the one with the most tokens/s."""
     from ..inputs import search_options
-    from ..objective import parse_deadline
+    from ..errors import DeadlineError
+    from ..objective import check_budget, parse_deadline
     from ..outputs import is_stdout, report_to_stderr, shown
     from ..render import console
     from ..render.search import header
@@ -31,15 +32,27 @@ def run(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: str
     sizes = [b or training.global_batch_size for b in parse_batch_sizes(batches)]
     if plot_path is not None:
         _check_plot(plot_path, force, json_out)
+    elif force:
+        raise UsageError("--force lets --plot overwrite a file; without --plot it does nothing")
     deadline_s = parse_deadline(deadline)
     budget = tokens if tokens is not None else training.tokens
     opts = search_options(hw, training, {
         "tokens": tokens, "deadline_s": deadline_s, "framework": framework,
         "objective": "throughput" if budget is None else "time-to-train"}, headroom)
-    with progress() as bar:
-        task = bar.add_task("Sweeping GPU counts", total=len(counts) * len(sizes))
-        rows = sweep_batches(model, hw, training, counts, sizes, opts,
-                             on_step=lambda n: bar.advance(task))
+    # the inputs' own errors once, not as every count's "no layout"
+    check_budget(opts.objective, budget, None, deadline_s, float(min(sizes)) * training.seq_length)
+    span = f"{counts[0]}" if counts[0] == counts[-1] else f"{counts[0]}..{counts[-1]}"
+    try:
+        with progress() as bar:
+            task = bar.add_task("Sweeping GPU counts", total=len(counts) * len(sizes))
+            rows = sweep_batches(model, hw, training, counts, sizes, opts,
+                                 on_step=lambda n: bar.advance(task))
+    except DeadlineError as exc:  # the table still says how far each count misses
+        if exc.rows and not json_out:
+            with report_to_stderr(is_stdout(plot_path)):
+                header(model, hw, training, span, batch=",".join(str(b) for b in sizes))
+                sweep_table(exc.rows, deadline_s)
+        raise
     if plot_path is not None:
         from ..render.plot import save_scaling_plot
         batch = ", ".join(str(b) for b in sizes)
@@ -48,7 +61,6 @@ def run(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: str
     if json_out:
         console.print_json(rows)
         return
-    span = f"{counts[0]}" if counts[0] == counts[-1] else f"{counts[0]}..{counts[-1]}"
     with report_to_stderr(is_stdout(plot_path)):  # --plot -: stdout holds the PNG alone
         header(model, hw, training, span, batch=",".join(str(b) for b in sizes))
         sweep_table(rows, deadline_s)

@@ -35,7 +35,7 @@ def block_kinds(model: ModelSpec) -> tuple[str, ...]:
     kinds = [ATTENTION]
     if model.sliding_window is not None:
         kinds.append(WINDOW)
-    if model.moe is None or model.moe.first_dense_layers or model.moe.layer_freq > 1:
+    if model.has_dense_mlp:
         kinds.append(MLP)
     if model.moe is not None:
         kinds.append(MOE)

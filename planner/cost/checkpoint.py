@@ -146,12 +146,22 @@ def param_groups(model: ModelSpec, c, rank) -> list[ParamGroup]:
     return groups
 
 
+def _format(fmt: CheckpointFormat | None, training: TrainingSpec | None) -> CheckpointFormat:
+    """``fmt``, else the training's megatron_format; ValueError if neither is given."""
+    if fmt is not None:
+        return fmt
+    if training is None:
+        raise ValueError("give the checkpoint format or the training it follows from")
+    return megatron_format(training)
+
+
 def rank_bytes(model: ModelSpec, c, rank, tp_rank=0, fmt: CheckpointFormat | None = None,
                training: TrainingSpec | None = None) -> np.ndarray:
     """Bytes one GPU (pipeline rank ``rank``, tensor-parallel rank ``tp_rank``) writes:
     sum over the groups it writes of bytes_per_param * params / spread. TP rank 0 writes the
-    most. ``fmt`` default: megatron_format(training)."""
-    beta = (fmt or megatron_format(training)).bytes_per_param
+    most. ``fmt`` default: megatron_format(training); ValueError if neither is given. ``rank``
+    an int, ``tp_rank`` an int or array; bytes, an array of the candidates' shape."""
+    beta = _format(fmt, training).bytes_per_param
     t = np.asarray(tp_rank)
     return sum(np.where(t % g.stride == 0, beta * g.params / g.spread, 0.0)
                for g in param_groups(model, c, rank))
@@ -160,8 +170,9 @@ def rank_bytes(model: ModelSpec, c, rank, tp_rank=0, fmt: CheckpointFormat | Non
 def stage_bytes(model: ModelSpec, c, rank, fmt: CheckpointFormat | None = None,
                 training: TrainingSpec | None = None) -> np.ndarray:
     """Bytes all tp*cp*dp GPUs of pipeline rank ``rank`` write: each group's unique state,
-    bytes_per_param * params * stage_gpus / (spread * stride)."""
-    beta = (fmt or megatron_format(training)).bytes_per_param
+    bytes_per_param * params * stage_gpus / (spread * stride). ``fmt`` default:
+    megatron_format(training); ValueError if neither is given. Bytes, an array."""
+    beta = _format(fmt, training).bytes_per_param
     gpus = np.asarray(c.stage_gpus, dtype=np.float64)
     return sum(beta * g.params * gpus / (g.spread * g.stride) for g in param_groups(model, c, rank))
 

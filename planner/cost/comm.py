@@ -166,12 +166,19 @@ def a2a_overlap_applies(c) -> np.ndarray:
 
 def a2a_overlap_note(training, c, index: int = 0) -> str | None:
     """A note when the training asks for the EP overlap and candidate ``index`` of ``c`` cannot
-    run it (a2a_overlap_applies): the estimate costs that layout without it."""
-    if not training.moe_a2a_overlap or bool(np.asarray(a2a_overlap_applies(c)).reshape(-1)[index]):
-        return None
-    return ("the EP communication overlap (moe_a2a_overlap) does not apply to this layout "
-            "(Megatron-Core overlaps it only with ep > 1, no full recomputation and, with pp > 1, "
-            "interleaving): the estimate is without it")
+    run it (a2a_overlap_applies): the estimate costs that layout without it; or when it names
+    a token dispatcher and the layout has no expert group for one to move tokens over (ep =
+    etp = 1: each GPU holds every expert)."""
+    notes = []
+    if training.moe_a2a_overlap and not bool(np.asarray(a2a_overlap_applies(c)).reshape(-1)[index]):
+        notes.append("the EP communication overlap (moe_a2a_overlap) does not apply to this layout "
+                     "(Megatron-Core overlaps it only with ep > 1, no full recomputation and, with "
+                     "pp > 1, interleaving): the estimate is without it")
+    group = np.asarray(c.ep * c.etp).reshape(-1)[index]
+    if training.moe_dispatcher != "alltoall" and group == 1:
+        notes.append(f"the {training.moe_dispatcher} token dispatcher has nothing to move on this "
+                     "layout (ep = etp = 1: every GPU holds every expert)")
+    return "; ".join(notes) or None
 
 
 def ring_times(c, colls: list[Collective], links: Links, layer: LayerTimes) -> tuple[np.ndarray, np.ndarray]:

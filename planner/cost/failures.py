@@ -49,7 +49,8 @@ def daly_interval(delta, mtbf) -> np.ndarray:
 def daly_efficiency(tau, delta, restart, mtbf) -> np.ndarray:
     """T_solve/T_wall of Daly's model, tau/(M*e^(R/M)*(e^((tau+delta)/M) - 1)): the share of
     wall-clock time spent on useful compute with saves every tau seconds of compute, each
-    stalling delta, and R to restart after each failure. In (0, 1]."""
+    stalling delta, and R to restart after each failure. In [0, 1]: 0 where a restart or save
+    far beyond the MTBF overflows the exponentials (no progress). Broadcast arrays, seconds."""
     mtbf = np.asarray(mtbf, dtype=np.float64)
     tau = np.asarray(tau, dtype=np.float64)
     with np.errstate(over="ignore"):  # a restart or save far beyond the MTBF: efficiency 0

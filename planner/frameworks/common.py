@@ -160,4 +160,4 @@ def interval_note(ck: dict | None, plan: Plan) -> str:
             f"{fmt.seconds(ck['blocking_s'])}, a job MTBF of {fmt.seconds(ck['mtbf_s'])} at "
             f"{fmt.number(ck['failures_per_gpu_s'] * 3600, 3)} failures per GPU-hour, "
             f"{fmt.seconds(ck['restart_s'])} to restart; expected goodput "
-            f"{fmt.percent(ck['goodput'])}; formulas.md 12); set the checkpoint directory yourself")
+            f"{fmt.percent(ck['goodput'], 2)}; formulas.md 12); set the checkpoint directory yourself")

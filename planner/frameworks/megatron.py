@@ -106,7 +106,7 @@ def megatron_args(plan: Plan) -> list[tuple[str, str | None]]:
         ("--max-position-embeddings", str(max(model.max_position_embeddings or 0, tr.seq_length))),
         ("--num-layers", str(model.num_layers)),
         ("--hidden-size", str(model.hidden_size)),
-        ("--ffn-hidden-size", str(model.ffn)),
+    ] + [("--ffn-hidden-size", str(model.ffn))] * model.has_dense_mlp + [
         ("--num-attention-heads", str(model.num_attention_heads)),
     ]
     if model.kv_heads != model.num_attention_heads:

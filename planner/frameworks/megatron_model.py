@@ -269,6 +269,17 @@ def attention_args(plan: Plan) -> tuple[Args, list[str]]:
     return args, comments
 
 
+def unused_dense_ffn(model, name: str) -> str | None:
+    """The comment for an MoE model without a dense layer, whose dense MLP width (``name``: the
+    target's option or field) is left out: the framework's default stands in, unused; None
+    when some layer is dense (the width is written)."""
+    if model.has_dense_mlp:
+        return None
+    stated = f" (the model's ffn_hidden_size {model.ffn_hidden_size})" if model.ffn_hidden_size else ""
+    return (f"{name} not set{stated}: every layer is MoE, so no dense MLP uses it; the experts' "
+            "width is the MoE option")
+
+
 def model_args(plan: Plan) -> tuple[Args, list[str]]:
     """Every architecture and job-setting flag of this module for ``plan`` (flags, comments),
     duplicates dropped."""
@@ -283,6 +294,9 @@ def model_args(plan: Plan) -> tuple[Args, list[str]]:
     if eps is not None:
         args.append(("--norm-epsilon", f"{eps:g}"))
     comments = c1 + c2 + c3
+    unused = unused_dense_ffn(plan.model, "--ffn-hidden-size")
+    if unused:
+        comments.append(unused)
     if eps is None:
         comments.append(f"norm epsilon: not known for {plan.model.name} (norm_epsilon), so "
                         "Megatron-LM's default --norm-epsilon 1e-5 applies")

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from ..cost.model_counts import moe_layer_mask, window_layer_mask
 from ..specs import Plan
-from .megatron_model import ep_overlap, flex_backend, unmodelled_routing
+from .megatron_model import ep_overlap, flex_backend, unmodelled_routing, unused_dense_ffn
 
 POSITION = {"rope": "rope", "learned": "learned_absolute"}
 
@@ -95,7 +95,8 @@ def model_fields(plan: Plan, vocab: int) -> dict[str, object]:
     provider's default applies (a comment says so): null would replace a float or int field."""
     m = plan.model
     out: dict[str, object] = {
-        "num_layers": m.num_layers, "hidden_size": m.hidden_size, "ffn_hidden_size": m.ffn,
+        "num_layers": m.num_layers, "hidden_size": m.hidden_size,
+        **({"ffn_hidden_size": m.ffn} if m.has_dense_mlp else {}),
         "num_attention_heads": m.num_attention_heads, "vocab_size": vocab,
         "normalization": "RMSNorm" if m.norm == "rmsnorm" else "LayerNorm",
         "gated_linear_unit": m.activation == "swiglu", "add_bias_linear": m.bias,
@@ -149,6 +150,9 @@ def model_comments(plan: Plan) -> list[str]:
     if m.qk_norm == "full":
         out.append("QK norm over the whole q and k projections (qk_norm: full, OLMoE): a custom "
                    "layer spec, as Megatron-Bridge's OLMoE provider")
+    unused = unused_dense_ffn(m, "ffn_hidden_size")
+    if unused:
+        out.append(unused)
     if m.norm_epsilon is None:
         out.append(f"norm epsilon: not known for {m.name}; the provider's layernorm_epsilon "
                    "(Megatron-Core default 1e-5) applies")

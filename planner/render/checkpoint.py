@@ -46,8 +46,19 @@ def rows(d: dict, pp: int, gpus: int) -> list[tuple[str, str]]:
                      f"{'step' if d['interval_steps'] == 1 else 'steps'} = "
                      f"{fmt.seconds(d['interval_s'])} (Young/Daly optimum "
                      f"{fmt.seconds(d['optimal_interval_s'])})"),
-        ("goodput", f"{fmt.percent(d['goodput'], 2)} of wall-clock time advances training"),
+        ("goodput", f"{fmt.percent(d['goodput'], 2)} of wall-clock time advances training"
+                    + _stalled(d)),
     ]
+
+
+def _stalled(d: dict) -> str:
+    """Why goodput is near nothing, when a restart takes longer than the time between failures
+    (the job restarts more than it trains): the numbers to check (--failure-rate, --restart-time)."""
+    if d["restart_s"] < d["mtbf_s"]:
+        return ""
+    return (f": a restart ({fmt.seconds(d['restart_s'])}) takes longer than the time between "
+            f"failures ({fmt.seconds(d['mtbf_s'])}), so the job mostly restarts; check "
+            "--failure-rate (per GPU-hour) and --restart-time")
 
 
 def checkpoint_report(ck, i: int, hw, layout, title: str) -> None:

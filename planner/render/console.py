@@ -57,8 +57,9 @@ def layout_width(stream) -> int | None:
     return max(int(columns), MIN_WIDTH) if columns.isdigit() else MIN_WIDTH
 
 
-out = PipeConsole(highlight=False, width=layout_width(sys.stdout))
-err = Console(stderr=True, highlight=False, width=layout_width(sys.stderr))
+# emoji off: rich would print "--gpus 8:100: ..." as "--gpus 8💯 ..." (its :name: codes)
+out = PipeConsole(highlight=False, emoji=False, width=layout_width(sys.stdout))
+err = Console(stderr=True, highlight=False, emoji=False, width=layout_width(sys.stderr))
 
 
 def error(message: str) -> None:

@@ -46,18 +46,32 @@ def count(n: float) -> str:
 
 
 def seconds(s: float) -> str:
-    """A duration in the unit that reads best: "65.9 ms", "13.57 s", "1.5 h", "3.2 days".
+    """A duration in the unit that reads best: "65.9 ms", "13.57 s", "1.5 h", "3.2 days",
+    "14.2 years".
 
     Below one second milliseconds with one decimal (0 -> "0.0 ms"); below an hour seconds with
-    two decimals; then hours, then days, one decimal. Negative durations keep their sign.
+    two decimals; then hours, then days below 1,000 days, then Julian years (365.25 days), one
+    decimal; from 10,000 years "> 10,000 years" (a run that would not end: a restart longer
+    than the time between failures), "never" for an infinite or undefined time. Negative
+    durations keep their sign.
     """
+    if s != s or s in (float("inf"), float("-inf")):
+        return "never"
     if s < 0:
         return "-" + seconds(-s)
     if s < 1:
         return f"{s * 1e3:.1f} ms"
     if s < 3600:
         return f"{s:.2f} s"
-    return f"{s / 3600:.1f} h" if s < 86400 else f"{s / 86400:.1f} days"
+    if s < 86400:
+        return f"{s / 3600:.1f} h"
+    if s < 1000 * 86400:
+        return f"{s / 86400:.1f} days"
+    years = s / YEAR_S
+    return f"{years:,.1f} years" if years < 10_000 else "> 10,000 years"
+
+
+YEAR_S = 365.25 * 86400  # a Julian year, seconds
 
 
 def signed_seconds(s: float) -> str:

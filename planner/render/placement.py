@@ -54,8 +54,11 @@ def placement_text(data: dict) -> str:
     the cost model's check."""
     dom = data.get("nvlink_domain", data["gpus_per_node"])
     gpn = data["gpus_per_node"]
+    whole = data.get("nvlink_domain_hardware", dom)
+    used = "" if whole == dom else (f" (of the {whole} GPUs an NVLink domain has: layouts use "
+                                    "power-of-two blocks of hosts)")
     lines = [f"{data['gpus']:,} GPUs on {_plural(data['nodes'], 'node')} of {gpn}, NVLink "
-             f"domains of {dom} GPUs", f"rank r: node r // {gpn}, NVLink domain r // {dom}",
+             f"domains of {dom} GPUs{used}", f"rank r: node r // {gpn}, NVLink domain r // {dom}",
              f"rank order: {data['order_description']}"]
     if data.get("expert_order_description"):
         lines.append(f"expert ranks: {data['expert_order_description']}")

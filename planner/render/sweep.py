@@ -29,11 +29,11 @@ def _cells(r: dict) -> dict[str, str]:
             "step": fmt.seconds(r["step_s"]), "mem/GPU": fmt.gib(r["memory_bytes"]),
             "scaling eff.": fmt.percent(eff, 0) if eff is not None else "-",
             "train": fmt.seconds(train) if train is not None else "-",
-            "goodput": fmt.percent(r["goodput"]) if r.get("goodput") is not None else "-"}
+            "goodput": fmt.percent(r["goodput"], 2) if r.get("goodput") is not None else "-"}
 
 
 def _layout(r: dict) -> str:
-    return f"[red]{escape(r['error'])}[/]" if r.get("error") else r["layout_short"]
+    return f"[red]{escape(r.get('error_brief') or r['error'])}[/]" if r.get("error") else r["layout_short"]
 
 
 def _table(rows: list[dict], stacks: list[list[str]], header_break: bool) -> Table:
