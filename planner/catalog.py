@@ -203,13 +203,6 @@ def refuse_other_kind(data: object, name: str, expected: str) -> None:
                          + _KINDS[kind][1].format(name=name))
 
 
-def refuse_plan(data: object, name: str) -> None:
-    """UsageError when ``data`` (a parsed --model/--hardware file) is a plan3d plan (it has
-    ``plan3d_version`` and ``layout``): say which command reads it instead of listing fields."""
-    if file_kind(data) == "plan":
-        raise UsageError(f"{name} is a plan3d plan; use `plan3d estimate --plan {name}`")
-
-
 def _catalog_names(kind: str) -> dict[str, str]:
     """Lower-case names and aliases of the ``kind`` catalog -> entry name."""
     names: dict[str, str] = {}
@@ -259,7 +252,6 @@ def _resolve(kind: str, label: str, name: str, cls: type[T]) -> T:
         if path.suffix == ".json":
             raise UsageError(f"{name}: JSON {label} files are not supported yet; write the YAML schema")
         data = read_yaml(path)
-        refuse_plan(data, name)
         refuse_other_kind(data, name, label)
         if kind == FRAMEWORKS:
             return validate_framework(data, str(path))  # type: ignore[return-value]

@@ -36,7 +36,7 @@ import json
 from pathlib import Path
 
 from . import hf_moe
-from .catalog import refuse_plan, validate
+from .catalog import refuse_other_kind, validate
 from .errors import UsageError
 from .hf_fields import CLASSES, DEFAULTS, ROPE_THETA, HFFields
 from .specs import ModelSpec
@@ -342,7 +342,7 @@ def load_hf_config(path: Path) -> ModelSpec:
         raise UsageError(f"{path}: invalid JSON ({exc.msg}, line {exc.lineno})") from None
     if not isinstance(cfg, dict):
         raise UsageError(f"{path}: expected a JSON object")
-    refuse_plan(cfg, str(path))
+    refuse_other_kind(cfg, str(path), "model")
     name = cfg.get("_name_or_path") or (path.parent.name if path.name == "config.json" and
                                         path.parent.name else path.stem)
     return from_hf_dict(cfg, str(path), str(name))

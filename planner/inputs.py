@@ -123,7 +123,22 @@ _SEARCH_BOOLS = ("sequence_parallel", "distributed_optimizer", "allow_cross_node
 
 
 # pins whose bound has a default (search.SearchOptions): --cp 32 searches cp 32 without --max-cp
-_DEFAULT_BOUNDS = (("micro_batch_size", "max_micro_batch_size"), ("vpp", "max_vpp"), ("cp", "max_cp"))
+DEFAULT_BOUNDS = (("micro_batch_size", "max_micro_batch_size"), ("vpp", "max_vpp"), ("cp", "max_cp"))
+
+
+def raised_bounds(pins: dict[str, Any], bounds: dict[str, Any]) -> dict[str, int]:
+    """{bound: pin} for each pin of DEFAULT_BOUNDS above its bound's default where ``bounds``
+    does not set that bound (absent or None): `--cp 32` searches cp 32 without --max-cp; a
+    bound the user set stays, and the pin then contradicts it."""
+    from .search import SearchOptions
+    out = {}
+    for pin, bound in DEFAULT_BOUNDS:
+        default = SearchOptions.__dataclass_fields__[bound].default
+        value = pins.get(pin)
+        if bounds.get(bound) is None and isinstance(value, int) and \
+                not isinstance(value, bool) and value > default:
+            out[bound] = value
+    return out
 
 
 def search_options(hw, training, given: dict[str, Any], headroom: str | None = None,
@@ -142,10 +157,7 @@ def search_options(hw, training, given: dict[str, Any], headroom: str | None = N
     from .search import SearchOptions
     from .specs import RECOMPUTE_CODES
     given = {k: v for k, v in given.items() if v is not None}
-    for pin, bound in _DEFAULT_BOUNDS:  # a pin above a default bound the user did not give raises it
-        if bound not in given and isinstance(given.get(pin), int) and \
-                given[pin] > SearchOptions.__dataclass_fields__[bound].default:
-            given[bound] = given[pin]
+    given.update(raised_bounds(given, given))
     known = {f.name for f in dataclasses.fields(SearchOptions)}
     for name in given:
         if name not in known:

@@ -52,12 +52,18 @@ def check_budget(objective: str, tokens: float | None, price_per_gpu_hour: float
     if tokens is not None and step_tokens is not None and tokens < step_tokens:
         raise UsageError(f"a training budget of {tokens:,.6g} tokens is less than one optimizer "
                          f"step ({step_tokens:,.0f} tokens: global batch x sequence length); "
-                         "give the run's total tokens, e.g. --tokens 2T")
+                         "give the run's total tokens (--tokens 2T, or training.tokens in the "
+                         "model file)")
     if deadline_s is not None and tokens is None:
         raise UsageError("--deadline needs a training token budget: the model gives none, pass --tokens")
     if price_per_gpu_hour is not None and tokens is None:
         raise UsageError("--price-per-gpu-hour prices the whole training run, which needs a token "
                          "budget: the model gives none, pass --tokens")
+
+
+def step_tokens(training) -> float:
+    """Tokens of one optimizer step: global batch x sequence length (a TrainingSpec)."""
+    return float(training.global_batch_size) * training.seq_length
 
 
 def reports_training(opts) -> bool:
@@ -76,7 +82,7 @@ def needs_goodput(objective: str, deadline_s: float | None) -> bool:
 
 def wall_time(tokens: float, tokens_per_s, goodput=1.0) -> np.ndarray:
     """Expected wall-clock time to train ``tokens``: tokens / (tokens/s x goodput), seconds."""
-    with np.errstate(divide="ignore"):  # goodput 0 (restarts outlast the MTBF): never done
+    with np.errstate(divide="ignore", over="ignore"):  # goodput 0 or ~1e-300 (restarts outlast the MTBF): never done
         return tokens / (np.asarray(tokens_per_s) * goodput)
 
 

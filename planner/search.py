@@ -26,7 +26,7 @@ from .inputs import MAX_GPUS, check_integers, gpu_count  # noqa: F401 (MAX_GPUS 
 from .refusal import fit_hint, no_fit_message, no_split_reason, nothing_valid_message
 from .scan import CHUNK, FIT_RULE, Scan, scan  # noqa: F401 (re-exported)
 from .scan_layers import as_scanned
-from .space import (LAYERS_RULE, TP_RULE, UNEVEN_RULE, Candidates, constraint_masks, folds,
+from .space import (LAYERS_RULE, MOE_SP_RULE, TP_RULE, UNEVEN_RULE, Candidates, constraint_masks, folds,
                     default_uneven_split, divisors, rules_broken, uneven_problem, uneven_splits,
                     uneven_vpp_options)
 from .framework_spec import FrameworkProfile
@@ -205,7 +205,7 @@ def _pinned_split(split: dict[str, np.ndarray], num_layers: int, first: int | No
     pp = split["pp"]
     even = (split["first_stage_layers"] == 0) & (num_layers % pp == 0)
     per_stage = num_layers // pp
-    keep = np.ones(pp.shape, dtype=bool)
+    keep = pp >= 2  # a split has two stages at least
     for pin, column in ((first, "first_stage_layers"), (last, "last_stage_layers")):
         if pin is not None:
             keep &= (split[column] == pin) | (even & (per_stage == pin))
@@ -266,7 +266,7 @@ def search(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: 
         raise UsageError(f"the search must keep at least one layout, got keep={opts.keep}")
     tokens = opts.tokens if opts.tokens is not None else training.tokens
     objective.check_budget(opts.objective, tokens, opts.price_per_gpu_hour, opts.deadline_s,
-                           float(training.global_batch_size) * training.seq_length)
+                           objective.step_tokens(training) if objective.reports_training(opts) else None)
     if opts.max_gpus is not None:
         # a budget, not a count: any positive integer (the grid keeps whole nodes within it, or
         # below one node a divisor of it), so 12 on 8-GPU nodes searches 1..8 as 4 does 1..4
@@ -300,6 +300,8 @@ def search(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: 
         hint = fit_hint(model, hw, training, opts.max_gpus or n, opts)
         raise NoFitError(no_fit_message(model, hw, n, miss, usable, hint), closest=miss,
                          usable=usable, to_fit=hint)
+    if not any(part.size for part in passed.pool_score) and passed.fastest_index < 0:
+        raise _never_done(training, gpus or opts.max_gpus)  # every layout's time is infinite
     if not any(part.size for part in passed.pool_score):  # layouts fit, none meets the deadline
         raise _deadline_error(model, hw, training, grid, passed, gpus or opts.max_gpus, opts, tokens)
     scores, index = np.concatenate(passed.pool_score), np.concatenate(passed.pool_index)
@@ -330,6 +332,20 @@ def search(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: 
                         fitting=passed.fitting, objective=opts.objective,
                         seconds=time.perf_counter() - started, usable=usable,
                         checkpoint=None if ck is None else ck.take(order))
+
+
+def _never_done(training: TrainingSpec, gpus: int) -> UsageError:
+    """The error when no fitting layout ever finishes training: on ``gpus`` GPUs failures come
+    faster than a restart completes (goodput 0, an infinite expected time), so no objective
+    that counts the time to train can rank them."""
+    from .render.fmt import seconds
+    ck = training.checkpoint
+    mtbf = 1.0 / (gpus * ck.failures_per_gpu_s)
+    return UsageError(
+        f"no layout ever finishes training: on {gpus:,} GPUs at {ck.failures_per_gpu_hour:.3g} "
+        f"failures per GPU-hour one comes every {seconds(mtbf)}, and a restart ({seconds(ck.restart_time)} "
+        "plus reading the checkpoint) does not complete in between; check --failure-rate "
+        "(per GPU-hour) and --restart-time")
 
 
 def _deadline_error(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, grid: Grid,
@@ -396,6 +412,9 @@ def check_layout(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, 
                     f" --first-stage-layers {f} --last-stage-layers {la})")
         if TP_RULE in broken:
             hint += f" ({CROSS_NODE_HINT})"
+        rules = profile_for(training, framework)
+        if MOE_SP_RULE in broken and not rules.rules.sequence_parallel:
+            hint += f" ({rules.display} has no sequence parallelism: its MoE layouts need tp = 1)"
         if UNEVEN_RULE in broken:
             hint += f" ({uneven_problem(model.num_layers, layout.pp, layout.first_stage_layers, layout.last_stage_layers, layout.vpp)})"
         raise UsageError(f"layout {layout.short()} breaks: {'; '.join(broken)}{hint}")

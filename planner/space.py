@@ -196,6 +196,16 @@ def folds(stage_gpus, etp, ep) -> np.ndarray:
     return (group > 0) & (np.asarray(stage_gpus) % np.maximum(group, 1) == 0)
 
 
+MOE_SP_RULE = "MoE with tp > 1 needs sequence parallelism"
+
+
+def moe_needs_sp(model: ModelSpec, tp) -> bool:
+    """Whether the expert mesh rule MOE_SP_RULE asks for sequence parallelism: an MoE model at
+    tp > 1 (Megatron-Core's MoELayer raises without it in training). The default a stated
+    layout takes where SP is not given (estimate, runs files)."""
+    return model.moe is not None and int(tp) > 1
+
+
 def expert_rules(model: ModelSpec, c) -> dict[str, np.ndarray]:
     """Named rules of the expert mesh (Megatron-Core, moe.md 3.2): a dense model has ep = etp = 1;
     an MoE model needs num_experts divisible by ep and etp*ep dividing the stage's tp*cp*dp GPUs
@@ -208,7 +218,7 @@ def expert_rules(model: ModelSpec, c) -> dict[str, np.ndarray]:
     m = model.moe
     rules = {EXPERT_RULE: m.num_experts % ep == 0, FOLDING_RULE: folds(c.stage_gpus, etp, ep),
              "expert ffn_hidden_size divisible by etp": m.ffn_hidden_size % etp == 0,
-             "MoE with tp > 1 needs sequence parallelism": (np.asarray(c.tp) == 1) | c.sequence_parallel}
+             MOE_SP_RULE: (np.asarray(c.tp) == 1) | c.sequence_parallel}
     if model.bias:
         rules["MoE with biases needs etp = 1"] = etp == 1
     return rules

@@ -150,8 +150,10 @@ class ModelSpec(_Strict):
     @property
     def has_dense_mlp(self) -> bool:
         """Whether some layer has a dense MLP (of width ``ffn``): every dense model; an MoE
-        model with leading dense layers or MoE only every k-th layer (moe.layer_freq > 1)."""
-        return self.moe is None or bool(self.moe.first_dense_layers) or self.moe.layer_freq > 1
+        model with a layer that cost.model_counts.moe_layer_mask leaves dense (leading dense
+        layers, MoE only every k-th layer)."""
+        from .cost.model_counts import moe_layer_mask
+        return not bool(moe_layer_mask(self).all())
 
     @property
     def attention_kind(self) -> str:

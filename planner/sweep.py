@@ -128,8 +128,11 @@ def _raise_if_none(model: ModelSpec, counts: list[int], rows: list[dict], failur
     if all(r["error"] for r in rows):
         span = f"no GPU count in {counts[0]}..{counts[-1]}"
         if DeadlineError in failures:
-            raise DeadlineError(f"{span} trains {model.name} within the deadline; on "
-                                f"{rows[-1]['gpus']:,} GPUs: {rows[-1]['error_brief']}", rows=table)
+            at = f"{rows[-1]['gpus']:,} GPUs" + (
+                f" (batch {rows[-1]['global_batch_size']:,})"
+                if len({r['global_batch_size'] for r in table}) > 1 else "")
+            raise DeadlineError(f"{span} trains {model.name} within the deadline; on {at}: "
+                                f"{rows[-1]['error_brief']}", rows=table)
         if NoFitError in failures:
             raise NoFitError(f"{span} has a layout of {model.name} that fits: {rows[-1]['error']}")
         raise UsageError(f"{span} can run {model.name}: {rows[-1]['error']}")

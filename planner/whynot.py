@@ -191,13 +191,13 @@ def _split_reason(model: ModelSpec, opts: SearchOptions) -> str:
     reason, else that the search does not try it (space.uneven_splits); without pp, that no pp
     the search tries splits the layers so."""
     first, last = opts.first_stage_layers, opts.last_stage_layers
-    shown = f"split {first}+..+{last}"
+    shown = f"split {first}{'+' if opts.pp == 2 else '+..+'}{last}"
     if not opts.pp:
         return f"{shown}: no pp the search tries splits the {model.num_layers} layers so"
     problem = uneven_problem(model.num_layers, opts.pp, first, last, opts.vpp or 1)
-    return f"{shown} on pp={opts.pp}: " + (problem or (
-        f"not among the splits the search tries (each edge stage at most {MAX_EDGE_SHORTFALL} "
-        "layers lighter than a middle one)"))
+    tried = (f"the two stages at most {MAX_EDGE_SHORTFALL} layers apart" if opts.pp == 2 else
+             f"each edge stage at most {MAX_EDGE_SHORTFALL} layers lighter than a middle one")
+    return f"{shown} on pp={opts.pp}: " + (problem or f"not among the splits the search tries ({tried})")
 
 
 def _together(rule: str, ok, before: list, prefix: list, shape: tuple) -> str:
@@ -228,6 +228,33 @@ def _flag(name: str, value: object) -> str:
     return f"--{name.replace('_', '-')} {value}"
 
 
+# the fields Layout.short() always prints: a layout with all of them is a printed one, whose
+# omitted fields have their printed defaults (no sp, cp 1, ...), not free values
+_PRINTED = {"tp", "pp", "dp", "zero_stage", "micro_batch_size", "vpp", "recompute"}
+
+
+def printed_defaults(model: ModelSpec, pins: dict[str, object]) -> dict[str, object]:
+    """``pins`` with the fields Layout.short() leaves out when they are at their default set
+    to it, when ``pins`` has every field it always prints (a row pasted from a table): sp and
+    distopt off, cp 1, ep and etp 1 (MoE), no offload, recompute=full every layer, and the
+    even split where pp divides the layers. Otherwise ``pins`` as given (the rest is free)."""
+    if not _PRINTED <= set(pins):
+        return pins
+    out = dict(pins)
+    defaults = {"cp": 1, "sequence_parallel": False, "distributed_optimizer": False,
+                "offload_layers": 0}
+    if model.moe is not None:
+        defaults.update(ep=1, etp=1)
+    if out["recompute"] == "full":
+        defaults["recompute_num_layers"] = 0
+    pp = int(out["pp"])
+    if pp > 1 and model.num_layers % pp == 0:
+        defaults["first_stage_layers"] = defaults["last_stage_layers"] = model.num_layers // pp
+    for name, value in defaults.items():
+        out.setdefault(name, value)
+    return out
+
+
 def check_pins(pins: dict[str, object], opts: SearchOptions) -> None:
     """UsageError naming both when a --why-not value contradicts a search pin or lies above a
     search bound (--max-tp ...): the search never considers that layout, so there is nothing
@@ -254,8 +281,13 @@ def why_not(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus:
     or is malformed.
     """
     from .inputs import check_expert_pins
-    pins = parse_layout(text)
+    pins = printed_defaults(model, parse_layout(text))
     check_expert_pins(model, pins, label=lambda name: f"--why-not: {_SHORT.get(name, name)}")
+    from .inputs import DEFAULT_BOUNDS, raised_bounds
+    # a bound at its default was not given (or given as the default): a pin above it raises it
+    given = {b: getattr(opts, b) for _, b in DEFAULT_BOUNDS
+             if getattr(opts, b) != SearchOptions.__dataclass_fields__[b].default}
+    opts = replace(opts, **raised_bounds(pins, given))
     check_pins(pins, opts)
     pinned = replace(opts, **pins)
     broken = broken_rules(model, hw, training, gpus, pinned)
@@ -306,6 +338,11 @@ def _uneven_detail(model: ModelSpec, opts: SearchOptions, rule: str) -> str:
     and pp is pinned."""
     if rule != UNEVEN_RULE or not opts.pp:
         return rule
+    if opts.first_stage_layers is not None and opts.last_stage_layers is not None:
+        problem = uneven_problem(model.num_layers, opts.pp, opts.first_stage_layers,
+                                 opts.last_stage_layers, opts.vpp or 1)
+        if problem:
+            return f"{rule} ({problem})"
     first, last = default_uneven_split(model.num_layers, opts.pp)
     if first <= 0:
         return rule

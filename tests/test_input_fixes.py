@@ -69,10 +69,12 @@ def test_plan_file_as_model_or_hardware(tmp_path, monkeypatch):
                               "plan.yaml"])
     assert res.exit_code == 0, res.stderr
     line = one_line_error(["estimate", "--model", "plan.yaml", "--gpus", "8"])
-    assert line == "error: plan.yaml is a plan3d plan; use `plan3d estimate --plan plan.yaml`"
+    assert line == ("error: plan.yaml is a plan file, not a model; use `plan3d estimate --plan "
+                    "plan.yaml` (or export, validate, placement)")
     line = one_line_error(["estimate", "--model", "megatron-1.7b", "--hardware", "plan.yaml",
                            "--gpus", "8"])
-    assert line == "error: plan.yaml is a plan3d plan; use `plan3d estimate --plan plan.yaml`"
+    assert line == ("error: plan.yaml is a plan file, not a hardware profile; use `plan3d estimate "
+                    "--plan plan.yaml` (or export, validate, placement)")
 
 
 # --- plan3d accuracy: impossible measurements, missing fields, nothing to compare ---

@@ -643,3 +643,48 @@ def test_messages_print_emoji_codes_as_written():
     # rich turned ":100:" into an emoji in "--gpus '8:100:5'"
     line = one_line_error(["sweep", "-m", "llama3-8b", "--gpus", "8:100:5"])
     assert "'8:100:5'" in line
+
+
+def test_time_to_train_when_no_layout_ever_finishes_is_one_line():
+    # a restart of 1e9 days never completes between failures: goodput 0, every time infinite;
+    # the search indexed a fastest layout that did not exist (IndexError, exit 3)
+    line = one_line_error(["search", "-m", "llama3-8b", "-g", "8", "--restart-time", "1e9d",
+                           "--objective", "time-to-train"])
+    assert line.startswith("error: no layout ever finishes training: on 8 GPUs at ")
+    assert "check --failure-rate (per GPU-hour) and --restart-time" in line
+
+
+def test_a_small_model_budget_does_not_stop_a_throughput_search(tmp_path):
+    # the model file's tokens (100) only matter where the time to train is asked for: estimate's
+    # "To fit" search had failed on it and said no count of GPUs fits
+    data = yaml.safe_load((ROOT / "models" / "llama3-8b.yaml").read_text())
+    data["training"]["tokens"] = 100
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump(data))
+    res = runner.invoke(app, ["estimate", "-m", str(tmp_path / "m.yaml"), "-g", "16", "--json"])
+    assert res.exit_code == 1 and json.loads(res.stdout)["to_fit"]["gpus"] == 16
+    line = one_line_error(["search", "-m", str(tmp_path / "m.yaml"), "-g", "16", "--objective", "time-to-train"])
+    assert "a training budget of 100 tokens is less than one optimizer step" in line
+    assert "or training.tokens in the model file" in line
+
+
+def test_why_not_of_a_printed_layout_takes_its_omitted_fields_as_printed():
+    # a table row without "sp" has sp off; why-not completed it with sp on and called it the
+    # winner. The completion must be the layout as printed.
+    from planner.specs import Layout
+    text = "tp=2 cp=2 pp=16 dp=4 zero=1 mbs=1 vpp=6 recompute=none"
+    res = runner.invoke(app, ["search", "-m", "gpt3-175b", "-g", "256", "--why-not", text, "--json"])
+    assert res.exit_code == 0, res.stderr
+    done = Layout(**json.loads(res.stdout)["completion"]["layout"])
+    assert done.short() == text
+
+
+@pytest.mark.parametrize("why, words", [
+    ("pp=4 vpp=2 split=7+..+7", "only vpp 1 works"),
+    ("pp=1 split=32+32", "split 32+..+32 on pp=1: an uneven split needs pp >= 2"),
+    ("pp=2 split=31+1", "split 31+1 on pp=2: on pp=2 first + last must be the 96 layers"),
+    ("vpp=32", "interleaving needs pp >= 2"),  # above the default --max-vpp 16: judged, not refused
+])
+def test_why_not_split_and_bound_verdicts(why, words):
+    res = runner.invoke(app, ["search", "-m", "gpt3-175b", "-g", "256", "--why-not", why])
+    assert res.exit_code == 0, res.stderr
+    assert words in " ".join(res.stdout.split())

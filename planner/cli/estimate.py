@@ -103,8 +103,11 @@ def _from_flags(flags: dict, allow_cross_node_tp: bool):
     zero_stage = _zero_stage(f["zero_stage"], f["distributed_optimizer"], profile, f["pp"] or 1)
     n = _require(f["gpus"], "--gpus")
     sequence_parallel = f["sequence_parallel"]
-    if sequence_parallel is None:  # Megatron-Core trains an MoE layer with tp > 1 only with SP
-        sequence_parallel = m.moe is not None and (f["tp"] or 1) > 1
+    if sequence_parallel is None:  # on where the expert rule needs it and the framework has it
+        from ..frameworks.rules import profile_for
+        from ..space import moe_needs_sp
+        sequence_parallel = moe_needs_sp(m, f["tp"] or 1) and \
+            profile_for(training, profile).rules.sequence_parallel
         if sequence_parallel:
             console.note("note: sequence parallelism on: an MoE model with tp > 1 needs it "
                          "(--no-sequence-parallel is refused for the same reason)")

@@ -22,7 +22,7 @@ def run(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: str
     and checkpoints counted), else the one with the most tokens/s."""
     from ..inputs import search_options
     from ..errors import DeadlineError
-    from ..objective import check_budget, parse_deadline
+    from ..objective import check_budget, parse_deadline, reports_training, step_tokens
     from ..outputs import is_stdout, report_to_stderr, shown
     from ..render import console
     from ..render.search import header
@@ -40,15 +40,19 @@ def run(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: str
         "tokens": tokens, "deadline_s": deadline_s, "framework": framework,
         "objective": "throughput" if budget is None else "time-to-train"}, headroom)
     # the inputs' own errors once, not as every count's "no layout"
-    check_budget(opts.objective, budget, None, deadline_s, float(min(sizes)) * training.seq_length)
+    check_budget(opts.objective, budget, None, deadline_s,
+                 step_tokens(training.model_copy(update={"global_batch_size": max(sizes)}))
+                 if reports_training(opts) else None)
     span = f"{counts[0]}" if counts[0] == counts[-1] else f"{counts[0]}..{counts[-1]}"
     try:
         with progress() as bar:
             task = bar.add_task("Sweeping GPU counts", total=len(counts) * len(sizes))
             rows = sweep_batches(model, hw, training, counts, sizes, opts,
                                  on_step=lambda n: bar.advance(task))
-    except DeadlineError as exc:  # the table still says how far each count misses
-        if exc.rows and not json_out:
+    except DeadlineError as exc:  # the table (or the rows) still says how far each count misses
+        if exc.rows and json_out:
+            console.print_json(exc.rows)
+        elif exc.rows:
             with report_to_stderr(is_stdout(plot_path)):
                 header(model, hw, training, span, batch=",".join(str(b) for b in sizes))
                 sweep_table(exc.rows, deadline_s)

@@ -169,6 +169,11 @@ def facts_files(runs_file: Path | None) -> list[Path]:
     return []
 
 
+def matches(glob: str, run_ids: list[str]) -> bool:
+    """Whether an entry's ``runs`` glob (fnmatch) matches one of ``run_ids``."""
+    return any(fnmatch(run_id, glob) for run_id in run_ids)
+
+
 def own_facts_file(runs_file: Path) -> Path | None:
     """The runs file's own facts file, ``<stem>_facts.yaml`` beside it, or None."""
     own = runs_file.parent / f"{runs_file.stem}_facts.yaml"
@@ -184,7 +189,7 @@ def check_entries_match(runs_file: Path, run_ids: list[str]) -> None:
     if own is None:
         return
     for i, entry in enumerate(facts_file(own)):
-        if not any(fnmatch(run_id, entry.runs) for run_id in run_ids):
+        if not matches(entry.runs, run_ids):
             raise UsageError(f"{own}: entry {i + 1}: runs {entry.runs!r} matches no run id of "
                              f"{runs_file.name}; correct the glob or remove the entry")
 
@@ -196,7 +201,7 @@ def matching_entries(path: Path, run_ids: list[str]) -> list[dict]:
     malformed."""
     facts_file(path)  # checked
     return [entry for entry in read_yaml(Path(path))
-            if any(fnmatch(run_id, str(entry["runs"])) for run_id in run_ids)]
+            if matches(str(entry["runs"]), run_ids)]
 
 
 def _merge(entries: list[RunFacts]) -> dict[str, Any]:
@@ -233,7 +238,7 @@ def run_facts(row: dict, runs_file: Path | None) -> tuple[RunFacts, list[str]]:
         sources.append("the row's framework field")
     for path in facts_files(runs_file):
         for entry in facts_file(path):
-            if fnmatch(str(row["id"]), entry.runs):
+            if matches(entry.runs, [str(row["id"])]):
                 entries.append(entry)
                 sources.append(entry.source)
     return validate(RunFacts, _merge(entries), "facts"), sources

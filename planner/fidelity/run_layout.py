@@ -86,7 +86,7 @@ def layout_of(gpus: int, lay: dict, facts: RunFacts, model: ModelSpec,
               convention: str, assume) -> tuple[Layout, list[str]]:
     """(Layout of the run, the settings it leaves unknown). Each unknown setting takes its
     LAYOUT_DEFAULTS value, listed through ``assume`` unless it cannot change the prediction."""
-    from ..space import default_uneven_split
+    from ..space import default_uneven_split, moe_needs_sp
     tp, pp, cp, dp = split_degrees(gpus, lay, assume)
     ep = _stated(lay, facts, "ep", assume)
     if ep is None and model.moe is not None:
@@ -95,7 +95,7 @@ def layout_of(gpus: int, lay: dict, facts: RunFacts, model: ModelSpec,
     defaults = dict(LAYOUT_DEFAULTS, recompute="full" if convention == "narayanan" else "none")
     if model.moe is None:
         defaults.pop("etp")
-    elif tp > 1:  # Megatron-Core's MoE layer trains with tp > 1 only with SP (space.expert_rules)
+    elif moe_needs_sp(model, tp):
         defaults["sequence_parallel"] = True
     distopt = _stated(lay, facts, "distributed_optimizer") is True
     value, unknown = {"etp": 1}, []
