@@ -254,6 +254,11 @@ def _resolve(kind: str, label: str, name: str, cls: type[T]) -> T:
         data = read_yaml(path)
         refuse_other_kind(data, name, label)
         if kind == FRAMEWORKS:
+            shipped = _framework_raw().get(data.get("name")) if isinstance(data, dict) else None
+            if shipped is not None and shipped[0].resolve() != path.resolve():
+                raise UsageError(f"{name}: name {data['name']!r} is a shipped framework profile's; "
+                                 "give your profile a name of its own (tables and plans would not "
+                                 "tell the two apart)")
             return validate_framework(data, str(path))  # type: ignore[return-value]
         return validate(cls, data, str(path))
     entries = _load_all(kind)

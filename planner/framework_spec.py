@@ -233,6 +233,11 @@ def merge_extends(data: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
             continue
         if key in ("rules", "runtime", "memory", "reserve") and isinstance(value, dict) \
                 and isinstance(base.get(key), dict):
+            known = _BLOCKS[key].model_fields
+            unknown = [k for k in value if k not in known]
+            if unknown:  # before the sources: a misspelt fact is not a fact without a source
+                raise ValueError(f"{key}.{unknown[0]}: unknown field (the {key} facts: "
+                                 f"{', '.join(k for k in known if k != 'sources')})")
             sources = value.get("sources") if isinstance(value.get("sources"), dict) else {}
             unsourced = [k for k in value if k != "sources" and not str(sources.get(k, "")).strip()]
             if unsourced:
@@ -245,3 +250,6 @@ def merge_extends(data: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
         else:
             out[key] = value
     return out
+
+
+_BLOCKS = {"rules": Rules, "runtime": Runtime, "memory": Memory, "reserve": Reserve}

@@ -207,3 +207,44 @@ def test_accuracy_layouts_tell_selective_from_selective_plus(tmp_path, monkeypat
     (tmp_path / "runs.yaml").write_text(yaml.safe_dump(rows))
     text = runner.invoke(app, ["accuracy", "runs.yaml", "--no-loso"]).stdout
     assert " b1 sel " in text.replace("\n", " ") and " b1 sel+ " in text.replace("\n", " ")
+
+
+def test_accuracy_on_a_profile_calibrated_on_the_same_runs_says_in_sample(tmp_path, monkeypatch):
+    # calibrate fitted my profile on these runs; accuracy called its errors "held out already"
+    _own_run(tmp_path, monkeypatch)
+    res = runner.invoke(app, ["calibrate", "runs.yaml", "--hardware", "dgx-h100", "-o", "mine.yaml"])
+    assert res.exit_code == 0, res.stderr
+    rows = yaml.safe_load((tmp_path / "runs.yaml").read_text())
+    rows[0]["hardware"]["profile"] = "mine.yaml"
+    (tmp_path / "runs.yaml").write_text(yaml.safe_dump(rows))
+    res = runner.invoke(app, ["accuracy", "runs.yaml"])
+    assert res.exit_code == 0, res.stderr
+    flat = " ".join(res.stdout.split())
+    assert "In-sample: 1 of these runs are on a profile plan3d calibrate fitted on them (mylab-llama3-8b)" in flat
+    assert "held out already" not in flat
+
+
+def test_resolve_search_does_not_offload_activations_a_run_did_not_state(tmp_path, monkeypatch):
+    # Llama 3 8B at 8,192 tokens, micro-batch 2, no recomputation, on 8 H100 does not fit in
+    # plan3d's memory model at any ZeRO stage; the search made it "fit" by offloading layers'
+    # activations to the host (a slower step), hiding the false OOM the run is
+    _write(tmp_path, monkeypatch, _llama_row(layout={"micro_batch": 2, "recompute": "none"}))
+    res = runner.invoke(app, ["accuracy", "runs.yaml", "--resolve", "search", "--no-loso", "--json"])
+    assert res.exit_code == 0, res.stderr
+    run = json.loads(res.stdout)["runs"][0]
+    assert run["layout"]["offload_layers"] == 0
+    assert run["resolution"] == "false-oom"
+
+
+def test_accuracy_with_a_runs_file_refuses_dataset(tmp_path, monkeypatch):
+    # --dataset modern beside a runs file was ignored
+    _own_run(tmp_path, monkeypatch)
+    line = one_line_error(["accuracy", "runs.yaml", "--dataset", "modern"])
+    assert "--dataset chooses a shipped dataset; with a runs file (runs.yaml) give one or the other" in line
+
+
+def test_calibrate_exclude_that_matches_nothing_is_refused(tmp_path, monkeypatch):
+    _own_run(tmp_path, monkeypatch)
+    line = one_line_error(["calibrate", "runs.yaml", "--hardware", "dgx-h100", "-o", "x.yaml",
+                           "--exclude", "nomatch*"])
+    assert "--exclude 'nomatch*' matches no run id of runs.yaml" in line

@@ -688,3 +688,36 @@ def test_why_not_split_and_bound_verdicts(why, words):
     res = runner.invoke(app, ["search", "-m", "gpt3-175b", "-g", "256", "--why-not", why])
     assert res.exit_code == 0, res.stderr
     assert words in " ".join(res.stdout.split())
+
+
+@pytest.mark.parametrize("text, words", [
+    # a shipped name on another profile: tables and plans could not tell them apart
+    ("name: megatron-core\nextends: megatron-core\n", "name 'megatron-core' is a shipped framework profile's"),
+    # a misspelt fact was first reported as a fact without a source
+    ("name: mine\nextends: megatron-core\nrules:\n  zero_stagez: [0, 1]\n",
+     "rules.zero_stagez: unknown field (the rules facts: tensor_parallel"),
+])
+def test_framework_profile_file_errors(tmp_path, text, words):
+    (tmp_path / "fw.yaml").write_text(text)
+    assert words in one_line_error(["search", "-m", "llama3-8b", "-g", "8", "--framework", str(tmp_path / "fw.yaml")])
+
+
+def test_export_to_a_framework_profile_file_uses_its_exporter(tmp_path):
+    (tmp_path / "fw.yaml").write_text("name: mine\nextends: megatron-core\n")
+    plan = tmp_path / "p.yaml"
+    assert runner.invoke(app, ["search", "-m", "llama3-8b", "-g", "8", "--export", str(plan)]).exit_code == 0
+    res = runner.invoke(app, ["export", str(plan), "--to", str(tmp_path / "fw.yaml")])
+    assert res.exit_code == 0, res.stderr
+    assert res.stdout.startswith("# Megatron-LM pretrain_gpt.py arguments")
+
+
+def test_export_to_another_framework_says_the_estimate_is_not_its_own(tmp_path):
+    plan = tmp_path / "p.yaml"
+    assert runner.invoke(app, ["search", "-m", "llama3-8b", "-g", "8", "--framework", "torchtitan",
+                               "--recompute", "selective", "--export", str(plan)]).exit_code == 0
+    res = runner.invoke(app, ["export", str(plan), "--to", "megatron"])
+    assert res.exit_code == 0, res.stderr
+    flat = " ".join(res.stderr.split())
+    assert "the plan was costed for torchtitan: its memory and step time follow that framework's runtime" in flat
+    assert "re-plan with --framework megatron-core" in flat
+    assert "the plan assumed per-op selective checkpointing (torchtitan's)" in res.stdout

@@ -126,3 +126,7 @@ def test_moe_run_on_gloo_matches_loss_volumes_and_bytes():
     # the routing was recorded: 1 MoE layer x m' = 2*pp' = 2 micro-batches of 4 experts
     assert all(len(r["moe_counts"][-1][0]) == 2 and len(r["moe_counts"][-1][0][0]) == 4
                for r in records)
+    # the activation peak is reported, not checked, and the output says why (it said "info" alone)
+    act = next(r for r in result["reported"] if r["name"].startswith("activations"))
+    assert act["note"].startswith("reported, not checked: the miniature's routed tensors")
+    assert any(n.startswith("activations: reported, not checked") for n in result["notes"])

@@ -96,3 +96,17 @@ def test_loss_and_memory_tolerances():
     result = compare(run, records, None)
     assert not any(c["name"].startswith("loss") for c in result["checks"])
     assert any(r["name"] == "loss step 0" for r in result["reported"])
+
+
+def test_a_torchtitan_plan_is_predicted_with_the_miniatures_megatron_loss():
+    # torchtitan's fp32 loss holds 12 B per logit, Megatron's 6; the miniature runs Megatron's
+    # loss, so a torchtitan plan's activation check failed by 6 B x T x V/t on its last stage
+    from planner.validate.activations import predicted_activations
+    layout = dict(tp=2, pp=4, dp=8, zero_stage=1, micro_batch_size=1, vpp=2)
+    mega = _plan("llama3-70b", **layout)
+    titan = mega.model_copy(update={"training": mega.training.model_copy(
+        update={"loss_bytes_per_logit": 12.0})})
+    last = miniature(mega, world=8).layout.pp - 1
+    a = predicted_activations(miniature(mega, world=8), last)["bytes"]
+    b = predicted_activations(miniature(titan, world=8), last)["bytes"]
+    assert a == b

@@ -37,8 +37,8 @@ def regress(
 @handle_errors
 def accuracy(
     runs: Optional[Path] = typer.Argument(None, help="Runs YAML (published_runs.yaml schema); default: the shipped datasets."),
-    dataset: str = typer.Option("all", "--dataset", help="Without RUNS: the shipped dataset to check, published "
-                                "(dense, A100/H100, 2020-24), modern (MoE, FP8/MXFP8, H100/B200/GB200) or all."),
+    dataset: Optional[str] = typer.Option(None, "--dataset", help="Without RUNS: the shipped dataset to check, published "
+                                          "(dense, A100/H100, 2020-24), modern (MoE, FP8/MXFP8, H100/B200/GB200) or all [default: all]."),
     resolve: str = typer.Option("default", "--resolve", help="What a run leaves unknown becomes: default (one "
                                 "stated default each) or search (the planner's best layout consistent with the run)."),
     loso: bool = typer.Option(True, "--loso/--no-loso", help="Also predict each source with factors fitted "
@@ -73,6 +73,10 @@ def _accuracy_cases(runs: Optional[Path], dataset: str, resolve: str) -> list:
     from ..fidelity.runs import DATASETS, load_datasets, load_runs
     if resolve not in ("default", "search"):
         raise UsageError(f"--resolve must be default or search, got {resolve!r}")
+    if runs is not None and dataset is not None:
+        raise UsageError(f"--dataset chooses a shipped dataset; with a runs file ({runs}) give "
+                         "one or the other")
+    dataset = dataset or "all"
     if runs is not None:
         cases = load_runs(runs)
     elif dataset == "all":
@@ -108,7 +112,15 @@ def calibrate(
     from ..fidelity.runs import load_runs, select_runs
     check_destination(output, force, "--output", "my-profile.yaml")
     hw = catalog.resolve_hardware(hardware)
+    from ..fidelity.calibrate import fitted_runs
+    if fitted_runs(hw):  # its priors are a fit already: a second fit pulls toward the same runs
+        console.note(f"warning: --hardware {hardware} is itself a profile plan3d calibrate wrote; "
+                     "fitting it again moves its factors further on the same evidence: start from "
+                     "the shipped profile it came from")
     loaded = load_runs(runs)
+    for pat in exclude:  # a mistyped glob would leave in the run it meant to leave out
+        if not any(fnmatch(c.id, pat) for c in loaded):
+            raise UsageError(f"--exclude {pat!r} matches no run id of {runs.name} (globs: * and ?)")
     cases = select_runs(loaded, exclude, min_trust)
     for c in cases:  # runs on the profile's GPU are predicted with the profile being fitted
         if c.skipped is None and c.hardware is not None and c.hardware.gpu.name == hw.gpu.name:
@@ -132,3 +144,10 @@ def calibrate(
     write_profile(fitted, output, force, calibrated_from=hw.name)
     with report_to_stderr(is_stdout(output)):  # -o -: stdout holds the profile alone
         calibration_report(result, hw.name, shown(output), loo=loo)
+    from ..fidelity.compare import compare
+    no_fit = [c.id for c in used if not compare(c, fitted).fits]
+    if no_fit:  # these ran: plan3d's memory model misses them, whatever their fitted times
+        console.note(f"warning: {len(no_fit)} fitted run{'s' if len(no_fit) > 1 else ''} "
+                     f"({', '.join(no_fit)}) {'are' if len(no_fit) > 1 else 'is'} predicted not "
+                     "to fit in GPU memory on the fitted profile; plan3d accuracy shows the "
+                     "memory terms (a measured run that does not fit is a memory-model miss)")

@@ -16,6 +16,8 @@ the model misses something the factor absorbs, it is not a value to ship silentl
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -196,6 +198,16 @@ def refit(cases: list[RunCase], hw: HardwareProfile, start: dict[str, float],
     prior = _to_x({k: float(getattr(hw.efficiency, k)) for k in keys}, keys)
     x = _solve(runs, hw, _to_x(start, keys), prior, max_nfev=max_nfev, keys=keys)
     return with_factors(hw, _from_x(x, keys))
+
+
+_FITTED_ON = re.compile(r"^plan3d calibrate: .*? measured runs of .*?: (.*?)\. Fit error")
+
+
+def fitted_runs(hw: HardwareProfile) -> set[str]:
+    """The run ids a profile written by ``plan3d calibrate`` was fitted on, read back from its
+    ``efficiency.source`` (source_text); empty for any other profile."""
+    match = _FITTED_ON.match(hw.efficiency.source or "")
+    return set(match.group(1).split(", ")) if match else set()
 
 
 def source_text(result: FitResult, dataset: str) -> str:

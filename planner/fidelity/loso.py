@@ -20,7 +20,7 @@ from pydantic import Field
 from ..catalog import read_yaml, resolve_hardware, validate
 from ..errors import UsageError
 from ..quantities import _Strict
-from .calibrate import factors_of, refit, with_factors
+from .calibrate import factors_of, fitted_runs, refit, with_factors
 from .compare import compare
 from .runs import BENCHMARKS, WHEEL, RunCase, select_runs
 
@@ -79,15 +79,19 @@ def fit_set(cases: list[RunCase], name: str, plan: ProfilePlan) -> list[RunCase]
 def loso_errors(cases: list[RunCase], plan: dict[str, ProfilePlan] | None = None) -> dict[str, Any]:
     """{run id: step-time error (T_pred/T_meas - 1) predicted without the run's source} for every
     comparable run of ``cases`` (runs on a profile that is not fitted: their in-sample error),
-    and "__refits__": how many refits were made."""
+    "__refits__": how many refits were made, and "__in_sample__": the ids of runs on a profile
+    ``plan3d calibrate`` fitted on them (calibrate.fitted_runs), whose errors are in-sample."""
     plan = calibration_plan() if plan is None else plan
     out: dict[str, Any] = {}
     refits = 0
+    in_sample = []
     for c in cases:
         if c.skipped is None and (c.hardware is None or c.hardware.name not in plan):
             comp = compare(c, time_only=True)
             if comp.primary is not None:
                 out[c.id] = comp.step_error
+                if c.hardware is not None and c.id in fitted_runs(c.hardware):
+                    in_sample.append(c.id)
     for name, p in plan.items():
         on_profile = [c for c in cases if c.skipped is None and c.hardware is not None
                       and c.hardware.name == name]
@@ -109,6 +113,7 @@ def loso_errors(cases: list[RunCase], plan: dict[str, ProfilePlan] | None = None
                     if comp.primary is not None:
                         out[c.id] = comp.step_error
     out["__refits__"] = refits
+    out["__in_sample__"] = in_sample
     return out
 
 

@@ -39,7 +39,7 @@ class Resolution:
 
 def _options(case: RunCase) -> SearchOptions:
     """Every stated layout setting pinned; the unknown ones free (the distributed optimizer
-    stays as stated: the search costs it as ZeRO-1)."""
+    stays as stated: the search costs it as ZeRO-1); no activation offload unless stated."""
     from ..catalog import resolve_framework
     lay = case.layout
     pins = {k: getattr(lay, k) for k in ("tp", "pp", "dp", "cp", "ep")}
@@ -51,6 +51,9 @@ def _options(case: RunCase) -> SearchOptions:
         pins["distributed_optimizer"], pins["zero_stage"] = True, 0
     if "recompute" not in case.unknown:  # a run that states its recomputation states its layers
         pins["recompute_num_layers"] = lay.recompute_num_layers
+    # activation offload is a setting a source names when it used it: unstated, none (a search
+    # free to offload made runs that did not fit "fit" at a slower step, hiding a false OOM)
+    pins["offload_layers"] = lay.offload_layers
     return SearchOptions(**pins, keep=64, framework=resolve_framework(case.training.framework))
 
 
@@ -153,4 +156,6 @@ def _resolve_in_place(case: RunCase, why_not: str) -> Resolution:
 def _value(layout: Layout, key: str) -> object:
     if key == "split":
         return f"{layout.first_stage_layers}+..+{layout.last_stage_layers}"
+    if key == "recompute":  # full:N when the search recomputes only N layers per chunk
+        return layout.recompute_label
     return getattr(layout, PIN_NAMES.get(key, key))

@@ -17,8 +17,9 @@ DEFAULT_SUFFIX = {"megatron": ".args", "nemo": ".yaml", "deepspeed": ".json"}
 
 
 def export_target(name: str | None, plan: Plan) -> str:
-    """The exporter for ``--to NAME``: an export target (TARGETS) or a framework profile's name
-    or alias (its ``export``: megatron-core -> megatron, deepspeed, torchtitan); None: the plan's
+    """The exporter for ``--to NAME``: an export target (TARGETS), a framework profile's name
+    or alias, or a framework profile file (its ``export``: megatron-core -> megatron, deepspeed,
+    torchtitan); None: the plan's
     framework's (UsageError for a historical profile that has no exporter, or an unknown name)."""
     from ..catalog import framework_profiles
     if name is None:
@@ -31,6 +32,13 @@ def export_target(name: str | None, plan: Plan) -> str:
     key = name.strip().lower()
     if key in TARGETS:
         return key
+    from ..catalog import is_bare_name, resolve_framework
+    if not is_bare_name(name):  # a framework profile file: its exporter
+        profile = resolve_framework(name)
+        if profile.export is None:
+            raise UsageError(f"framework {profile.name} ({name}) has no exporter (its export "
+                             f"field is empty); choose one of {', '.join(TARGETS)}")
+        return profile.export
     for profile in framework_profiles().values():
         if key == profile.name or key in (a.lower() for a in profile.aliases):
             if profile.export is None:
@@ -48,19 +56,33 @@ def export_plan(plan: Plan, target: str, torchtitan_format: str = "overrides") -
     ``Export.notes``."""
     if target not in TARGETS:
         raise UsageError(f"unknown export target {target!r}; choose one of {', '.join(TARGETS)}")
-    from .rules import check_plan
+    from .rules import check_plan, profile_for
     check_plan(target, plan)
     if target == "megatron":
         from .megatron import export_megatron
-        return export_megatron(plan)
-    if target == "nemo":
+        result = export_megatron(plan)
+    elif target == "nemo":
         from .nemo import export_nemo
-        return export_nemo(plan)
-    if target == "deepspeed":
+        result = export_nemo(plan)
+    elif target == "deepspeed":
         from .deepspeed import export_deepspeed
-        return export_deepspeed(plan)
-    from .torchtitan import export_torchtitan
-    return export_torchtitan(plan, torchtitan_format)
+        result = export_deepspeed(plan)
+    else:
+        from .torchtitan import export_torchtitan
+        result = export_torchtitan(plan, torchtitan_format)
+    profile = profile_for(plan.training, plan.framework)
+    if profile.export != target:  # the plan's estimate is for another framework's runtime
+        result.notes.append(
+            f"the plan was costed for {profile.display}"
+            f"{'' if profile.display == profile.name else f' ({profile.name})'}: its memory and step "
+            f"time follow that framework's runtime, not {target}'s; re-plan with --framework "
+            f"{TARGET_FRAMEWORK[target]} for {target}'s estimate")
+    return result
+
+
+# the framework profile whose runtime each target runs (export_target's inverse)
+TARGET_FRAMEWORK = {"megatron": "megatron-core", "nemo": "megatron-core", "deepspeed": "deepspeed",
+                    "torchtitan": "torchtitan"}
 
 
 __all__ = ["Export", "TARGETS", "export_plan", "export_target"]

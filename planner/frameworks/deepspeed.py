@@ -100,9 +100,13 @@ def export_deepspeed(plan: Plan) -> Export:
         notes.append(arch)
     if plan.model.moe is not None:
         notes.append(moe_note(plan))
-    notes.append(interval_note(save_interval(plan), plan).replace(
+    ck = save_interval(plan)
+    sync = "" if ck is None or not ck["async"] else (
+        " (engine.save_checkpoint blocks until written unless you configure an asynchronous "
+        "checkpoint engine; plan with --sync-save to cost a blocking save)")
+    notes.append(interval_note(ck, plan).replace(
         "set the checkpoint directory yourself", "ds_config has no interval: call "
-        "engine.save_checkpoint every that many steps in your training loop"))
+        "engine.save_checkpoint every that many steps in your training loop" + sync))
     text = json.dumps(cfg, indent=2) + "\n"
     return Export("deepspeed", text, notes=notes, keys=_flatten(cfg))
 

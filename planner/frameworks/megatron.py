@@ -248,7 +248,11 @@ def export_megatron(plan: Plan) -> Export:
                         "--ckpt-format fsdp_dtensor"
                         + (", whose --async-save needs nvidia-resiliency-ext (async strategy nvrx)"
                            if ck is not None and ck["async"] else ""))
-    if lay.recompute == "selective":
+    if lay.recompute == "selective" and plan.training.selective_recompute == "per_op":
+        comments.append("selective recomputation = Megatron's default --recompute-modules core_attn; "
+                        "the plan assumed per-op selective checkpointing (torchtitan's), which "
+                        "saves a different set of tensors")
+    elif lay.recompute == "selective":
         comments.append("selective recomputation = Megatron's default --recompute-modules core_attn, "
                         "as the cost model assumed")
     if model.position_embedding == "rope" and model.rope_theta is None:

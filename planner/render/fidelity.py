@@ -181,13 +181,19 @@ def accuracy_tables(comparisons, skipped, summary: dict, loso: dict | None = Non
         tables.show(_group_table(group, members, loso), out)
     summary_table(summary)
     pairs_table(comparisons, loso)
+    in_sample = (loso or {}).get("__in_sample__") or []
     if loso is not None and loso.get("__refits__", 0):
         out.print(f"Leave-one-source-out: {loso['__refits__']} refits of the fitted profiles "
                   "(benchmarks/calibration.yaml) without the source predicted; runs on profiles "
                   "that are not fitted, or of sources they are not fitted on, are held out already.")
-    elif loso is not None:
+    elif loso is not None and not in_sample:
         out.print("Leave-one-source-out: no shipped profile is fitted on these runs' sources "
                   "(benchmarks/calibration.yaml), so every error above is held out already.")
+    if in_sample:
+        out.print(f"In-sample: {len(in_sample)} of these runs are on a profile plan3d calibrate "
+                  f"fitted on them ({', '.join(in_sample)}): their errors, LOSO column included, "
+                  "are fit errors, not held out; calibrate with --exclude to hold one out.",
+                  markup=False)
     assumed = assumptions_text([c.case for c in comparisons])
     if assumed:
         out.print("[bold]Defaults assumed[/] (rules: planner/fidelity/runs.py; per run: --json): " +

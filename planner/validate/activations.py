@@ -72,7 +72,8 @@ def predicted_activations(run, pp_rank: int) -> dict:
     the formula's full-recompute working set.
     """
     from ..cost import memory, pipeline
-    lay, model, training = run.layout, run.model, run.training
+    lay, model = run.layout, run.model
+    training = megatron_loss(run.training)
     c = Candidates.from_layouts([lay])
     m = c.num_microbatches(training.global_batch_size)
     layers = float(pipeline.inflight_layers(c, model.num_layers, m, pp_rank)[0])
@@ -83,6 +84,17 @@ def predicted_activations(run, pp_rank: int) -> dict:
     e = run.elem / 2
     return {"bytes": total * e, "inflight_layers": layers, "first_microbatches": first_mb,
             "layer_bytes": layer * e}
+
+
+def megatron_loss(training):
+    """``training`` with Megatron's loss accounting (TrainingSpec's defaults: bf16 logits and an
+    fp32 softmax, 6 B per logit, not in place), which the miniature's torch loss holds whatever
+    framework the plan is for (as its model states follow Megatron's: miniature.predicted); a
+    torchtitan plan's fp32 loss (12 B per logit) would otherwise be compared with it."""
+    from ..specs import TrainingSpec
+    fields = TrainingSpec.model_fields
+    return training.model_copy(update={k: fields[k].default for k in
+                                       ("loss_bytes_per_logit", "cross_entropy_in_place")})
 
 
 def _dims(run) -> SimpleNamespace:
@@ -218,13 +230,18 @@ def activation_check(run, pp_rank: int, ranks: list[dict]) -> dict:
     seen = [r["saved_peak"][-1] for r in ranks]
     worst = max(seen, key=lambda v: abs(v - want))
     rel = abs(worst - want) / max(want, 1.0)
-    checked = (run.device == "cpu" and run.dtype in ("float64", "float32")
-               and all(r.get("recompute_tracked", True) for r in ranks)
-               and run.model.moe is None)  # MoE activations: not in the plan formula yet
+    why = ("the deltas are derived for the CPU kernels in float64/float32"
+           if run.device != "cpu" or run.dtype not in ("float64", "float32") else
+           "a rank could not count its recomputed tensors"
+           if not all(r.get("recompute_tracked", True) for r in ranks) else
+           "the miniature's routed tensors (permuted rows, probabilities, routing maps) are saved "
+           "as its torch code routes them, not as Megatron-Core's MoE layer the plan costs"
+           if run.model.moe is not None else None)
     return {"name": f"activations pp{pp_rank}", "measured": worst, "predicted": want,
-            "passed": rel <= ACT_RTOL if checked else None,
+            "passed": rel <= ACT_RTOL if why is None else None,
             "tolerance": ACT_RTOL, "rel_diff": rel, "formula": pred["formula"],
-            "deltas": pred["deltas"]}
+            "deltas": pred["deltas"],
+            "note": None if why is None else f"reported, not checked: {why}"}
 
 
 def delta_notes(checks: list[dict]) -> list[str]:

@@ -126,7 +126,8 @@ def compare(run: Run, records: list[dict], reference: list[float] | None) -> dic
                     "training": run.training.model_dump(mode="json"),
                     "layout": lay.model_dump(), "dtype": run.dtype, "steps": run.steps,
                     "device": run.device, "world": run.world},
-            "notes": list(run.notes) + delta_notes(activations),
+            "notes": list(run.notes) + delta_notes(activations)
+            + list(dict.fromkeys(f"activations: {a['note']}" for a in activations if a.get("note"))),
             "not_exercised": [dict(d) for d in run.not_exercised],
             "checks": _same_keys(checks, reported), "reported": _same_keys(reported, checks),
             "passed": all(c["passed"] for c in checks)}
