@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .space import Candidates, uneven_splits
+from .space import Candidates, folds, uneven_splits
 
 SPLIT_FIELDS = ("tp", "cp", "pp", "dp", "ep", "etp", "first_stage_layers", "last_stage_layers")
 KNOB_FIELDS = ("zero_stage", "micro_batch_size", "recompute", "sequence_parallel", "vpp",
@@ -138,3 +138,53 @@ class Grid:
 def full(array: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     """``array`` broadcast to ``shape`` (a read-only view; no copy)."""
     return np.broadcast_to(np.asarray(array), shape)
+
+
+def axis(values: np.ndarray, pin: int | None, upper: int | None = None) -> np.ndarray:
+    if pin is not None:
+        return np.array([pin], dtype=np.int64)
+    if upper is not None:
+        values = values[values <= upper]
+    return values.astype(np.int64)
+
+
+def pinned_split(split: dict[str, np.ndarray], num_layers: int, first: int | None,
+                  last: int | None) -> dict[str, np.ndarray]:
+    """The split rows whose pipeline split has ``first`` layers on the first stage and ``last``
+    on the last (None: any); an even split (stored as 0, 0) matches when every stage holds
+    that many."""
+    pp = split["pp"]
+    even = (split["first_stage_layers"] == 0) & (num_layers % pp == 0)
+    per_stage = num_layers // pp
+    keep = pp >= 2  # a split has two stages at least
+    for pin, column in ((first, "first_stage_layers"), (last, "last_stage_layers")):
+        if pin is not None:
+            keep &= (split[column] == pin) | (even & (per_stage == pin))
+    return {k: v[keep] for k, v in split.items()}
+
+
+def expert_mesh(split: dict[str, np.ndarray], num_experts: int, ep: int | None = None,
+                etp: int | None = None, max_ep: int | None = None) -> dict[str, np.ndarray]:
+    """The split rows, each repeated once per expert mesh (ep, etp) its stage can fold
+    (Megatron-Core parallel folding: etp*ep divides tp*cp*dp, ep divides the experts): ep over
+    the powers of two up to ``max_ep`` (default: the experts), etp 1 (Megatron's guidance for
+    fine-grained experts, moe.md 6) or tp (its default, arguments.py L587-588); a pinned ``ep`` or
+    ``etp`` is taken as given. Rows in (etp choice, ep) order."""
+    ep_axis = 2 ** np.arange(0, int(np.log2(num_experts)) + 1)
+    ep_axis = axis(ep_axis[num_experts % ep_axis == 0], ep, max_ep)
+    stage = split["tp"] * split["cp"] * split["dp"]
+    if etp is not None:
+        choices = [np.full_like(split["tp"], etp)]
+    else:  # etp = 1, and etp = tp where that is another mesh
+        choices = [np.ones_like(split["tp"]), np.where(split["tp"] > 1, split["tp"], 0)]
+    rows, eps, etps = [], [], []
+    for etps_of in choices:
+        for e in ep_axis.tolist():
+            idx = np.flatnonzero(folds(stage, etps_of, e))
+            rows.append(idx)
+            eps.append(np.full(idx.size, e, dtype=np.int64))
+            etps.append(etps_of[idx])
+    order = np.concatenate(rows)
+    out = {k: v[order] for k, v in split.items()}
+    out["ep"], out["etp"] = np.concatenate(eps), np.concatenate(etps)
+    return out

@@ -19,7 +19,7 @@ import numpy as np
 from .cost import Estimate, memory_total
 from .cost.collectives import nvlink_domain
 from .degrees import SPLIT_DEGREES, product_expr, split_problem
-from .errors import PlannerError
+from .errors import PlannerError, UsageError
 from .grid import Grid
 from .inputs import MAX_GPUS
 from .render import fmt
@@ -233,3 +233,16 @@ def nothing_valid_message(model: ModelSpec, training: TrainingSpec, gpus: int, r
                 f"choose a batch that is a multiple of one of them")
     hint = f" ({CROSS_NODE_HINT})" if rule == TP_RULE else ""
     return f"no layout of {model.name} on {gpus} GPUs passes the rule '{rule}'{hint}"
+
+
+def never_done_error(training: TrainingSpec, gpus: int) -> UsageError:
+    """The error when no fitting layout ever finishes training: on ``gpus`` GPUs failures come
+    faster than a restart completes (goodput 0, an infinite expected time), so no objective
+    that counts the time to train can rank them."""
+    ck = training.checkpoint
+    mtbf = 1.0 / (gpus * ck.failures_per_gpu_s)
+    return UsageError(
+        f"no layout ever finishes training: on {gpus:,} GPUs at {ck.failures_per_gpu_hour:.3g} "
+        f"failures per GPU-hour one comes every {fmt.seconds(mtbf)}, and a restart ({fmt.seconds(ck.restart_time)} "
+        "plus reading the checkpoint) does not complete in between; check --failure-rate "
+        "(per GPU-hour) and --restart-time")

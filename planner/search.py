@@ -21,12 +21,12 @@ from .cost.collectives import nvlink_domain
 from .cost.checkpoint import evaluate_checkpoint, unavailable
 from .degrees import SPLIT_DEGREES, split_problem
 from .errors import DeadlineError, NoFitError, UsageError
-from .grid import Grid, parallel_splits
+from .grid import Grid, axis, expert_mesh, parallel_splits, pinned_split
 from .inputs import MAX_GPUS, check_integers, gpu_count  # noqa: F401 (MAX_GPUS re-exported)
-from .refusal import fit_hint, no_fit_message, no_split_reason, nothing_valid_message
+from .refusal import fit_hint, never_done_error, no_fit_message, no_split_reason, nothing_valid_message
 from .scan import CHUNK, FIT_RULE, Scan, scan  # noqa: F401 (re-exported)
 from .scan_layers import as_scanned
-from .space import (LAYERS_RULE, MOE_SP_RULE, TP_RULE, UNEVEN_RULE, Candidates, constraint_masks, folds,
+from .space import (LAYERS_RULE, MOE_SP_RULE, TP_RULE, UNEVEN_RULE, Candidates, constraint_masks,
                     default_uneven_split, divisors, rules_broken, uneven_problem, uneven_splits,
                     uneven_vpp_options)
 from .framework_spec import FrameworkProfile
@@ -126,14 +126,6 @@ class SearchResult:
     checkpoint: Any = None  # cost.checkpoint.CheckpointEstimate of ``ranked`` (None: no storage block)
 
 
-def _axis(values: np.ndarray, pin: int | None, upper: int | None = None) -> np.ndarray:
-    if pin is not None:
-        return np.array([pin], dtype=np.int64)
-    if upper is not None:
-        values = values[values <= upper]
-    return values.astype(np.int64)
-
-
 def _vpp_values(num_layers: int, pps: np.ndarray, max_vpp: int) -> np.ndarray:
     """vpp axis: the divisors of the layer count (even splits), and every vpp with which an
     uneven split of a pp in ``pps`` interleaves (e.g. Llama-3 405B, 126 layers, pp=16 as
@@ -162,80 +154,39 @@ def build_grid(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gp
     """
     budget = opts.max_gpus if opts.max_gpus is not None else gpus
     top = budget if opts.allow_cross_node_tp else min(nvlink_domain(hw), budget)
-    tps = _axis(2 ** np.arange(0, int(np.log2(max(top, 1))) + 1), opts.tp, opts.max_tp)
+    tps = axis(2 ** np.arange(0, int(np.log2(max(top, 1))) + 1), opts.tp, opts.max_tp)
     L = model.num_layers  # pp: divisors of L (even splits), powers of two up to L (uneven splits)
     pps = np.union1d(divisors(L), 2 ** np.arange(0, int(np.log2(L)) + 1))
-    pps = _axis(np.array([p for p in pps.tolist() if L % p == 0 or uneven_splits(L, p)], dtype=np.int64),
+    pps = axis(np.array([p for p in pps.tolist() if L % p == 0 or uneven_splits(L, p)], dtype=np.int64),
                 opts.pp, opts.max_pp)
-    cps = _axis(2 ** np.arange(0, int(np.log2(max(opts.max_cp, 1))) + 1), opts.cp)
+    cps = axis(2 ** np.arange(0, int(np.log2(max(opts.max_cp, 1))) + 1), opts.cp)
     if opts.max_gpus is None:
         split = parallel_splits(tps, pps, gpus=gpus, cps=cps, num_layers=L)
     else:
-        dps = _axis(divisors(training.global_batch_size), opts.dp)
+        dps = axis(divisors(training.global_batch_size), opts.dp)
         split = parallel_splits(tps, pps, dps=dps, max_gpus=opts.max_gpus,
                                 gpus_per_node=hw.gpus_per_node, cps=cps, num_layers=L)
     if opts.dp is not None:
         keep = split["dp"] == opts.dp
         split = {k: v[keep] for k, v in split.items()}
     if opts.first_stage_layers is not None or opts.last_stage_layers is not None:
-        split = _pinned_split(split, L, opts.first_stage_layers, opts.last_stage_layers)
+        split = pinned_split(split, L, opts.first_stage_layers, opts.last_stage_layers)
     if model.moe is not None:
-        split = expert_mesh(split, model.moe.num_experts, opts)
+        split = expert_mesh(split, model.moe.num_experts, opts.ep, opts.etp, opts.max_ep)
     knobs = dict(
-        zero_stage=_axis(np.arange(4), opts.zero_stage),
-        micro_batch_size=_axis(divisors(training.global_batch_size), opts.micro_batch_size,
+        zero_stage=axis(np.arange(4), opts.zero_stage),
+        micro_batch_size=axis(divisors(training.global_batch_size), opts.micro_batch_size,
                                opts.max_micro_batch_size),
-        recompute=_axis(np.arange(4), None if opts.recompute is None else RECOMPUTE_CODES[opts.recompute]),
+        recompute=axis(np.arange(4), None if opts.recompute is None else RECOMPUTE_CODES[opts.recompute]),
         sequence_parallel=np.array([False, True]) if opts.sequence_parallel is None
         else np.array([opts.sequence_parallel]),
-        vpp=_axis(_vpp_values(L, pps, opts.max_vpp), opts.vpp, opts.max_vpp),
+        vpp=axis(_vpp_values(L, pps, opts.max_vpp), opts.vpp, opts.max_vpp),
         distributed_optimizer=np.array([bool(opts.distributed_optimizer)]),
     )
     fixed = {name: value for name, value in (("recompute_num_layers", opts.recompute_num_layers),
                                              ("offload_layers", opts.offload_layers))
              if value is not None}
     return Grid(split, knobs, fixed)
-
-
-def _pinned_split(split: dict[str, np.ndarray], num_layers: int, first: int | None,
-                  last: int | None) -> dict[str, np.ndarray]:
-    """The split rows whose pipeline split has ``first`` layers on the first stage and ``last``
-    on the last (None: any); an even split (stored as 0, 0) matches when every stage holds
-    that many."""
-    pp = split["pp"]
-    even = (split["first_stage_layers"] == 0) & (num_layers % pp == 0)
-    per_stage = num_layers // pp
-    keep = pp >= 2  # a split has two stages at least
-    for pin, column in ((first, "first_stage_layers"), (last, "last_stage_layers")):
-        if pin is not None:
-            keep &= (split[column] == pin) | (even & (per_stage == pin))
-    return {k: v[keep] for k, v in split.items()}
-
-
-def expert_mesh(split: dict[str, np.ndarray], num_experts: int, opts: SearchOptions) -> dict[str, np.ndarray]:
-    """The split rows, each repeated once per expert mesh (ep, etp) its stage can fold
-    (Megatron-Core parallel folding: etp*ep divides tp*cp*dp, ep divides the experts): ep over
-    the powers of two up to ``max_ep`` (default: the experts), etp 1 (Megatron's guidance for
-    fine-grained experts, moe.md 6) or tp (its default, arguments.py L587-588); a pinned ep or
-    etp is taken as given. Rows in (etp choice, ep) order."""
-    ep_axis = 2 ** np.arange(0, int(np.log2(num_experts)) + 1)
-    ep_axis = _axis(ep_axis[num_experts % ep_axis == 0], opts.ep, opts.max_ep)
-    stage = split["tp"] * split["cp"] * split["dp"]
-    if opts.etp is not None:
-        choices = [np.full_like(split["tp"], opts.etp)]
-    else:  # etp = 1, and etp = tp where that is another mesh
-        choices = [np.ones_like(split["tp"]), np.where(split["tp"] > 1, split["tp"], 0)]
-    rows, eps, etps = [], [], []
-    for etp in choices:
-        for ep in ep_axis.tolist():
-            idx = np.flatnonzero(folds(stage, etp, ep))
-            rows.append(idx)
-            eps.append(np.full(idx.size, ep, dtype=np.int64))
-            etps.append(etp[idx])
-    order = np.concatenate(rows)
-    out = {k: v[order] for k, v in split.items()}
-    out["ep"], out["etp"] = np.concatenate(eps), np.concatenate(etps)
-    return out
 
 
 def enumerate_space(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: int,
@@ -262,25 +213,8 @@ def search(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: 
     when valid layouts exist but none fits in HBM (with the closest miss).
     """
     started = time.perf_counter()
-    if opts.keep < 1:
-        raise UsageError(f"the search must keep at least one layout, got keep={opts.keep}")
     tokens = opts.tokens if opts.tokens is not None else training.tokens
-    objective.check_budget(opts.objective, tokens, opts.price_per_gpu_hour, opts.deadline_s,
-                           objective.step_tokens(training) if objective.reports_training(opts) else None)
-    if opts.max_gpus is not None:
-        # a budget, not a count: any positive integer (the grid keeps whole nodes within it, or
-        # below one node a divisor of it), so 12 on 8-GPU nodes searches 1..8 as 4 does 1..4
-        check_integers({"max_gpus": opts.max_gpus}, label=lambda _: "--max-gpus")
-    elif gpus is None:
-        raise UsageError("give a GPU count (--gpus) or a budget (--max-gpus)")
-    else:
-        check_inputs(gpus, hw)
-    from .cost.precision import check_precision
-    from .frameworks.rules import check_model, profile_for
-    check_model(profile_for(training, opts.framework), model, training)
-    check_precision(hw, training)
-    from .cost.offload import check_offload_hardware
-    check_offload_hardware(hw, opts.offload_layers or 0)
+    _check_search_inputs(model, hw, training, gpus, opts, tokens)
     grid = build_grid(model, hw, training, gpus, opts)
     if grid.size == 0:
         raise UsageError(no_split_reason(model, hw, gpus, opts))
@@ -300,10 +234,9 @@ def search(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: 
         hint = fit_hint(model, hw, training, opts.max_gpus or n, opts)
         raise NoFitError(no_fit_message(model, hw, n, miss, usable, hint), closest=miss,
                          usable=usable, to_fit=hint)
-    if not any(part.size for part in passed.pool_score) and passed.fastest_index < 0:
-        raise _never_done(training, gpus or opts.max_gpus)  # every layout's time is infinite
-    if not any(part.size for part in passed.pool_score):  # layouts fit, none meets the deadline
-        raise _deadline_error(model, hw, training, grid, passed, gpus or opts.max_gpus, opts, tokens)
+    if not any(part.size for part in passed.pool_score):  # none meets the deadline, or ever ends
+        raise never_done_error(training, gpus or opts.max_gpus) if passed.fastest_index < 0 else \
+            _deadline_error(model, hw, training, grid, passed, gpus or opts.max_gpus, opts, tokens)
     scores, index = np.concatenate(passed.pool_score), np.concatenate(passed.pool_index)
     # The best ``keep`` and every exact tie at the cut (the pool's order depends on the scan's
     # path, the grid index does not), at most TIE_LIMIT x keep; the tie rule below picks.
@@ -334,18 +267,29 @@ def search(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: 
                         checkpoint=None if ck is None else ck.take(order))
 
 
-def _never_done(training: TrainingSpec, gpus: int) -> UsageError:
-    """The error when no fitting layout ever finishes training: on ``gpus`` GPUs failures come
-    faster than a restart completes (goodput 0, an infinite expected time), so no objective
-    that counts the time to train can rank them."""
-    from .render.fmt import seconds
-    ck = training.checkpoint
-    mtbf = 1.0 / (gpus * ck.failures_per_gpu_s)
-    return UsageError(
-        f"no layout ever finishes training: on {gpus:,} GPUs at {ck.failures_per_gpu_hour:.3g} "
-        f"failures per GPU-hour one comes every {seconds(mtbf)}, and a restart ({seconds(ck.restart_time)} "
-        "plus reading the checkpoint) does not complete in between; check --failure-rate "
-        "(per GPU-hour) and --restart-time")
+def _check_search_inputs(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec,
+                         gpus: int | None, opts: SearchOptions, tokens: float | None) -> None:
+    """UsageError for what no layout can change: keep < 1, the budget (objective.check_budget;
+    the step-token floor where the time to train is reported), the GPU count or budget, the
+    model under the framework, the precision on the GPU, offload without a host link."""
+    if opts.keep < 1:
+        raise UsageError(f"the search must keep at least one layout, got keep={opts.keep}")
+    objective.check_budget(opts.objective, tokens, opts.price_per_gpu_hour, opts.deadline_s,
+                           objective.step_tokens(training) if objective.reports_training(opts) else None)
+    if opts.max_gpus is not None:
+        # a budget, not a count: any positive integer (the grid keeps whole nodes within it, or
+        # below one node a divisor of it), so 12 on 8-GPU nodes searches 1..8 as 4 does 1..4
+        check_integers({"max_gpus": opts.max_gpus}, label=lambda _: "--max-gpus")
+    elif gpus is None:
+        raise UsageError("give a GPU count (--gpus) or a budget (--max-gpus)")
+    else:
+        check_inputs(gpus, hw)
+    from .cost.offload import check_offload_hardware
+    from .cost.precision import check_precision
+    from .frameworks.rules import check_model, profile_for
+    check_model(profile_for(training, opts.framework), model, training)
+    check_precision(hw, training)
+    check_offload_hardware(hw, opts.offload_layers or 0)
 
 
 def _deadline_error(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, grid: Grid,

@@ -148,14 +148,6 @@ class ModelSpec(_Strict):
         return self.ffn_hidden_size or 4 * self.hidden_size
 
     @property
-    def has_dense_mlp(self) -> bool:
-        """Whether some layer has a dense MLP (of width ``ffn``): every dense model; an MoE
-        model with a layer that cost.model_counts.moe_layer_mask leaves dense (leading dense
-        layers, MoE only every k-th layer)."""
-        from .cost.model_counts import moe_layer_mask
-        return not bool(moe_layer_mask(self).all())
-
-    @property
     def attention_kind(self) -> str:
         """mla, mha (g = a) or gqa (g < a, MQA included)."""
         if self.attention_type == "mla":

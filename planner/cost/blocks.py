@@ -35,7 +35,7 @@ def block_kinds(model: ModelSpec) -> tuple[str, ...]:
     kinds = [ATTENTION]
     if model.sliding_window is not None:
         kinds.append(WINDOW)
-    if model.has_dense_mlp:
+    if mc.has_dense_mlp(model):
         kinds.append(MLP)
     if model.moe is not None:
         kinds.append(MOE)

@@ -57,6 +57,12 @@ def moe_layer_mask(model: ModelSpec) -> np.ndarray:
     return (i >= f) & ((i - f + 1) % k == 0)
 
 
+def has_dense_mlp(model: ModelSpec) -> bool:
+    """Whether some layer has a dense MLP (of width ``model.ffn``): a layer moe_layer_mask
+    leaves dense (every layer of a dense model; leading dense layers, MoE every k-th layer)."""
+    return not bool(moe_layer_mask(model).all())
+
+
 def window_layer_mask(model: ModelSpec) -> np.ndarray:
     """(L,) bool: layer i (0-based) attends over the sliding window. All False without one.
 

@@ -54,6 +54,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..cost.model_counts import has_dense_mlp
 from ..cost.model_flops import padded_vocab
 from ..cost import precision
 from ..cost.pipeline import microbatch_group
@@ -106,7 +107,7 @@ def megatron_args(plan: Plan) -> list[tuple[str, str | None]]:
         ("--max-position-embeddings", str(max(model.max_position_embeddings or 0, tr.seq_length))),
         ("--num-layers", str(model.num_layers)),
         ("--hidden-size", str(model.hidden_size)),
-    ] + [("--ffn-hidden-size", str(model.ffn))] * model.has_dense_mlp + [
+    ] + [("--ffn-hidden-size", str(model.ffn))] * has_dense_mlp(model) + [
         ("--num-attention-heads", str(model.num_attention_heads)),
     ]
     if model.kv_heads != model.num_attention_heads:

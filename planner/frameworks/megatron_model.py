@@ -74,7 +74,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..cost.model_counts import moe_layer_mask, window_layer_mask
+from ..cost.model_counts import has_dense_mlp, moe_layer_mask, window_layer_mask
 from ..errors import UsageError
 from ..inputs import flag
 from ..specs import Plan
@@ -273,7 +273,7 @@ def unused_dense_ffn(model, name: str) -> str | None:
     """The comment for an MoE model without a dense layer, whose dense MLP width (``name``: the
     target's option or field) is left out: the framework's default stands in, unused; None
     when some layer is dense (the width is written)."""
-    if model.has_dense_mlp:
+    if has_dense_mlp(model):
         return None
     stated = f" (the model's ffn_hidden_size {model.ffn_hidden_size})" if model.ffn_hidden_size else ""
     return (f"{name} not set{stated}: every layer is MoE, so no dense MLP uses it; the experts' "

@@ -38,7 +38,7 @@ comments.
 
 from __future__ import annotations
 
-from ..cost.model_counts import moe_layer_mask, window_layer_mask
+from ..cost.model_counts import has_dense_mlp, moe_layer_mask, window_layer_mask
 from ..specs import Plan
 from .megatron_model import ep_overlap, flex_backend, unmodelled_routing, unused_dense_ffn
 
@@ -96,7 +96,7 @@ def model_fields(plan: Plan, vocab: int) -> dict[str, object]:
     m = plan.model
     out: dict[str, object] = {
         "num_layers": m.num_layers, "hidden_size": m.hidden_size,
-        **({"ffn_hidden_size": m.ffn} if m.has_dense_mlp else {}),
+        **({"ffn_hidden_size": m.ffn} if has_dense_mlp(m) else {}),
         "num_attention_heads": m.num_attention_heads, "vocab_size": vocab,
         "normalization": "RMSNorm" if m.norm == "rmsnorm" else "LayerNorm",
         "gated_linear_unit": m.activation == "swiglu", "add_bias_linear": m.bias,
