@@ -182,12 +182,15 @@ _KINDS = {
     "model": (("num_layers", "hidden_size"), "pass it as --model {name}"),
     "hardware profile": (("gpu", "efficiency"), "pass it as --hardware {name}"),
     "framework profile": (("rules", "runtime"), "pass it as --framework {name}"),
+    "validator result": (("checks", "reported"), "plan3d validate wrote it; its plan is "
+                         "the one you validated"),
 }
 
 
 def file_kind(data: object) -> str | None:
-    """Which kind of plan3d input a parsed YAML mapping is (plan, model, hardware profile,
-    framework profile), from the keys each kind must have; None if none matches."""
+    """Which kind of plan3d file a parsed YAML/JSON mapping is (plan, model, hardware profile,
+    framework profile, validator result), from the keys each kind must have; None if none
+    matches."""
     if not isinstance(data, dict):
         return None
     return next((kind for kind, (keys, _) in _KINDS.items() if all(k in data for k in keys)), None)

@@ -721,3 +721,24 @@ def test_export_to_another_framework_says_the_estimate_is_not_its_own(tmp_path):
     assert "the plan was costed for torchtitan: its memory and step time follow that framework's runtime" in flat
     assert "re-plan with --framework megatron-core" in flat
     assert "the plan assumed per-op selective checkpointing (torchtitan's)" in res.stdout
+
+
+def test_a_validator_result_given_as_a_plan_says_what_it_is(tmp_path):
+    (tmp_path / "measured.json").write_text(json.dumps({"run": {}, "notes": [], "checks": [],
+                                                        "reported": [], "passed": True}))
+    line = one_line_error(["estimate", "--plan", str(tmp_path / "measured.json")])
+    assert "measured.json is a validator result file, not a plan; plan3d validate wrote it" in line
+
+
+def test_a_world_larger_than_the_miniature_is_noted():
+    from planner.validate.miniature import miniature
+    from planner import catalog
+    from planner.specs import Plan, TrainingSpec
+    lay = Layout(tp=4, pp=8, dp=16, zero_stage=1, micro_batch_size=2, sequence_parallel=True, vpp=12)
+    p = Plan(plan3d_version="0.1.0", model=catalog.resolve_model("175b"),
+             hardware=catalog.resolve_hardware("dgx-h100"), gpus=lay.gpus,
+             training=TrainingSpec(seq_length=2048, global_batch_size=1536), layout=lay)
+    # tp', pp', dp' at most 2 each (cp 1): 8 ranks of the 16 asked for
+    run = miniature(p, 16)
+    assert run.world == 8
+    assert "--world 16: the miniature needs 8 ranks (tp' 2 x cp' 1 x pp' 2 x dp' 2) and runs on 8" in run.notes

@@ -155,7 +155,7 @@ def _resolve_in_place(case: RunCase, why_not: str) -> Resolution:
 
 def _value(layout: Layout, key: str) -> object:
     if key == "split":
-        return f"{layout.first_stage_layers}+..+{layout.last_stage_layers}"
+        return layout.split_label
     if key == "recompute":  # full:N when the search recomputes only N layers per chunk
         return layout.recompute_label
     return getattr(layout, PIN_NAMES.get(key, key))

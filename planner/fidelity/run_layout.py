@@ -117,7 +117,8 @@ def layout_of(gpus: int, lay: dict, facts: RunFacts, model: ModelSpec,
     first, last = (_stated(lay, facts, k) for k in ("first_stage_layers", "last_stage_layers"))
     if first is None and model.num_layers % pp:
         first, last = default_uneven_split(model.num_layers, pp)
-        assume(f"pipeline split {first}+..+{last} (pp={pp} does not divide {model.num_layers} layers)")
+        assume(f"pipeline split {first}{'+' if pp == 2 else '+..+'}{last} (pp={pp} does not "
+               f"divide {model.num_layers} layers)")
         unknown.append("split")
     layout = validate(Layout, dict(
         tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=int(value["etp"]), zero_stage=int(value["zero_stage"]),

@@ -207,6 +207,10 @@ def miniature(plan: Plan, world: int, dtype: str = "float64", steps: int = 3,
     tp, cp, pp, dp = d["tp"], d["cp"], d["pp"], d["dp"]
     vpp = 2 if lay.vpp > 1 else 1
     mapped, notes = _mapped(lay)
+    used = tp * cp * pp * dp
+    if used < world:  # the miniature's degrees are at most 2 each: more ranks add nothing
+        notes.append(f"--world {world}: the miniature needs {used} ranks (tp' {tp} x cp' {cp} x "
+                     f"pp' {pp} x dp' {dp}) and runs on {used}")
     k = layers_per_stage
     first = last = 0
     if lay.first_stage_layers or lay.last_stage_layers:
@@ -215,8 +219,8 @@ def miniature(plan: Plan, world: int, dtype: str = "float64", steps: int = 3,
                 "not exercised with interleaving (vpp > 1): the miniature splits evenly")})
         else:
             first, last = (k + 1, k) if lay.first_stage_layers > lay.last_stage_layers else (k, k + 1)
-            notes.append(f"uneven pipeline split {lay.first_stage_layers}+..+"
-                         f"{lay.last_stage_layers} layers: run as {first}+{last} on pp' = 2")
+            notes.append(f"uneven pipeline split {lay.split_label} layers: run as {first}+{last} "
+                         "on pp' = 2")
     layers = first + last if first else pp * vpp * k
     heads = 2 * max(tp, 2)
     kv = heads if m.kv_heads == m.num_attention_heads or m.attention_kind == "mla" else max(tp, 1)
