@@ -742,3 +742,15 @@ def test_a_world_larger_than_the_miniature_is_noted():
     run = miniature(p, 16)
     assert run.world == 8
     assert "--world 16: the miniature needs 8 ranks (tp' 2 x cp' 1 x pp' 2 x dp' 2) and runs on 8" in run.notes
+
+
+def test_bare_plan3d_prints_help_not_an_error():
+    # click >= 8.2 raises NoArgsIsHelpError, printed as "error: Usage: ..." with exit 2
+    import subprocess
+    import sys
+    res = subprocess.run([sys.executable, "-c", "from planner.cli import main; main()"],
+                         capture_output=True, text=True, env={"COLUMNS": "80", "PATH": ""})
+    assert res.returncode == 0 and res.stdout.startswith("Usage: ") and "error" not in res.stderr
+    # every command's summary fits its 80-column line whole (click cut them with "...")
+    commands = res.stdout.split("Commands:")[1].splitlines()
+    assert commands and not any(line.rstrip().endswith("...") for line in commands)

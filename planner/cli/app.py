@@ -16,7 +16,9 @@ from ..errors import PlannerError, UsageError
 # names at any width (typer's rich panels cut option names at 80 columns: "--global-batch-s…")
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   rich_markup_mode=None,
-                  help="Plan 3D-parallel (TP/PP/DP/ZeRO) training of large transformers.")
+                  help="Plan the parallel layout of large-transformer training, dense or "
+                       "mixture-of-experts: TP/SP, CP, PP, EP, DP and ZeRO, recomputation, "
+                       "precision; then export it and validate it.")
 
 
 def _version(value: bool) -> None:
@@ -229,8 +231,11 @@ def main() -> None:
         if not (hasattr(exc, "format_message") and hasattr(exc, "exit_code")):
             raise
         ctx = getattr(exc, "ctx", None)
-        if ctx is not None and not exc.format_message().strip():  # bare `plan3d`: show help
-            console.out.print(ctx.get_help())
+        # bare `plan3d`: the help (older click raises an empty error, click >= 8.2 a
+        # NoArgsIsHelpError whose message is the help itself), not an "error:" line
+        if ctx is not None and (not exc.format_message().strip()
+                                or type(exc).__name__ == "NoArgsIsHelpError"):
+            console.out.print(ctx.get_help(), markup=False)
             sys.exit(0)
         hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
         console.error(f"{exc.format_message()}{hint}")

@@ -27,7 +27,7 @@ def _model_dict(model) -> dict:
     return data
 
 
-@app.command()
+@app.command(short_help="List the model catalog, or --show one as YAML.")
 @handle_errors
 def models(json_out: bool = JSON,
            show: Optional[str] = typer.Option(None, "--show", help="Print one model (catalog name, "
@@ -48,7 +48,7 @@ def models(json_out: bool = JSON,
     models_table(entries)
 
 
-@app.command()
+@app.command(short_help="List the hardware profiles.")
 @handle_errors
 def hardware(json_out: bool = JSON) -> None:
     """List the hardware profiles (the NVLink domain and GPUs per host differ on GB200 NVL72)."""
@@ -60,7 +60,7 @@ def hardware(json_out: bool = JSON) -> None:
     hardware_table(entries)
 
 
-@app.command()
+@app.command(short_help="List the framework profiles, or --show one.")
 @handle_errors
 def frameworks(json_out: bool = JSON,
                show: Optional[str] = typer.Option(None, "--show", help="Print one framework profile "

@@ -17,7 +17,7 @@ from .app import (ALLOCATOR, ASYNC_SAVE, FAILURE_RATE, FLASH, FRAMEWORK, GBS, GP
 from .plan import _inputs
 
 
-@app.command()
+@app.command(short_help="Memory and step time of one layout.")
 @handle_errors
 def estimate(
     model: Optional[str] = MODEL, gpus: Optional[int] = GPUS,

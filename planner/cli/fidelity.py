@@ -14,7 +14,7 @@ from ..errors import UsageError
 from .app import JSON, app, handle_errors
 
 
-@app.command()
+@app.command(short_help="Compare predictions with a golden baseline.")
 @handle_errors
 def regress(
     cases: Path = typer.Argument(..., metavar="CASES.yaml",
@@ -33,7 +33,7 @@ def regress(
 
 
 
-@app.command()
+@app.command(short_help="Predicted vs measured on published runs.")
 @handle_errors
 def accuracy(
     runs: Optional[Path] = typer.Argument(None, help="Runs YAML (published_runs.yaml schema); default: the shipped datasets."),
@@ -92,7 +92,7 @@ def _accuracy_cases(runs: Optional[Path], dataset: str, resolve: str) -> list:
 
 
 
-@app.command()
+@app.command(short_help="Fit a hardware profile to measured runs.")
 @handle_errors
 def calibrate(
     runs: Path = typer.Argument(..., help="Measured runs YAML (published_runs.yaml schema)."),

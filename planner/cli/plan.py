@@ -19,7 +19,7 @@ from .app import (CURRENCY, EXPORT, FORCE, MAX_GPUS, WHY_NOT, OFFLOAD_LAYERS, RE
                   handle_errors)
 
 
-@app.command()
+@app.command(short_help="Rank the layouts that fit by predicted speed.")
 @handle_errors
 def search(
     model: Optional[str] = MODEL, gpus: Optional[int] = GPUS, hardware: str = HARDWARE,
@@ -204,7 +204,7 @@ def _search_output(m, hw, training, n, result, top: int, json_out: bool, currenc
         console.out.print(f"Wrote the best plan to {shown(export)}", markup=False)
 
 
-@app.command()
+@app.command(short_help="Best layout per GPU count, with scaling.")
 @handle_errors
 def sweep(
     model: Optional[str] = MODEL, hardware: str = HARDWARE,

@@ -12,7 +12,7 @@ from ..render import console
 from .app import JSON, app, handle_errors
 
 
-@app.command("export")
+@app.command("export", short_help="Write a plan as a framework's config.")
 @handle_errors
 def export_cmd(
     plan: Path = typer.Argument(..., help="Plan YAML written by `plan3d search --export`."),
@@ -58,7 +58,7 @@ def _fit_note(plan) -> list[str]:
             "`plan3d search` a layout that fits"]
 
 
-@app.command()
+@app.command(short_help="Which ranks form each parallel group.")
 @handle_errors
 def placement(
     plan: Path = typer.Argument(..., help="Plan YAML written by `plan3d search --export`."),
@@ -83,7 +83,7 @@ def placement(
         placement_report(summary(p, key))
 
 
-@app.command()
+@app.command(short_help="Run a plan with torch.distributed, compare.")
 @handle_errors
 def validate(
     plan: Path = typer.Argument(..., help="Plan YAML written by `plan3d search --export`."),
