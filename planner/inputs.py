@@ -126,14 +126,19 @@ _SEARCH_BOOLS = ("sequence_parallel", "distributed_optimizer", "allow_cross_node
 DEFAULT_BOUNDS = (("micro_batch_size", "max_micro_batch_size"), ("vpp", "max_vpp"), ("cp", "max_cp"))
 
 
+def default_bound(bound: str) -> int:
+    """The default of one of DEFAULT_BOUNDS' bounds (search.SearchOptions: max_cp 16, ...)."""
+    from .search import SearchOptions
+    return SearchOptions.__dataclass_fields__[bound].default
+
+
 def raised_bounds(pins: dict[str, Any], bounds: dict[str, Any]) -> dict[str, int]:
     """{bound: pin} for each pin of DEFAULT_BOUNDS above its bound's default where ``bounds``
     does not set that bound (absent or None): `--cp 32` searches cp 32 without --max-cp; a
     bound the user set stays, and the pin then contradicts it."""
-    from .search import SearchOptions
     out = {}
     for pin, bound in DEFAULT_BOUNDS:
-        default = SearchOptions.__dataclass_fields__[bound].default
+        default = default_bound(bound)
         value = pins.get(pin)
         if bounds.get(bound) is None and isinstance(value, int) and \
                 not isinstance(value, bool) and value > default:

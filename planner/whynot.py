@@ -283,10 +283,9 @@ def why_not(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus:
     from .inputs import check_expert_pins
     pins = printed_defaults(model, parse_layout(text))
     check_expert_pins(model, pins, label=lambda name: f"--why-not: {_SHORT.get(name, name)}")
-    from .inputs import DEFAULT_BOUNDS, raised_bounds
+    from .inputs import DEFAULT_BOUNDS, default_bound, raised_bounds
     # a bound at its default was not given (or given as the default): a pin above it raises it
-    given = {b: getattr(opts, b) for _, b in DEFAULT_BOUNDS
-             if getattr(opts, b) != SearchOptions.__dataclass_fields__[b].default}
+    given = {b: getattr(opts, b) for _, b in DEFAULT_BOUNDS if getattr(opts, b) != default_bound(b)}
     opts = replace(opts, **raised_bounds(pins, given))
     check_pins(pins, opts)
     pinned = replace(opts, **pins)
