@@ -17,7 +17,7 @@ import numpy as np
 
 from .cost import Estimate
 from .cost.step import MEMORY_TERMS, TIME_TERMS
-from .specs import Layout
+from .layout import Layout
 
 TIE_RTOL = 1e-12  # "the same prediction": equal up to floating-point rounding
 OVERHEAD_FLOOR = 0.001  # below this share of the step no overhead is named

@@ -12,7 +12,9 @@ from .catalog import read_yaml, refuse_other_kind, validate
 from .errors import UsageError
 from .outputs import check_destination, write  # noqa: F401 (check_destination re-exported)
 from .framework_spec import FrameworkProfile
-from .specs import VERSION_PATTERN, HardwareProfile, Layout, ModelSpec, Plan, TrainingSpec
+from .plan import VERSION_PATTERN, Plan
+from .specs import HardwareProfile, ModelSpec, TrainingSpec
+from .layout import Layout
 
 
 def make_plan(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, layout: Layout,

@@ -30,7 +30,15 @@ from pydantic import Field, model_validator
 
 from .quantities import NAME_PATTERN, Bandwidth, Bytes, _Strict
 
-Recompute = Literal["none", "selective", "full", "selective+"]
+# Activation recomputation modes, by code (the layout's recompute axis stores the code): none;
+# selective = Megatron-Core's --recompute-modules core_attn (its default, Korthikanti et al.
+# 2022's selective recomputation); full = every layer (--recompute-granularity full), or the
+# first N layers of each model chunk (Layout.recompute_num_layers, --recompute-method block);
+# selective+ = --recompute-modules layernorm moe_act mla_up_proj (the light modules that apply to
+# the model, as Megatron-Bridge's MoE recipes set them; moe.md 5.3).
+RECOMPUTE_MODES = ("none", "selective", "full", "selective+")
+Recompute = Literal[RECOMPUTE_MODES]
+SELECTIVE_PLUS_MODULES = ("layernorm", "moe_act", "mla_up_proj")
 GradDtype = Literal["fp32", "bf16", "fp16"]
 
 

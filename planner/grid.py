@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .space import Candidates, folds, uneven_splits
+from .layout import Candidates
+from .space import folds
+from .layout.split import uneven_splits
 
 SPLIT_FIELDS = ("tp", "cp", "pp", "dp", "ep", "etp", "first_stage_layers", "last_stage_layers")
 KNOB_FIELDS = ("zero_stage", "micro_batch_size", "recompute", "sequence_parallel", "vpp",

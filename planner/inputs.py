@@ -160,7 +160,7 @@ def search_options(hw, training, given: dict[str, Any], headroom: str | None = N
     from .cost.estimate import least_reserve
     from .objective import OBJECTIVES, check_room, parse_headroom
     from .search import SearchOptions
-    from .specs import RECOMPUTE_CODES
+    from .layout import RECOMPUTE_CODES
     given = {k: v for k, v in given.items() if v is not None}
     given.update(raised_bounds(given, given))
     known = {f.name for f in dataclasses.fields(SearchOptions)}

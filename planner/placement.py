@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import UsageError
-from .specs import Plan
+from .plan import Plan
 
 ORDERS = ("megatron", "torchtitan", "megatron-tp-pp-dp")
 ORDER_TEXT = {

@@ -18,12 +18,13 @@ import numpy as np
 
 from .cost import Estimate, memory_total
 from .cost.collectives import nvlink_domain
-from .degrees import SPLIT_DEGREES, product_expr, split_problem
+from .layout.degrees import SPLIT_DEGREES, product_expr, split_problem
 from .errors import PlannerError, UsageError
 from .grid import Grid
 from .inputs import MAX_GPUS
 from .render import fmt
-from .space import FOLDING_RULE, constraint_masks, folds, uneven_splits
+from .space import FOLDING_RULE, constraint_masks, folds
+from .layout.split import uneven_splits
 from .specs import HardwareProfile, ModelSpec, TrainingSpec
 
 if TYPE_CHECKING:

@@ -99,7 +99,8 @@ def check_case_fields(case: Case) -> None:
     absent) and the training fields the model supplies get stand-ins of 1 for the schema check."""
     from .catalog import describe_validation_error
     from .search import SearchOptions
-    from .specs import Layout, TrainingSpec
+    from .layout import Layout
+    from .specs import TrainingSpec
     checks = [(TrainingSpec, "training", {"seq_length": 1, "global_batch_size": 1, **case.training})]
     if case.layout is not None:
         checks.insert(0, (Layout, "layout", {"dp": 1, **case.layout}))

@@ -23,7 +23,7 @@ from .specs import HardwareProfile, ModelSpec, TrainingSpec
 if TYPE_CHECKING:
     from .scan import Scan
     from .search import SearchOptions
-    from .space import Candidates
+    from .layout import Candidates
 
 
 @dataclass

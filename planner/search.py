@@ -19,18 +19,19 @@ from . import objective
 from .cost import Estimate, evaluate
 from .cost.collectives import nvlink_domain
 from .cost.checkpoint import evaluate_checkpoint, unavailable
-from .degrees import SPLIT_DEGREES, split_problem
+from .layout.degrees import SPLIT_DEGREES, split_problem
 from .errors import DeadlineError, NoFitError, UsageError
 from .grid import Grid, axis, expert_mesh, parallel_splits, pinned_split
 from .inputs import MAX_GPUS, check_integers, gpu_count  # noqa: F401 (MAX_GPUS re-exported)
 from .refusal import fit_hint, never_done_error, no_fit_message, no_split_reason, nothing_valid_message
 from .scan import CHUNK, FIT_RULE, Scan, scan  # noqa: F401 (re-exported)
 from .scan_layers import as_scanned
-from .space import (LAYERS_RULE, MOE_SP_RULE, TP_RULE, UNEVEN_RULE, Candidates, constraint_masks,
-                    default_uneven_split, divisors, rules_broken, uneven_problem, uneven_splits,
-                    uneven_vpp_options)
+from .space import LAYERS_RULE, MOE_SP_RULE, TP_RULE, UNEVEN_RULE, constraint_masks, rules_broken
+from .layout import Candidates
+from .layout.split import (default_uneven_split, divisors, uneven_problem, uneven_splits, uneven_vpp_options)
 from .framework_spec import FrameworkProfile
-from .specs import RECOMPUTE_CODES, HardwareProfile, Layout, ModelSpec, TrainingSpec
+from .layout import RECOMPUTE_CODES, Layout
+from .specs import HardwareProfile, ModelSpec, TrainingSpec
 
 CROSS_NODE_HINT = "pass --allow-cross-node-tp to let tp span nodes"
 

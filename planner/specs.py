@@ -1,4 +1,4 @@
-"""The inputs of the planner as pydantic models: ModelSpec, HardwareProfile, TrainingSpec, Layout.
+"""The inputs of the planner as pydantic models: ModelSpec, HardwareProfile, TrainingSpec.
 
 All quantities are SI inside (bytes, bytes/s, seconds). YAML files may write quantities with
 units ("80 GiB", "400 Gb/s", "5 us"), parsed strictly by planner.units; a serialized spec writes
@@ -8,13 +8,11 @@ planner.quantities). The hardware schema lives in planner.hardware_spec and is r
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
 from .checkpoint_spec import CheckpointSpec
-from .degrees import LayoutDegrees, split_problem
-from .framework_spec import FrameworkProfile
 from .hardware_spec import (Efficiency, GPUSpec, HardwareProfile, HostLink,  # noqa: F401 (re-export)
                             HostMemory, InterNode, IntraNode, Storage, StorageLink)
 from .quantities import NAME_PATTERN, Bandwidth, Bytes, Count, Fraction, Seconds, _Strict  # noqa: F401
@@ -157,16 +155,6 @@ class ModelSpec(_Strict):
 
 # ----------------------------------------------------------------------------- training + layout
 
-# Activation recomputation: none; selective = Megatron-Core's --recompute-modules core_attn (its
-# default, Korthikanti et al. 2022's selective recomputation); selective+ = --recompute-modules
-# layernorm moe_act mla_up_proj (the light modules that apply to the model, as Megatron-Bridge's
-# MoE recipes set them; moe.md 5.3); full = every layer (--recompute-granularity full), or the
-# first Layout.recompute_num_layers of each model chunk (--recompute-method block).
-Recompute = Literal["none", "selective", "full", "selective+"]
-RECOMPUTE_CODES: dict[str, int] = {"none": 0, "selective": 1, "full": 2, "selective+": 3}
-SELECTIVE_PLUS_MODULES = ("layernorm", "moe_act", "mla_up_proj")
-
-
 class TrainingSpec(_Strict):
     """What is trained: sequence length and global batch (sequences per optimizer step).
 
@@ -272,125 +260,3 @@ class TrainingSpec(_Strict):
     reserve_runtime: float = Field(default=float(2**30), ge=0)  # bytes
     reserve_per_communicator: float = Field(default=float(600 * 2**20), ge=0)  # bytes
     reserve_allocator: float = Field(default=0.2, ge=0.0, le=2.0)
-
-
-class Layout(LayoutDegrees, _Strict):
-    """One parallel layout. tp*cp*pp*dp = GPUs; ``vpp`` = virtual stages (model chunks) per PP rank.
-
-    ``cp``: context-parallel size (the sequence split over cp ranks, formulas.md 5.7).
-    ``ep`` / ``etp``: expert-parallel and expert-tensor-parallel sizes; the expert layers fold
-    over a stage's tp*cp*dp GPUs as etp x ep x edp (degrees.LayoutDegrees); 1 for dense models.
-    ``distributed_optimizer``: Megatron's --use-distributed-optimizer, an alternative to ZeRO
-    (zero_stage 0): ZeRO-1 memory, gradient reduce-scatter + parameter all-gather per step.
-    ``first_stage_layers`` / ``last_stage_layers``: an uneven pipeline split (Megatron's
-    --decoder-first/last-pipeline-num-layers; the middle stages share the rest equally;
-    interleaved, space.constraint_masks admits Megatron-Core's two forms); 0 = the even split L/pp.
-    ``recompute_num_layers`` (recompute full only): 0 = every layer recomputed (Megatron
-    --recompute-method uniform --recompute-num-layers 1); N >= 1 = the first N layers of each
-    model chunk (virtual pipeline stage) recomputed, the rest store their activations
-    (--recompute-method block --recompute-num-layers N; formulas.md 3.3).
-    ``offload_layers``: activations of that many layers moved to host memory over the host
-    link during forward and back for backward (Megatron-Core --cpu-offloading-num-layers;
-    formulas.md 3.3.2); 0 = none.
-    Derived quantities (GPUs, gradient group, micro-batches, layers per rank, ...) come from
-    degrees.LayoutDegrees.
-    """
-
-    tp: int = Field(gt=0)
-    pp: int = Field(gt=0)
-    dp: int = Field(gt=0)
-    zero_stage: int = Field(ge=0, le=3)
-    micro_batch_size: int = Field(gt=0)
-    recompute: Recompute = "none"
-    sequence_parallel: bool = False
-    vpp: int = Field(default=1, gt=0)
-    cp: int = Field(default=1, gt=0)
-    ep: int = Field(default=1, gt=0)
-    etp: int = Field(default=1, gt=0)
-    distributed_optimizer: bool = False
-    first_stage_layers: int = Field(default=0, ge=0)
-    last_stage_layers: int = Field(default=0, ge=0)
-    recompute_num_layers: int = Field(default=0, ge=0)
-    offload_layers: int = Field(default=0, ge=0)
-
-    @model_validator(mode="after")
-    def _split_pairs(self) -> "Layout":
-        if self.recompute_num_layers and self.recompute != "full":
-            raise ValueError("recompute_num_layers (the layers of each model chunk recomputed in "
-                             f"full) needs recompute full, got recompute {self.recompute}")
-        if (self.first_stage_layers == 0) != (self.last_stage_layers == 0):
-            raise ValueError(
-                "an uneven pipeline split needs both first_stage_layers and last_stage_layers "
-                f"(got {self.first_stage_layers} and {self.last_stage_layers}; 0 and 0 = even)")
-        return self
-
-    def short(self) -> str:
-        """One line: tp=8 cp=2 pp=16 (7+..+7 layers) dp=8 ep=8 zero=1 mbs=1 vpp=4 recompute=none sp
-        (recompute=full:5: the first 5 layers of each model chunk recomputed)."""
-        sp = " sp" if self.sequence_parallel else ""
-        cp = f" cp={self.cp}" if self.cp > 1 else ""
-        ep = f" ep={self.ep}" if self.ep > 1 else ""
-        etp = f" etp={self.etp}" if self.etp > 1 else ""
-        dist = " distopt" if self.distributed_optimizer else ""
-        split = f" ({self.split_label} layers)" if self.first_stage_layers or self.last_stage_layers \
-            else ""
-        offload = f" offload={self.offload_layers}" if self.offload_layers else ""
-        return (f"tp={self.tp}{cp} pp={self.pp}{split} dp={self.dp}{ep}{etp} zero={self.zero_stage}"
-                f"{dist} mbs={self.micro_batch_size} vpp={self.vpp} recompute={self.recompute_label}"
-                f"{offload}{sp}")
-
-    @property
-    def split_label(self) -> str:
-        """The uneven split's first and last stage layers: 7+..+7 (middle stages between), 32+29
-        with two stages."""
-        middle = "+" if self.pp == 2 else "+..+"
-        return f"{self.first_stage_layers}{middle}{self.last_stage_layers}"
-
-    @property
-    def recompute_label(self) -> str:
-        """The recompute mode, with the block method's layer count: none, selective, selective+,
-        full (every layer) or full:N (the first N layers of each model chunk)."""
-        return f"full:{self.recompute_num_layers}" if self.recompute_num_layers else self.recompute
-
-
-# A plan3d version as plans record it: major.minor[.patch], then an optional suffix (0.1.0, 1.2rc1)
-VERSION_PATTERN = r"^(\d+)\.(\d+)(?:\.(\d+))?(?:[.+-]?[0-9A-Za-z.]*)?$"
-
-
-class Plan(_Strict):
-    """A chosen plan as written by ``--export``: everything needed to re-evaluate it.
-
-    The model, hardware and framework profile are embedded in full, so a plan reproduces the
-    same estimate even if the catalogs change later. ``estimate`` is the prediction at export
-    time (SI units). ``framework`` is None in plans written before framework profiles: their
-    rules are then the catalog profile named by ``training.framework`` (megatron-core).
-    """
-
-    plan3d_version: str = Field(pattern=VERSION_PATTERN)
-    model: ModelSpec
-    hardware: HardwareProfile
-    gpus: int = Field(gt=0)
-    training: TrainingSpec
-    layout: Layout
-    estimate: dict[str, Any] | None = None
-    framework: FrameworkProfile | None = None
-
-    @field_validator("framework", mode="before")
-    @classmethod
-    def _embedded(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            raise ValueError(f"a plan embeds its framework profile in full, not a name ({value!r}): "
-                             "delete the framework line (the plan then takes training.framework's "
-                             "profile) or export a plan again with plan3d search --framework NAME "
-                             "--export")
-        return value
-
-    @model_validator(mode="after")
-    def _check(self) -> "Plan":
-        problem = split_problem(self.gpus, self.layout.model_dump(), exact=True)
-        if problem:
-            raise ValueError(f"layout {problem}")
-        if self.framework is not None and self.framework.name != self.training.framework:
-            raise ValueError(f"framework is {self.framework.name} but training.framework is "
-                             f"{self.training.framework}")
-        return self

@@ -20,9 +20,10 @@ from .search import MAX_GPUS, SearchOptions, build_grid, search
 from .cost.collectives import nvlink_domain
 from .render import fmt
 from .refusal import no_split_reason
-from .space import (MAX_EDGE_SHORTFALL, UNEVEN_RULE, constraint_masks, default_uneven_split,
-                    uneven_problem, uneven_vpp_options)
-from .specs import RECOMPUTE_CODES, HardwareProfile, ModelSpec, TrainingSpec
+from .layout.split import (MAX_EDGE_SHORTFALL, default_uneven_split, uneven_problem, uneven_vpp_options)
+from .space import UNEVEN_RULE, constraint_masks
+from .layout import RECOMPUTE_CODES
+from .specs import HardwareProfile, ModelSpec, TrainingSpec
 
 _KEYS = {"tp": "tp", "cp": "cp", "pp": "pp", "dp": "dp", "ep": "ep", "etp": "etp",
          "distopt": "distributed_optimizer",

@@ -16,8 +16,9 @@ from planner.cost.checkpoint import (checkpoint_sizes, evaluate_checkpoint, mega
 from planner.cost.model_flops import padded_vocab
 from planner.cost.model_counts import mtp_params, total_params
 from planner.cost.step import estimate_layout
-from planner.space import Candidates
-from planner.specs import Layout, ModelSpec, TrainingSpec
+from planner.layout import Candidates
+from planner.layout import Layout
+from planner.specs import ModelSpec, TrainingSpec
 
 TB, TIB, GIB = 1e12, 2.0**40, 2.0**30
 TRAINING = TrainingSpec(seq_length=2048, global_batch_size=1536)

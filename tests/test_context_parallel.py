@@ -14,8 +14,9 @@ from planner.cost.volumes import Elements, block_collectives
 from planner.cost.step import TIME_TERMS, estimate_layout
 from planner.errors import UsageError
 from planner.search import SearchOptions, search
-from planner.space import Candidates
-from planner.specs import Layout, TrainingSpec
+from planner.layout import Candidates
+from planner.layout import Layout
+from planner.specs import TrainingSpec
 from planner.whynot import why_not
 
 GIB = 2.0**30
@@ -147,7 +148,7 @@ def test_layout_defaults_keep_old_plans_valid():
 
 def _plan(**layout):
     from planner import __version__
-    from planner.specs import Plan
+    from planner.plan import Plan
     m = catalog.resolve_model("llama3-8b")
     lay = Layout(**{**dict(tp=2, pp=2, dp=2, zero_stage=0, micro_batch_size=1), **layout})
     return Plan(plan3d_version=__version__, model=m, hardware=catalog.resolve_hardware("dgx-h100"),

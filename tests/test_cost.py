@@ -8,8 +8,9 @@ from hypothesis import strategies as st
 from planner.cost import memory, pipeline
 from planner.cost.model_flops import model_flops_per_step
 from planner.cost.collectives import Links, collective_time, group_span
-from planner.space import Candidates
-from planner.specs import Layout, TrainingSpec
+from planner.layout import Candidates
+from planner.layout import Layout
+from planner.specs import TrainingSpec
 
 from .conftest import gpt
 

@@ -9,7 +9,9 @@ from planner import __version__, catalog
 from planner.cli import app
 from planner.frameworks import export_plan
 from planner.render.fmt import params as param_count
-from planner.specs import Layout, Plan, TrainingSpec
+from planner.layout import Layout
+from planner.plan import Plan
+from planner.specs import TrainingSpec
 
 
 def test_parameter_counts_in_the_units_people_use():

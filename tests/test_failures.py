@@ -12,7 +12,8 @@ from planner.checkpoint_spec import LLAMA3_FAILURES_PER_GPU_HOUR, CheckpointSpec
 from planner.cost import failures
 from planner.cost.checkpoint import evaluate_checkpoint, save_load_times
 from planner.cost.step import estimate_layout
-from planner.specs import Layout, TrainingSpec
+from planner.layout import Layout
+from planner.specs import TrainingSpec
 
 
 def wall(tau, delta, restart, mtbf):

@@ -119,8 +119,9 @@ def test_korthikanti_table4_layer_times():
     from planner.cost.comm import block_comm
     from planner.cost.step import block_cost
     from planner.cost.volumes import Elements
-    from planner.space import Candidates
-    from planner.specs import Layout, ModelSpec, TrainingDefaults, TrainingSpec
+    from planner.layout import Candidates
+    from planner.layout import Layout
+    from planner.specs import ModelSpec, TrainingDefaults, TrainingSpec
 
     hw = resolve_hardware("dgx-a100-80g")
     model = ModelSpec(name="22b", source="Korthikanti 2022 Table 3", num_layers=48, hidden_size=6144,

@@ -7,7 +7,8 @@ from planner.catalog import resolve_hardware
 from planner.cost import memory
 from planner.cost.collectives import Links, collective_time, p2p_time
 from planner.cost.step import estimate_layout
-from planner.specs import Layout, TrainingSpec
+from planner.layout import Layout
+from planner.specs import TrainingSpec
 
 from .conftest import gpt
 
@@ -67,7 +68,7 @@ def test_step_overhead_adds_to_the_step():
 def test_zero3_gather_unit_layer_vs_module():
     # 175B, t=1, ZeRO-3, grads 2 B: FSDP keeps 2 layers' bf16 weights + 1 layer's grads:
     # (12h^2 + 13h) * (2*2 + 2) B; DeepSpeed per module: fc1 = h*4h -> 4h^2 * 6 B.
-    from planner.space import Candidates
+    from planner.layout import Candidates
     h = 12288
     model = gpt("175B", 96, h, 96)
     c = Candidates.from_layouts([Layout(tp=1, pp=1, dp=384, zero_stage=3, micro_batch_size=1)])

@@ -21,8 +21,9 @@ from planner.errors import UsageError
 from planner.frameworks import export_plan
 from planner.frameworks.profile import Overrides, resolve_training
 from planner.frameworks.rules import broken_rules
-from planner.space import Candidates
-from planner.specs import Layout, TrainingSpec
+from planner.layout import Candidates
+from planner.layout import Layout
+from planner.specs import TrainingSpec
 
 GIB = 2.0**30
 MIB = 2.0**20
@@ -374,7 +375,7 @@ def _sample_layouts(model: str, gpus: int, batch: int, count: int, seed: int):
                                                ("qwen3-30b-a3b", 64, 512)])
 def test_framework_rules_and_export_refusals_agree(model, gpus, batch):
     from planner import __version__
-    from planner.specs import Plan
+    from planner.plan import Plan
     m, tr, layouts = _sample_layouts(model, gpus, batch, 150, seed=gpus)
     hw = catalog.resolve_hardware("dgx-h100")
     for target, name in (("megatron", "megatron-core"), ("deepspeed", "deepspeed"),

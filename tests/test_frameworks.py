@@ -19,7 +19,9 @@ from planner.errors import UsageError
 from planner.export import read_plan
 from planner.frameworks import export_plan
 from planner.frameworks.megatron import megatron_args
-from planner.specs import Layout, Plan, TrainingSpec
+from planner.layout import Layout
+from planner.plan import Plan
+from planner.specs import TrainingSpec
 
 DATA = Path(__file__).parent / "data"
 

@@ -12,7 +12,9 @@ import yaml
 from planner import __version__, catalog
 from planner.errors import UsageError
 from planner.frameworks import export_plan
-from planner.specs import Layout, Plan, TrainingSpec
+from planner.layout import Layout
+from planner.plan import Plan
+from planner.specs import TrainingSpec
 from tests import megatron_rules as rules
 from tests.test_frameworks import BRIDGE, MEGATRON, flatten
 from tests.test_frameworks_moe import DSV3, DSV3_PP1

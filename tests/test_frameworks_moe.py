@@ -23,7 +23,9 @@ from planner.frameworks import export_plan
 from planner.frameworks.common import ARCHITECTURE_FIELDS
 from planner.frameworks.megatron_model import layer_pattern
 from planner.hf_config import from_hf_dict
-from planner.specs import Layout, Plan, TrainingSpec
+from planner.layout import Layout
+from planner.plan import Plan
+from planner.specs import TrainingSpec
 from tests import megatron_rules as rules
 from tests.test_frameworks import BRIDGE, MEGATRON, TITAN_02, TITAN_03, flatten, titan_overrides
 
@@ -291,8 +293,8 @@ def test_qwen2_qkv_bias_in_the_per_gpu_parameters():
     # = 4,608 per layer. At tp 2 they are column-parallel: 4,608 / 2 = 2,304 per GPU, on top
     # of the weights' 2*h*d*(n + g)/t = 2 x 3584 x 128 x 32 / 2 = 14,680,064.
     from planner.cost import blocks
-    from planner.space import Candidates
-    from planner.specs import Layout
+    from planner.layout import Candidates
+    from planner.layout import Layout
     qwen2 = from_hf_dict(json.loads((HF / "qwen2-7b.json").read_text()), "qwen2", "qwen2-7b")
     c = Candidates.from_layouts([Layout(tp=2, pp=1, dp=4, zero_stage=1, micro_batch_size=1)])
     sharded, _, _ = blocks.block_params(qwen2, c)[blocks.ATTENTION]

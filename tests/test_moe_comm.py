@@ -11,8 +11,9 @@ from planner.cost import compute
 from planner.cost.collectives import Links
 from planner.cost.comm import block_comm
 from planner.cost.volumes import Elements
-from planner.space import Candidates
-from planner.specs import Layout, TrainingSpec
+from planner.layout import Candidates
+from planner.layout import Layout
+from planner.specs import TrainingSpec
 
 
 def _ep_link(ep: int, etp: int, gamma: float, dispatcher: str = "alltoall") -> float:

@@ -9,8 +9,9 @@ import pytest
 
 from planner.catalog import models
 from planner.cost import blocks, memory
-from planner.space import Candidates
-from planner.specs import Layout, TrainingSpec
+from planner.layout import Candidates
+from planner.layout import Layout
+from planner.specs import TrainingSpec
 
 
 def _cands(**kw) -> Candidates:

@@ -15,8 +15,9 @@ from planner.cost import memory_total
 from planner.cost.offload import host_bytes, least_offload_layers
 from planner.frameworks.profile import Overrides, resolve_training
 from planner.search import SearchOptions, search
-from planner.space import Candidates
-from planner.specs import Layout, TrainingSpec
+from planner.layout import Candidates
+from planner.layout import Layout
+from planner.specs import TrainingSpec
 
 GIB = 2.0 ** 30
 LLAMA8 = catalog.resolve_model("llama3-8b")
@@ -123,7 +124,7 @@ def test_offload_beyond_host_memory_is_refused():
 
 def test_validator_lists_offload_as_not_run():
     from planner import __version__
-    from planner.specs import Plan
+    from planner.plan import Plan
     from planner.validate.miniature import miniature
     lay = Layout(tp=1, pp=1, dp=8, zero_stage=3, micro_batch_size=2, offload_layers=16)
     plan = Plan(plan3d_version=__version__, model=LLAMA8, hardware=H100, gpus=8, training=TRAIN8,

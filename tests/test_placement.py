@@ -13,7 +13,9 @@ from planner.cli import app
 from planner.errors import UsageError
 from planner.export import write_plan
 from planner.placement import place, rank_grid, summary
-from planner.specs import Layout, Plan, TrainingSpec
+from planner.layout import Layout
+from planner.plan import Plan
+from planner.specs import TrainingSpec
 
 
 def make(tp, pp, dp, model="175b", hw="dgx-h100", gbs=1536) -> Plan:

@@ -20,8 +20,9 @@ from planner.errors import UsageError
 from planner.frameworks import export_plan
 from planner.inputs import training_spec
 from planner.search import check_layout
-from planner.space import Candidates
-from planner.specs import Layout, Plan
+from planner.layout import Candidates
+from planner.layout import Layout
+from planner.plan import Plan
 
 DATA = Path(__file__).parent / "data"
 H100, B200 = catalog.resolve_hardware("dgx-h100"), catalog.resolve_hardware("dgx-b200")

@@ -22,8 +22,10 @@ from planner.errors import UsageError
 from planner.frameworks import export_plan
 from planner.frameworks.profile import resolve_training
 from planner.search import SearchOptions, search
-from planner.space import Candidates
-from planner.specs import Layout, Plan, TrainingSpec
+from planner.layout import Candidates
+from planner.layout import Layout
+from planner.plan import Plan
+from planner.specs import TrainingSpec
 
 from .test_frameworks import BRIDGE, DEEPSPEED, MEGATRON, flatten, megatron_flags
 

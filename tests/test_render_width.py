@@ -15,7 +15,8 @@ from planner import catalog
 from planner.cli import app
 from planner.cost.step import MEMORY_TERMS, TIME_TERMS, estimate_layout
 from planner.render.console import out
-from planner.specs import Layout, TrainingSpec
+from planner.layout import Layout
+from planner.specs import TrainingSpec
 from tests.conftest import wide_console
 
 runner = CliRunner()
@@ -161,7 +162,7 @@ def test_tied_layouts_share_one_row_in_the_table_and_the_json():
 def test_tie_groups_by_hand():
     from planner.cost import Estimate
     from planner.explain import tie_groups
-    from planner.space import Candidates
+    from planner.layout import Candidates
     lays = [Layout(tp=1, pp=1, dp=8, zero_stage=1, micro_batch_size=1),
             Layout(tp=1, pp=1, dp=4, cp=2, zero_stage=1, micro_batch_size=2),
             Layout(tp=2, pp=1, dp=4, zero_stage=1, micro_batch_size=1),

@@ -23,7 +23,8 @@ from planner.errors import UsageError
 from planner.export import plan_to_yaml, read_plan, write_plan
 from planner.frameworks import export_plan
 from planner.hf_config import from_hf_dict
-from planner.specs import ModelSpec, Plan
+from planner.specs import ModelSpec
+from planner.plan import Plan
 from tests.test_frameworks import MEGATRON, make, megatron_flags
 
 HF_DIR = Path(__file__).parent / "data" / "hf"

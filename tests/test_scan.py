@@ -14,8 +14,9 @@ from planner.cost.estimate import memory_by_rank
 from planner.grid import Grid
 from planner.scan import boxes_of, chunks
 from planner.search import SearchOptions, build_grid
-from planner.specs import Layout, TrainingSpec
-from planner.space import Candidates
+from planner.layout import Layout
+from planner.specs import TrainingSpec
+from planner.layout import Candidates
 
 shapes = st.lists(st.integers(1, 4), min_size=2, max_size=6).map(tuple)
 

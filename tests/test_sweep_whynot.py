@@ -136,7 +136,7 @@ def test_parse_layout():
 def test_why_not_reads_a_layout_as_the_tables_print_it(layout):
     # a printed row could not be pasted: "cannot read '(12+..+10'", "recompute must be ...,
     # got 'full:43'"; every field of Layout.short() reads back to the layout's value
-    from planner.specs import Layout
+    from planner.layout import Layout
     lay = Layout(**layout)
     pins = parse_layout(lay.short())
     for name, value in pins.items():

@@ -11,8 +11,8 @@ from planner import catalog
 from planner.cost import blocks, memory, per_op_checkpoint
 from planner.cost.volumes import Elements, dp_collectives
 from planner.frameworks.profile import resolve_training
-from planner.space import Candidates
-from planner.specs import Layout
+from planner.layout import Candidates
+from planner.layout import Layout
 
 LLAMA8B = catalog.resolve_model("llama3-8b")  # h 4096, 32 heads of 128, 8 KV heads, f 14336, V 128256
 JOB = {"seq_length": 8192, "global_batch_size": 16}

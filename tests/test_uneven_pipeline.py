@@ -10,8 +10,11 @@ from planner.cost.memory import rank_params, stage_params
 from planner.cost.step import TIME_TERMS, estimate_layout
 from planner.errors import UsageError
 from planner.search import SearchOptions, check_layout, search
-from planner.space import Candidates, default_uneven_split, uneven_splits
-from planner.specs import Layout, Plan, TrainingSpec
+from planner.layout import Candidates
+from planner.layout.split import default_uneven_split, uneven_splits
+from planner.layout import Layout
+from planner.plan import Plan
+from planner.specs import TrainingSpec
 
 
 def test_uneven_split_by_hand():

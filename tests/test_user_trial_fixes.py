@@ -14,7 +14,7 @@ import yaml
 from typer.testing import CliRunner
 
 from planner.cli import app
-from planner.specs import Layout
+from planner.layout import Layout
 from tests.cli_errors import one_line_error
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -670,7 +670,7 @@ def test_a_small_model_budget_does_not_stop_a_throughput_search(tmp_path):
 def test_why_not_of_a_printed_layout_takes_its_omitted_fields_as_printed():
     # a table row without "sp" has sp off; why-not completed it with sp on and called it the
     # winner. The completion must be the layout as printed.
-    from planner.specs import Layout
+    from planner.layout import Layout
     text = "tp=2 cp=2 pp=16 dp=4 zero=1 mbs=1 vpp=6 recompute=none"
     res = runner.invoke(app, ["search", "-m", "gpt3-175b", "-g", "256", "--why-not", text, "--json"])
     assert res.exit_code == 0, res.stderr
@@ -733,7 +733,8 @@ def test_a_validator_result_given_as_a_plan_says_what_it_is(tmp_path):
 def test_a_world_larger_than_the_miniature_is_noted():
     from planner.validate.miniature import miniature
     from planner import catalog
-    from planner.specs import Plan, TrainingSpec
+    from planner.plan import Plan
+    from planner.specs import TrainingSpec
     lay = Layout(tp=4, pp=8, dp=16, zero_stage=1, micro_batch_size=2, sequence_parallel=True, vpp=12)
     p = Plan(plan3d_version="0.1.0", model=catalog.resolve_model("175b"),
              hardware=catalog.resolve_hardware("dgx-h100"), gpus=lay.gpus,

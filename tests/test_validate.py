@@ -13,7 +13,9 @@ from __future__ import annotations
 import pytest
 
 from planner import catalog
-from planner.specs import Layout, Plan, TrainingSpec
+from planner.layout import Layout
+from planner.plan import Plan
+from planner.specs import TrainingSpec
 
 torch = pytest.importorskip("torch")
 

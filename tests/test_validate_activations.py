@@ -12,7 +12,9 @@ import dataclasses
 import pytest
 
 from planner import catalog
-from planner.specs import Layout, Plan, TrainingSpec
+from planner.layout import Layout
+from planner.plan import Plan
+from planner.specs import TrainingSpec
 from planner.validate.activations import (ACT_RTOL, DELTAS, activation_check,
                                           first_chunk_microbatches, predict_saved)
 from planner.validate.miniature import miniature

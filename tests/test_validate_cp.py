@@ -8,9 +8,11 @@ import pytest
 from planner import catalog
 from planner.cost.memory import rank_params
 from planner.cost.torch_volumes import step_volumes
-from planner.space import Candidates
+from planner.layout import Candidates
 from planner.errors import UsageError
-from planner.specs import Layout, Plan, TrainingSpec
+from planner.layout import Layout
+from planner.plan import Plan
+from planner.specs import TrainingSpec
 from planner.render.validate import render
 from planner.validate.activations import predict_saved
 from planner.validate.compare import compare

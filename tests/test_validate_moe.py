@@ -9,7 +9,9 @@ import pytest
 
 from planner import catalog
 from planner.cost.moe_dispatch import moe_dispatch_volumes, uniform_counts
-from planner.specs import Layout, Plan, TrainingSpec
+from planner.layout import Layout
+from planner.plan import Plan
+from planner.specs import TrainingSpec
 from planner.validate.miniature import miniature
 
 
@@ -71,7 +73,7 @@ def test_cost_model_dispatch_bytes_equal_the_validators_for_uniform_routing():
     # Qwen3-30B-A3B (h 2048, k 8, E 128), s 4096, b 1, tp 2 with SP, etp 2, ep 4: T = 2048.
     from planner.cost.moe import expert_collectives
     from planner.cost.volumes import Elements
-    from planner.space import Candidates
+    from planner.layout import Candidates
     m = catalog.resolve_model("qwen3-30b-a3b")
     tr = TrainingSpec(seq_length=4096, global_batch_size=8)
     c = Candidates.from_layouts([Layout(tp=2, pp=1, dp=4, ep=4, etp=2, zero_stage=1,

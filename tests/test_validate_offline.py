@@ -8,7 +8,9 @@ import pytest
 
 from planner import catalog
 from planner.errors import UsageError
-from planner.specs import Layout, Plan, TrainingSpec
+from planner.layout import Layout
+from planner.plan import Plan
+from planner.specs import TrainingSpec
 from planner.validate.activations import predict_saved
 from planner.validate.compare import compare
 from planner.validate.miniature import miniature, predict

@@ -11,8 +11,9 @@ from planner import catalog
 from planner.cost import memory
 from planner.cost.memory import rank_params
 from planner.cost.torch_volumes import step_volumes
-from planner.space import Candidates
-from planner.specs import Layout, TrainingSpec
+from planner.layout import Candidates
+from planner.layout import Layout
+from planner.specs import TrainingSpec
 
 GPT3 = catalog.resolve_model("175b")
 TRAIN = TrainingSpec(seq_length=2048, global_batch_size=1536)

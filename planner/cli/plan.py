@@ -257,7 +257,7 @@ def _inputs(model, hardware, global_batch_size, seq_length, checkpoint, framewor
 def _with_gpus(entry: dict) -> dict:
     """A search --json entry: ``gpus`` beside ``layout``, then the estimate's keys and, as in
     ``estimate --json``, ``to_fit`` (None: every listed layout fits)."""
-    from ..specs import Layout
+    from ..layout import Layout
     lay = entry["layout"]
     return {"layout": lay, "gpus": Layout(**lay).gpus,
             **{k: v for k, v in entry.items() if k != "layout"}, "to_fit": None}

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..degrees import cached_per_candidates
+from ..layout.degrees import cached_per_candidates
 from ..specs import ModelSpec, TrainingSpec
 from . import model_counts as mc
 from . import model_flops as mf

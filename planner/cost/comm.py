@@ -156,7 +156,7 @@ def a2a_overlap_applies(c) -> np.ndarray:
     transformer_config.py L3003-3050). Bool array over the candidates ``c``: arrays with the
     recompute codes of specs.RECOMPUTE_CODES (Candidates, an evaluation's candidates), or one
     specs.Layout (its recompute mode by name)."""
-    from ..specs import RECOMPUTE_CODES
+    from ..layout import RECOMPUTE_CODES
     recompute = np.asarray(c.recompute)
     if recompute.dtype.kind in "UO":  # a Layout: the mode by name
         recompute = np.vectorize(RECOMPUTE_CODES.__getitem__)(recompute)

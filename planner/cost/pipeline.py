@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..degrees import cached_per_candidates
+from ..layout.degrees import cached_per_candidates
 
 
 def microbatch_group(m: int, pp: int) -> int:

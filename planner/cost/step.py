@@ -16,7 +16,8 @@ from functools import cached_property, reduce
 
 import numpy as np
 
-from ..specs import HardwareProfile, Layout, ModelSpec, TrainingSpec
+from ..specs import HardwareProfile, ModelSpec, TrainingSpec
+from ..layout import Layout
 from . import compute, pipeline, precision
 from . import model_flops as mf
 from .collectives import Links
@@ -291,5 +292,5 @@ def _full_share(model: ModelSpec, c):
 def estimate_layout(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec,
                     layout: Layout) -> Estimate:
     """Evaluate one layout (arrays of length 1)."""
-    from ..space import Candidates
+    from ..layout import Candidates
     return evaluate(model, hw, training, Candidates.from_layouts([layout]))

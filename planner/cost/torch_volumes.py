@@ -48,8 +48,9 @@ from typing import Literal
 
 import numpy as np
 
-from ..space import Candidates
-from ..specs import Layout, ModelSpec, TrainingSpec
+from ..layout import Candidates
+from ..layout import Layout
+from ..specs import ModelSpec, TrainingSpec
 from . import model_counts as mc
 from .model_flops import padded_vocab
 from .context_parallel import kv_chunk_bytes

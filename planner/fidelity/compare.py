@@ -92,7 +92,7 @@ def compare(case: RunCase, hardware: HardwareProfile | None = None,
     assert hw is not None and case.model is not None and case.training is not None and case.layout
     if time_only:
         from ..cost.step import evaluate
-        from ..space import Candidates
+        from ..layout import Candidates
         est = evaluate(case.model, hw, case.training, Candidates.from_layouts([case.layout]), summary=True)
         fits = True
     else:

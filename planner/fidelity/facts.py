@@ -44,7 +44,7 @@ from ..catalog import read_yaml, validate
 from ..errors import UsageError
 from ..frameworks.profile import Overrides
 from ..quantities import _Strict
-from ..specs import Recompute
+from ..framework_spec import Recompute
 
 REPO_BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 WHEEL_CATALOG = Path(__file__).resolve().parents[1] / "_catalog"

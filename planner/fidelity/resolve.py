@@ -19,7 +19,8 @@ from itertools import product
 from ..errors import NoFitError, UsageError
 from ..frameworks.profile import GRAD_BYTES
 from ..search import SearchOptions, search
-from ..specs import Layout, TrainingSpec
+from ..layout import Layout
+from ..specs import TrainingSpec
 from .runs import RunCase
 
 LAYOUT_PINS = ("micro_batch", "vpp", "recompute", "zero_stage", "distributed_optimizer",

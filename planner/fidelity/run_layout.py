@@ -25,7 +25,8 @@ from ..catalog import resolve_framework, validate
 from ..errors import UsageError
 from ..frameworks.profile import gradient_dtype_name, resolve_training
 from ..inputs import check_integers, field_of, training_spec
-from ..specs import Layout, ModelSpec, TrainingSpec
+from ..layout import Layout
+from ..specs import ModelSpec, TrainingSpec
 from .facts import RunFacts
 
 # Layout settings a row may leave unknown, with their defaults (recompute: see layout_of).
@@ -86,7 +87,8 @@ def layout_of(gpus: int, lay: dict, facts: RunFacts, model: ModelSpec,
               convention: str, assume) -> tuple[Layout, list[str]]:
     """(Layout of the run, the settings it leaves unknown). Each unknown setting takes its
     LAYOUT_DEFAULTS value, listed through ``assume`` unless it cannot change the prediction."""
-    from ..space import default_uneven_split, moe_needs_sp
+    from ..layout.split import default_uneven_split
+    from ..space import moe_needs_sp
     tp, pp, cp, dp = split_degrees(gpus, lay, assume)
     ep = _stated(lay, facts, "ep", assume)
     if ep is None and model.moe is not None:

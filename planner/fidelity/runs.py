@@ -34,10 +34,11 @@ from pydantic import ValidationError
 
 from ..catalog import describe_validation_error, hardware_profiles, read_yaml, resolve_hardware
 from ..cost.precision import check_precision
-from ..degrees import split_problem
+from ..layout.degrees import split_problem
 from ..errors import UsageError
 from ..inputs import check_integers
-from ..specs import NAME_PATTERN, HardwareProfile, Layout, ModelSpec, TrainingSpec
+from ..specs import NAME_PATTERN, HardwareProfile, ModelSpec, TrainingSpec
+from ..layout import Layout
 from .facts import RunFacts, check_entries_match, run_facts
 from .run_layout import layout_of, training_of
 from .run_model import catalog_of, run_model
@@ -178,7 +179,8 @@ def _expert_problem(model: ModelSpec, layout: Layout) -> str | None:
     """The expert-mesh rules a run's layout breaks (space.expert_rules, the ones every command
     applies: experts divisible by ep, etp*ep dividing a stage's tp*cp*dp GPUs, SP with tp > 1,
     ...), worded as search.check_layout words them; None if it keeps them."""
-    from ..space import Candidates, expert_rules, rules_broken
+    from ..layout import Candidates
+    from ..space import expert_rules, rules_broken
     broken = rules_broken(expert_rules(model, Candidates.from_layouts([layout])))
     return f"layout {layout.short()} breaks: {'; '.join(broken)}" if broken else None
 

@@ -9,7 +9,7 @@ the same groups for these plans (see planner.placement).
 from __future__ import annotations
 
 from ..errors import UsageError
-from ..specs import Plan
+from ..plan import Plan
 from .common import Export
 
 TARGETS = ("megatron", "nemo", "deepspeed", "torchtitan")

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..errors import UsageError
-from ..specs import Plan
+from ..plan import Plan
 
 
 @dataclass
@@ -90,7 +90,7 @@ def recompute_modules(model) -> list[str]:
     """Megatron-Core --recompute-modules for recompute=selective+: layernorm, moe_act for a model
     with experts, mla_up_proj for MLA (transformer_config.py L1940-2026: moe_act needs MoE layers,
     mla_up_proj MLA; moe.md 5.3)."""
-    from ..specs import SELECTIVE_PLUS_MODULES
+    from ..framework_spec import SELECTIVE_PLUS_MODULES
     skip = {"moe_act"} if model.moe is None else set()
     if model.attention_kind != "mla":
         skip.add("mla_up_proj")

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 
-from ..specs import Plan
+from ..plan import Plan
 from .common import (RANK_ORDER_NOTE, Export, describe, interval_note, microbatches, rope_note,
                      save_interval, unwritten_note)
 

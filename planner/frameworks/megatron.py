@@ -58,7 +58,7 @@ from ..cost.model_counts import has_dense_mlp
 from ..cost.model_flops import padded_vocab
 from ..cost import precision
 from ..cost.pipeline import microbatch_group
-from ..specs import Plan
+from ..plan import Plan
 from .common import (RANK_ORDER_NOTE, Export, describe, interval_note, layers_per_virtual_stage,
                      microbatches, recompute_modules, save_interval, theta_text)
 from .megatron_model import CROSS_ENTROPY_NOTE, model_args

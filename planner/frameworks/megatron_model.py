@@ -77,7 +77,7 @@ import numpy as np
 from ..cost.model_counts import has_dense_mlp, moe_layer_mask, window_layer_mask
 from ..errors import UsageError
 from ..inputs import flag
-from ..specs import Plan
+from ..plan import Plan
 
 # Megatron-Core TransformerConfig routing fields plan3d's model schema does not hold (a group is
 # set together); both exports name them for the user to set from the model card

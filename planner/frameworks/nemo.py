@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import yaml
 
-from ..specs import Plan
+from ..plan import Plan
 from ..cost.checkpoint import MEGATRON_FSDP_STRATEGY, megatron_ckpt_format
 from ..cost.model_flops import padded_vocab
 from .common import (ARCHITECTURE_FIELDS, RANK_ORDER_NOTE, Export, describe, interval_note,

@@ -39,7 +39,7 @@ comments.
 from __future__ import annotations
 
 from ..cost.model_counts import has_dense_mlp, moe_layer_mask, window_layer_mask
-from ..specs import Plan
+from ..plan import Plan
 from .megatron_model import ep_overlap, flex_backend, unmodelled_routing, unused_dense_ffn
 
 POSITION = {"rope": "rope", "learned": "learned_absolute"}

@@ -14,7 +14,8 @@ import numpy as np
 
 from ..errors import UsageError
 from ..framework_spec import FrameworkProfile
-from ..specs import RECOMPUTE_CODES, ModelSpec, TrainingSpec
+from ..layout import RECOMPUTE_CODES
+from ..specs import ModelSpec, TrainingSpec
 
 # The framework each export target runs (plan3d export --to TARGET checks that framework's rules).
 TARGET_FRAMEWORK = {"megatron": "megatron-core", "nemo": "megatron-core", "deepspeed": "deepspeed",
@@ -215,7 +216,7 @@ def check_model(profile: FrameworkProfile, model: ModelSpec, training: TrainingS
 
 def broken_rules(profile: FrameworkProfile, model: ModelSpec, training: TrainingSpec, layout) -> list[str]:
     """The framework rules one ``layout`` (specs.Layout) breaks, model problems first."""
-    from ..space import Candidates
+    from ..layout import Candidates
     c = Candidates.from_layouts([layout])
     masks = framework_masks(profile, model, training, c)
     return model_problems(profile, model, training) + \

@@ -46,7 +46,7 @@ square root of the save time).
 from __future__ import annotations
 
 from ..errors import UsageError
-from ..specs import Plan
+from ..plan import Plan
 from .common import (Export, describe, interval_note, layers_per_virtual_stage, microbatches,
                      rope_note, save_interval, unwritten_note)
 

@@ -22,7 +22,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from ..space import Candidates
+from ..layout import Candidates
 from ..cost.blocks import kv_heads_per_rank
 from ..cost.model_flops import padded_vocab
 

@@ -23,8 +23,10 @@ from ..cost import memory
 from ..cost.model_flops import padded_vocab
 from ..cost.torch_volumes import step_volumes
 from ..errors import UsageError
-from ..space import Candidates
-from ..specs import Layout, ModelSpec, Plan, TrainingSpec
+from ..layout import Candidates
+from ..layout import Layout
+from ..specs import ModelSpec, TrainingSpec
+from ..plan import Plan
 
 ELEM_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2}
 LOSS_RTOL = {"float64": 1e-12, "float32": 1e-5, "bfloat16": 2e-2}

@@ -85,7 +85,7 @@ def rank_params(run, pp_rank: int) -> tuple[float, float]:
     ``qkv_bias`` (block_params counts biases only with ``bias``), the shared experts' and the
     routed experts' fc2 bias h, not sharded over TP / ETP."""
     from ..cost import blocks, memory
-    from ..space import Candidates
+    from ..layout import Candidates
     m, lay = run.model, run.layout
     c = Candidates.from_layouts([lay])
     per = {k: (float(np.sum(v[0])), float(np.sum(v[1])), float(np.sum(v[2])))

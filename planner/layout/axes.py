@@ -1,0 +1,204 @@
+"""The table of layout axes: one row per dimension of a parallel layout.
+
+Every dimension plan3d plans (tp, cp, pp, dp, ep, etp, the pipeline split, ZeRO stage, the
+distributed optimizer, micro-batch size, recomputation and its layer count, sequence
+parallelism, virtual pipeline stages, activation offload) is one ``Axis`` row of ``AXES``, in
+the order a Layout lists its fields. From this table are built: ``Layout`` (one layout, pydantic)
+and ``Candidates`` (N layouts as numpy arrays), the search's pins and bounds
+(search.options.SearchOptions) and its grid's split and knob fields, the short form a layout
+prints (``Layout.short``), the wide table's columns, --why-not's parser (search.whynot) and the
+typer options of search and estimate (cli.axes). Adding an axis is one row here, its cost term
+(cost/), its rule (search/rules) and its export mapping (frameworks/).
+
+A row's ``role`` says how the search covers it: ``split`` (the parallel split rows: tp, cp, pp,
+dp, the expert mesh and the pipeline split, built together by search.grid), ``knob`` (an axis of
+the grid of its own, values from ``values``) or ``solved`` (not a grid axis: the scan solves the
+least value that fits, cost.recompute / cost.offload, unless pinned).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from ..framework_spec import RECOMPUTE_MODES
+from .split import divisors, uneven_splits, uneven_vpp_options
+
+RECOMPUTE_CODES: dict[str, int] = {name: code for code, name in enumerate(RECOMPUTE_MODES)}
+RECOMPUTE_NAMES: dict[int, str] = dict(enumerate(RECOMPUTE_MODES))
+RECOMPUTE_WORDS = "none, selective, selective+ or full"
+
+
+class _Required:
+    """The default of an axis a layout must state (tp, pp, dp, ZeRO stage, micro-batch size)."""
+
+    def __repr__(self) -> str:
+        return "REQUIRED"
+
+
+REQUIRED = _Required()
+
+
+@dataclass(frozen=True)
+class Axis:
+    """One dimension of a parallel layout.
+
+    ``name``: the Layout / Candidates field and the search pin; ``kind``: int, bool or str (a
+    choice among ``choices``, stored in Candidates as its index, the code); ``default``: the
+    Layout's default (REQUIRED: none); ``minimum``: an int's least value (1: a degree or size;
+    0: a count, 0 = none); ``maximum``: an int's largest (None: any); ``role``: split | knob |
+    solved (module docstring); ``bound`` / ``bound_default``: the search's upper bound field on
+    the values (max_tp) and its default (None: no bound); ``flag``: the CLI option (a bool's
+    ``--x/--no-x``); ``help``: what the value is, in words; ``keys``: the --why-not keys
+    (keys[0] as the short form prints it); ``label``: the short form's piece of a layout ("" =
+    not printed); ``printed``: its position in the short form; ``column``: the wide table's
+    header (None: no column); ``values``: a knob's search values (model, training, pp values,
+    bound) -> array.
+    """
+
+    name: str
+    kind: type
+    default: Any = REQUIRED
+    minimum: int = 1
+    maximum: int | None = None
+    choices: tuple[str, ...] = ()
+    words: str = ""
+    role: str = "knob"
+    bound: str | None = None
+    bound_default: int | None = None
+    flag: str | None = None
+    help: str = ""
+    keys: tuple[str, ...] = ()
+    label: Callable[[Any], str] | None = None
+    printed: int = 0
+    column: str | None = None
+    values: Callable[..., np.ndarray] | None = None
+
+    @property
+    def array_default(self) -> Any:
+        """The value a Candidates field takes when not given (a choice's code)."""
+        if self.kind is str and self.default is not REQUIRED:
+            return self.choices.index(self.default)
+        return self.default
+
+    def code(self, value: Any) -> Any:
+        """``value`` as Candidates store it: a choice's code, a bool, an int."""
+        if self.kind is str:
+            return self.choices.index(value)
+        return bool(value) if self.kind is bool else int(value)
+
+    def value(self, code: Any) -> Any:
+        """A Candidates entry as Layout holds it: a choice's name, a bool, an int."""
+        if self.kind is str:
+            return self.choices[int(code)]
+        return bool(code) if self.kind is bool else int(code)
+
+
+def _shown(key: str, above: int = 0) -> Callable[[Any], str]:
+    """Label 'key=v', printed only where v > ``above`` (None: always)."""
+    return lambda lay: f"{key}={getattr(lay, _KEY_FIELD[key])}" \
+        if getattr(lay, _KEY_FIELD[key]) > above else ""
+
+
+_KEY_FIELD = {"tp": "tp", "cp": "cp", "pp": "pp", "dp": "dp", "ep": "ep", "etp": "etp",
+              "zero": "zero_stage", "mbs": "micro_batch_size", "vpp": "vpp",
+              "offload": "offload_layers"}
+
+
+def _split(lay) -> str:
+    return f"({lay.split_label} layers)" if lay.first_stage_layers or lay.last_stage_layers else ""
+
+
+def _micro_batch_sizes(model, training, pps, bound) -> np.ndarray:
+    """Divisors of the global batch (each a micro-batch size some dp can take)."""
+    return divisors(training.global_batch_size)
+
+
+def _vpp_values(model, training, pps, bound) -> np.ndarray:
+    """The divisors of the layer count (even splits), and every vpp with which an uneven split
+    of a pp in ``pps`` interleaves (e.g. Llama-3 405B, 126 layers, pp=16 as 7+..+7: vpp 2 and
+    4, (126 + 2)/16 = 8 per rank). Ascending int64."""
+    num_layers = model.num_layers
+    values = set(divisors(num_layers).tolist())
+    for pp in np.asarray(pps).tolist():
+        for f, la in uneven_splits(num_layers, pp):
+            values.update(uneven_vpp_options(num_layers, pp, f, la, bound))
+    return np.array(sorted(values), dtype=np.int64)
+
+
+def _fixed(*values) -> Callable[..., np.ndarray]:
+    return lambda model, training, pps, bound: np.array(values)
+
+
+AXES: tuple[Axis, ...] = (
+    Axis("tp", int, role="split", bound="max_tp", flag="--tp", help="tensor-parallel size",
+         keys=("tp",), label=_shown("tp", -1), printed=0, column="tp"),
+    Axis("pp", int, role="split", bound="max_pp", flag="--pp", help="pipeline-parallel size",
+         keys=("pp",), label=_shown("pp", -1), printed=2, column="pp"),
+    Axis("dp", int, role="split", flag="--dp", help="data-parallel size", keys=("dp",),
+         label=_shown("dp", -1), printed=4, column="dp"),
+    Axis("zero_stage", int, minimum=0, maximum=3, flag="--zero-stage", help="ZeRO stage (0-3)",
+         keys=("zero", "zero_stage"), label=_shown("zero", -1), printed=7, column="zero",
+         values=_fixed(0, 1, 2, 3)),
+    Axis("micro_batch_size", int, bound="max_micro_batch_size", bound_default=64,
+         flag="--micro-batch-size", help="micro-batch size", keys=("mbs", "micro_batch_size"),
+         label=_shown("mbs", -1), printed=9, column="mbs", values=_micro_batch_sizes),
+    Axis("recompute", str, default="none", choices=RECOMPUTE_MODES, words=RECOMPUTE_WORDS,
+         flag="--recompute", help="recomputation", keys=("recompute",),
+         label=lambda lay: f"recompute={lay.recompute_label}", printed=11, column="recompute",
+         values=_fixed(*range(len(RECOMPUTE_MODES)))),
+    Axis("sequence_parallel", bool, default=False,
+         flag="--sequence-parallel/--no-sequence-parallel", help="sequence parallelism",
+         keys=("sp", "sequence_parallel"), label=lambda lay: "sp" if lay.sequence_parallel else "",
+         printed=13, column="SP", values=_fixed(False, True)),
+    Axis("vpp", int, default=1, bound="max_vpp", bound_default=16, flag="--vpp",
+         help="virtual pipeline stages per rank", keys=("vpp",), label=_shown("vpp", -1),
+         printed=10, column="vpp", values=_vpp_values),
+    Axis("cp", int, default=1, role="split", bound="max_cp", bound_default=16, flag="--cp",
+         help="context-parallel size", keys=("cp",), label=_shown("cp", 1), printed=1,
+         column="cp"),
+    Axis("ep", int, default=1, role="split", bound="max_ep", flag="--ep",
+         help="expert-parallel size (MoE models)", keys=("ep",), label=_shown("ep", 1), printed=5,
+         column="ep"),
+    Axis("etp", int, default=1, role="split", flag="--etp",
+         help="expert-tensor-parallel size (MoE)", keys=("etp",), label=_shown("etp", 1),
+         printed=6, column="etp"),
+    Axis("distributed_optimizer", bool, default=False,
+         flag="--distributed-optimizer/--no-distributed-optimizer",
+         help="Megatron's distributed optimizer (costed as ZeRO-1)",
+         keys=("distopt", "distributed_optimizer"),
+         label=lambda lay: "distopt" if lay.distributed_optimizer else "", printed=8,
+         column="distopt", values=_fixed(False)),
+    Axis("first_stage_layers", int, default=0, minimum=0, role="split",
+         flag="--first-stage-layers", help="uneven pipeline split: layers on the first stage",
+         keys=("split",), label=_split, printed=3, column="pp split"),
+    Axis("last_stage_layers", int, default=0, minimum=0, role="split",
+         flag="--last-stage-layers", help="uneven pipeline split: layers on the last stage"),
+    Axis("recompute_num_layers", int, default=0, minimum=0, role="solved",
+         flag="--recompute-num-layers",
+         help="full recompute of only the first N layers of each model chunk (Megatron's block "
+              "method; 0 = every layer)", keys=("recompute_num_layers",)),
+    Axis("offload_layers", int, default=0, minimum=0, role="solved", flag="--offload-layers",
+         help="layers whose activations go to host memory over the host link (Megatron-Core "
+              "--cpu-offloading-num-layers: pp 1, no recomputation)",
+         keys=("offload", "offload_layers"), label=_shown("offload", 0), printed=12,
+         column="offload"),
+)
+
+BY_NAME: dict[str, Axis] = {a.name: a for a in AXES}
+SPLIT_FIELDS = tuple(a.name for a in AXES if a.role == "split")
+KNOB_FIELDS = tuple(a.name for a in AXES if a.role == "knob")
+SOLVED_FIELDS = tuple(a.name for a in AXES if a.role == "solved")
+BOOL_FIELDS = tuple(a.name for a in AXES if a.kind is bool)
+PRINTED = tuple(sorted((a for a in AXES if a.label is not None), key=lambda a: a.printed))
+BOUNDS: dict[str, Axis] = {a.bound: a for a in AXES if a.bound}
+# --why-not key -> the axis it pins (the keys of the short form first)
+KEYS: dict[str, Axis] = {key: a for a in AXES for key in a.keys}
+
+
+def short(layout) -> str:
+    """One line: the printed axes' labels in their order (PRINTED), e.g. tp=8 cp=2 pp=16
+    (7+..+7 layers) dp=8 ep=8 zero=1 mbs=1 vpp=4 recompute=none sp."""
+    return " ".join(filter(None, (a.label(layout) for a in PRINTED)))

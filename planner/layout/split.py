@@ -1,0 +1,136 @@
+"""The pipeline split's geometry: which uneven splits exist, how they interleave, and why one
+does not (Megatron-Core's --decoder-first/last-pipeline-num-layers and its embedding-and-loss
+form), and the divisors the layout's axes draw their values from. Plain numbers and numpy
+arrays; nothing here knows the search.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+
+from .degrees import LayoutDegrees
+
+# How many layers an edge stage may hold fewer than a middle one in the uneven splits the search
+# tries: the output layer of a large-vocabulary model weighs about 1.5 layers (2*h*V against
+# ~24*h^2 FLOPs per token at h = 7168, V = 129280), the embedding's in-flight activations
+# about as much; 4 covers both with room (Llama 3 405B ran 7 + 14x8 + 7, one fewer each).
+MAX_EDGE_SHORTFALL = 4
+
+
+def divisors(n: int) -> np.ndarray:
+    """All positive divisors of n, ascending (int64)."""
+    small = np.arange(1, int(np.sqrt(n)) + 1)
+    small = small[n % small == 0]
+    return np.unique(np.concatenate([small, n // small]))
+
+
+def uneven_ok(num_layers: int, c) -> np.ndarray:
+    """True for an even split, or an uneven one Megatron-Core accepts and plan3d models: first
+    and last stage at least one layer, the rest L - first - last divided equally among the
+    pp - 2 middle stages, at least as many layers as either edge stage (pp = 2: first + last = L).
+    With interleaving (vpp > 1) one of Megatron-Core's two ways must hold:
+    (a) ``--decoder-first/last-pipeline-num-layers``: each stage's layers divisible by vpp, pp > 2
+        (get_transformer_layer_offset's interleaved branch divides by the middle stages' count);
+    (b) ``--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split``: the
+        embedding and the loss count as one layer each (LayoutDegrees.embedding_loss_split).
+    ``c``: Candidates (or any object with pp, vpp, first/last_stage_layers arrays). Bool array."""
+    f, la, pp, v = c.first_stage_layers, c.last_stage_layers, c.pp, c.vpp
+    if not np.any((f > 0) | (la > 0)):
+        return np.ones(np.shape(f), dtype=bool)
+    rest = num_layers - f - la
+    mid = np.where(pp > 2, rest // np.maximum(pp - 2, 1), 0)
+    shape_ok = (f >= 1) & (la >= 1) & (pp >= 2) & \
+        np.where(pp > 2, (rest > 0) & (rest % np.maximum(pp - 2, 1) == 0) & (mid >= f) & (mid >= la),
+                 rest == 0)
+    # (a) needs middle stages: Megatron-Core's interleaved layer offset divides by their count
+    per_stage = (f % v == 0) & (la % v == 0) & (pp > 2) & (mid % v == 0)
+    valid = shape_ok & ((v == 1) | per_stage | LayoutDegrees.embedding_loss_split(c, num_layers))
+    return ((f == 0) & (la == 0)) | valid
+
+
+def split_of(num_layers: int, pp, first, last, vpp) -> SimpleNamespace:
+    """An object with the split fields, for the rule functions (arrays broadcast)."""
+    return SimpleNamespace(first_stage_layers=np.asarray(first), last_stage_layers=np.asarray(last),
+                           pp=np.asarray(pp), vpp=np.asarray(vpp))
+
+
+def uneven_splits(num_layers: int, pp: int) -> list[tuple[int, int]]:
+    """The uneven splits the search tries on ``pp`` stages: every (first, last) that passes the
+    uneven rule with vpp 1 and leaves each edge stage at most MAX_EDGE_SHORTFALL layers lighter
+    than a middle one (pp = 2: lighter than the larger edge), in both directions (the output
+    layer sits on the last stage, the embedding's extra in-flight micro-batches on the first).
+    The even split, when pp divides the layers, is not listed. 61 layers on pp 8: (5, 8),
+    (6, 7), (7, 6), (8, 5) with 6 middle stages of 8; 80 on pp 8: (7, 7) with 11 per middle.
+    [(first, last)], ascending."""
+    out = []
+    if pp < 2 or num_layers < pp:
+        return out
+    if pp == 2:
+        half = -(-num_layers // 2)
+        for first in range(max(1, half - MAX_EDGE_SHORTFALL), min(num_layers, half + MAX_EDGE_SHORTFALL) + 1):
+            last = num_layers - first
+            if 1 <= last and abs(first - last) <= MAX_EDGE_SHORTFALL and first != last:
+                out.append((first, last))
+        return out
+    for middle in range(-(-num_layers // pp), num_layers // (pp - 2) + 1):
+        rest = num_layers - (pp - 2) * middle
+        for first in range(max(1, middle - MAX_EDGE_SHORTFALL), middle + 1):
+            last = rest - first
+            if middle - MAX_EDGE_SHORTFALL <= last <= middle and last >= 1 and \
+                    not (first == last == middle):
+                out.append((first, last))
+    return sorted(out)
+
+
+def default_uneven_split(num_layers: int, pp: int) -> tuple[int, int]:
+    """The uneven split named in hints when pp does not divide the layers: middle stages hold
+    k = ceil(L/pp) layers each and the rest r = L - (pp-2)*k is halved between the edge stages
+    (first = r//2, last = r - first). Llama-3 405B, 126 layers on pp = 16: 7 + 14*8 + 7 (the
+    Llama 3 paper, Sec. 3.3.2, removed one layer from each of the first and last stages).
+    (0, 0) when pp divides L; (-1, -1) when no such split leaves each edge 1..k layers."""
+    if num_layers % pp == 0:
+        return 0, 0
+    k = -(-num_layers // pp)
+    rest = num_layers - max(pp - 2, 0) * k
+    first, last = rest // 2, rest - rest // 2
+    return (first, last) if pp >= 2 and first >= 1 and last <= k else (-1, -1)
+
+
+def uneven_vpp_options(num_layers: int, pp: int, first: int, last: int, upto: int = 16) -> list[int]:
+    """The vpp values in 1..``upto`` with which the uneven split first+..+last of ``num_layers``
+    layers on ``pp`` stages passes uneven_ok (for messages and the search's vpp axis). [] if
+    none does."""
+    vpp = np.arange(1, upto + 1)
+    ok = uneven_ok(num_layers, split_of(num_layers, np.full_like(vpp, pp), np.full_like(vpp, first),
+                                          np.full_like(vpp, last), vpp))
+    return [int(v) for v in vpp[ok]]
+
+
+def uneven_problem(num_layers: int, pp: int, first: int, last: int, vpp: int) -> str:
+    """Why the uneven split first+..+last of ``num_layers`` on ``pp`` stages fails uneven_ok, in
+    words (for error messages); "" if it passes."""
+    rest, middle = num_layers - first - last, max(pp - 2, 0)
+    if pp < 2:
+        return "an uneven split needs pp >= 2"
+    if middle == 0:
+        if rest != 0:
+            return f"on pp=2 first + last must be the {num_layers} layers"
+        if vpp > 1 and vpp not in uneven_vpp_options(num_layers, pp, first, last, vpp):
+            return ("interleaving an uneven split on pp=2 needs the embedding-and-loss form "
+                    "(first = last, their layers + 1 divisible by vpp, at least 2 per chunk)")
+    elif rest <= 0:
+        return (f"first + last stage layers {first} + {last} leave {max(rest, 0)} of the "
+                f"{num_layers} layers for the {middle} middle stages")
+    elif rest % middle:
+        return f"the {rest} layers left do not divide over the {middle} middle stages"
+    elif rest // middle < max(first, last):
+        return f"an edge stage holds more than a middle stage's {rest // middle} layers"
+    works = uneven_vpp_options(num_layers, pp, first, last, max(vpp, 16))
+    if vpp not in works:
+        other = [v for v in works if v > 1]
+        return (f"with vpp {vpp} neither is every stage's layer count divisible by vpp nor is it the "
+                "embedding-and-loss split (first = last = middle - 1, at least 2 layers per chunk)"
+                + (f"; vpp {', '.join(map(str, other))} would do" if other else "; only vpp 1 works"))
+    return ""
