@@ -37,10 +37,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .cost.collectives import group_span, nvlink_domain, p2p_crosses
+from .cost.moe import ep_group
 from .errors import UsageError
+from .frameworks.torchtitan import expert_parallel
+from .layout.groups import ORDERS, all_groups, size_stride
 from .plan import Plan
 
-ORDERS = ("megatron", "torchtitan", "megatron-tp-pp-dp")
 ORDER_TEXT = {
     "megatron": "Megatron-Core default tp-cp-ep-dp-pp (TP fastest, then CP, DP, PP)",
     "megatron-tp-pp-dp": "Megatron --use-tp-pp-dp-mapping tp-cp-ep-pp-dp (TP fastest, DP last)",
@@ -80,47 +83,6 @@ class Placement:
         return self.span(dim)[1] > 1
 
 
-def rank_grid(tp: int, cp: int, dp: int, pp: int, order: str) -> dict[str, np.ndarray]:
-    """Groups of each dim as (n_groups, size) arrays of global ranks under ``order``."""
-    n = tp * cp * dp * pp
-    r = np.arange(n)
-    if order in ("megatron", "torchtitan"):
-        # axes slow -> fast: pp, dp, cp, tp (torchtitan: pp, dp_replicate*dp_shard, cp, tp)
-        g = r.reshape(pp, dp, cp, tp)
-        axes = {"pp": 0, "dp": 1, "cp": 2, "tp": 3}
-    elif order == "megatron-tp-pp-dp":
-        g = r.reshape(dp, pp, cp, tp)
-        axes = {"dp": 0, "pp": 1, "cp": 2, "tp": 3}
-    else:
-        raise UsageError(f"unknown rank order {order!r}; choose one of {', '.join(ORDERS)}")
-    sizes = {"tp": tp, "cp": cp, "dp": dp, "pp": pp}
-    out = {}
-    for dim, ax in axes.items():
-        moved = np.moveaxis(g, ax, -1)
-        out[dim] = moved.reshape(-1, sizes[dim])
-    # the dense-gradient / optimizer-sharding group: the dp*cp ranks of one (tp, pp) coordinate
-    out["dp_cp"] = np.moveaxis(g, (axes["dp"], axes["cp"]), (-2, -1)).reshape(-1, dp * cp)
-    return out
-
-
-def expert_grid(etp: int, ep: int, edp: int, pp: int, order: str) -> dict[str, np.ndarray]:
-    """Expert groups ep, etp, edp and ep_etp as (n_groups, size) arrays of global ranks under
-    ``order`` (module docstring): Megatron-Core's expert RankGenerator, etp fastest, then ep,
-    then edp and pp (pp before edp with megatron-tp-pp-dp). torchtitan's sparse mesh is the
-    megatron case with etp = 1 (check_expert_order refuses the rest)."""
-    r = np.arange(etp * ep * edp * pp)
-    if order == "megatron-tp-pp-dp":
-        g = r.reshape(edp, pp, ep, etp)
-        axes = {"edp": 0, "pp": 1, "ep": 2, "etp": 3}
-    else:
-        g = r.reshape(pp, edp, ep, etp)
-        axes = {"pp": 0, "edp": 1, "ep": 2, "etp": 3}
-    sizes = {"etp": etp, "ep": ep, "edp": edp}
-    out = {dim: np.moveaxis(g, axes[dim], -1).reshape(-1, sizes[dim]) for dim in sizes}
-    out["ep_etp"] = np.moveaxis(g, (axes["ep"], axes["etp"]), (-2, -1)).reshape(-1, ep * etp)
-    return out
-
-
 def check_expert_order(plan: Plan, order: str) -> None:
     """UsageError where ``order``'s framework cannot place ``plan``'s expert mesh:
     --use-tp-pp-dp-mapping with pp > 1 and edp != dp (Megatron-Core parallel_state.py
@@ -132,7 +94,6 @@ def check_expert_order(plan: Plan, order: str) -> None:
                          f"expert data-parallel size equals dp (etp*ep = tp*cp); the plan has "
                          f"edp={lay.edp} dp={lay.dp} (parallel_state.py L896-900)")
     if order == "torchtitan":
-        from .frameworks.torchtitan import expert_parallel
         expert_parallel(plan, "overrides", 1 if lay.sharding_stage == 0 else lay.dp)
 
 
@@ -140,15 +101,15 @@ def place(plan: Plan, order: str = "megatron") -> Placement:
     """The Placement of ``plan``'s layout (tp, cp, dp, pp; ep, etp, edp for MoE models) with
     nodes of the hardware's gpus_per_node and NVLink domains of collectives.nvlink_domain.
     UsageError for an unknown order or one that cannot place the expert mesh."""
-    from .cost.collectives import nvlink_domain
     lay = plan.layout
     gpn = plan.hardware.gpus_per_node
-    groups = rank_grid(lay.tp, lay.cp, lay.dp, lay.pp, order)
-    sizes = {"tp": lay.tp, "cp": lay.cp, "dp": lay.dp, "pp": lay.pp, "dp_cp": lay.grad_group}
-    if plan.model.moe is not None:
+    if order not in ORDERS:
+        raise UsageError(f"unknown rank order {order!r}; choose one of {', '.join(ORDERS)}")
+    moe = plan.model.moe is not None
+    if moe:
         check_expert_order(plan, order)
-        groups.update(expert_grid(lay.etp, lay.ep, lay.edp, lay.pp, order))
-        sizes.update(ep=lay.ep, etp=lay.etp, edp=lay.edp, ep_etp=lay.ep * lay.etp)
+    groups = all_groups(lay, order, experts=moe)
+    sizes = {kind: int(size_stride(lay, kind, order)[0]) for kind in groups}
     node = np.arange(plan.gpus) // gpn
     domain = nvlink_domain(plan.hardware)
     return Placement(order, gpn, sizes, groups, node, domain, np.arange(plan.gpus) // domain)
@@ -167,19 +128,12 @@ def cost_model_check(plan: Plan, pl: Placement) -> dict[str, dict[str, object]]:
     enumerated group does straddle. Returns per dim the assumed and the enumerated values
     (for every group) and whether they agree.
     """
-    from .cost.collectives import p2p_crosses
     lay = plan.layout
-    checks = [("tp", "tp", lay.tp, 1), ("dp", "dp_cp", lay.grad_group, lay.tp)]
-    if lay.cp > 1:
-        checks.append(("cp", "cp", lay.cp, lay.tp))
+    checks = [("tp", "tp"), ("dp", "dp_cp")] + [("cp", "cp")] * (lay.cp > 1)
     if "ep" in pl.groups:
-        from .cost.moe import ep_group
-        size, stride = (int(x) for x in ep_group(lay, plan.training))
-        checks.append(("ep", "ep_etp" if size != lay.ep else "ep", size, stride))
-        if lay.etp > 1:
-            checks.append(("etp", "etp", lay.etp, 1))
-        checks.append(("edp", "edp", lay.edp, lay.etp * lay.ep))
-    result = {key: _check(pl, dim, size, stride) for key, dim, size, stride in checks}
+        checks.append(("ep", ep_group(plan.training)))
+        checks += [("etp", "etp")] * (lay.etp > 1) + [("edp", "edp")]
+    result = {key: _check(pl, dim, *(int(x) for x in size_stride(lay, dim))) for key, dim in checks}
     dom = pl.domain
     pg = pl.groups["pp"]
     boundary_cross = dom[pg[:, 1:]] != dom[pg[:, :-1]] if lay.pp > 1 else np.zeros((1, 0), bool)
@@ -194,7 +148,6 @@ def cost_model_check(plan: Plan, pl: Placement) -> dict[str, dict[str, object]]:
 def _check(pl: Placement, dim: str, size: int, stride: int) -> dict[str, object]:
     """The cost model's (ranks per domain, domains) of a group of ``size`` ranks ``stride``
     apart against the enumerated groups of ``dim``."""
-    from .cost.collectives import group_span
     a_local, a_nodes = (int(x) for x in group_span(size, stride, pl.domain_size))
     local, nodes = _span(pl.domain[pl.groups[dim]])
     exact = bool(np.all(local == a_local) and np.all(nodes == a_nodes))

@@ -12,7 +12,8 @@ from planner import __version__, catalog
 from planner.cli import app
 from planner.errors import UsageError
 from planner.export import write_plan
-from planner.placement import place, rank_grid, summary
+from planner.layout.groups import all_groups
+from planner.placement import place, summary
 from planner.layout import Layout
 from planner.plan import Plan
 from planner.specs import TrainingSpec
@@ -28,7 +29,7 @@ def make(tp, pp, dp, model="175b", hw="dgx-h100", gbs=1536) -> Plan:
 def test_megatron_order_small_grid():
     # tp=2 dp=2 pp=2, rank = i_tp + 2*(i_dp + 2*i_pp) (formulas.md 5.3); the validator's torchrun
     # mesh (pp, dp, tp) gave rank 3 -> tp [2,3], dp [1,3], pp [3,7] (validator_notes.md section 1)
-    g = rank_grid(2, 1, 2, 2, "megatron")
+    g = all_groups(make(tp=2, pp=2, dp=2).layout, "megatron")
     assert g["tp"].tolist() == [[0, 1], [2, 3], [4, 5], [6, 7]]
     assert g["dp"].tolist() == [[0, 2], [1, 3], [4, 6], [5, 7]]
     assert g["pp"].tolist() == [[0, 4], [1, 5], [2, 6], [3, 7]]
@@ -221,14 +222,14 @@ def test_ep_span_is_what_the_cost_model_times(tp, dp, pp, ep, etp, hw, dispatche
     # NVLink vs network. The enumerated EP groups must span that many domains, and one of them
     # leaves a domain iff the cost model puts the dispatch on the network.
     from hypothesis import assume
-    from planner.cost.collectives import Links, group_span
+    from planner.cost.collectives import Links, span
     from planner.cost.moe import ep_group
     assume((tp * dp) % (etp * ep) == 0)
     plan = moe_plan("deepseek-v3", tp * dp * pp, hw=hw, dispatcher=dispatcher, tp=tp, pp=pp, dp=dp,
                     ep=ep, etp=etp)
     s = summary(plan)
     links = Links.of(plan.hardware)
-    n_local, n_nodes = (int(x) for x in group_span(*ep_group(plan.layout, plan.training), links.domain))
+    n_local, n_nodes = (int(x) for x in span(plan.layout, ep_group(plan.training), links.domain))
     check = s["cost_model"]["ep"]
     assert check["agrees"]
     assert check["assumed_nodes"] == n_nodes

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..layout.groups import size_stride
 from ..specs import HardwareProfile
 
 
@@ -73,6 +74,12 @@ def group_span(size, stride, domain: int) -> tuple[np.ndarray, np.ndarray]:
     n_local = np.where(inside, size, np.where(whole, domain // stride, 1))
     n_nodes = np.where(inside, 1, np.where(whole, block // domain, size))
     return n_local, n_nodes
+
+
+def span(c, kind: str, domain: int) -> tuple[np.ndarray, np.ndarray]:
+    """group_span of group ``kind`` of candidates ``c`` (layout.groups.size_stride: TP, CP, the
+    dp*cp gradient group, EP, ETP, EDP, the tied-embedding pair, ...)."""
+    return group_span(*size_stride(c, kind), domain)
 
 
 def p2p_crosses(stage_gpus, pp, domain: int) -> np.ndarray:

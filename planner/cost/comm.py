@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..specs import ModelSpec, TrainingSpec
-from .collectives import Links, collective_time, group_span, p2p_crosses, p2p_time
+from .collectives import Links, collective_time, p2p_crosses, p2p_time, span
 from .compute import LayerTimes
 from .memory import rank_index
 from .volumes import (Collective, Elements, block_collectives, dp_collectives, edge_collectives,
@@ -84,7 +84,7 @@ def block_comm(model: ModelSpec, training: TrainingSpec, c, links: Links,
     group (etp ranks), all-to-all and expert-TP times scaled by training.moe_imbalance (the busiest rank
     receives that much more, moe.md 4.2). ``link`` False: without the TP link seconds (no
     step time needs them). {kind: BlockComm}"""
-    tp = _Timer(links, group_span(c.tp, 1, links.domain))
+    tp = _Timer(links, span(c, "tp", links.domain))
     out = {}
     for kind, colls in block_collectives(model, training, c, elem).items():
         layer = times[kind]
@@ -115,13 +115,11 @@ def _expert_times(model: ModelSpec, training: TrainingSpec, c, links: Links, col
     times its all-to-alls with the deduplicated NVLink and NIC shares of moe.flex_shares, on
     the NIC at the RDMA rate DeepEP measures (moe.flex_links)."""
     from .moe import ep_group, flex_links, flex_shares
-    size, stride = ep_group(c, training)
-    span = group_span(size, stride, links.domain)
+    ep_span = span(c, ep_group(training), links.domain)
     shares, ep_links = None, links
     if training.moe_dispatcher == "flex":
-        shares, ep_links = flex_shares(model, *span), flex_links(links)
-    timers = {"ep": _Timer(ep_links, span, shares),
-              "etp": _Timer(links, group_span(c.etp, 1, links.domain))}
+        shares, ep_links = flex_shares(model, *ep_span), flex_links(links)
+    timers = {"ep": _Timer(ep_links, ep_span, shares), "etp": _Timer(links, span(c, "etp", links.domain))}
     gamma = training.moe_imbalance
 
     def total(**match):
@@ -188,7 +186,7 @@ def ring_times(c, colls: list[Collective], links: Links, layer: LayerTimes) -> t
     receive is the other end of a send and is not timed again."""
     cp = np.asarray(c.cp, dtype=np.float64)
     steps = np.maximum(cp - 1, 1.0)
-    crosses = group_span(c.cp, c.tp, links.domain)[1] > 1
+    crosses = span(c, "cp", links.domain)[1] > 1
     attention = {"forward": layer.attention_forward, "recompute": layer.attention_forward,
                  "backward": layer.attention_backward}
     exposed, link = 0.0, 0.0
@@ -235,7 +233,7 @@ def rank_comm(model: ModelSpec, training: TrainingSpec, c, links: Links, times: 
     ``output_gemm`` (compute.output_gemm_time) is the weight-gradient GEMM the output layer's
     backward TP collective hides under. ``link`` False: no link seconds (RankComm.links {})."""
     rank = rank_index(c, kind)
-    tp = _Timer(links, group_span(c.tp, 1, links.domain))
+    tp = _Timer(links, span(c, "tp", links.domain))
     edges = edge_collectives(model, training, c, rank, elem)
     dp_colls = dp_collectives(model, training, c, rank, elem)
     norm = [x for x in dp_colls if x.group == "tp"]
@@ -249,7 +247,7 @@ def rank_comm(model: ModelSpec, training: TrainingSpec, c, links: Links, times: 
     per_mb = np.where(on & ~overlapped, 2 * np.asarray(c.vpp) * t_p2p, 0.0)
     fill = np.where(on & overlapped, 2 * (np.asarray(c.pp) - 1) * t_p2p, 0.0)
     dp = _dp_times(training, c, links, [x for x in dp_colls if x.group in ("dp", "edp")])
-    tied = _Timer(links, group_span(2, (np.asarray(c.pp) - 1) * c.stage_gpus, links.domain))
+    tied = _Timer(links, span(c, "embd", links.domain))
     tied_t = tied.total([x for x in dp_colls if x.group == "embd"])
     window_f = sum(counts[k] * times[k].forward for k in counts)
     window_b = sum(counts[k] * times[k].backward for k in counts)
@@ -273,13 +271,14 @@ def _dp_times(training: TrainingSpec, c, links: Links, colls: list[Collective]) 
     apart) for dense parameters and the edp group (ranks etp*ep apart) for experts. With ``training.zero3_throughput`` (an implementation-bound ZeRO-3, TrainingSpec)
     a ZeRO-3 collective takes at least the bytes each GPU receives, (n-1)/n of its payload,
     over that rate."""
-    groups = {"dp": (c.grad_group, c.tp), "edp": (c.edp, c.etp * c.ep)}
-    timers = {g: _Timer(links, group_span(size, stride, links.domain)) for g, (size, stride) in groups.items()
+    kinds = {"dp": "dp_cp", "edp": "edp"}  # the volumes' group -> layout.groups' kind
+    timers = {g: _Timer(links, span(c, kind, links.domain)) for g, kind in kinds.items()
               if any(x.group == g for x in colls)}
+    sizes = {"dp": c.grad_group, "edp": c.edp}
     out = {(per, phase): 0.0 for per in ("microbatch", "step") for phase in ("forward", "backward")}
     for x in colls:
         t = timers[x.group](x)
-        n = np.asarray(groups[x.group][0], dtype=np.float64)
+        n = np.asarray(sizes[x.group], dtype=np.float64)
         if training.zero3_throughput is not None and x.what.startswith("ZeRO-3"):
             t = np.maximum(t, x.calls * x.payload * (n - 1) / n / training.zero3_throughput)
         out[x.per, x.phase] = out[x.per, x.phase] + t

@@ -85,13 +85,11 @@ def _allgather(model: ModelSpec, c, rows, act: float, again) -> list[Collective]
                              "dispatch gradient")]
 
 
-def ep_group(c, training: TrainingSpec) -> tuple:
-    """(size, stride) of the group the dispatch runs on: ep ranks etp apart (alltoall), or the
-    etp*ep ranks of an expert-TP x EP block (allgather). Megatron-Core's expert rank order is
-    etp-ep-edp-pp (moe.md 3.1)."""
-    if training.moe_dispatcher == "allgather":
-        return c.etp * c.ep, np.ones_like(np.asarray(c.ep))
-    return c.ep, c.etp
+def ep_group(training: TrainingSpec) -> str:
+    """The group kind (layout.groups) the dispatch runs on: ``ep``, ep ranks etp apart
+    (alltoall, flex), or ``ep_etp``, the etp*ep ranks of an expert-TP x EP block (allgather).
+    Megatron-Core's expert rank order is etp-ep-edp-pp (moe.md 3.1)."""
+    return "ep_etp" if training.moe_dispatcher == "allgather" else "ep"
 
 
 def miss_probability(num_experts: int, topk: int, held) -> np.ndarray:

@@ -29,8 +29,8 @@ import numpy as np
 ORDERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     # name: (dense order, expert order), fastest first
     "megatron": (("tp", "cp", "dp", "pp"), ("etp", "ep", "edp", "pp")),
-    "megatron-tp-pp-dp": (("tp", "cp", "pp", "dp"), ("etp", "ep", "pp", "edp")),
     "torchtitan": (("tp", "cp", "dp", "pp"), ("etp", "ep", "edp", "pp")),
+    "megatron-tp-pp-dp": (("tp", "cp", "pp", "dp"), ("etp", "ep", "pp", "edp")),
 }
 # group kind -> (mesh: 0 dense, 1 expert; its dims, consecutive in the order)
 KINDS: dict[str, tuple[int, tuple[str, ...]]] = {

@@ -21,6 +21,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from ..layout import groups
+
 
 @dataclass
 class ExpertComm:
@@ -200,25 +202,17 @@ def expert_groups(pp: int, stage: int, etp: int, ep: int, pp_rank: int, stage_in
     every rank makes them all, in one order) and return this rank's, with ``edp_group`` set.
 
     Megatron-Core's expert rank order within a pipeline stage's ``stage`` ranks (tp-cp-dp
-    order): ETP fastest, then EP, then EDP (parallel_state.py L873-906)."""
+    order): ETP fastest, then EP, then EDP (layout.groups, parallel_state.py L873-906)."""
     edp = stage // (etp * ep)
     mine: dict[str, object] = {}
     t0, p0, d0 = stage_index % etp, (stage_index // etp) % ep, stage_index // (etp * ep)
     me = pp_rank * stage + stage_index
-    for r in range(pp):
-        base = r * stage
-
-        def rank(t, p, d):
-            return base + t + etp * p + etp * ep * d
-        groups = {"ep": [[rank(t, p, d) for p in range(ep)] for d in range(edp) for t in range(etp)],
-                  "etp": [[rank(t, p, d) for t in range(etp)] for d in range(edp) for p in range(ep)],
-                  "tp_ep": [[rank(t, p, d) for p in range(ep) for t in range(etp)] for d in range(edp)],
-                  "edp": [[rank(t, p, d) for d in range(edp)] for p in range(ep) for t in range(etp)]}
-        for name, lists in groups.items():
-            for ranks in lists:
-                g = dist.new_group(sorted(ranks))
-                if me in ranks:
-                    mine[name] = g
+    sizes = {"etp": etp, "ep": ep, "edp": edp, "pp": pp}
+    for name, kind in (("ep", "ep"), ("etp", "etp"), ("tp_ep", "ep_etp"), ("edp", "edp")):
+        for ranks in groups.ranks(sizes, groups.ORDERS["megatron"][1], groups.KINDS[kind][1]).tolist():
+            g = dist.new_group(sorted(ranks))
+            if me in ranks:
+                mine[name] = g
     comm = ExpertComm(mine["ep"], mine["etp"], mine["tp_ep"], ep, etp, p0, t0)
     comm.edp_group, comm.edp_rank = mine["edp"], d0
     return comm

@@ -19,6 +19,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
                                                PrepareModuleOutput, RowwiseParallel,
                                                SequenceParallel, parallelize_module)
 
+from ..layout import groups
 from .model import GPT, Chunk
 
 
@@ -126,16 +127,14 @@ def reduce_partial_grads(params) -> None:
             p.grad = g.redistribute(p.device_mesh, p.placements)
 
 
-def embedding_groups(mesh, pp: int, inner: int):
-    """Process groups {first stage, last stage} for each (dp, cp, tp) coordinate (tied embeddings).
-
-    ``inner`` = dp*cp*tp ranks per pipeline stage (rank = j + inner * pp_rank). Every rank
+def embedding_groups(sizes: dict[str, int]):
+    """Process groups {first stage, last stage} for each (dp, cp, tp) coordinate (tied embeddings):
+    the ends of each pipeline group (layout.groups, ``sizes``: tp, cp, dp, pp). Every rank
     creates every group (dist.new_group is collective); returns this rank's group.
     """
     mine = None
     me = dist.get_rank()
-    for j in range(inner):
-        ranks = [j, j + inner * (pp - 1)]
+    for ranks in groups.ranks(sizes, groups.ORDERS["megatron"][0], ("pp",))[:, [0, -1]].tolist():
         g = dist.new_group(ranks)
         if me in ranks:
             mine = g

@@ -19,6 +19,7 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 
+from ..layout import groups
 from .instrument import Instrument, SavedBytes
 from .model import GPT, GPTConfig, cp_positions, loss_fn, set_context_parallel
 from .parallel import (FlatOptimizer, apply_fsdp, apply_full_recompute, apply_tp, build_chunks,
@@ -104,7 +105,8 @@ def run_rank(cfg: dict) -> dict:
 
 
 def _process_groups(cfg: dict) -> SimpleNamespace:
-    """Start torch.distributed and build the (pp, dp, cp, tp) device mesh: this rank's
+    """Start torch.distributed and build the (pp, dp, cp, tp) device mesh (layout.groups' rank
+    order, tp fastest): this rank's
     coordinates, the dense-gradient group over dp*cp (Megatron's intra_dp_cp group), the tied
     embedding group, and ``dims`` (process-group name -> the dimension the Instrument names)."""
     from torch.distributed.device_mesh import init_device_mesh
@@ -116,7 +118,9 @@ def _process_groups(cfg: dict) -> SimpleNamespace:
         device = torch.device("cuda", torch.cuda.current_device())
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(backend, timeout=timedelta(seconds=cfg.get("timeout_s", 120)))
-    mesh = init_device_mesh(device.type, (pp, dp, cp, tp), mesh_dim_names=("pp", "dp", "cp", "tp"))
+    names = tuple(reversed(groups.ORDERS["megatron"][0]))  # slow -> fast: pp, dp, cp, tp
+    sizes = {"pp": pp, "dp": dp, "cp": cp, "tp": tp}
+    mesh = init_device_mesh(device.type, tuple(sizes[d] for d in names), mesh_dim_names=names)
     r = SimpleNamespace(device=device, mesh=mesh, rank=dist.get_rank(), cp=cp,
                         pp_rank=mesh["pp"].get_local_rank(), dp_rank=mesh["dp"].get_local_rank(),
                         cp_rank=mesh["cp"].get_local_rank(), embd=None,
@@ -129,7 +133,7 @@ def _process_groups(cfg: dict) -> SimpleNamespace:
             raise RuntimeError("the flattened dp*cp group aliases another mesh group")
         r.dims[r.grad_group.group_name] = "dp"
     if r.tied:
-        r.embd = embedding_groups(mesh, pp, dp * cp * tp)
+        r.embd = embedding_groups(sizes)
         r.dims[r.embd.group_name] = "embd"
     return r
 
