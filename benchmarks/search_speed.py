@@ -34,9 +34,12 @@ import tracemalloc
 import numpy as np
 
 from planner import catalog
-from planner.grid import Grid
-from planner.objective import usable_memory
-from planner.search import SearchOptions, build_grid, scan, search
+from planner.search.grid import Grid
+from planner.search.objective import usable_memory
+from planner.search.options import SearchOptions
+from planner.search.grid import build_grid
+from planner.search.run import search
+from planner.search.scan import scan
 from planner.specs import TrainingSpec
 
 # (model, GPUs, --max-gpus, hardware profile); --quick runs the first four

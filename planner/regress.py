@@ -98,7 +98,7 @@ def check_case_fields(case: Case) -> None:
     unknown option or a bad ``top``. Checked without the model: ``dp`` (gpus / (tp*cp*pp) when
     absent) and the training fields the model supplies get stand-ins of 1 for the schema check."""
     from .catalog import describe_validation_error
-    from .search import SearchOptions
+    from .search.options import SearchOptions
     from .layout import Layout
     from .specs import TrainingSpec
     checks = [(TrainingSpec, "training", {"seq_length": 1, "global_batch_size": 1, **case.training})]
@@ -158,7 +158,8 @@ def _evaluate(case: Case) -> dict[str, Scalar]:
     framework profile (its facts, then the case's own training fields). UsageError."""
     from .catalog import resolve_framework, resolve_hardware, resolve_model
     from .frameworks.profile import resolve_training
-    from .inputs import field_of, search_options, training_spec
+    from .inputs import field_of, training_spec
+    from .search.options import search_options
     model = resolve_model(case.model)
     hw = resolve_hardware(case.hardware)
     profile = resolve_framework(case.framework)
@@ -168,11 +169,11 @@ def _evaluate(case: Case) -> dict[str, Scalar]:
                                      **case.training}, field_of("training"))
     if case.layout is not None:
         from .cost.step import estimate_layout
-        from .search import check_layout
+        from .search.check import check_layout
         layout = check_layout(model, hw, training, case.gpus, case.layout, case.allow_cross_node_tp,
                               profile)
         return flatten_estimate(estimate_layout(model, hw, training, layout).to_dict(0, raw=True))
-    from .search import search
+    from .search.run import search
     opts = dict(case.search or {})
     top = opts.pop("top", 5)
     if not isinstance(top, int) or isinstance(top, bool) or top <= 0:

@@ -12,8 +12,9 @@ from typer.testing import CliRunner
 from planner import catalog
 from planner.cli import app
 from tests.conftest import wide_console
-from planner.search import MAX_GPUS, SearchOptions
-from planner.whynot import why_not
+from planner.inputs import MAX_GPUS
+from planner.search.options import SearchOptions
+from planner.search.whynot import why_not
 
 runner = CliRunner()
 GIB = 2.0**30

@@ -13,11 +13,12 @@ from planner.cost.context_parallel import kv_chunk_bytes
 from planner.cost.volumes import Elements, block_collectives
 from planner.cost.step import TIME_TERMS, estimate_layout
 from planner.errors import UsageError
-from planner.search import SearchOptions, search
+from planner.search.options import SearchOptions
+from planner.search.run import search
 from planner.layout import Candidates
 from planner.layout import Layout
 from planner.specs import TrainingSpec
-from planner.whynot import why_not
+from planner.search.whynot import why_not
 
 GIB = 2.0**30
 

@@ -11,9 +11,10 @@ from typer.testing import CliRunner
 from planner import catalog
 from planner.cli import app
 from planner.errors import DeadlineError, UsageError
-from planner.objective import parse_deadline
-from planner.scan import DEADLINE_RULE
-from planner.search import SearchOptions, search
+from planner.search.objective import parse_deadline
+from planner.search.scan import DEADLINE_RULE
+from planner.search.options import SearchOptions
+from planner.search.run import search
 from planner.specs import ModelSpec, TrainingSpec
 
 runner = CliRunner()

@@ -40,7 +40,8 @@ def test_a_tie_with_the_winner_is_called_a_tie():
     assert res.exit_code == 0
     from planner import catalog
     from planner.inputs import training_spec
-    from planner.search import SearchOptions, search
+    from planner.search.options import SearchOptions
+    from planner.search.run import search
     m = catalog.resolve_model("175b")
     winner = search(m, catalog.resolve_hardware("dgx-h100"), training_spec(m), 512,
                     SearchOptions(offload_layers=0)).ranked

@@ -20,7 +20,7 @@ from planner.cost.memory import activation_per_layer
 from planner.errors import UsageError
 from planner.frameworks import export_plan
 from planner.frameworks.profile import Overrides, resolve_training
-from planner.frameworks.rules import broken_rules
+from planner.search.framework_rules import broken_rules
 from planner.layout import Candidates
 from planner.layout import Layout
 from planner.specs import TrainingSpec
@@ -175,7 +175,7 @@ def test_torchtitan_refuses_fewer_microbatches_than_stages(tmp_path):
 
 
 def test_torchtitan_interleaving_follows_pytorch_rounds():
-    from planner.frameworks.rules import framework_masks
+    from planner.search.framework_rules import framework_masks
     titan = catalog.resolve_framework("torchtitan")
     m = catalog.resolve_model("llama3-8b")
     # pp 4, vpp 2: m 10 -> rounds 2, 10 % 2 = 0 runs; m 9 -> rounds 2, 9 % 2 = 1 raises in PyTorch
@@ -303,7 +303,7 @@ def test_kv_heads_below_tp_is_a_framework_rule(tmp_path):
 def test_the_reserve_scales_with_the_working_set():
     # llama3-70b on 64 H100: the winner keeps, beyond its tensors, 1 GiB + 0.6 GiB per NCCL
     # communicator + 20 % of its activations and buffers (megatron-core's profile)
-    from planner.search import search
+    from planner.search.run import search
     m, hw = catalog.resolve_model("llama3-70b"), catalog.resolve_hardware("dgx-h100")
     tr = resolve_training({"seq_length": m.training.seq_length, "global_batch_size": 1024},
                           catalog.resolve_framework())
@@ -356,8 +356,9 @@ def test_estimate_shows_every_pipeline_stage():
 
 def _sample_layouts(model: str, gpus: int, batch: int, count: int, seed: int):
     """``count`` layouts of the search space that pass the rules every framework shares."""
-    from planner.search import SearchOptions, enumerate_space
-    from planner.space import constraint_masks
+    from planner.search.options import SearchOptions
+    from planner.search.grid import enumerate_space
+    from planner.search.rules import constraint_masks
     m, hw = catalog.resolve_model(model), catalog.resolve_hardware("dgx-h100")
     tr = TrainingSpec(seq_length=m.training.seq_length, global_batch_size=batch)
     c = enumerate_space(m, hw, tr, gpus, SearchOptions(max_vpp=4, max_cp=2))

@@ -14,7 +14,8 @@ from planner.cli import app
 from planner.cost import memory_total
 from planner.cost.offload import host_bytes, least_offload_layers
 from planner.frameworks.profile import Overrides, resolve_training
-from planner.search import SearchOptions, search
+from planner.search.options import SearchOptions
+from planner.search.run import search
 from planner.layout import Candidates
 from planner.layout import Layout
 from planner.specs import TrainingSpec

@@ -140,7 +140,7 @@ def test_sweep_json_error_rows_have_every_key():
 def test_a_pin_above_a_default_bound_raises_the_bound(given, bound, value):
     # `--cp 32` said "--cp 32 contradicts --max-cp 16", a bound the user never gave (default 16)
     from planner.catalog import resolve_hardware
-    from planner.inputs import search_options
+    from planner.search.options import search_options
     from planner.specs import TrainingSpec
     opts = search_options(resolve_hardware("dgx-h100"), TrainingSpec(seq_length=8192, global_batch_size=64), given)
     assert getattr(opts, bound) == value

@@ -19,7 +19,7 @@ from planner.cost.volumes import Elements, rank_collectives
 from planner.errors import UsageError
 from planner.frameworks import export_plan
 from planner.inputs import training_spec
-from planner.search import check_layout
+from planner.search.check import check_layout
 from planner.layout import Candidates
 from planner.layout import Layout
 from planner.plan import Plan

@@ -21,7 +21,8 @@ from planner.cost.step import estimate_layout
 from planner.errors import UsageError
 from planner.frameworks import export_plan
 from planner.frameworks.profile import resolve_training
-from planner.search import SearchOptions, search
+from planner.search.options import SearchOptions
+from planner.search.run import search
 from planner.layout import Candidates
 from planner.layout import Layout
 from planner.plan import Plan

@@ -17,8 +17,9 @@ from planner.cli import app
 from planner.errors import NoFitError, UsageError
 from planner.inputs import training_spec
 from planner.regress import Case, evaluate_case
-from planner.search import SearchOptions, search
-from planner.whynot import why_not
+from planner.search.options import SearchOptions
+from planner.search.run import search
+from planner.search.whynot import why_not
 
 runner = CliRunner()
 GIB = 2.0**30
@@ -250,7 +251,7 @@ def test_why_not_json_has_the_same_keys_for_every_verdict():
 
 from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
 
-from planner.refusal import fewest_gpus  # noqa: E402
+from planner.search.refusal import fewest_gpus  # noqa: E402
 from tests.conftest import gpt  # noqa: E402
 
 

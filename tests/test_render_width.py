@@ -195,7 +195,7 @@ def test_costs_carry_their_currency():
 
 def test_search_explanation_as_data(gpt3_h100):
     from planner.explain import explain_search
-    from planner.search import search
+    from planner.search.run import search
     m, hw, tr = gpt3_h100
     result = search(m, hw, tr, 512)
     e = explain_search(result)
@@ -212,7 +212,7 @@ def test_search_explanation_as_data(gpt3_h100):
 
 def test_no_fit_error_declares_the_closest_miss():
     from planner.errors import NoFitError
-    from planner.search import search
+    from planner.search.run import search
     m, hw = catalog.resolve_model("175b"), catalog.resolve_hardware("dgx-h100")
     with pytest.raises(NoFitError) as info:
         search(m, hw, TrainingSpec(seq_length=2048, global_batch_size=8), 8)

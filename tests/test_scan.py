@@ -11,9 +11,10 @@ from hypothesis import strategies as st
 from planner import catalog
 from planner.cost import memory_total
 from planner.cost.estimate import memory_by_rank
-from planner.grid import Grid
-from planner.scan import boxes_of, chunks
-from planner.search import SearchOptions, build_grid
+from planner.search.grid import Grid
+from planner.search.scan import boxes_of, chunks
+from planner.search.options import SearchOptions
+from planner.search.grid import build_grid
 from planner.layout import Layout
 from planner.specs import TrainingSpec
 from planner.layout import Candidates
@@ -101,7 +102,7 @@ def test_states_floor_is_below_every_layouts_memory(name, nodes, batch, framewor
     least reserve) never exceeds a layout's peak memory, on every framework's accounting."""
     from planner.cost.estimate import states_floor
     from planner.frameworks.profile import resolve_training
-    from planner.grid import full
+    from planner.search.grid import full
     m, hw = catalog.resolve_model(name), catalog.resolve_hardware("dgx-h100")
     tr = resolve_training(TrainingSpec(seq_length=4096, global_batch_size=batch),
                           catalog.resolve_framework(framework))
@@ -118,8 +119,8 @@ def test_closest_miss_is_the_valid_layout_nearest_to_fitting():
     force over every layout finds it."""
     from planner.cost.collectives import nvlink_domain
     from planner.errors import NoFitError
-    from planner.search import search
-    from planner.space import constraint_masks
+    from planner.search.run import search
+    from planner.search.rules import constraint_masks
     m, hw = catalog.resolve_model("175b"), catalog.resolve_hardware("dgx-h100")
     tr = TrainingSpec(seq_length=m.training.seq_length, global_batch_size=m.training.global_batch_size)
     with pytest.raises(NoFitError) as err:

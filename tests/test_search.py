@@ -7,7 +7,9 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from planner import catalog
 from planner.cost import evaluate
 from planner.errors import NoFitError, UsageError
-from planner.search import SearchOptions, enumerate_space, search
+from planner.search.options import SearchOptions
+from planner.search.grid import enumerate_space
+from planner.search.run import search
 from planner.specs import TrainingSpec
 
 # The project's accuracy target for MFU figures (README "Accuracy": 10 %), relative

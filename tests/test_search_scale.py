@@ -11,11 +11,14 @@ from planner import catalog
 from planner.cost import evaluate, memory_total
 from planner.cost.offload import least_offload_layers
 from planner.errors import UsageError
-from planner.grid import full
-from planner.objective import parse_headroom, usable_memory
-from planner.scan_layers import least_recompute
-from planner.search import FIT_RULE, SearchOptions, build_grid, enumerate_space, search
-from planner.space import constraint_masks
+from planner.search.grid import full
+from planner.search.objective import parse_headroom, usable_memory
+from planner.search.least_layers import least_recompute
+from planner.search.scan import FIT_RULE
+from planner.search.options import SearchOptions
+from planner.search.grid import build_grid, enumerate_space
+from planner.search.run import search
+from planner.search.rules import constraint_masks
 from planner.specs import TrainingSpec
 
 GIB = 2.0**30

@@ -9,9 +9,10 @@ from planner.cli import app
 from planner.errors import UsageError
 from planner.explain import memory_breakdown, term_deltas, time_breakdown
 from planner.render.breakdown import bar
-from planner.search import SearchOptions, search
-from planner.sweep import parse_batch_sizes, parse_gpu_counts, sweep, sweep_batches
-from planner.whynot import parse_layout, why_not
+from planner.search.options import SearchOptions
+from planner.search.run import search
+from planner.search.sweep import parse_batch_sizes, parse_gpu_counts, sweep, sweep_batches
+from planner.search.whynot import parse_layout, why_not
 
 runner = CliRunner()
 

@@ -9,7 +9,9 @@ from planner import __version__, catalog
 from planner.cost.memory import rank_params, stage_params
 from planner.cost.step import TIME_TERMS, estimate_layout
 from planner.errors import UsageError
-from planner.search import SearchOptions, check_layout, search
+from planner.search.options import SearchOptions
+from planner.search.check import check_layout
+from planner.search.run import search
 from planner.layout import Candidates
 from planner.layout.split import default_uneven_split, uneven_splits
 from planner.layout import Layout
@@ -228,7 +230,7 @@ def test_exports_of_an_interleaved_uneven_split():
 
 
 def test_why_not_names_the_interleaving_that_works():
-    from planner.whynot import why_not
+    from planner.search.whynot import why_not
     m, hw = catalog.resolve_model("llama3-405b"), catalog.resolve_hardware("dgx-h100")
     tr = TrainingSpec(seq_length=8192, global_batch_size=2048)
     verdict = why_not(m, hw, tr, 16384, SearchOptions(), "tp=8 pp=16 vpp=8 cp=1")
@@ -267,7 +269,7 @@ def test_search_reaches_the_vpp_an_uneven_split_allows():
     # divisors(126) = 1, 2, 3, 6, 7, 9, 14, 18, 21, ...: vpp 4 comes only from the 7+..+7 split on
     # pp=16 ((126 + 2)/16 = 8 per rank); with full recomputation pinned it halves the bubble of
     # vpp 2 and wins the pinned search
-    from planner.search import _vpp_values
+    from planner.search.grid import _vpp_values
     assert 4 in _vpp_values(126, np.array([16]), 16).tolist()
     assert 4 not in _vpp_values(126, np.array([14]), 16).tolist()  # 126 = 14 x 9: even split only
     m, hw = catalog.resolve_model("llama3-405b"), catalog.resolve_hardware("dgx-h100")

@@ -176,7 +176,7 @@ def test_default_zero_stage_with_pipeline_stages():
     # a profile offering ZeRO 0 and 3 with ZeRO-3 only at pp = 1: pp 1 -> 3, pp 2 -> 0;
     # megatron-core (0-3, any with pp) -> 1 either way
     from planner import catalog
-    from planner.frameworks.rules import default_zero_stage
+    from planner.search.framework_rules import default_zero_stage
     rules = catalog.resolve_framework("torchtitan").rules.model_copy(
         update={"zero_stages": [0, 3], "max_zero_stage_with_pp": 0})
     assert (default_zero_stage(rules, 1), default_zero_stage(rules, 2)) == (3, 0)

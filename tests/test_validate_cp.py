@@ -7,7 +7,7 @@ import pytest
 
 from planner import catalog
 from planner.cost.memory import rank_params
-from planner.cost.torch_volumes import step_volumes
+from planner.validate.torch_volumes import step_volumes
 from planner.layout import Candidates
 from planner.errors import UsageError
 from planner.layout import Layout

@@ -10,7 +10,7 @@ import pytest
 from planner import catalog
 from planner.cost import memory
 from planner.cost.memory import rank_params
-from planner.cost.torch_volumes import step_volumes
+from planner.validate.torch_volumes import step_volumes
 from planner.layout import Candidates
 from planner.layout import Layout
 from planner.specs import TrainingSpec

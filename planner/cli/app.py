@@ -202,7 +202,7 @@ def _training(model, global_batch_size, seq_length, checkpoint: dict | None = No
         training = training.model_copy(update={"checkpoint": training.checkpoint.model_copy(
             update=checkpoint)})
     if moe:  # Megatron-Core's dispatchers and EP overlap: refused up front by other profiles
-        from ..frameworks.rules import check_model
+        from ..search.framework_rules import check_model
         check_model(profile, model, training)
     return profile, training
 

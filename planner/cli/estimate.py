@@ -89,7 +89,7 @@ def _from_flags(flags: dict, allow_cross_node_tp: bool):
     """(model, hardware, profile, training, gpus, layout) of ``estimate`` from its flags (by
     flag name), each checked as given before the defaults: `--tp 0` is an error, not tp=1;
     tp, cp, pp default to 1 and dp to what they leave (search.check_layout). UsageError."""
-    from ..search import check_layout
+    from ..search.check import check_layout
     f = {k.lstrip("-").split("/")[0].replace("-", "_"): v for k, v in flags.items()}
     check_integers({k: f[k] for k in ("tp", "pp", "dp", "cp", "micro_batch_size", "vpp", "ep", "etp")})
     check_integers({k: f[k] for k in ("first_stage_layers", "last_stage_layers",
@@ -104,8 +104,8 @@ def _from_flags(flags: dict, allow_cross_node_tp: bool):
     n = _require(f["gpus"], "--gpus")
     sequence_parallel = f["sequence_parallel"]
     if sequence_parallel is None:  # on where the expert rule needs it and the framework has it
-        from ..frameworks.rules import profile_for
-        from ..space import moe_needs_sp
+        from ..search.framework_rules import profile_for
+        from ..search.rules import moe_needs_sp
         sequence_parallel = moe_needs_sp(m, f["tp"] or 1) and \
             profile_for(training, profile).rules.sequence_parallel
         if sequence_parallel:
@@ -193,14 +193,15 @@ def _to_fit(m, hw, training, n: int, profile=None):
     import numpy as np
 
     from ..errors import NoFitError
-    from ..refusal import FitHint
-    from ..search import SearchOptions, search
+    from ..search.refusal import FitHint
+    from ..search.options import SearchOptions
+    from ..search.run import search
     try:
         best = search(m, hw, training, n, SearchOptions(keep=1, framework=profile)).ranked
     except NoFitError as exc:
         return exc.to_fit
     except UsageError:  # no layout can use n GPUs at all (e.g. the batch): the next count that fits
-        from ..refusal import fit_hint
+        from ..search.refusal import fit_hint
         return fit_hint(m, hw, training, n, SearchOptions(framework=profile))
     return FitHint(n, best.take(np.array([0])))
 
@@ -223,5 +224,5 @@ def _zero_stage(zero_stage: Optional[int], distributed_optimizer: Optional[bool]
         return 0
     if profile is None:
         return 1
-    from ..frameworks.rules import default_zero_stage
+    from ..search.framework_rules import default_zero_stage
     return default_zero_stage(profile.rules, pp)

@@ -10,7 +10,8 @@ import typer
 from .. import catalog
 from ..errors import UsageError
 from ..render import console
-from ..inputs import check_numbers, search_options
+from ..inputs import check_numbers
+from ..search.options import search_options
 from ..units import parse_count
 from .app import (CURRENCY, EXPORT, FORCE, MAX_GPUS, WHY_NOT, OFFLOAD_LAYERS, RECOMPUTE_LAYERS, ALLOCATOR, ASYNC_SAVE, DEADLINE, FAILURE_RATE,
                   FLASH, FRAMEWORK, GBS, GPUS, GRAD_DTYPE, HARDWARE, HEADROOM, JSON, MODEL,
@@ -69,8 +70,8 @@ def search(
     moe_dispatcher: Optional[str] = MOE_DISPATCHER, moe_a2a_overlap: Optional[bool] = MOE_A2A_OVERLAP,
 ) -> None:
     """Rank the TP/PP/DP/ZeRO layouts that fit, by predicted throughput (or --objective)."""
-    from ..objective import parse_deadline
-    from ..search import search as run_search
+    from ..search.objective import parse_deadline
+    from ..search.run import search as run_search
     tokens = parse_count(tokens, "--tokens")
     m, hw, profile, training = _inputs(
         model, hardware, global_batch_size, seq_length, _checkpoint(failure_rate, restart_time,
@@ -152,7 +153,7 @@ def _currency(code: Optional[str], price: Optional[float]) -> str:
 
 def _why_not(m, hw, training, gpus, n, opts, text: str, currency: str, json_out: bool) -> None:
     """--why-not: the verdict on the user's layout, as JSON or text."""
-    from ..whynot import why_not as explain_why_not
+    from ..search.whynot import why_not as explain_why_not
     verdict = explain_why_not(m, hw, training, gpus, opts, text, currency)
     if json_out:
         data = verdict.to_dict()

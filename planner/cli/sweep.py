@@ -20,14 +20,14 @@ def run(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: str
     layout, DeadlineError when none meets the deadline. With a token budget (``tokens`` or the
     model's) each count's layout is the one with the shortest expected time to train (failures
     and checkpoints counted), else the one with the most tokens/s."""
-    from ..inputs import search_options
+    from ..search.options import search_options
     from ..errors import DeadlineError
-    from ..objective import check_budget, parse_deadline, reports_training, step_tokens
+    from ..search.objective import check_budget, parse_deadline, reports_training, step_tokens
     from ..outputs import is_stdout, report_to_stderr, shown
     from ..render import console
     from ..render.search import header
     from ..render.sweep import progress, sweep_table
-    from ..sweep import parse_batch_sizes, parse_gpu_counts, sweep_batches
+    from ..search.sweep import parse_batch_sizes, parse_gpu_counts, sweep_batches
     counts = parse_gpu_counts(gpus, hw)
     sizes = [b or training.global_batch_size for b in parse_batch_sizes(batches)]
     if plot_path is not None:

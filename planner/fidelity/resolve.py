@@ -18,7 +18,8 @@ from itertools import product
 
 from ..errors import NoFitError, UsageError
 from ..frameworks.profile import GRAD_BYTES
-from ..search import SearchOptions, search
+from ..search.options import SearchOptions
+from ..search.run import search
 from ..layout import Layout
 from ..specs import TrainingSpec
 from .runs import RunCase

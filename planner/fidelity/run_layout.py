@@ -88,7 +88,7 @@ def layout_of(gpus: int, lay: dict, facts: RunFacts, model: ModelSpec,
     """(Layout of the run, the settings it leaves unknown). Each unknown setting takes its
     LAYOUT_DEFAULTS value, listed through ``assume`` unless it cannot change the prediction."""
     from ..layout.split import default_uneven_split
-    from ..space import moe_needs_sp
+    from ..search.rules import moe_needs_sp
     tp, pp, cp, dp = split_degrees(gpus, lay, assume)
     ep = _stated(lay, facts, "ep", assume)
     if ep is None and model.moe is not None:

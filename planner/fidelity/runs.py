@@ -180,7 +180,7 @@ def _expert_problem(model: ModelSpec, layout: Layout) -> str | None:
     applies: experts divisible by ep, etp*ep dividing a stage's tp*cp*dp GPUs, SP with tp > 1,
     ...), worded as search.check_layout words them; None if it keeps them."""
     from ..layout import Candidates
-    from ..space import expert_rules, rules_broken
+    from ..search.rules import expert_rules, rules_broken
     broken = rules_broken(expert_rules(model, Candidates.from_layouts([layout])))
     return f"layout {layout.short()} breaks: {'; '.join(broken)}" if broken else None
 

@@ -23,7 +23,7 @@ def export_target(name: str | None, plan: Plan) -> str:
     framework's (UsageError for a historical profile that has no exporter, or an unknown name)."""
     from ..catalog import framework_profiles
     if name is None:
-        from .rules import profile_for
+        from ..search.framework_rules import profile_for
         profile = profile_for(plan.training, plan.framework)
         if profile.export is None:
             raise UsageError(f"the plan's framework {profile.name} has no exporter (it describes "
@@ -56,7 +56,7 @@ def export_plan(plan: Plan, target: str, torchtitan_format: str = "overrides") -
     ``Export.notes``."""
     if target not in TARGETS:
         raise UsageError(f"unknown export target {target!r}; choose one of {', '.join(TARGETS)}")
-    from .rules import check_plan, profile_for
+    from ..search.framework_rules import check_plan, profile_for
     check_plan(target, plan)
     if target == "megatron":
         from .megatron import export_megatron

@@ -72,7 +72,7 @@ def megatron_args(plan: Plan) -> list[tuple[str, str | None]]:
     """The (flag, value or None) pairs for ``plan``, in a stable order. UsageError if inexpressible."""
     model, lay, tr = plan.model, plan.layout, plan.training
     m = microbatches(plan)  # validates B % (dp*b)
-    from .rules import check_plan
+    from ..search.framework_rules import check_plan
     check_plan("megatron", plan)  # what Megatron-Core cannot build or run (ALiBi, ...)
     args: list[tuple[str, str | None]] = [
         ("--tensor-model-parallel-size", str(lay.tp)),

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..cost import memory
 from ..cost.model_flops import padded_vocab
-from ..cost.torch_volumes import step_volumes
+from .torch_volumes import step_volumes
 from ..errors import UsageError
 from ..layout import Candidates
 from ..layout import Layout

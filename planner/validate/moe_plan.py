@@ -26,7 +26,7 @@ import numpy as np
 
 from ..cost import model_counts
 from ..cost.moe_dispatch import moe_dispatch_volumes
-from ..cost.torch_volumes import step_volumes
+from .torch_volumes import step_volumes
 from ..model_schema import MoESpec
 
 

@@ -23,19 +23,19 @@ from typing import TYPE_CHECKING, Iterator
 import numpy as np
 
 from . import objective
-from .cost import evaluate
-from .cost.estimate import states_floor
-from .cost.estimate import memory_by_rank, rank_kinds
-from .cost.offload import offload_candidates, offload_runs
-from .scan_layers import (GridLayers, offers_offload, offers_recompute_layers,
-                          record_least_layers, record_least_offload, with_scanned_layers)
-from .cost.collectives import nvlink_domain
-from .grid import KNOB_FIELDS, Grid, full
-from .space import constraint_masks
-from .specs import HardwareProfile, ModelSpec, TrainingSpec
+from ..cost import evaluate
+from ..cost.estimate import states_floor
+from ..cost.estimate import memory_by_rank, rank_kinds
+from ..cost.offload import offload_candidates, offload_runs
+from .least_layers import (GridLayers, offers_offload, offers_recompute_layers, record_least_layers, record_least_offload, with_scanned_layers)
+from ..cost.collectives import nvlink_domain
+from ..layout.axes import KNOB_FIELDS
+from .grid import Grid, full
+from .rules import constraint_masks
+from ..specs import HardwareProfile, ModelSpec, TrainingSpec
 
 if TYPE_CHECKING:
-    from .search import SearchOptions
+    from .options import SearchOptions
 
 FIT_RULE = "does not fit in HBM"
 DEADLINE_RULE = "expected time to train beyond the deadline"

@@ -2,8 +2,8 @@
 
 A flat ``Candidates`` holds N equal-length arrays. A grid holds the same layouts without writing
 them out: the parallel split (tp, cp, pp, dp: the rows allowed by the GPU count) varies along
-axis 0 and each other dimension (zero_stage, micro_batch_size, recompute, sequence_parallel, vpp,
-distributed_optimizer) along an axis of its own, every field shaped to broadcast against the
+axis 0 and each knob of the axes table (layout.axes: zero_stage, micro_batch_size, recompute,
+sequence_parallel, vpp, distributed_optimizer) along an axis of its own, every field shaped to broadcast against the
 others. The cost model is elementwise numpy, so it evaluates a grid unchanged; a term that
 depends only on (tp, mbs, SP) is then computed once per such combination instead of once per
 layout, and only the final compositions run at the full size. Results are identical to evaluating the flattened layouts
@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .layout import Candidates
-from .space import folds
-from .layout.split import uneven_splits
-
-SPLIT_FIELDS = ("tp", "cp", "pp", "dp", "ep", "etp", "first_stage_layers", "last_stage_layers")
-KNOB_FIELDS = ("zero_stage", "micro_batch_size", "recompute", "sequence_parallel", "vpp",
-               "distributed_optimizer")
+from ..cost.collectives import nvlink_domain
+from ..layout import BY_NAME, Candidates
+from ..layout.axes import KNOB_FIELDS, SOLVED_FIELDS, SPLIT_FIELDS
+from ..layout.split import divisors, uneven_splits
+from ..specs import HardwareProfile, ModelSpec, TrainingSpec
+from .options import SearchOptions
+from .rules import folds
 
 
 def parallel_splits(tps: np.ndarray, pps: np.ndarray, gpus: int | None = None,
@@ -190,3 +190,66 @@ def expert_mesh(split: dict[str, np.ndarray], num_experts: int, ep: int | None =
     out = {k: v[order] for k, v in split.items()}
     out["ep"], out["etp"] = np.concatenate(eps), np.concatenate(etps)
     return out
+
+
+def build_grid(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: int | None,
+               opts: SearchOptions) -> Grid:
+    """The space as a broadcast grid (planner.grid): parallel splits x knob axes.
+
+    tp: powers of two up to the NVLink domain (up to the GPU count with --allow-cross-node-tp);
+    cp: powers of two up to ``max_cp``; pp: divisors of the layer count, and powers of two up to
+    it that have an uneven split; each pp with its even split (where pp divides the layers) and
+    every uneven split space.uneven_splits lists (a pinned pp is taken as given); dp = gpus/(tp*cp*pp), or
+    with ``max_gpus`` every divisor of the global batch (no other dp splits it) such that
+    tp*cp*pp*dp is whole nodes within the budget;
+    each knob axis its values (knob_values: the axes table's; zero_stage 0-3; micro_batch_size
+    the divisors of the global batch up to ``max_micro_batch_size``; recompute none / selective /
+    full / selective+; SP on and off; vpp the divisors of the layer count up to ``max_vpp`` and
+    those an uneven split interleaves with; the distributed optimizer off unless pinned); a
+    pinned solved axis (recompute_num_layers, offload_layers) fixed for every layout.
+    """
+    budget = opts.max_gpus if opts.max_gpus is not None else gpus
+    top = budget if opts.allow_cross_node_tp else min(nvlink_domain(hw), budget)
+    tps = axis(2 ** np.arange(0, int(np.log2(max(top, 1))) + 1), opts.tp, opts.max_tp)
+    L = model.num_layers  # pp: divisors of L (even splits), powers of two up to L (uneven splits)
+    pps = np.union1d(divisors(L), 2 ** np.arange(0, int(np.log2(L)) + 1))
+    pps = axis(np.array([p for p in pps.tolist() if L % p == 0 or uneven_splits(L, p)], dtype=np.int64),
+                opts.pp, opts.max_pp)
+    cps = axis(2 ** np.arange(0, int(np.log2(max(opts.max_cp, 1))) + 1), opts.cp)
+    if opts.max_gpus is None:
+        split = parallel_splits(tps, pps, gpus=gpus, cps=cps, num_layers=L)
+    else:
+        dps = axis(divisors(training.global_batch_size), opts.dp)
+        split = parallel_splits(tps, pps, dps=dps, max_gpus=opts.max_gpus,
+                                gpus_per_node=hw.gpus_per_node, cps=cps, num_layers=L)
+    if opts.dp is not None:
+        keep = split["dp"] == opts.dp
+        split = {k: v[keep] for k, v in split.items()}
+    if opts.first_stage_layers is not None or opts.last_stage_layers is not None:
+        split = pinned_split(split, L, opts.first_stage_layers, opts.last_stage_layers)
+    if model.moe is not None:
+        split = expert_mesh(split, model.moe.num_experts, opts.ep, opts.etp, opts.max_ep)
+    knobs = {name: knob_values(model, training, opts, pps, name) for name in KNOB_FIELDS}
+    fixed = {name: getattr(opts, name) for name in SOLVED_FIELDS if getattr(opts, name) is not None}
+    return Grid(split, knobs, fixed)
+
+
+def knob_values(model: ModelSpec, training: TrainingSpec, opts: SearchOptions, pps: np.ndarray,
+                name: str) -> np.ndarray:
+    """The values knob axis ``name`` takes in the grid (layout.axes: its ``values`` within its
+    bound), or its pin alone; a choice as its code. Int64 (bool for a bool axis)."""
+    a = BY_NAME[name]
+    pin = getattr(opts, name)
+    dtype = bool if a.kind is bool else np.int64
+    if pin is not None:
+        return np.array([a.code(pin)], dtype=dtype)
+    bound = getattr(opts, a.bound) if a.bound else None
+    values = np.asarray(a.values(model, training, pps, bound))
+    return (values if bound is None else values[values <= bound]).astype(dtype)
+
+
+def enumerate_space(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: int,
+                    opts: SearchOptions) -> Candidates:
+    """The whole space of ``build_grid`` written out as flat Candidates (for tests and tools)."""
+    grid = build_grid(model, hw, training, gpus, opts)
+    return grid.flat(np.arange(grid.size))

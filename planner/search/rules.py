@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .layout import Candidates
-from .layout.split import uneven_ok
-from .specs import ModelSpec, TrainingSpec
+from ..layout import Candidates
+from ..layout.split import uneven_ok
+from ..specs import ModelSpec, TrainingSpec
 
 if TYPE_CHECKING:
-    from .framework_spec import FrameworkProfile
+    from ..framework_spec import FrameworkProfile
 
 
 # Every TP implementation splits whole attention heads over the tp ranks; what it does with the
@@ -46,7 +46,7 @@ def constraint_masks(model: ModelSpec, training: TrainingSpec, nvlink_domain: in
     frameworks.rules.framework_masks): KV heads against tp, interleaving and micro-batches,
     uneven split forms, ZeRO stages, recomputation, ...
     """
-    from .frameworks.rules import framework_masks, profile_for
+    from .framework_rules import framework_masks, profile_for
     a, L = model.num_attention_heads, model.num_layers
     B, s = training.global_batch_size, training.seq_length
     tp, pp, vpp, cp = c.tp, c.pp, c.vpp, c.cp

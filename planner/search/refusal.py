@@ -16,19 +16,19 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .cost import Estimate, memory_total
-from .cost.collectives import nvlink_domain
-from .layout.degrees import SPLIT_DEGREES, product_expr, split_problem
-from .errors import PlannerError, UsageError
+from ..cost import Estimate, memory_total
+from ..cost.collectives import nvlink_domain
+from ..layout.degrees import SPLIT_DEGREES, product_expr, split_problem
+from ..errors import PlannerError, UsageError
 from .grid import Grid
-from .inputs import MAX_GPUS
-from .render import fmt
-from .space import FOLDING_RULE, constraint_masks, folds
-from .layout.split import uneven_splits
-from .specs import HardwareProfile, ModelSpec, TrainingSpec
+from ..inputs import MAX_GPUS
+from ..render import fmt
+from .rules import FOLDING_RULE, constraint_masks, folds
+from ..layout.split import uneven_splits
+from ..specs import HardwareProfile, ModelSpec, TrainingSpec
 
 if TYPE_CHECKING:
-    from .search import SearchOptions
+    from .options import SearchOptions
 
 FLAT_COST = 8  # one layout evaluated as flat arrays costs about this many grid layouts (measured)
 
@@ -122,7 +122,7 @@ def _fits(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c, usab
           offload: bool) -> np.ndarray:
     """Which candidates fit within ``usable`` bytes per GPU, with the least activation offload
     that fits where ``offload`` (cost.offload; the search's choice). Bool array."""
-    from .cost.offload import least_offload_layers, offload_candidates, offload_runs
+    from ..cost.offload import least_offload_layers, offload_candidates, offload_runs
     fits = (memory_total(model, hw, training, c) <= usable) & offload_runs(model, hw, training, c)
     if offload and np.any(~fits):
         if np.any(offload_candidates(c)):
@@ -138,8 +138,8 @@ def fewest_gpus(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, a
     blocks of about scan.CHUNK layouts, stopping at the first block with a fit."""
     from . import objective
     from .scan import CHUNK
-    from .scan_layers import offers_offload
-    from .search import build_grid
+    from .least_layers import offers_offload
+    from .grid import build_grid
     grid = build_grid(model, hw, training, None, replace(opts, max_gpus=limit))
     counts = grid.split["gpus"]
     order = np.argsort(counts, kind="stable")
@@ -181,7 +181,7 @@ def fit_hint(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, abov
              opts: "SearchOptions") -> FitHint | None:
     """``fewest_gpus`` above ``above`` with the best layout there (a search at that count with
     ``opts``; the count is whole nodes, so it is one ``--gpus`` takes); None if no count fits."""
-    from .search import search
+    from .run import search
     n = fewest_gpus(model, hw, training, above, opts)
     if n is None:
         return None
@@ -221,8 +221,8 @@ def nothing_valid_message(model: ModelSpec, training: TrainingSpec, gpus: int, r
                           grid: Grid) -> str:
     """The one-line reason no layout is valid: ``rule`` removed the last ones (a batch that no
     dp x micro-batch divides is said as such; a tp beyond the NVLink domain gets its hint)."""
-    from .space import TP_RULE
-    from .search import CROSS_NODE_HINT
+    from .rules import TP_RULE
+    from .check import CROSS_NODE_HINT
     if rule == "global batch divisible by dp*micro_batch_size":
         dps = sorted(set(grid.split["dp"].tolist()))
         mbs = sorted(set(grid.knobs["micro_batch_size"].tolist()))

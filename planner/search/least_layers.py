@@ -14,16 +14,17 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .cost import memory_total
-from .cost.offload import offers_host_offload, offload_layers_from_totals, offload_saving
-from .cost.recompute import layer_terms, layers_from_totals, least_recompute_layers
-from .grid import KNOB_FIELDS, Grid, full
-from .specs import HardwareProfile, ModelSpec, TrainingSpec
+from ..cost import memory_total
+from ..cost.offload import offers_host_offload, offload_layers_from_totals, offload_saving
+from ..cost.recompute import layer_terms, layers_from_totals, least_recompute_layers
+from ..layout.axes import KNOB_FIELDS
+from .grid import Grid, full
+from ..specs import HardwareProfile, ModelSpec, TrainingSpec
 
 if TYPE_CHECKING:
     from .scan import Scan
-    from .search import SearchOptions
-    from .layout import Candidates
+    from .options import SearchOptions
+    from ..layout import Candidates
 
 
 @dataclass
@@ -56,7 +57,7 @@ class GridLayers:
 def offers_recompute_layers(training: TrainingSpec, opts: "SearchOptions") -> bool:
     """Whether the search may choose recompute_num_layers: not pinned, and the framework
     (opts.framework, else the one training names) recomputes N layers per chunk."""
-    from .frameworks.rules import profile_for
+    from .framework_rules import profile_for
     return opts.recompute_num_layers is None and \
         profile_for(training, opts.framework).rules.recompute_num_layers
 
@@ -65,7 +66,7 @@ def offers_offload(hw: HardwareProfile, training: TrainingSpec, opts: "SearchOpt
     """Whether the search may choose offload_layers: not pinned, the hardware profile states a
     host link and host memory, and the framework (opts.framework, else the one training names)
     offloads activations to host memory."""
-    from .frameworks.rules import profile_for
+    from .framework_rules import profile_for
     return opts.offload_layers is None and offers_host_offload(hw) and \
         "activations" in profile_for(training, opts.framework).rules.offload
 

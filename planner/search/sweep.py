@@ -14,10 +14,13 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable
 
-from .errors import DeadlineError, NoFitError, PlannerError, UsageError
-from .inputs import check_numbers, training_spec
-from .search import MAX_GPUS, SearchOptions, check_inputs, search
-from .specs import HardwareProfile, ModelSpec, TrainingSpec
+from ..errors import DeadlineError, NoFitError, PlannerError, UsageError
+from ..inputs import check_numbers, training_spec
+from ..inputs import MAX_GPUS
+from .options import SearchOptions
+from .check import check_inputs
+from .run import search
+from ..specs import HardwareProfile, ModelSpec, TrainingSpec
 
 
 def parse_gpu_counts(text: str, hw: HardwareProfile) -> list[int]:
@@ -108,7 +111,7 @@ def _short_error(exc: PlannerError, opts: SearchOptions) -> str:
     from which a layout fits (the search's sentences repeat the model, the GPUs and the budget
     the header gives, and the closest layout; --json and plan3d search have them in full); any
     other error in full."""
-    from .render.fmt import gib, seconds
+    from ..render.fmt import gib, seconds
     if isinstance(exc, DeadlineError) and exc.fastest is not None and exc.seconds is not None:
         return (f"misses the {seconds(opts.deadline_s)} deadline: {seconds(exc.seconds)} at best, "
                 f"{exc.fastest.candidates.layout(0).short()}")

@@ -13,17 +13,20 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from .cost import Estimate
-from .errors import NoFitError, UsageError
-from .explain import term_deltas
-from .search import MAX_GPUS, SearchOptions, build_grid, search
-from .cost.collectives import nvlink_domain
-from .render import fmt
+from ..cost import Estimate
+from ..errors import NoFitError, UsageError
+from ..explain import term_deltas
+from ..inputs import MAX_GPUS
+from .options import SearchOptions
+from .grid import build_grid
+from .run import search
+from ..cost.collectives import nvlink_domain
+from ..render import fmt
 from .refusal import no_split_reason
-from .layout.split import (MAX_EDGE_SHORTFALL, default_uneven_split, uneven_problem, uneven_vpp_options)
-from .space import UNEVEN_RULE, constraint_masks
-from .layout import RECOMPUTE_CODES
-from .specs import HardwareProfile, ModelSpec, TrainingSpec
+from ..layout.split import (MAX_EDGE_SHORTFALL, default_uneven_split, uneven_problem, uneven_vpp_options)
+from .rules import UNEVEN_RULE, constraint_masks
+from ..layout import RECOMPUTE_CODES
+from ..specs import HardwareProfile, ModelSpec, TrainingSpec
 
 _KEYS = {"tp": "tp", "cp": "cp", "pp": "pp", "dp": "dp", "ep": "ep", "etp": "etp",
          "distopt": "distributed_optimizer",
@@ -177,7 +180,7 @@ def broken_rules(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, 
             return [_together(rule, ok, rules[:i], prefix, grid.shape)]
         prefix.append(alive)
     if opts.offload_layers:  # a pinned offload within the host memory and the host link's room
-        from .cost.offload import check_host_memory, offload_runs
+        from ..cost.offload import check_host_memory, offload_runs
         runs = np.broadcast_to(offload_runs(model, hw, training, grid.candidates()), grid.shape)
         if not (runs & alive).any():
             try:
@@ -281,10 +284,10 @@ def why_not(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus:
     a model without experts or an ep that does not divide its experts (inputs.check_expert_pins),
     or is malformed.
     """
-    from .inputs import check_expert_pins
+    from .options import check_expert_pins
     pins = printed_defaults(model, parse_layout(text))
     check_expert_pins(model, pins, label=lambda name: f"--why-not: {_SHORT.get(name, name)}")
-    from .inputs import DEFAULT_BOUNDS, default_bound, raised_bounds
+    from .options import DEFAULT_BOUNDS, default_bound, raised_bounds
     # a bound at its default was not given (or given as the default): a pin above it raises it
     given = {b: getattr(opts, b) for _, b in DEFAULT_BOUNDS if getattr(opts, b) != default_bound(b)}
     opts = replace(opts, **raised_bounds(pins, given))

@@ -51,11 +51,11 @@ import numpy as np
 from ..layout import Candidates
 from ..layout import Layout
 from ..specs import ModelSpec, TrainingSpec
-from . import model_counts as mc
-from .model_flops import padded_vocab
-from .context_parallel import kv_chunk_bytes
-from .memory import non_expert_params, rank_params
-from .volumes import Collective, Elements, per_step, rank_collectives
+from ..cost import model_counts as mc
+from ..cost.model_flops import padded_vocab
+from ..cost.context_parallel import kv_chunk_bytes
+from ..cost.memory import non_expert_params, rank_params
+from ..cost.volumes import Collective, Elements, per_step, rank_collectives
 
 Key = tuple[str, str]
 
