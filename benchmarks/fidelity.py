@@ -18,7 +18,7 @@ from planner.errors import UsageError
 from planner.outputs import check_destination, write
 from planner.fidelity.compare import Comparison, compare_all, summarize
 from planner.fidelity.runs import RunCase, load_runs
-from planner.render import fmt
+from planner import fmt
 
 UNITS = {"iteration_s": (1.0, "s/iter", "{:.2f}"), "flops_per_gpu": (1e-12, "TFLOP/s/GPU", "{:.1f}"),
          "mfu": (100.0, "MFU %", "{:.1f}"), "tokens_per_s": (1.0, "tokens/s", "{:,.0f}"),

@@ -8,7 +8,7 @@ from pathlib import Path
 import yaml
 
 from . import __version__
-from .catalog import read_yaml, refuse_other_kind, validate
+from .files import read_yaml, refuse_other_kind, validate
 from .errors import UsageError
 from .outputs import check_destination, write  # noqa: F401 (check_destination re-exported)
 from .framework_spec import FrameworkProfile

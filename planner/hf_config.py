@@ -36,7 +36,7 @@ import json
 from pathlib import Path
 
 from . import hf_moe
-from .catalog import refuse_other_kind, validate
+from .files import refuse_other_kind, validate
 from .errors import UsageError
 from .hf_fields import CLASSES, DEFAULTS, ROPE_THETA, HFFields
 from .specs import ModelSpec

@@ -94,7 +94,7 @@ def training_spec(model, given: dict[str, Any] | None = None, label: Label = fla
     fields; None values are not given), checked: sequence length and global batch positive
     integers in range, tokens positive, the schema (catalog.validate, ``where`` names it), and
     check_training. UsageError naming the field with ``label``."""
-    from .catalog import validate
+    from .files import validate
     from .specs import TrainingSpec
     given = {k: v for k, v in (given or {}).items() if v is not None}
     check_integers({k: given.get(k) for k in ("seq_length", "global_batch_size")}, label=label)

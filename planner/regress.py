@@ -64,7 +64,7 @@ def load_cases(path: Path) -> list[Case]:
     entry is a usage error naming the case and field; whether the planner can evaluate it (model
     name, layout rules) is part of the result (status ``error``), not a file error.
     """
-    from .catalog import describe_validation_error, read_yaml
+    from .files import describe_validation_error, read_yaml
     data = read_yaml(path)
     if isinstance(data, dict) and "cases" in data:
         data = data["cases"]
@@ -97,7 +97,7 @@ def check_case_fields(case: Case) -> None:
     (Layout / TrainingSpec: a missing, unknown or ill-typed field) or ``case.search`` names an
     unknown option or a bad ``top``. Checked without the model: ``dp`` (gpus / (tp*cp*pp) when
     absent) and the training fields the model supplies get stand-ins of 1 for the schema check."""
-    from .catalog import describe_validation_error
+    from .files import describe_validation_error
     from .search.options import SearchOptions
     from .layout import Layout
     from .specs import TrainingSpec

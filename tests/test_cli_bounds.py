@@ -5,7 +5,7 @@ import pytest
 from typer.testing import CliRunner
 
 from planner.cli import app
-from planner.render.fmt import capacity as gib
+from planner.fmt import capacity as gib
 
 runner = CliRunner()
 HUGE = "99999999999999999999"  # > 2**63: used to overflow numpy's int64 (exit 3, internal error)

@@ -10,7 +10,8 @@ from planner.cost.collectives import Links
 from planner.cost.comm import ring_times
 from planner.cost.compute import LayerTimes
 from planner.cost.context_parallel import kv_chunk_bytes
-from planner.cost.volumes import Elements, block_collectives
+from planner.cost.traffic import Elements
+from planner.cost.volumes import block_collectives
 from planner.cost.step import TIME_TERMS, estimate_layout
 from planner.errors import UsageError
 from planner.search.options import SearchOptions

@@ -242,7 +242,7 @@ def test_implementation_bound_zero3_collectives():
     # of 2P (grad_bytes 2) the same. Without the rate: link-bound.
     from planner import catalog
     from planner.cost.comm import _dp_times
-    from planner.cost.volumes import Collective
+    from planner.cost.traffic import Collective
     hw = catalog.resolve_hardware("dgx-a100-80g")
     c = Candidates.from_layouts([Layout(tp=1, pp=1, dp=8, zero_stage=3, micro_batch_size=1)])
     colls = [Collective("dp", "all_gather", "microbatch", "forward", "forward", 1.0, 2e9, "ZeRO-3 x"),

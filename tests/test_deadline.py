@@ -12,7 +12,7 @@ from planner import catalog
 from planner.cli import app
 from planner.errors import DeadlineError, UsageError
 from planner.search.objective import parse_deadline
-from planner.search.scan import DEADLINE_RULE
+from planner.search.state import DEADLINE_RULE
 from planner.search.options import SearchOptions
 from planner.search.run import search
 from planner.specs import ModelSpec, TrainingSpec

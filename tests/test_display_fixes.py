@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 from planner import __version__, catalog
 from planner.cli import app
 from planner.frameworks import export_plan
-from planner.render.fmt import params as param_count
+from planner.fmt import params as param_count
 from planner.layout import Layout
 from planner.plan import Plan
 from planner.specs import TrainingSpec

@@ -118,7 +118,7 @@ def test_korthikanti_table4_layer_times():
     from planner.cost.collectives import Links
     from planner.cost.comm import block_comm
     from planner.cost.step import block_cost
-    from planner.cost.volumes import Elements
+    from planner.cost.traffic import Elements
     from planner.layout import Candidates
     from planner.layout import Layout
     from planner.specs import ModelSpec, TrainingDefaults, TrainingSpec

@@ -10,7 +10,7 @@ from planner.catalog import models, resolve_hardware
 from planner.cost import compute
 from planner.cost.collectives import Links
 from planner.cost.comm import block_comm
-from planner.cost.volumes import Elements
+from planner.cost.traffic import Elements
 from planner.layout import Candidates
 from planner.layout import Layout
 from planner.specs import TrainingSpec

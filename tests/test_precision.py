@@ -15,7 +15,8 @@ from planner import __version__, catalog
 from planner.cli import app
 from planner.cost import blocks, compute, memory, precision
 from planner.cost.step import estimate_layout
-from planner.cost.volumes import Elements, rank_collectives
+from planner.cost.traffic import Elements
+from planner.cost.volumes import rank_collectives
 from planner.errors import UsageError
 from planner.frameworks import export_plan
 from planner.inputs import training_spec

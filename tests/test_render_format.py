@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from planner import catalog
-from planner.render import fmt
+from planner import fmt
 from planner.render.console import MIN_WIDTH, layout_width
 from planner.render.regress import change_text, pair_text, value_text
 from planner.render.validate import value_text as check_value

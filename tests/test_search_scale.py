@@ -14,7 +14,7 @@ from planner.errors import UsageError
 from planner.search.grid import full
 from planner.search.objective import parse_headroom, usable_memory
 from planner.search.least_layers import least_recompute
-from planner.search.scan import FIT_RULE
+from planner.search.state import FIT_RULE
 from planner.search.options import SearchOptions
 from planner.search.grid import build_grid, enumerate_space
 from planner.search.run import search

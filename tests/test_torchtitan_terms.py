@@ -9,7 +9,8 @@ import pytest
 
 from planner import catalog
 from planner.cost import blocks, memory, per_op_checkpoint
-from planner.cost.volumes import Elements, dp_collectives
+from planner.cost.traffic import Elements
+from planner.cost.volumes import dp_collectives
 from planner.frameworks.profile import resolve_training
 from planner.layout import Candidates
 from planner.layout import Layout

@@ -72,7 +72,7 @@ def test_cost_model_dispatch_bytes_equal_the_validators_for_uniform_routing():
     # etp*S*(h*a + 4) + etp*S*h*4 and reduce-scatters etp*S*h*4 + etp*S*h*a (fp32 combine).
     # Qwen3-30B-A3B (h 2048, k 8, E 128), s 4096, b 1, tp 2 with SP, etp 2, ep 4: T = 2048.
     from planner.cost.moe import expert_collectives
-    from planner.cost.volumes import Elements
+    from planner.cost.traffic import Elements
     from planner.layout import Candidates
     m = catalog.resolve_model("qwen3-30b-a3b")
     tr = TrainingSpec(seq_length=4096, global_batch_size=8)

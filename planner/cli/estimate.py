@@ -201,7 +201,7 @@ def _to_fit(m, hw, training, n: int, profile=None):
     except NoFitError as exc:
         return exc.to_fit
     except UsageError:  # no layout can use n GPUs at all (e.g. the batch): the next count that fits
-        from ..search.refusal import fit_hint
+        from ..search.run import fit_hint
         return fit_hint(m, hw, training, n, SearchOptions(framework=profile))
     return FitHint(n, best.take(np.array([0])))
 

@@ -21,10 +21,11 @@ import numpy as np
 from ..layout.degrees import cached_per_candidates
 from ..specs import ModelSpec, TrainingSpec
 from . import model_counts as mc
+from .model_counts import ATTENTION, MLP, MOE, WINDOW
 from . import model_flops as mf
 from . import precision
+from .per_op_checkpoint import per_op_modelled, per_op_saved_per_token
 
-ATTENTION, WINDOW, MLP, MOE = "attention", "attention_window", "mlp", "moe"
 ROUTER_BYTES_PER_SCORE = 12.0  # fp32 logits, scores, probs + routing map per (token, expert): moe.md 5.2 estimate
 MAP_BYTES_PER_ROW = 12.0  # fp32 permuted prob + int64 row index per routed row (moe.md 5.2)
 PERMUTE_BYTES_PER_ROW_H = 8.0  # permute write + read, unpermute read + scatter-add, bf16: 4 passes x 2 B x h
@@ -298,7 +299,6 @@ def activation_bytes_per_token(model: ModelSpec, training: TrainingSpec, c, reco
     FP8 copy of the attention output beside attention's own, +q*n*d_v.
     """
     h, tp, sp = model.hidden_size, np.asarray(c.tp, dtype=np.float64), c.sp_divisor
-    from .per_op_checkpoint import per_op_modelled, per_op_saved_per_token
     rc = np.asarray(recompute)
     if training.selective_recompute == "per_op" and per_op_modelled(model) and np.any(rc == 1):
         plain = activation_bytes_per_token(model, training.model_copy(

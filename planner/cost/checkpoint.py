@@ -54,6 +54,8 @@ from ..specs import HardwareProfile, ModelSpec, TrainingSpec
 from . import failures, memory
 from . import model_counts as mc
 from .memory import RANK_KINDS, rank_index
+from . import blocks
+from ..checkpoint_spec import LLAMA3_SOURCE
 
 MEGATRON_SOURCE = ("Megatron-LM @ d98e8a64ddf3 megatron/core/optimizer/distrib_optimizer.py "
                    "_get_main_param_and_optimizer_states; frameworks_checkpoints.md 3.1")
@@ -125,7 +127,6 @@ def param_groups(model: ModelSpec, c, rank) -> list[ParamGroup]:
     spread over the expert-data-parallel group (edp: Megatron-Core shards expert state there,
     moe.md 3.3). The tied output layer on the last rank (pp > 1) is left out: it is a replica
     of the first rank's embedding."""
-    from . import blocks
     rank = np.asarray(rank)
     p = memory.rank_params(model, c, rank)
     is_first, is_last = rank == 0, rank == np.asarray(c.pp) - 1
@@ -290,7 +291,6 @@ def evaluate_checkpoint(model: ModelSpec, hw: HardwareProfile, training: Trainin
 
 def _info(hw: HardwareProfile, training: TrainingSpec, fmt: CheckpointFormat) -> dict:
     """The inputs shared by every candidate, SI units (the checkpoint object's fixed part)."""
-    from ..checkpoint_spec import LLAMA3_SOURCE
     spec = training.checkpoint
     agg = hw.storage.aggregate
     return {"format": fmt.name, "bytes_per_param": fmt.bytes_per_param,

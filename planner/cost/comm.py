@@ -31,8 +31,10 @@ from ..specs import ModelSpec, TrainingSpec
 from .collectives import Links, collective_time, p2p_crosses, p2p_time, span
 from .compute import LayerTimes
 from .memory import rank_index
-from .volumes import (Collective, Elements, block_collectives, dp_collectives, edge_collectives,
-                      p2p_collectives)
+from .traffic import Collective, Elements
+from .volumes import block_collectives, dp_collectives, edge_collectives, p2p_collectives
+from ..layout import RECOMPUTE_CODES
+from .moe import ep_group, flex_links, flex_shares
 
 
 class _Timer:
@@ -114,7 +116,6 @@ def _expert_times(model: ModelSpec, training: TrainingSpec, c, links: Links, col
     beside it (pipeline_parallel/combined_1f1b.py). The flex dispatcher (DeepEP / HybridEP)
     times its all-to-alls with the deduplicated NVLink and NIC shares of moe.flex_shares, on
     the NIC at the RDMA rate DeepEP measures (moe.flex_links)."""
-    from .moe import ep_group, flex_links, flex_shares
     ep_span = span(c, ep_group(training), links.domain)
     shares, ep_links = None, links
     if training.moe_dispatcher == "flex":
@@ -154,7 +155,6 @@ def a2a_overlap_applies(c) -> np.ndarray:
     transformer_config.py L3003-3050). Bool array over the candidates ``c``: arrays with the
     recompute codes of specs.RECOMPUTE_CODES (Candidates, an evaluation's candidates), or one
     specs.Layout (its recompute mode by name)."""
-    from ..layout import RECOMPUTE_CODES
     recompute = np.asarray(c.recompute)
     if recompute.dtype.kind in "UO":  # a Layout: the mode by name
         recompute = np.vectorize(RECOMPUTE_CODES.__getitem__)(recompute)

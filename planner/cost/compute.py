@@ -26,13 +26,6 @@ SOFTMAX_BYTES_PER_SCORE = 9.0  # fused scale-mask-softmax read 2 + write 2, drop
 CROSS_ENTROPY_BYTES_PER_LOGIT = 20.0  # bf16 logits read, fp32 cast write/read, exp write/read, grad write
 
 
-def gemm_efficiency(flops_per_gemm: np.ndarray, hw: HardwareProfile) -> np.ndarray:
-    """eta(F) = matmul * F / (F + matmul_half_flops): achieved fraction of peak for one GEMM of F FLOPs."""
-    eff = hw.efficiency
-    f = np.asarray(flops_per_gemm, dtype=np.float64)
-    return eff.matmul * f / (f + eff.matmul_half_flops)
-
-
 @dataclass(frozen=True)
 class LayerTimes:
     """Seconds for one layer and one micro-batch on one GPU, each (N,)."""
@@ -86,7 +79,7 @@ def block_times(model: ModelSpec, training: TrainingSpec, hw: HardwareProfile, c
             routed = tokens * share  # gemm_flops_per_token gives the routed experts' FLOPs here
             router = tokens * mf.router_flops_per_token(model) / np.asarray(c.tp, dtype=np.float64)
             shared = tokens * flops_per_token - router
-            t_router = router / (precision.dtype_peak(hw, training) * gemm_efficiency(router, hw))
+            t_router = router / (precision.dtype_peak(hw, training) * precision.gemm_efficiency(router, hw))
             t_shared = shared / (peak * precision.linear_efficiency(np.maximum(shared / 2, 1.0), hw, training))
             t_gemm = t_router + t_shared + training.moe_imbalance * routed / (peak * precision.linear_efficiency(
                 _expert_gemm_flops(model, c, training), hw, training))
@@ -162,7 +155,7 @@ def _attention_core_times(model: ModelSpec, training: TrainingSpec, hw: Hardware
         t_f = attn / (peak * hw.efficiency.attention)
         return t_f, 2.5 * t_f
     scores = b * a / tp * s * s  # without flash attention there is no CP (space rule)
-    t_gemm = attn / (peak * gemm_efficiency(attn / 2, hw))
+    t_gemm = attn / (peak * precision.gemm_efficiency(attn / 2, hw))
     t_softmax = scores * SOFTMAX_BYTES_PER_SCORE / achieved_hbm(hw)
     return t_gemm + t_softmax, 2 * t_gemm + 2 * t_softmax
 
@@ -173,7 +166,7 @@ def output_gemm_time(model: ModelSpec, training: TrainingSpec, hw: HardwareProfi
     Broadcast array."""
     tokens = c.tokens_per_microbatch(training.seq_length)
     gemm = 2.0 * tokens * model.hidden_size * mf.vocab_per_rank(model, c.tp)
-    return gemm / (precision.dtype_peak(hw, training) * gemm_efficiency(gemm, hw))
+    return gemm / (precision.dtype_peak(hw, training) * precision.gemm_efficiency(gemm, hw))
 
 
 def output_layer_time(model: ModelSpec, training: TrainingSpec, hw: HardwareProfile,

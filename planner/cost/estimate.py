@@ -16,6 +16,7 @@ from ..specs import HardwareProfile, ModelSpec, TrainingSpec
 from .context_parallel import ring_buffer_bytes
 from . import memory
 from .memory import RANK_KINDS, activation_bytes_by_stage, model_state_bytes
+from .blocks import block_kinds
 
 MEMORY_TERMS = ("weights", "gradients", "optimizer", "activations", "other", "reserve")
 TIME_TERMS = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm", "offload",
@@ -100,7 +101,6 @@ def rank_kinds(c, model: ModelSpec | None = None) -> tuple[str, ...]:
     ``model``, where its layers differ by rank (MoE every few layers, windowed attention, MTP):
     then rank 1 can hold more than either edge on an even split too (Llama 4 Maverick, MoE
     every other layer, 3 layers per rank on pp 16: one MoE layer on rank 0, two on rank 1)."""
-    from .blocks import block_kinds
     if model is not None and (block_kinds(model) != ("attention", "mlp") or model.mtp_layers):
         return RANK_KINDS
     return RANK_KINDS if np.any(c.uneven()) else ("first", "last")

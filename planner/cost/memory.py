@@ -15,6 +15,9 @@ from ..specs import ModelSpec, TrainingSpec
 from . import model_counts as mc
 from . import pipeline, precision
 from .model_flops import vocab_per_rank
+from . import blocks
+from .blocks import block_kinds
+from .per_op_checkpoint import per_op_modelled
 
 OPTIMIZER_BYTES_PER_PARAM = 12.0  # fp32 master weights + Adam m + v (ZeRO paper K = 12)
 MASTER_BYTES = 4.0  # a separate fp32 master copy of a 16-bit parameter
@@ -52,7 +55,6 @@ def rank_params(model: ModelSpec, c, rank) -> dict[str, np.ndarray]:
     projection 2h*h/tp and norms (Megatron puts MTP on the last stage; their layers are blocks);
     ``output``: the output layer's part of ``head`` (a copy of the embedding when tied).
     """
-    from . import blocks
     h = model.hidden_size
     rank = np.asarray(rank)
     counts = blocks.rank_blocks(model, c, rank)
@@ -164,7 +166,6 @@ def activation_per_layer(model: ModelSpec, training: TrainingSpec, c,
 def _activation_per_layer(model: ModelSpec, training: TrainingSpec, c, recompute_mode, rank) -> np.ndarray:
     """activation_per_layer, cached on the candidates (the search's memory pass and its least
     full-recompute solver ask for the same terms)."""
-    from . import blocks
     rc = c.recompute if recompute_mode is None else recompute_mode
     per_token = blocks.activation_bytes_per_token(model, training, c, rc)
     tokens = c.tokens_per_microbatch(training.seq_length)
@@ -206,8 +207,6 @@ def activation_bytes_by_stage(model: ModelSpec, training: TrainingSpec, c,
     (once per output head: the MTP modules add theirs). Per-layer terms shared by the ranks are
     computed once.
     """
-    from .blocks import block_kinds
-    from .per_op_checkpoint import per_op_modelled
     h = model.hidden_size
     tokens = c.tokens_per_microbatch(training.seq_length)
     m = c.num_microbatches(training.global_batch_size)
@@ -283,7 +282,6 @@ def transient_bytes(model: ModelSpec, training: TrainingSpec, c) -> np.ndarray:
     permuted copy and the all-to-all send and receive buffers, 3 x 2*T*k*h bytes on the SP shard
     T (x moe_imbalance on the receive side, counted once).
     """
-    from . import blocks
     h = model.hidden_size
     tokens = c.tokens_per_microbatch(training.seq_length)
     gather = np.where(c.sequence_parallel, 2.0 * tokens * h, 0.0)

@@ -19,6 +19,10 @@ import numpy as np
 
 from ..specs import ModelSpec
 
+# The kinds of transformer blocks the cost model prices (blocks.block_kinds): attention over
+# the whole sequence or a sliding window, a dense MLP, an MoE layer.
+ATTENTION, WINDOW, MLP, MOE = "attention", "attention_window", "mlp", "moe"
+
 
 def glu_factor(model: ModelSpec) -> int:
     """Weight matrices per MLP, in units of h*f: 3 for a gated MLP (SwiGLU), 2 otherwise."""

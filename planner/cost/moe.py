@@ -24,7 +24,7 @@ from dataclasses import replace
 
 from ..specs import ModelSpec, TrainingSpec
 from .blocks import moe_rows
-from .volumes import Collective, Elements
+from .traffic import Collective, Elements
 
 PROB_BYTES = 4.0  # routing probabilities in fp32 (Megatron-Core --moe-router-dtype fp32; moe.md 4.1, 8.6)
 # Share of the NIC line rate DeepEP's RDMA dispatch and combine reach: 43 GB/s on 400 Gb/s

@@ -25,6 +25,7 @@ from ..errors import UsageError
 from ..specs import HardwareProfile, ModelSpec, TrainingSpec
 from .estimate import memory_by_rank, memory_total, rank_kinds
 from .recompute import MARGIN, layer_terms
+from .collectives import nvlink_domain
 
 
 def schedule_stall(layers, n, work, move) -> np.ndarray:
@@ -106,7 +107,6 @@ def offload_bandwidth(hw: HardwareProfile, c) -> np.ndarray:
     (HardwareProfile.offload_bandwidth_per_gpu): the NIC carries the layout's traffic only when
     it spans more GPUs than one NVLink domain (collectives.nvlink_domain; a group inside it never
     touches the NICs). Float array of ``c.gpus``' shape."""
-    from .collectives import nvlink_domain
     return hw.offload_bandwidth_per_gpu(np.asarray(c.gpus) > nvlink_domain(hw))
 
 

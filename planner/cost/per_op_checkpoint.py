@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..specs import ModelSpec
-from .blocks import ATTENTION, MLP, WINDOW
+from .model_counts import ATTENTION, MLP, WINDOW
 
 
 def per_op_modelled(model: ModelSpec) -> bool:

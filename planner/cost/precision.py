@@ -94,13 +94,19 @@ def linear_peak(hw: HardwareProfile, training: TrainingSpec) -> float:
     return dtype_peak(hw, training)
 
 
+def gemm_efficiency(flops_per_gemm: np.ndarray, hw: HardwareProfile) -> np.ndarray:
+    """eta(F) = matmul * F / (F + matmul_half_flops): achieved fraction of peak for one GEMM of F FLOPs."""
+    eff = hw.efficiency
+    f = np.asarray(flops_per_gemm, dtype=np.float64)
+    return eff.matmul * f / (f + eff.matmul_half_flops)
+
+
 def linear_efficiency(flops_per_gemm, hw: HardwareProfile, training: TrainingSpec) -> np.ndarray:
     """eta(F), the achieved fraction of linear_peak for one linear GEMM of F FLOPs. BF16:
-    matmul * F / (F + matmul_half_flops) (compute.gemm_efficiency). FP8: matmul_fp8 x the
+    matmul * F / (F + matmul_half_flops) (gemm_efficiency). FP8: matmul_fp8 x the
     recipe's kernel factor, with the half-efficiency size scaled by the FP8/BF16 peak ratio (the
     same launch and tile time at twice the rate: FP8 reaches its plateau at larger GEMMs,
     fp8_hardware.md 5.4 item 5). Broadcast array."""
-    from .compute import gemm_efficiency
     if not is_fp8(training):
         return gemm_efficiency(flops_per_gemm, hw)
     eff = hw.efficiency

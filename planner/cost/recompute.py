@@ -23,6 +23,7 @@ import numpy as np
 from ..specs import HardwareProfile, ModelSpec, TrainingSpec
 from . import memory, pipeline
 from .estimate import memory_by_rank, memory_total, rank_kinds
+from .blocks import block_kinds
 
 
 # The linear form is solved for usable x (1 - MARGIN), so that rounding in memory_total (a few
@@ -107,5 +108,4 @@ def _layer_bytes(model: ModelSpec, training: TrainingSpec, c, rank) -> tuple:
 def _uniform(model: ModelSpec) -> bool:
     """Whether every layer is an attention + MLP block (memory.activation_bytes_by_stage takes
     the model's mean layer then, and so does this)."""
-    from .blocks import block_kinds
     return block_kinds(model) == ("attention", "mlp")

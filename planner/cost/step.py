@@ -26,7 +26,11 @@ from .comm import BlockComm, RankComm, block_comm, rank_comm
 from .estimate import (LINK_GROUPS, MEMORY_TERMS, TIME_TERMS, Estimate, memory_by_rank,  # noqa: F401
                        memory_total, peak_memory, rank_kinds)
 from .memory import RANK_KINDS, rank_index, zero_divisors
-from .volumes import Elements
+from .traffic import Elements
+from ..layout import Candidates
+from .memory import non_expert_params, rank_params
+from .offload import offload_bandwidth, schedule_stall
+from .recompute import layer_terms
 
 
 @dataclass(frozen=True)
@@ -135,7 +139,6 @@ def optimizer_time(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec
     optimizer shard is updated, its whole (ZeRO-1) or sharded (ZeRO-2/3) gradient buffer zeroed;
     dense parameters sharded over dp*cp, expert ones over edp (memory.zero_divisors); its linear
     weights (blocks and experts) are what FP8 quantizes once per step."""
-    from .memory import non_expert_params, rank_params
     _, grad_div, opt_div = zero_divisors(c)
     _, grad_div_e, opt_div_e = zero_divisors(c, "expert") if model.moe is not None else (1.0, 1.0, 1.0)
     updated, buffer, linear = [], [], []
@@ -267,8 +270,6 @@ def offload_time(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, 
     most layers - N of them on the GPU: offload.schedule_stall of the forward pass (the rank's
     mean layer forward seconds) plus that of the backward (mean layer backward seconds).
     Broadcast array."""
-    from .offload import offload_bandwidth, schedule_stall
-    from .recompute import layer_terms
     rank = rank_index(c, kind)
     layers = np.maximum(c.rank_layers(model.num_layers, rank), 1.0)
     stored = layer_terms(model, training, c, (kind,))[kind][0]  # B, no recompute
@@ -292,5 +293,4 @@ def _full_share(model: ModelSpec, c):
 def estimate_layout(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec,
                     layout: Layout) -> Estimate:
     """Evaluate one layout (arrays of length 1)."""
-    from ..layout import Candidates
     return evaluate(model, hw, training, Candidates.from_layouts([layout]))

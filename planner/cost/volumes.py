@@ -49,55 +49,11 @@ from . import model_counts as mc
 from .model_flops import vocab_per_rank
 from .context_parallel import kv_chunk_bytes
 from .memory import non_expert_params, rank_params
+from .traffic import Collective, Elements
+from . import blocks, moe
+from .blocks import rank_blocks
 
 GROUPS = ("tp", "cp", "pp", "dp", "embd")
-
-
-@dataclass(frozen=True)
-class Elements:
-    """Element sizes in bytes: activations and p2p messages, gathered weights, reduced gradients,
-    and the SP all-gathers of linear inputs and output gradients (``gather``; None: ``act``)."""
-
-    act: float = 2.0
-    weight: float = 2.0
-    grad: float = 4.0
-    gather: float | None = None
-
-    @classmethod
-    def of(cls, training: TrainingSpec) -> "Elements":
-        """bf16 activations, the training's gradient bytes (fp32 main grads: 4); weights and SP
-        gathers as the precision moves them (precision.param_gather_bytes, gather_bytes: FP8
-        where Transformer Engine quantizes before the gather)."""
-        from . import precision
-        return cls(grad=float(training.grad_bytes), weight=precision.param_gather_bytes(training),
-                   gather=precision.gather_bytes(training))
-
-    @property
-    def gathered(self) -> float:
-        """Bytes per element of an SP all-gather of a linear input or output gradient."""
-        return self.act if self.gather is None else self.gather
-
-
-@dataclass(frozen=True)
-class Collective:
-    """One kind of collective call of one GPU (see the module docstring).
-
-    ``per``: layer (per block of kind ``block`` per micro-batch) | microbatch | step. ``phase``: forward |
-    backward | recompute | step. ``overlap``: what may hide it: "" (nothing: exposed), "wgrad"
-    (the TP backward window of the weight-gradient and input-gradient GEMMs), "attention" (the
-    attention of the block in hand), "forward"/"backward" (the stage's compute of that phase:
-    DP/ZeRO with overlap_grad_reduce), "schedule" (pipeline p2p, timed by the schedule).
-    ``calls``: per unit, ``payload``: bytes per call; arrays broadcast over candidates."""
-
-    group: str
-    kind: str
-    per: str
-    phase: str
-    overlap: str
-    calls: object
-    payload: object
-    what: str
-    block: str = ""  # per == "layer": the block kind it belongs to (blocks.block_kinds)
 
 
 def _x_bytes(model: ModelSpec, training: TrainingSpec, c, elem: Elements):
@@ -150,7 +106,6 @@ def block_collectives(model: ModelSpec, training: TrainingSpec, c, elem: Element
     GPU (every pipeline rank alike): {kind: [Collective]}. Attention blocks: TP/SP and the CP
     ring; a dense MLP: TP/SP; an MoE block: the shared experts' TP/SP and the token dispatch
     and combine (moe.expert_collectives). A layer is an attention block and an MLP block."""
-    from . import blocks, moe
     x = _x_bytes(model, training, c, elem)
     xg = x * (elem.gathered / elem.act)
     on_tp = (np.asarray(c.tp) > 1).astype(np.float64)
@@ -298,7 +253,6 @@ def per_step(model: ModelSpec, training: TrainingSpec, c, rank, coll: Collective
     """(calls, bytes) of ``coll`` in one optimizer step on rank ``rank``: per-block ones times
     the rank's blocks of that kind (blocks.rank_blocks) and the micro-batches, micro-batch ones
     times the micro-batches."""
-    from .blocks import rank_blocks
     m = c.num_microbatches(training.global_batch_size)
     times = {"layer": lambda: m * rank_blocks(model, c, rank)[coll.block], "microbatch": lambda: m,
              "step": lambda: 1}[coll.per]()

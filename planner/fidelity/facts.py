@@ -40,7 +40,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from ..catalog import read_yaml, validate
+from ..files import read_yaml, validate
 from ..errors import UsageError
 from ..frameworks.profile import Overrides
 from ..quantities import _Strict

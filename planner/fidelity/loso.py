@@ -17,7 +17,8 @@ from typing import Any
 
 from pydantic import Field
 
-from ..catalog import read_yaml, resolve_hardware, validate
+from ..files import read_yaml, validate
+from ..catalog import resolve_hardware
 from ..errors import UsageError
 from ..quantities import _Strict
 from .calibrate import factors_of, fitted_runs, refit, with_factors

@@ -20,7 +20,7 @@ NUMBER_FACTORS = ("matmul", "matmul_fp8", "matmul_half_flops", "attention", "hbm
 def profile_data(hw: HardwareProfile) -> dict:
     """``hw`` as its YAML mapping: quantities with units, efficiency factors to DIGITS
     significant digits, ``step_overhead`` as e.g. "11.3 ms"."""
-    from ..render.fmt import duration_text
+    from ..fmt import duration_text
     data = hw.model_dump(mode="json")
     eff = data["efficiency"]
     for key in NUMBER_FACTORS:

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..catalog import resolve_framework, validate
+from ..catalog import resolve_framework
+from ..files import validate
 from ..errors import UsageError
 from ..frameworks.profile import gradient_dtype_name, resolve_training
 from ..inputs import check_integers, field_of, training_spec

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..catalog import catalog_model_name, resolve_model, validate
+from ..catalog import catalog_model_name, resolve_model
+from ..files import validate
 from ..errors import UsageError
 from ..specs import ModelSpec, TrainingDefaults
 

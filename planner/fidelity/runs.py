@@ -32,7 +32,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from ..catalog import describe_validation_error, hardware_profiles, read_yaml, resolve_hardware
+from ..files import describe_validation_error, read_yaml
+from ..catalog import hardware_profiles, resolve_hardware
 from ..cost.precision import check_precision
 from ..layout.degrees import split_problem
 from ..errors import UsageError

@@ -149,7 +149,7 @@ def interval_note(ck: dict | None, plan: Plan) -> str:
     """The comment every export writes about its save interval: the steps, the seconds they
     stand for, and the inputs of the optimum (formulas.md 12.4); or, without an estimate, why
     no interval is set."""
-    from ..render import fmt
+    from .. import fmt
     if ck is None:
         return (f"checkpoint interval: not set, the hardware profile {plan.hardware.name} has no "
                 "storage, host_link or host_memory block to estimate it from")

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from .. import explain
 from ..cost.step import TIME_TERMS
-from . import fmt, tables
+from .. import fmt
+from . import tables
 from .console import note, out
 from .labels import MEMORY_LABELS, TIME_LABELS
 

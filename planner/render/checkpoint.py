@@ -5,7 +5,8 @@ inputs it rests on, and a line for every storage number that is a placeholder.""
 
 from __future__ import annotations
 
-from . import fmt, tables
+from .. import fmt
+from . import tables
 from .console import out
 
 STAGE_NAMES = {0: "pipeline rank 0", 1: "a middle pipeline rank"}

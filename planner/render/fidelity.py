@@ -13,7 +13,8 @@ from rich.markup import escape
 
 from ..fidelity.compare import is_false_oom
 from ..fidelity.pairs import precision_pairs
-from . import fmt, tables
+from .. import fmt
+from . import tables
 from .console import note, out
 
 LABELS = {"iteration_s": "s/iter", "flops_per_gpu": "TFLOP/s/GPU", "mfu": "MFU", "hfu": "HFU",

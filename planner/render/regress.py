@@ -11,7 +11,8 @@ import math
 
 from rich.markup import escape
 
-from . import fmt, tables
+from .. import fmt
+from . import tables
 from .console import out
 
 KIND_LABELS = {"added": "new term", "removed": "term removed", "case_added": "case added",

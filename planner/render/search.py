@@ -11,7 +11,8 @@ from __future__ import annotations
 from rich.table import Table
 
 from .. import explain as ex
-from . import fmt, tables
+from .. import fmt
+from . import tables
 from .console import out
 from .labels import LAYOUT_KEYS, TIME_LABELS
 

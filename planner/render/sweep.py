@@ -5,7 +5,8 @@ from __future__ import annotations
 from rich.markup import escape
 from rich.table import Table
 
-from . import fmt, tables
+from .. import fmt
+from . import tables
 from .console import err, out
 
 

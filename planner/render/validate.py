@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from rich.markup import escape
 
-from . import fmt, tables
+from .. import fmt
+from . import tables
 from .console import out
 
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from . import fmt, tables
+from .. import fmt
+from . import tables
 from .console import out
 from .labels import TIME_LABELS
 

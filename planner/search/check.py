@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ..catalog import validate
+from ..files import validate
 from ..cost.collectives import nvlink_domain
 from ..cost.offload import check_host_memory
 from ..cost.precision import check_precision

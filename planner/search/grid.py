@@ -113,6 +113,10 @@ class Grid:
         fields.update({k: np.full((1,) * ndim, v, dtype=np.int64) for k, v in self.fixed.items()})
         return Candidates(**fields)
 
+    def rows(self, lo: int, hi: int) -> "Grid":
+        """The grid of split rows lo:hi (every knob value)."""
+        return Grid({k: v[lo:hi] for k, v in self.split.items()}, self.knobs, self.fixed)
+
     def take(self, rows: np.ndarray, values: list[np.ndarray]) -> "Grid":
         """The sub-grid of split rows ``rows`` and, on each knob axis (KNOB_FIELDS order), the
         values at ``values[k]``: the layouts of their Cartesian product, still a broadcast grid."""

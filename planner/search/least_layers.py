@@ -9,8 +9,6 @@ times the layout with it, and the search's winners carry it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -21,52 +19,23 @@ from ..layout.axes import KNOB_FIELDS
 from .grid import Grid, full
 from ..specs import HardwareProfile, ModelSpec, TrainingSpec
 
-if TYPE_CHECKING:
-    from .scan import Scan
-    from .options import SearchOptions
-    from ..layout import Candidates
+from ..layout import Candidates
+from .framework_rules import profile_for
+from .options import SearchOptions
+from .state import Scan
 
 
-@dataclass
-class GridLayers:
-    """A layer count (recompute_num_layers or offload_layers) of the layouts of a grid of ``size``
-    layouts, by flat index (0 where none is recorded): one small integer per layout, allocated
-    at the first non-zero one."""
-
-    size: int = 0
-    dtype: type = np.uint16  # N <= a chunk's layers: uint8 for models of fewer than 256 layers
-    values: np.ndarray | None = None
-
-    def add(self, index: np.ndarray, layers: np.ndarray) -> None:
-        """Record ``layers`` (> 0) of the layouts at flat ``index``."""
-        keep = layers > 0
-        if not np.any(keep):
-            return
-        if self.values is None:
-            self.values = np.zeros(self.size, dtype=self.dtype)
-        self.values[index[keep]] = layers[keep]
-
-    def find(self, index: np.ndarray) -> np.ndarray:
-        """The recorded layers of the layouts at flat ``index`` (0 where none). Int64."""
-        if self.values is None:
-            return np.zeros(np.shape(index), dtype=np.int64)
-        return self.values[index].astype(np.int64)
-
-
-
-def offers_recompute_layers(training: TrainingSpec, opts: "SearchOptions") -> bool:
+def offers_recompute_layers(training: TrainingSpec, opts: SearchOptions) -> bool:
     """Whether the search may choose recompute_num_layers: not pinned, and the framework
     (opts.framework, else the one training names) recomputes N layers per chunk."""
-    from .framework_rules import profile_for
     return opts.recompute_num_layers is None and \
         profile_for(training, opts.framework).rules.recompute_num_layers
 
 
-def offers_offload(hw: HardwareProfile, training: TrainingSpec, opts: "SearchOptions") -> bool:
+def offers_offload(hw: HardwareProfile, training: TrainingSpec, opts: SearchOptions) -> bool:
     """Whether the search may choose offload_layers: not pinned, the hardware profile states a
     host link and host memory, and the framework (opts.framework, else the one training names)
     offloads activations to host memory."""
-    from .framework_rules import profile_for
     return opts.offload_layers is None and offers_host_offload(hw) and \
         "activations" in profile_for(training, opts.framework).rules.offload
 
@@ -139,7 +108,7 @@ def record_least_layers(model: ModelSpec, training: TrainingSpec, sub: Grid, c, 
     out.recompute_layers.add(index[where], np.where(need, n.ravel(), 0))
 
 
-def with_scanned_layers(c, passed: "Scan", index: np.ndarray, shape: tuple | None = None):
+def with_scanned_layers(c, passed: Scan, index: np.ndarray, shape: tuple | None = None):
     """Candidates ``c`` (the grid's layouts at flat ``index``; ``shape``: their sub-grid's, None
     for flat ones) with the layer counts the scan recorded for them: full recompute with the
     least N layers per chunk that fits, and a layout that fits only with activation offload with
@@ -152,6 +121,6 @@ def with_scanned_layers(c, passed: "Scan", index: np.ndarray, shape: tuple | Non
     return c
 
 
-def as_scanned(grid: Grid, passed: "Scan", at: np.ndarray) -> "Candidates":
+def as_scanned(grid: Grid, passed: Scan, at: np.ndarray) -> Candidates:
     """The grid's layouts at flat indices ``at`` as the scan timed them (with_scanned_layers)."""
     return with_scanned_layers(grid.flat(at), passed, at)

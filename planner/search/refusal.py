@@ -12,30 +12,28 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..cost import Estimate, memory_total
+from .. import fmt
+from ..cost import Estimate
 from ..cost.collectives import nvlink_domain
-from ..layout.degrees import SPLIT_DEGREES, product_expr, split_problem
-from ..errors import PlannerError, UsageError
-from .grid import Grid
+from ..errors import UsageError
 from ..inputs import MAX_GPUS
-from ..render import fmt
-from .rules import FOLDING_RULE, constraint_masks, folds
+from ..layout.degrees import SPLIT_DEGREES, product_expr, split_problem
 from ..layout.split import uneven_splits
 from ..specs import HardwareProfile, ModelSpec, TrainingSpec
-
-if TYPE_CHECKING:
-    from .options import SearchOptions
-
-FLAT_COST = 8  # one layout evaluated as flat arrays costs about this many grid layouts (measured)
+from . import objective
+from .check import CROSS_NODE_HINT
+from .grid import Grid, build_grid
+from .options import SearchOptions
+from .rules import FOLDING_RULE, TP_RULE, folds
+from .scan import first_fit
 
 
 
 def no_split_reason(model: ModelSpec, hw: HardwareProfile, gpus: int | None,
-                    opts: "SearchOptions") -> str:
+                    opts: SearchOptions) -> str:
     """Why no tp x cp x pp x dp split of ``opts``' pins uses ``gpus`` GPUs (or, with
     ``opts.max_gpus``, a whole number of nodes within the budget): the product of the pinned
     degrees that fails ('tp*dp = 2*8 = 16 > 8 GPUs'), or which free degree cannot make up the
@@ -73,7 +71,7 @@ def no_split_reason(model: ModelSpec, hw: HardwareProfile, gpus: int | None,
             f"({'; '.join(rules[k] for k in free if k in rules)})")
 
 
-def _folding_problem(gpus: int | None, opts: "SearchOptions") -> str | None:
+def _folding_problem(gpus: int | None, opts: SearchOptions) -> str | None:
     """Why pinned ep / etp cannot fold over any pipeline stage (space.FOLDING_RULE): a stage
     holds gpus/pp GPUs (pp pinned) or at most all of them (at most --max-gpus with a budget)."""
     etp, ep = opts.etp or 1, opts.ep or 1
@@ -118,28 +116,13 @@ class FitHint:
                 "memory_bytes": float(self.estimate.memory["total"][0])}
 
 
-def _fits(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c, usable: float,
-          offload: bool) -> np.ndarray:
-    """Which candidates fit within ``usable`` bytes per GPU, with the least activation offload
-    that fits where ``offload`` (cost.offload; the search's choice). Bool array."""
-    from ..cost.offload import least_offload_layers, offload_candidates, offload_runs
-    fits = (memory_total(model, hw, training, c) <= usable) & offload_runs(model, hw, training, c)
-    if offload and np.any(~fits):
-        if np.any(offload_candidates(c)):
-            fits = fits | (least_offload_layers(model, hw, training, c, usable) > 0)
-    return fits
-
-
 def fewest_gpus(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, above: int,
-                opts: "SearchOptions", limit: int = MAX_GPUS) -> int | None:
+                opts: SearchOptions, limit: int = MAX_GPUS) -> int | None:
     """The smallest count of GPUs in (above, limit], whole nodes, on which some layout of the
     search space of ``opts`` (its pins, bounds and headroom) passes every rule and fits; None if
-    none does. Memory only, no step time: the budget grid's splits in ascending GPU count, in
-    blocks of about scan.CHUNK layouts, stopping at the first block with a fit."""
-    from . import objective
-    from .scan import CHUNK
-    from .least_layers import offers_offload
-    from .grid import build_grid
+    none does. Memory only, no step time: the budget grid's split rows in ascending GPU count,
+    through the scan's own rules and memory passes block by block (scan.first_fit), stopping at
+    the first block with a fit."""
     grid = build_grid(model, hw, training, None, replace(opts, max_gpus=limit))
     counts = grid.split["gpus"]
     order = np.argsort(counts, kind="stable")
@@ -147,49 +130,7 @@ def fewest_gpus(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, a
     grid = Grid({k: v[order] for k, v in grid.split.items()}, grid.knobs, grid.fixed)
     usable = objective.usable_memory(float(hw.gpu.hbm_capacity), opts.headroom_bytes,
                                      opts.headroom_fraction)
-    per_row = grid.size // max(grid.shape[0], 1)
-    offload = offers_offload(hw, training, opts)
-    rows, pending = grid.rows_per_chunk(CHUNK), []  # pending: valid layouts of sparse blocks
-    for lo in range(0, grid.shape[0] + rows, rows):
-        hi = min(lo + rows, grid.shape[0])
-        index = np.empty(0, dtype=np.int64)
-        if lo < hi:
-            c = grid.candidates(lo, hi)
-            alive = np.ones((hi - lo, *grid.shape[1:]), dtype=bool)
-            for ok in constraint_masks(model, training, nvlink_domain(hw), c,
-                                       opts.allow_cross_node_tp).values():
-                alive &= ok
-            index = np.flatnonzero(alive) + lo * per_row  # valid layouts, flat grid indices
-        dense = index.size * FLAT_COST >= (hi - lo) * per_row and index.size > 0
-        if pending and (dense or lo >= hi or sum(p.size for p in pending) >= CHUNK):
-            flat = np.concatenate(pending)  # earlier rows first: they have fewer GPUs
-            pending = []
-            fit = flat[_fits(model, hw, training, grid.flat(flat), usable, offload)]
-            if fit.size:
-                return int(grid.split["gpus"][fit // per_row].min())
-        if dense:
-            fits = np.broadcast_to(_fits(model, hw, training, c, usable, offload), alive.shape).ravel()
-            fit = index[fits[index - lo * per_row]]
-            if fit.size:
-                return int(grid.split["gpus"][fit // per_row].min())
-        elif index.size:
-            pending.append(index)
-    return None
-
-
-def fit_hint(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, above: int,
-             opts: "SearchOptions") -> FitHint | None:
-    """``fewest_gpus`` above ``above`` with the best layout there (a search at that count with
-    ``opts``; the count is whole nodes, so it is one ``--gpus`` takes); None if no count fits."""
-    from .run import search
-    n = fewest_gpus(model, hw, training, above, opts)
-    if n is None:
-        return None
-    try:
-        best = search(model, hw, training, n, replace(opts, max_gpus=None, keep=1)).ranked
-    except PlannerError:  # cannot happen: the same rules and memory found a fit at n
-        return None
-    return FitHint(n, best.take(np.array([0])))
+    return first_fit(model, hw, training, grid, opts, usable)
 
 
 def no_fit_message(model: ModelSpec, hw: HardwareProfile, gpus: int, miss: Estimate,
@@ -221,8 +162,6 @@ def nothing_valid_message(model: ModelSpec, training: TrainingSpec, gpus: int, r
                           grid: Grid) -> str:
     """The one-line reason no layout is valid: ``rule`` removed the last ones (a batch that no
     dp x micro-batch divides is said as such; a tp beyond the NVLink domain gets its hint)."""
-    from .rules import TP_RULE
-    from .check import CROSS_NODE_HINT
     if rule == "global batch divisible by dp*micro_batch_size":
         dps = sorted(set(grid.split["dp"].tolist()))
         mbs = sorted(set(grid.knobs["micro_batch_size"].tolist()))

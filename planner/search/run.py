@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -20,13 +20,15 @@ from ..cost import Estimate, evaluate
 from ..cost.collectives import nvlink_domain
 from ..cost.checkpoint import evaluate_checkpoint, unavailable
 from ..layout.degrees import SPLIT_DEGREES, split_problem
-from ..errors import DeadlineError, NoFitError, UsageError
+from ..errors import DeadlineError, NoFitError, PlannerError, UsageError
 from .check import check_inputs
 from .grid import Grid, build_grid
 from .options import KEEP, TIE_LIMIT, SearchOptions
 from ..inputs import MAX_GPUS, check_integers, gpu_count  # noqa: F401 (MAX_GPUS re-exported)
-from .refusal import (fit_hint, never_done_error, no_fit_message, no_split_reason, nothing_valid_message)
-from .scan import CHUNK, FIT_RULE, Scan, scan  # noqa: F401 (re-exported)
+from .refusal import (FitHint, fewest_gpus, never_done_error, no_fit_message, no_split_reason,
+                      nothing_valid_message)
+from .scan import CHUNK, scan
+from .state import FIT_RULE, Scan  # noqa: F401 (re-exported)
 from .least_layers import as_scanned
 from .rules import LAYERS_RULE, MOE_SP_RULE, TP_RULE, UNEVEN_RULE, constraint_masks, rules_broken
 from ..layout import Candidates
@@ -122,6 +124,20 @@ def search(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: 
                         checkpoint=None if ck is None else ck.take(order))
 
 
+def fit_hint(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, above: int,
+             opts: SearchOptions) -> FitHint | None:
+    """``fewest_gpus`` above ``above`` with the best layout there (a search at that count with
+    ``opts``; the count is whole nodes, so it is one ``--gpus`` takes); None if no count fits."""
+    n = fewest_gpus(model, hw, training, above, opts)
+    if n is None:
+        return None
+    try:
+        best = search(model, hw, training, n, replace(opts, max_gpus=None, keep=1)).ranked
+    except PlannerError:  # cannot happen: the same rules and memory found a fit at n
+        return None
+    return FitHint(n, best.take(np.array([0])))
+
+
 def _check_search_inputs(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec,
                          gpus: int | None, opts: SearchOptions, tokens: float | None) -> None:
     """UsageError for what no layout can change: keep < 1, the budget (objective.check_budget;
@@ -150,7 +166,7 @@ def _check_search_inputs(model: ModelSpec, hw: HardwareProfile, training: Traini
 def _deadline_error(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, grid: Grid,
                     passed: Scan, gpus: int, opts: SearchOptions, tokens: float) -> DeadlineError:
     """No fitting layout meets --deadline: the error names the fastest and its time to train."""
-    from ..render.fmt import seconds as duration
+    from ..fmt import seconds as duration
     fastest = evaluate(model, hw, training, as_scanned(grid, passed, np.array([passed.fastest_index])))
     layout = fastest.candidates.layout(0)
     budget = f"{tokens:.3g}".replace("e+", "e")

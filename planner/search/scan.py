@@ -17,8 +17,7 @@ tests/test_search_scale.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterator
+from typing import Iterator
 
 import numpy as np
 
@@ -27,18 +26,17 @@ from ..cost import evaluate
 from ..cost.estimate import states_floor
 from ..cost.estimate import memory_by_rank, rank_kinds
 from ..cost.offload import offload_candidates, offload_runs
-from .least_layers import (GridLayers, offers_offload, offers_recompute_layers, record_least_layers, record_least_offload, with_scanned_layers)
+from .least_layers import (offers_offload, offers_recompute_layers, record_least_layers,
+                           record_least_offload, with_scanned_layers)
+from .options import SearchOptions
+from .state import FIT_RULE, GridLayers, Scan
 from ..cost.collectives import nvlink_domain
 from ..layout.axes import KNOB_FIELDS
 from .grid import Grid, full
 from .rules import constraint_masks
 from ..specs import HardwareProfile, ModelSpec, TrainingSpec
 
-if TYPE_CHECKING:
-    from .options import SearchOptions
 
-FIT_RULE = "does not fit in HBM"
-DEADLINE_RULE = "expected time to train beyond the deadline"
 HOST_RULE = "offloaded activations within the host memory, with host-link bandwidth left"
 CHUNK = 65_536  # layouts per evaluated sub-grid: big enough for numpy, small enough for the cache
 RULES_CHUNK = 8 * CHUNK  # layouts per block of the rules (boolean masks: 1 byte a layout)
@@ -55,67 +53,8 @@ SORT_AXES = tuple(KNOB_FIELDS.index(name) for name in (
 Boxes = list  # per knob axis k, a (split rows, len(knob k)) bool array: the values a row keeps
 
 
-@dataclass
-class Scan:
-    """What one pass over a grid keeps: counts per rule, the best ``keep`` of each sub-grid
-    (score and flat index into the grid), and the closest miss when nothing fits."""
-
-    pruned: dict[str, int] = field(default_factory=dict)
-    alive_after: dict[str, int] = field(default_factory=dict)
-    pool_score: list = field(default_factory=list)
-    pool_index: list = field(default_factory=list)
-    miss_index: int = -1
-    miss_over: float = np.inf
-    miss_offload: int = 0  # offload_layers of the closest miss (the most its limits allow)
-    fitting: int = 0
-    fastest_index: int = -1  # with a deadline: the fitting layout with the shortest time to train
-    fastest_s: float = np.inf
-    # full recompute: the least N layers per chunk that fits, of the fitting layouts with N > 0
-    recompute_layers: GridLayers = field(default_factory=GridLayers)
-    # no recomputation, pp 1: the least N layers offloaded to host memory that fits (cost.offload)
-    offload_layers: GridLayers = field(default_factory=GridLayers)
-
-    def fit(self, total: np.ndarray, alive: np.ndarray, index: np.ndarray, usable: float) -> np.ndarray:
-        """Record the fit test of the valid layouts (``alive``) of a sub-grid: ``total`` = their
-        memory in bytes, ``index`` = their flat grid indices, ascending; flat arrays of the
-        sub-grid. Returns which fit within ``usable`` bytes, and keeps the closest miss."""
-        fits = alive & (total <= usable)
-        n_alive, n_fit = int(np.count_nonzero(alive)), int(np.count_nonzero(fits))
-        self.fitting += n_fit
-        self.pruned[FIT_RULE] = self.pruned.get(FIT_RULE, 0) + n_alive - n_fit
-        if n_alive and not n_fit:
-            over = np.where(alive, total - usable, np.inf)
-            j = int(np.argmin(over))
-            at = int(index[j])
-            # the closest miss; an exact tie goes to the lower grid index, whatever the path
-            if over[j] < self.miss_over or (over[j] == self.miss_over and at < self.miss_index):
-                self.miss_over, self.miss_index = float(over[j]), at
-        return fits
-
-    def keep(self, score: np.ndarray, index: np.ndarray, keep: int,
-             wall: np.ndarray | None = None) -> None:
-        """Keep the best ``keep`` of these scored layouts (flat grid indices) and every exact
-        tie of the ``keep``-th best, so no path through the scan drops one that another keeps.
-        Layouts scored -inf (they miss a deadline) are not kept; ``wall`` (their expected times
-        to train, with a deadline) keeps the fastest of all, the lower grid index on a tie."""
-        if wall is not None and wall.size:
-            j = int(np.argmin(wall))
-            if wall[j] < self.fastest_s or (wall[j] == self.fastest_s and index[j] < self.fastest_index):
-                self.fastest_s, self.fastest_index = float(wall[j]), int(index[j])
-        finite = np.isfinite(score)
-        if not finite.all():
-            self.pruned[DEADLINE_RULE] = self.pruned.get(DEADLINE_RULE, 0) + int(score.size - finite.sum())
-            score, index = score[finite], index[finite]
-        k = min(keep, score.size)
-        if k:
-            kth = np.partition(score, score.size - k)[score.size - k]
-            best = np.flatnonzero(score >= kth)
-            self.pool_score.append(score[best])
-            self.pool_index.append(index[best])
-
-
 def scan(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, grid: Grid,
-         opts: "SearchOptions", usable: float, tokens: float | None) -> Scan:
+         opts: SearchOptions, usable: float, tokens: float | None) -> Scan:
     """Evaluate ``grid``: rules, fit within ``usable`` bytes, score by the objective, keep the
     best. Cost grows linearly with grid.size.
 
@@ -140,8 +79,27 @@ def scan(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, grid: Gr
     return out
 
 
+def first_fit(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, grid: Grid,
+              opts: SearchOptions, usable: float) -> int | None:
+    """The fewest GPUs (``grid.split["gpus"]``) of a layout of ``grid`` that passes the rules and
+    fits within ``usable`` bytes (with the least activation offload where the search would
+    choose one), for a grid whose split rows ascend in GPU count: rules_pass and memory_pass on
+    blocks of rows, the first block with a fit ending the scan. None if no layout fits."""
+    rows = grid.rows_per_chunk(RULES_CHUNK)
+    per_row = grid.size // max(grid.shape[0], 1)
+    offload = offers_offload(hw, training, opts)
+    for lo in range(0, grid.shape[0], rows):
+        part = grid.rows(lo, lo + rows)
+        out = Scan(offload_layers=GridLayers(part.size))
+        fits, boxes = rules_pass(model, hw, training, part, opts, out, usable)
+        memory_pass(model, hw, training, part, usable, fits, boxes, out, choose_offload=offload)
+        if out.fitting:  # memory_pass turned ``fits`` from valid into fitting
+            return int(part.split["gpus"][np.flatnonzero(fits) // per_row].min())
+    return None
+
+
 def step_pass(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, grid: Grid,
-              opts: "SearchOptions", tokens: float | None, fits: np.ndarray, boxes: Boxes,
+              opts: SearchOptions, tokens: float | None, fits: np.ndarray, boxes: Boxes,
               out: Scan) -> None:
     """Step time and score of the fitting layouts (``fits``, flat over the grid), on the
     sub-grids of their ``boxes``; each sub-grid's best go to ``out.keep``. Full recompute is
@@ -161,7 +119,7 @@ def step_pass(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gri
 
 
 def rules_pass(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, grid: Grid,
-               opts: "SearchOptions", out: Scan, usable: float | None = None) -> tuple[np.ndarray, Boxes]:
+               opts: SearchOptions, out: Scan, usable: float | None = None) -> tuple[np.ndarray, Boxes]:
     """Every layout of ``grid`` through the rules, in blocks of split rows; counts what each
     rule prunes into ``out``. With ``usable`` (bytes), the valid layouts whose model states
     alone exceed it (cost.estimate.states_floor) are counted as not fitting and dropped.

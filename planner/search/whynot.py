@@ -21,7 +21,7 @@ from .options import SearchOptions
 from .grid import build_grid
 from .run import search
 from ..cost.collectives import nvlink_domain
-from ..render import fmt
+from .. import fmt
 from .refusal import no_split_reason
 from ..layout.split import (MAX_EDGE_SHORTFALL, default_uneven_split, uneven_problem, uneven_vpp_options)
 from .rules import UNEVEN_RULE, constraint_masks

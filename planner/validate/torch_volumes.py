@@ -55,7 +55,8 @@ from ..cost import model_counts as mc
 from ..cost.model_flops import padded_vocab
 from ..cost.context_parallel import kv_chunk_bytes
 from ..cost.memory import non_expert_params, rank_params
-from ..cost.volumes import Collective, Elements, per_step, rank_collectives
+from ..cost.traffic import Collective, Elements
+from ..cost.volumes import per_step, rank_collectives
 
 Key = tuple[str, str]
 

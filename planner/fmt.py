@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from ..units import GIB, MIB, format_gib
+from .units import GIB, MIB, format_gib
 
 MINUS = "−"  # U+2212, the sign of a negative difference in tables
 
