@@ -15,7 +15,7 @@ from typing import TypeVar
 from pydantic import BaseModel
 
 from .errors import UsageError
-from .files import read_yaml, validate
+from .files import read_yaml, refuse_other_kind, validate
 from .framework_spec import FrameworkProfile, merge_extends
 from .hf_config import load_hf_config
 from .specs import HardwareProfile, ModelSpec

@@ -93,7 +93,7 @@ def test_sweep_checks_each_batch_as_search_does(batch, message):
     ({"zero_stage": 7}, "search.zero_stage must be 0, 1, 2 or 3, got 7"),
     ({"tp": 0}, "search.tp must be positive, got 0"),
     ({"tp": "8"}, "search.tp must be a whole number, got '8'"),
-    ({"recompute": "most"}, "search.recompute must be none, selective or full, got 'most'"),
+    ({"recompute": "most"}, "search.recompute must be none, selective, selective+ or full, got 'most'"),
     ({"tp": 8, "max_tp": 4}, "--tp 8 contradicts --max-tp 4"),
     ({"objective": "speed"}, "search.objective must be one of throughput, time-to-train, cost"),
     # 0.99 of 79.65 GiB leaves 0.8 GiB, below the 3 GiB framework allowance (as --min-memory-headroom 99%)

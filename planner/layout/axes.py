@@ -53,7 +53,8 @@ class Axis:
     the values (max_tp) and its default (None: no bound); ``flag``: the CLI option (a bool's
     ``--x/--no-x``); ``help``: what the value is, in words; ``keys``: the --why-not keys
     (keys[0] as the short form prints it); ``label``: the short form's piece of a layout ("" =
-    not printed); ``printed``: its position in the short form; ``column``: the wide table's
+    not printed); ``printed``: its position in the short form; ``always``: printed whatever
+    its value; ``column``: the wide table's
     header (None: no column); ``values``: a knob's search values (model, training, pp values,
     bound) -> array.
     """
@@ -73,6 +74,7 @@ class Axis:
     keys: tuple[str, ...] = ()
     label: Callable[[Any], str] | None = None
     printed: int = 0
+    always: bool = False
     column: str | None = None
     values: Callable[..., np.ndarray] | None = None
 
@@ -134,20 +136,20 @@ def _fixed(*values) -> Callable[..., np.ndarray]:
 
 AXES: tuple[Axis, ...] = (
     Axis("tp", int, role="split", bound="max_tp", flag="--tp", help="tensor-parallel size",
-         keys=("tp",), label=_shown("tp", -1), printed=0, column="tp"),
+         keys=("tp",), label=_shown("tp", -1), printed=0, always=True, column="tp"),
     Axis("pp", int, role="split", bound="max_pp", flag="--pp", help="pipeline-parallel size",
-         keys=("pp",), label=_shown("pp", -1), printed=2, column="pp"),
+         keys=("pp",), label=_shown("pp", -1), printed=2, always=True, column="pp"),
     Axis("dp", int, role="split", flag="--dp", help="data-parallel size", keys=("dp",),
-         label=_shown("dp", -1), printed=4, column="dp"),
+         label=_shown("dp", -1), printed=4, always=True, column="dp"),
     Axis("zero_stage", int, minimum=0, maximum=3, flag="--zero-stage", help="ZeRO stage (0-3)",
-         keys=("zero", "zero_stage"), label=_shown("zero", -1), printed=7, column="zero",
+         keys=("zero", "zero_stage"), label=_shown("zero", -1), printed=7, always=True, column="zero",
          values=_fixed(0, 1, 2, 3)),
     Axis("micro_batch_size", int, bound="max_micro_batch_size", bound_default=64,
          flag="--micro-batch-size", help="micro-batch size", keys=("mbs", "micro_batch_size"),
-         label=_shown("mbs", -1), printed=9, column="mbs", values=_micro_batch_sizes),
+         label=_shown("mbs", -1), printed=9, always=True, column="mbs", values=_micro_batch_sizes),
     Axis("recompute", str, default="none", choices=RECOMPUTE_MODES, words=RECOMPUTE_WORDS,
          flag="--recompute", help="recomputation", keys=("recompute",),
-         label=lambda lay: f"recompute={lay.recompute_label}", printed=11, column="recompute",
+         label=lambda lay: f"recompute={lay.recompute_label}", printed=11, always=True, column="recompute",
          values=_fixed(*range(len(RECOMPUTE_MODES)))),
     Axis("sequence_parallel", bool, default=False,
          flag="--sequence-parallel/--no-sequence-parallel", help="sequence parallelism",
@@ -155,7 +157,7 @@ AXES: tuple[Axis, ...] = (
          printed=13, column="SP", values=_fixed(False, True)),
     Axis("vpp", int, default=1, bound="max_vpp", bound_default=16, flag="--vpp",
          help="virtual pipeline stages per rank", keys=("vpp",), label=_shown("vpp", -1),
-         printed=10, column="vpp", values=_vpp_values),
+         printed=10, always=True, column="vpp", values=_vpp_values),
     Axis("cp", int, default=1, role="split", bound="max_cp", bound_default=16, flag="--cp",
          help="context-parallel size", keys=("cp",), label=_shown("cp", 1), printed=1,
          column="cp"),

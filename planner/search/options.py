@@ -4,103 +4,76 @@ given by a user (flags, a regress case, --why-not)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
 import dataclasses
+from typing import Any
 
 from ..cost.estimate import least_reserve
 from ..errors import UsageError
-from ..framework_spec import FrameworkProfile
+from ..framework_spec import FrameworkProfile  # noqa: F401 (an option's type)
 from ..inputs import Label, check_integers, check_numbers, flag
-from ..layout import RECOMPUTE_CODES
+from ..layout.axes import AXES, BOUNDS
 from .objective import OBJECTIVES, check_room, parse_headroom
 
 KEEP = 256  # fitting layouts kept, best first, for the tables, the runner-up and exports
 TIE_LIMIT = 16  # exact ties at the keep cut re-evaluated for the tie rule: at most this x keep
 
 
-@dataclass(frozen=True)
-class SearchOptions:
-    """Pins (a single allowed value) and bounds of the search dimensions; None = free.
-
-    The distributed optimizer costs what ZeRO-1 costs (planner.cost.context), so unless pinned
-    the search leaves it off and ZeRO-1 stands for both.
-
-    ``objective``: throughput | time-to-train | cost (planner.objective); ``tokens`` overrides
-    the model's training token budget; ``price_per_gpu_hour`` prices cost; ``deadline_s``: keep
-    only layouts whose expected time to train (failures and checkpoints counted) is at most
-    this many seconds (planner.objective.score). ``max_gpus``: a budget
-    of at most this many GPUs (any positive integer); the search also picks the count, whole
-    nodes within it or, below one node, a divisor of a node. ``headroom_bytes`` /
-    ``headroom_fraction``: memory per GPU that a layout must leave free beyond the framework's
-    reserve. ``recompute_num_layers``: a pinned N of full recompute of the first N layers of
-    each model chunk (None: with full recompute the search takes the least N that fits,
-    cost.recompute.least_recompute_layers; 0: every layer). ``offload_layers``: a pinned N of
-    layers whose activations go to host memory (None: where the framework offers activation
-    offload, a layout with pp 1 and no recomputation that does not fit otherwise gets the least
-    N that fits, cost.offload; 0: never). ``first_stage_layers`` / ``last_stage_layers``: a
-    pinned pipeline split (an even split matches when every stage holds that many layers).
-    ``framework``: the profile whose rules apply (None: the catalog profile named by
-    the TrainingSpec's ``framework``, megatron-core by default).
-    """
-
-    tp: int | None = None
-    pp: int | None = None
-    dp: int | None = None
-    zero_stage: int | None = None
-    micro_batch_size: int | None = None
-    recompute: str | None = None
-    recompute_num_layers: int | None = None
-    offload_layers: int | None = None
-    sequence_parallel: bool | None = None
-    vpp: int | None = None
-    cp: int | None = None
-    ep: int | None = None
-    etp: int | None = None
-    distributed_optimizer: bool | None = None
-    first_stage_layers: int | None = None  # with last_stage_layers: pins the pipeline split
-    last_stage_layers: int | None = None
-    max_tp: int | None = None
-    max_pp: int | None = None
-    max_micro_batch_size: int = 64
-    max_vpp: int = 16
-    max_cp: int = 16
-    max_ep: int | None = None
-    allow_cross_node_tp: bool = False
-    objective: str = "throughput"
-    tokens: float | None = None
-    price_per_gpu_hour: float | None = None
-    max_gpus: int | None = None
-    deadline_s: float | None = None
-    headroom_bytes: float = 0.0
-    headroom_fraction: float = 0.0
-    keep: int = KEEP
-    framework: FrameworkProfile | None = None
-
-    def __post_init__(self) -> None:
-        for pin, bound, name in ((self.tp, self.max_tp, "tp"), (self.pp, self.max_pp, "pp"),
-                                 (self.micro_batch_size, self.max_micro_batch_size, "micro-batch-size"),
-                                 (self.vpp, self.max_vpp, "vpp"), (self.cp, self.max_cp, "cp"),
-                                 (self.ep, self.max_ep, "ep")):
-            if pin is not None and bound is not None and pin > bound:
-                raise UsageError(f"--{name} {pin} contradicts --max-{name} {bound}")
+# The search's own options (beside each axis's pin and bound): name, type, default
+_OPTIONS = (("allow_cross_node_tp", bool, False), ("objective", str, "throughput"),
+            ("tokens", "float | None", None), ("price_per_gpu_hour", "float | None", None),
+            ("max_gpus", "int | None", None), ("deadline_s", "float | None", None),
+            ("headroom_bytes", float, 0.0), ("headroom_fraction", float, 0.0), ("keep", int, KEEP),
+            ("framework", "FrameworkProfile | None", None))
 
 
+def _check_bounds(self) -> None:
+    for axis in AXES:
+        pin = getattr(self, axis.name)
+        bound = getattr(self, axis.bound) if axis.bound else None
+        if pin is not None and bound is not None and pin > bound:
+            raise UsageError(f"{axis.flag} {pin} contradicts {flag(axis.bound)} {bound}")
 
 
-_SEARCH_INTS = ("tp", "pp", "dp", "micro_batch_size", "vpp", "cp", "ep", "etp", "max_ep", "max_tp", "max_pp",
-                "max_micro_batch_size", "max_vpp", "max_cp", "max_gpus", "keep")
-_SEARCH_BOOLS = ("sequence_parallel", "distributed_optimizer", "allow_cross_node_tp")
+SearchOptions = dataclasses.make_dataclass(
+    "SearchOptions",
+    [(a.name, f"{a.kind.__name__} | None", None) for a in AXES]
+    + [(a.bound, "int | None" if a.bound_default is None else int, a.bound_default)
+       for a in AXES if a.bound] + list(_OPTIONS),
+    frozen=True, namespace={"__post_init__": _check_bounds})
+SearchOptions.__module__ = __name__
+SearchOptions.__doc__ = """Pins (a single allowed value) and bounds of the search's axes; None = free.
 
+A field per axis of the layout (layout.axes.AXES: its pin) and per axis bound (max_tp, max_pp,
+max_micro_batch_size 64, max_vpp 16, max_cp 16, max_ep), then the search's own options. The
+distributed optimizer costs what ZeRO-1 costs, so unless pinned the search leaves it off and
+ZeRO-1 stands for both. A solved axis (recompute_num_layers, offload_layers) pinned is fixed
+for every layout; free, the scan takes the least N that fits (cost.recompute, cost.offload:
+full recompute of the first N layers of each model chunk; activations of N layers in host
+memory where the framework offers it, pp 1 and no recomputation); 0: never. A pinned
+first_stage_layers / last_stage_layers pins the pipeline split (an even split matches when
+every stage holds that many layers).
 
-# pins whose bound has a default (search.SearchOptions): --cp 32 searches cp 32 without --max-cp
-DEFAULT_BOUNDS = (("micro_batch_size", "max_micro_batch_size"), ("vpp", "max_vpp"), ("cp", "max_cp"))
+``objective``: throughput | time-to-train | cost (search.objective); ``tokens`` overrides the
+model's training token budget; ``price_per_gpu_hour`` prices cost; ``deadline_s``: keep only
+layouts whose expected time to train (failures and checkpoints counted) is at most this many
+seconds. ``max_gpus``: a budget of at most this many GPUs (any positive integer); the search
+also picks the count, whole nodes within it or, below one node, a divisor of a node.
+``headroom_bytes`` / ``headroom_fraction``: memory per GPU that a layout must leave free beyond
+the framework's reserve. ``framework``: the profile whose rules apply (None: the catalog
+profile named by the TrainingSpec's ``framework``, megatron-core by default).
+"""
+
+_SEARCH_INTS = tuple(a.name for a in AXES if a.kind is int and a.minimum > 0 and a.maximum is None) \
+    + tuple(a.bound for a in AXES if a.bound) + ("max_gpus", "keep")
+_SEARCH_COUNTS = tuple(a.name for a in AXES if a.kind is int and a.minimum == 0 and a.maximum is None)
+_SEARCH_BOOLS = tuple(a.name for a in AXES if a.kind is bool) + ("allow_cross_node_tp",)
+# pins whose bound has a default: --cp 32 searches cp 32 without --max-cp
+DEFAULT_BOUNDS = tuple((a.name, a.bound) for a in AXES if a.bound_default is not None)
 
 
 def default_bound(bound: str) -> int:
-    """The default of one of DEFAULT_BOUNDS' bounds (search.SearchOptions: max_cp 16, ...)."""
-    return SearchOptions.__dataclass_fields__[bound].default
+    """The default of one of DEFAULT_BOUNDS' bounds (layout.axes: max_cp 16, ...)."""
+    return BOUNDS[bound].bound_default
 
 
 def raised_bounds(pins: dict[str, Any], bounds: dict[str, Any]) -> dict[str, int]:
@@ -109,10 +82,9 @@ def raised_bounds(pins: dict[str, Any], bounds: dict[str, Any]) -> dict[str, int
     bound the user set stays, and the pin then contradicts it."""
     out = {}
     for pin, bound in DEFAULT_BOUNDS:
-        default = default_bound(bound)
         value = pins.get(pin)
         if bounds.get(bound) is None and isinstance(value, int) and \
-                not isinstance(value, bool) and value > default:
+                not isinstance(value, bool) and value > default_bound(bound):
             out[bound] = value
     return out
 
@@ -134,15 +106,14 @@ def search_options(hw, training, given: dict[str, Any], headroom: str | None = N
             raise UsageError(f"unknown search option {label(name)} (known: "
                              f"{', '.join(label(k) for k in sorted(known))})")
     check_integers({k: given.get(k) for k in _SEARCH_INTS}, label=label)
-    check_integers({k: given.get(k) for k in ("recompute_num_layers", "offload_layers")},
-                   allow_zero=True, label=label)
+    check_integers({k: given.get(k) for k in _SEARCH_COUNTS}, allow_zero=True, label=label)
     if model is not None:
         check_expert_pins(model, given, label)
     if given.get("recompute_num_layers") and given.get("recompute", "full") != "full":
         raise UsageError(f"{label('recompute_num_layers')} recomputes N layers per chunk in full: it "
                          f"needs {label('recompute')} full, got {given['recompute']}")
     check_numbers({k: given.get(k) for k in ("tokens", "price_per_gpu_hour")}, label=label)
-    _check_choices(given, label, RECOMPUTE_CODES, OBJECTIVES)
+    _check_choices(given, label)
     if headroom is not None:
         given["headroom_bytes"], given["headroom_fraction"] = parse_headroom(headroom)
     shown = f"{label('min_memory_headroom')} {headroom.strip()}" if headroom is not None \
@@ -169,16 +140,20 @@ def check_expert_pins(model, given: dict[str, Any], label: Label = flag) -> None
                          f"of {model.name}: each EP rank holds num_experts/ep experts")
 
 
-def _check_choices(given: dict[str, Any], label: Label, recompute, objectives) -> None:
-    """ZeRO stage, recompute, objective, booleans and a headroom given as numbers."""
-    zero = given.get("zero_stage")
-    if zero is not None and (isinstance(zero, bool) or zero not in (0, 1, 2, 3)):
-        raise UsageError(f"{label('zero_stage')} must be 0, 1, 2 or 3, got {zero!r}")
-    if given.get("recompute") is not None and given["recompute"] not in recompute:
-        raise UsageError(f"{label('recompute')} must be none, selective or full, got "
-                         f"{given['recompute']!r}")
-    if given.get("objective") is not None and given["objective"] not in objectives:
-        raise UsageError(f"{label('objective')} must be one of {', '.join(objectives)}, got "
+def _check_choices(given: dict[str, Any], label: Label) -> None:
+    """Bounded integers (ZeRO stage), choices (recompute) and the objective by name, booleans
+    and a headroom given as numbers."""
+    for a in AXES:
+        value = given.get(a.name)
+        if value is not None and a.kind is int and a.maximum is not None and \
+                (isinstance(value, bool) or value not in range(a.minimum, a.maximum + 1)):
+            values = list(map(str, range(a.minimum, a.maximum + 1)))
+            raise UsageError(f"{label(a.name)} must be {', '.join(values[:-1])} or {values[-1]}, "
+                             f"got {value!r}")
+        if value is not None and a.kind is str and value not in a.choices:
+            raise UsageError(f"{label(a.name)} must be {a.words}, got {value!r}")
+    if given.get("objective") is not None and given["objective"] not in OBJECTIVES:
+        raise UsageError(f"{label('objective')} must be one of {', '.join(OBJECTIVES)}, got "
                          f"{given['objective']!r}")
     for name in _SEARCH_BOOLS:
         if name in given and not isinstance(given[name], bool):

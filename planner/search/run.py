@@ -8,34 +8,26 @@ Python loop over candidates.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
-from . import objective
 from ..cost import Estimate, evaluate
-from ..cost.collectives import nvlink_domain
 from ..cost.checkpoint import evaluate_checkpoint, unavailable
-from ..layout.degrees import SPLIT_DEGREES, split_problem
 from ..errors import DeadlineError, NoFitError, PlannerError, UsageError
+from ..inputs import check_integers
+from ..specs import HardwareProfile, ModelSpec, TrainingSpec
+from . import objective
 from .check import check_inputs
 from .grid import Grid, build_grid
-from .options import KEEP, TIE_LIMIT, SearchOptions
-from ..inputs import MAX_GPUS, check_integers, gpu_count  # noqa: F401 (MAX_GPUS re-exported)
+from .least_layers import as_scanned
+from .options import TIE_LIMIT, SearchOptions
 from .refusal import (FitHint, fewest_gpus, never_done_error, no_fit_message, no_split_reason,
                       nothing_valid_message)
-from .scan import CHUNK, scan
-from .state import FIT_RULE, Scan  # noqa: F401 (re-exported)
-from .least_layers import as_scanned
-from .rules import LAYERS_RULE, MOE_SP_RULE, TP_RULE, UNEVEN_RULE, constraint_masks, rules_broken
-from ..layout import Candidates
-from ..layout.split import (default_uneven_split, divisors, uneven_problem, uneven_splits, uneven_vpp_options)
-from ..framework_spec import FrameworkProfile
-from ..layout import RECOMPUTE_CODES, Layout
-from ..specs import HardwareProfile, ModelSpec, TrainingSpec
+from .scan import scan
+from .state import Scan
 
 
 

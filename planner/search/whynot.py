@@ -8,7 +8,6 @@ verdict is one of: ``invalid`` (the rules it breaks, each named as the search na
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -16,7 +15,6 @@ import numpy as np
 from ..cost import Estimate
 from ..errors import NoFitError, UsageError
 from ..explain import term_deltas
-from ..inputs import MAX_GPUS
 from .options import SearchOptions
 from .grid import build_grid
 from .run import search
@@ -25,108 +23,9 @@ from .. import fmt
 from .refusal import no_split_reason
 from ..layout.split import (MAX_EDGE_SHORTFALL, default_uneven_split, uneven_problem, uneven_vpp_options)
 from .rules import UNEVEN_RULE, constraint_masks
-from ..layout import RECOMPUTE_CODES
+from ..layout import BY_NAME
+from ..layout.parse import key_of, parse_layout, pin_flag, printed_defaults
 from ..specs import HardwareProfile, ModelSpec, TrainingSpec
-
-_KEYS = {"tp": "tp", "cp": "cp", "pp": "pp", "dp": "dp", "ep": "ep", "etp": "etp",
-         "distopt": "distributed_optimizer",
-         "distributed_optimizer": "distributed_optimizer", "zero": "zero_stage", "zero_stage": "zero_stage",
-         "mbs": "micro_batch_size", "micro_batch_size": "micro_batch_size", "vpp": "vpp",
-         "recompute": "recompute", "sp": "sequence_parallel", "sequence_parallel": "sequence_parallel",
-         "recompute_num_layers": "recompute_num_layers", "offload": "offload_layers",
-         "offload_layers": "offload_layers"}
-_SHORT = {"distributed_optimizer": "distopt", "zero_stage": "zero", "micro_batch_size": "mbs",
-          "sequence_parallel": "sp", "offload_layers": "offload"}  # field -> the key as written in --why-not
-_TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
-
-
-_SPLIT_PRINTED = re.compile(r"\(\s*(\d+)\s*\+\s*(?:\.\.\s*\+\s*)?(\d+)\s+layers\s*\)")
-_SPLIT_VALUE = re.compile(r"^(\d+)\+(?:\.\.\+)?(\d+)$")
-
-
-def _put(pins: dict[str, object], name: str, value: object, text: str) -> None:
-    """Record pin ``name`` (None: only check it is new); UsageError if given twice."""
-    if name in pins:
-        raise UsageError(f"--why-not: {_SHORT.get(name, name)} is given twice in {text!r}; "
-                         "give each dimension once")
-    if value is not None:
-        pins[name] = value
-
-
-def _layers_count(value: str, what: str) -> int:
-    if not (value.isascii() and value.isdigit()) or int(value) > MAX_GPUS:
-        raise UsageError(f"--why-not: {what} needs a whole number of layers, got {value!r}")
-    return int(value)
-
-
-def _split_pins(pins: dict[str, object], value: str, text: str) -> None:
-    """first_stage_layers and last_stage_layers of ``split=F+..+L`` (or F+L)."""
-    match = _SPLIT_VALUE.match(value.replace(" ", ""))
-    if not match:
-        raise UsageError(f"--why-not: split is the first and last stages' layers, e.g. "
-                         f"split=12+..+10 (or 32+29 on two stages), got {value!r}")
-    first, last = (_layers_count(v, "split") for v in match.groups())
-    if first == 0 or last == 0:
-        raise UsageError(f"--why-not: a split's stages hold at least one layer, got {value!r}")
-    _put(pins, "first_stage_layers", first, text)
-    _put(pins, "last_stage_layers", last, text)
-
-
-def parse_layout(text: str) -> dict[str, object]:
-    """``"tp=4,pp=16,sp=1,recompute=full"`` -> SearchOptions pins. UsageError on anything odd.
-
-    Keys: tp, cp, pp, dp, zero (zero_stage), distopt (distributed_optimizer: 1/0), mbs
-    (micro_batch_size), vpp, recompute (none/selective/selective+/full, or full:N: the first N
-    layers of each model chunk), recompute_num_layers (full recompute of the first N layers of
-    each model chunk; 0 = every layer), offload (offload_layers: activations of N layers in host
-    memory; 0 = none), sp (sequence_parallel: 1/0), split (an uneven pipeline split, the first
-    and last stages' layers: 12+..+10, or 32+29 on two stages). A layout as the tables print it
-    reads too: ``tp=1 cp=4 pp=4 (12+..+10 layers) dp=4 ep=8 zero=1 mbs=1 vpp=1 recompute=full:43
-    sp`` (a bare sp or distopt is 1).
-    """
-    pins: dict[str, object] = {}
-    spaced = re.sub(r"\s*=\s*", "=", text.strip())  # "tp = 8" reads as "tp=8"
-    spaced = _SPLIT_PRINTED.sub(r"split=\1+\2", spaced)  # "(12+..+10 layers)" as printed
-    for part in filter(None, (p.strip() for p in spaced.replace(" ", ",").split(","))):
-        key, sep, value = part.partition("=")
-        key, value = key.strip().lower(), value.strip().lower()
-        if not sep and key in ("sp", "distopt"):  # as the tables print them
-            sep, value = "=", "1"
-        if key == "split" and sep:
-            _split_pins(pins, value, text)
-            continue
-        if key == "recompute" and value.startswith("full:"):
-            _put(pins, "recompute_num_layers", _layers_count(value[5:], "recompute=full:N"), text)
-            value = "full"
-        if not sep or key not in _KEYS or not value:
-            raise UsageError(f"--why-not: cannot read {part!r}; write e.g. 'tp=4,pp=16' "
-                             f"(keys: {', '.join(sorted(set(_KEYS)))})")
-        name = _KEYS[key]
-        _put(pins, name, None, text)
-        if name == "recompute":
-            if value not in RECOMPUTE_CODES:
-                raise UsageError(f"--why-not: recompute must be none, selective, selective+ or full, got {value!r}")
-            pins[name] = value
-        elif name in ("sequence_parallel", "distributed_optimizer"):
-            if value not in _TRUE | _FALSE:
-                raise UsageError(f"--why-not: {key} must be 1, true, yes or on (or 0, false, no, "
-                                 f"off), got {value!r}")
-            pins[name] = value in _TRUE
-        else:
-            zero_ok = name in ("zero_stage", "recompute_num_layers", "offload_layers")
-            if not (value.isascii() and value.isdigit()) or int(value) <= 0 and not zero_ok:
-                kind = "an integer, 0 or more" if zero_ok else "a positive integer"
-                raise UsageError(f"--why-not: {key} must be {kind}, got {value!r}")
-            if int(value) > MAX_GPUS:
-                raise UsageError(f"--why-not: {key} {int(value):,} is beyond what plan3d models "
-                                 f"(at most {MAX_GPUS:,})")
-            pins[name] = int(value)
-            if name == "zero_stage" and pins[name] > 3:
-                raise UsageError(f"--why-not: zero must be 0, 1, 2 or 3, got {value!r}")
-    if not pins:
-        raise UsageError("--why-not needs at least one dimension, e.g. 'tp=4,pp=16'")
-    return pins
-
 
 @dataclass
 class WhyNot:
@@ -221,44 +120,6 @@ def _together(rule: str, ok, before: list, prefix: list, shape: tuple) -> str:
     return f"{rule}, together with: {'; '.join(reversed(culprits))}"
 
 
-_FLAGS = {"sequence_parallel": ("--sequence-parallel", "--no-sequence-parallel"),
-          "distributed_optimizer": ("--distributed-optimizer", "--no-distributed-optimizer")}
-
-
-def _flag(name: str, value: object) -> str:
-    """The search flag that pins ``name`` to ``value``, as the user would have typed it."""
-    if name in _FLAGS:
-        return _FLAGS[name][0 if value else 1]
-    return f"--{name.replace('_', '-')} {value}"
-
-
-# the fields Layout.short() always prints: a layout with all of them is a printed one, whose
-# omitted fields have their printed defaults (no sp, cp 1, ...), not free values
-_PRINTED = {"tp", "pp", "dp", "zero_stage", "micro_batch_size", "vpp", "recompute"}
-
-
-def printed_defaults(model: ModelSpec, pins: dict[str, object]) -> dict[str, object]:
-    """``pins`` with the fields Layout.short() leaves out when they are at their default set
-    to it, when ``pins`` has every field it always prints (a row pasted from a table): sp and
-    distopt off, cp 1, ep and etp 1 (MoE), no offload, recompute=full every layer, and the
-    even split where pp divides the layers. Otherwise ``pins`` as given (the rest is free)."""
-    if not _PRINTED <= set(pins):
-        return pins
-    out = dict(pins)
-    defaults = {"cp": 1, "sequence_parallel": False, "distributed_optimizer": False,
-                "offload_layers": 0}
-    if model.moe is not None:
-        defaults.update(ep=1, etp=1)
-    if out["recompute"] == "full":
-        defaults["recompute_num_layers"] = 0
-    pp = int(out["pp"])
-    if pp > 1 and model.num_layers % pp == 0:
-        defaults["first_stage_layers"] = defaults["last_stage_layers"] = model.num_layers // pp
-    for name, value in defaults.items():
-        out.setdefault(name, value)
-    return out
-
-
 def check_pins(pins: dict[str, object], opts: SearchOptions) -> None:
     """UsageError naming both when a --why-not value contradicts a search pin or lies above a
     search bound (--max-tp ...): the search never considers that layout, so there is nothing
@@ -267,12 +128,13 @@ def check_pins(pins: dict[str, object], opts: SearchOptions) -> None:
         pinned = getattr(opts, name)
         if pinned is not None and pinned != value:
             shown = int(value) if isinstance(value, bool) else value
-            raise UsageError(f"--why-not {_SHORT.get(name, name)}={shown} contradicts the search pin "
-                             f"{_flag(name, pinned)}; drop one of them")
-        bound = getattr(opts, f"max_{name}", None)
-        if bound is not None and value > bound:
-            raise UsageError(f"--why-not {_SHORT.get(name, name)}={value} is above the search bound "
-                             f"{_flag('max_' + name, bound)}; raise the bound or pick a smaller value")
+            raise UsageError(f"--why-not {key_of(name)}={shown} contradicts the search pin "
+                             f"{pin_flag(name, pinned)}; drop one of them")
+        bound = BY_NAME[name].bound
+        limit = getattr(opts, bound) if bound else None
+        if limit is not None and value > limit:
+            raise UsageError(f"--why-not {key_of(name)}={value} is above the search bound "
+                             f"{pin_flag(bound, limit)}; raise the bound or pick a smaller value")
 
 
 def why_not(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: int | None,
@@ -286,7 +148,7 @@ def why_not(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus:
     """
     from .options import check_expert_pins
     pins = printed_defaults(model, parse_layout(text))
-    check_expert_pins(model, pins, label=lambda name: f"--why-not: {_SHORT.get(name, name)}")
+    check_expert_pins(model, pins, label=lambda name: f"--why-not: {key_of(name)}")
     from .options import DEFAULT_BOUNDS, default_bound, raised_bounds
     # a bound at its default was not given (or given as the default): a pin above it raises it
     given = {b: getattr(opts, b) for _, b in DEFAULT_BOUNDS if getattr(opts, b) != default_bound(b)}
