@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import os
-from enum import Enum
 
 import typer
 
@@ -31,20 +30,6 @@ def _version(value: bool) -> None:
 def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                        help="Print the version and exit.")) -> None:
     """Plan 3D-parallel (TP/PP/DP/ZeRO) training of large transformers."""
-
-
-class PrecisionChoice(str, Enum):
-    bf16 = "bf16"
-    fp8 = "fp8"
-    fp8_blockwise = "fp8-blockwise"
-    mxfp8 = "mxfp8"
-
-
-class RecomputeChoice(str, Enum):
-    none = "none"
-    selective = "selective"
-    selective_plus = "selective+"
-    full = "full"
 
 
 def handle_errors(func):
@@ -84,27 +69,6 @@ SEQ = typer.Option(None, "--seq-length", help="Tokens per sequence (default: the
 JSON = typer.Option(False, "--json", help="Print JSON (SI units: bytes, seconds) instead of tables.")
 HEADROOM = typer.Option(None, "--min-memory-headroom",
                         help="Memory to leave free per GPU beyond the framework's reserve: '4GiB' or '10%'.")
-# The training framework and single facts of it (planner.frameworks.profile.Overrides)
-FRAMEWORK = typer.Option(None, "--framework", help="Framework profile name or YAML file "
-                         "(plan3d frameworks) [default: megatron-core].")
-OFFLOAD_LAYERS = typer.Option(
-    None, "--offload-layers",
-    help="Move the activations of N layers to host memory over the host link (Megatron-Core "
-         "--cpu-offloading-num-layers: pp 1, no recomputation) [default: search: the least "
-         "N that fits where a layout needs it; 0 = never; estimate: 0].")
-RECOMPUTE_LAYERS = typer.Option(
-    None, "--recompute-num-layers",
-    help="Full recompute of only the first N layers of each model chunk (Megatron's block "
-         "method; 0 = every layer) [default: search: the least N that fits; estimate: 0].")
-FLASH = typer.Option(None, "--flash-attention/--no-flash-attention",
-                     help="Override the framework's flash attention.")
-GRAD_DTYPE = typer.Option(None, "--grad-dtype", help="Gradient dtype: fp32 or bf16 (default: the framework's).")
-ALLOCATOR = typer.Option(None, "--allocator-reserve", help="Allocator reserve as a fraction of the "
-                         "working set, e.g. 0.1 (default: the framework's).")
-PRECISION = typer.Option(None, "--precision", help="Linear layers in bf16, fp8 (per-tensor "
-                         "scaling), fp8-blockwise (1x128/128x128 blocks) or mxfp8 (Blackwell) "
-                         "[default: bf16].")
-# Mixture-of-experts job settings (TrainingSpec.moe_dispatcher, moe_a2a_overlap)
 EXPORT = typer.Option(None, "--export", help="Write the best layout as a plan YAML "
                       "(- for stdout; the table then goes to stderr).")
 FORCE = typer.Option(False, "--force", help="Overwrite an existing --export file.")
@@ -115,19 +79,6 @@ MAX_GPUS = typer.Option(None, "--max-gpus",
 WHY_NOT = typer.Option(None, "--why-not",
                        help="Explain a (partial) layout, e.g. 'tp=4,pp=16', against the winner.")
 MOE_DISPATCHERS = ("alltoall", "allgather", "flex")
-MOE_DISPATCHER = typer.Option(None, "--moe-dispatcher", help="MoE token dispatcher: alltoall, "
-                              "allgather or flex (DeepEP / HybridEP) [default: alltoall].")
-MOE_A2A_OVERLAP = typer.Option(None, "--moe-a2a-overlap/--no-moe-a2a-overlap",
-                               help="Megatron-Core's EP communication overlap (needs ep > 1, "
-                                    "interleaving with pp > 1) [default: off].")
-# Checkpoints and failures (planner.checkpoint_spec, cost.checkpoint) and the deadline
-FAILURE_RATE = typer.Option(None, "--failure-rate", help="Unexpected interruptions per GPU-hour "
-                            "[default: Llama 3's 1.97e-5: 419 in 54 days on 16,384 H100].")
-RESTART_TIME = typer.Option(None, "--restart-time", help="From a failure to training again, "
-                            "before the checkpoint is read: '10min' [default: 10min].")
-ASYNC_SAVE = typer.Option(None, "--async-save/--sync-save", help="Checkpoints copied to host "
-                          "memory and written in the background, or stalling for the whole "
-                          "write [default: async].")
 DEADLINE = typer.Option(None, "--deadline", help="Train within this time, failures and "
                         "checkpoints counted: '30d', '720h' (needs a token budget).")
 
@@ -177,14 +128,17 @@ def _check_moe_job(model, moe: dict) -> None:
         raise UsageError(f"{flags} applies to mixture-of-experts models; {model.name} has no experts")
 
 
-def _training(model, global_batch_size, seq_length, checkpoint: dict | None = None,
-              framework=None, flash=None, grad_dtype=None, allocator=None, precision=None,
-              moe: dict | None = None):
+def _training(model, global_batch_size, seq_length, job: dict | None = None):
     """(framework profile, TrainingSpec): the job from the flags and the model's defaults
     (planner.inputs.training_spec, the one check) run by the ``--framework`` profile with the
-    single-fact overrides (frameworks.profile.resolve_training), with the ``checkpoint`` block's
-    values (already parsed to SI units by _checkpoint) set on it, and the MoE settings ``moe``
-    (_moe_job). UsageError on bad input."""
+    single-fact overrides (frameworks.profile.resolve_training), with the checkpoint block's
+    values (_checkpoint) set on it, and the MoE settings (_moe_job); ``job``: the JOB options of
+    cli.options by name (None or absent = not given). UsageError on bad input."""
+    job = job or {}
+    checkpoint = _checkpoint(job.get("failure_rate"), job.get("restart_time"), job.get("async_save"))
+    moe = _moe_job(job.get("moe_dispatcher"), job.get("moe_a2a_overlap"))
+    framework, flash, precision = job.get("framework"), job.get("flash_attention"), job.get("precision")
+    grad_dtype, allocator = job.get("grad_dtype"), job.get("allocator_reserve")
     from ..catalog import resolve_framework
     from ..frameworks.profile import Overrides, resolve_training
     from ..inputs import training_spec
@@ -193,7 +147,7 @@ def _training(model, global_batch_size, seq_length, checkpoint: dict | None = No
     profile = resolve_framework(framework)
     _check_moe_job(model, moe or {})
     job = training_spec(model, {"global_batch_size": global_batch_size, "seq_length": seq_length,
-                                "precision": precision.value if precision is not None else None,
+                                "precision": precision,
                                 **(moe or {})})
     training = resolve_training(job, profile, Overrides(
         flash_attention=flash, grad_dtype=grad_dtype.strip().lower() if grad_dtype else None,

@@ -9,117 +9,70 @@ import typer
 
 from ..errors import UsageError
 from ..inputs import check_integers
+from ..layout.axes import AXES
+from ..layout.degrees import SPLIT_DEGREES
 from ..render import console
-from .app import (ALLOCATOR, ASYNC_SAVE, FAILURE_RATE, FLASH, FRAMEWORK, GBS, GPUS, GRAD_DTYPE,
-                  JSON, MODEL, MOE_A2A_OVERLAP, MOE_DISPATCHER, OFFLOAD_LAYERS, PRECISION,
-                  RECOMPUTE_LAYERS, RESTART_TIME, SEQ, PrecisionChoice, RecomputeChoice,
-                  _checkpoint, _moe_job, _require, app, handle_errors)
+from ..search.check import check_layout
+from ..search.framework_rules import profile_for
+from ..search.rules import moe_needs_sp
+from .app import GBS, GPUS, JSON, MODEL, SEQ, _require, app, handle_errors
+from .options import JOB, stated_default, with_options
 from .plan import _inputs
 
 
 @app.command(short_help="Memory and step time of one layout.")
 @handle_errors
+@with_options(axes="estimate")
 def estimate(
     model: Optional[str] = MODEL, gpus: Optional[int] = GPUS,
     hardware: Optional[str] = typer.Option(None, "--hardware",
                                            help="Hardware profile name or YAML file [default: dgx-h100]."),
     global_batch_size: Optional[int] = GBS, seq_length: Optional[int] = SEQ,
-    tp: Optional[int] = typer.Option(None, "--tp", help="Tensor-parallel size [default: 1]."),
-    pp: Optional[int] = typer.Option(None, "--pp", help="Pipeline-parallel size [default: 1]."),
-    dp: Optional[int] = typer.Option(None, "--dp", help="Data-parallel size [default: gpus/(tp*cp*pp)]."),
-    zero_stage: Optional[int] = typer.Option(
-        None, "--zero-stage", help="ZeRO stage 0-3 [default: 1, else the framework's highest "
-                                   "(torchtitan: 3); 0 with --distributed-optimizer]."),
-    micro_batch_size: Optional[int] = typer.Option(None, "--micro-batch-size",
-                                                   help="Micro-batch size [default: 1]."),
-    recompute: Optional[RecomputeChoice] = typer.Option(None, "--recompute",
-                                                        help="Recomputation [default: none]."),
-    recompute_num_layers: Optional[int] = RECOMPUTE_LAYERS,
-    offload_layers: Optional[int] = OFFLOAD_LAYERS,
-    sequence_parallel: Optional[bool] = typer.Option(None, "--sequence-parallel/--no-sequence-parallel",
-                                                     help="Sequence parallelism [default: off; on for an MoE model with tp > 1, which needs it]."),
-    vpp: Optional[int] = typer.Option(None, "--vpp", help="Virtual pipeline stages per rank [default: 1]."),
-    cp: Optional[int] = typer.Option(None, "--cp", help="Context-parallel size [default: 1]."),
-    ep: Optional[int] = typer.Option(None, "--ep", help="Expert-parallel size (MoE) [default: 1]."),
-    etp: Optional[int] = typer.Option(None, "--etp", help="Expert-tensor-parallel size (MoE) [default: 1]."),
-    distributed_optimizer: Optional[bool] = typer.Option(
-        None, "--distributed-optimizer/--no-distributed-optimizer",
-        help="Megatron's distributed optimizer, the ZeRO-1 alternative: implies --zero-stage 0 "
-             "[default: off]."),
-    first_stage_layers: Optional[int] = typer.Option(
-        None, "--first-stage-layers", help="Uneven pipeline split: layers on the first stage [default: even]."),
-    last_stage_layers: Optional[int] = typer.Option(
-        None, "--last-stage-layers", help="Uneven pipeline split: layers on the last stage [default: even]."),
     plan: Optional[Path] = typer.Option(None, "--plan", help="Evaluate a plan YAML written by --export "
                                         "(alone: it cannot be combined with the other flags)."),
     allow_cross_node_tp: bool = typer.Option(False, "--allow-cross-node-tp",
                                              help="Let tp exceed one node's GPUs (a --plan may always)."),
-    json_out: bool = JSON,
-    failure_rate: Optional[float] = FAILURE_RATE, restart_time: Optional[str] = RESTART_TIME,
-    async_save: Optional[bool] = ASYNC_SAVE,
-    framework: Optional[str] = FRAMEWORK, flash_attention: Optional[bool] = FLASH,
-    grad_dtype: Optional[str] = GRAD_DTYPE, allocator_reserve: Optional[float] = ALLOCATOR,
-    precision: Optional[PrecisionChoice] = PRECISION,
-    moe_dispatcher: Optional[str] = MOE_DISPATCHER, moe_a2a_overlap: Optional[bool] = MOE_A2A_OVERLAP,
+    json_out: bool = JSON, axes: dict | None = None, job: dict | None = None,
 ) -> None:
     """Memory and step-time breakdown of one layout (from flags or --plan). Exits 1 if it does not fit."""
-    flags = {"--model": model, "--gpus": gpus, "--hardware": hardware,
-             "--global-batch-size": global_batch_size, "--seq-length": seq_length, "--tp": tp,
-             "--pp": pp, "--dp": dp, "--zero-stage": zero_stage, "--micro-batch-size": micro_batch_size,
-             "--recompute": recompute, "--recompute-num-layers": recompute_num_layers,
-             "--offload-layers": offload_layers,
-             "--sequence-parallel": sequence_parallel, "--vpp": vpp,
-             "--cp": cp, "--ep": ep, "--etp": etp, "--distributed-optimizer": distributed_optimizer,
-             "--first-stage-layers": first_stage_layers, "--last-stage-layers": last_stage_layers,
-             "--allow-cross-node-tp": allow_cross_node_tp or None, "--failure-rate": failure_rate,
-             "--restart-time": restart_time, "--async-save/--sync-save": async_save,
-             "--framework": framework, "--flash-attention": flash_attention,
-             "--grad-dtype": grad_dtype, "--allocator-reserve": allocator_reserve,
-             "--precision": precision, "--moe-dispatcher": moe_dispatcher,
-             "--moe-a2a-overlap": moe_a2a_overlap}
-    p = _plan_alone(plan, flags) if plan is not None else None
+    given = {"--model": model, "--gpus": gpus, "--hardware": hardware,
+             "--global-batch-size": global_batch_size, "--seq-length": seq_length,
+             "--allow-cross-node-tp": allow_cross_node_tp or None,
+             **{a.flag: axes[a.name] for a in AXES if a.flag},
+             **{o.flag: job[o.name] for o in JOB}}
+    p = _plan_alone(plan, given) if plan is not None else None
     if p is not None:
         m, hw, training, layout, n, profile = p.model, p.hardware, p.training, p.layout, p.gpus, p.framework
     else:
-        m, hw, profile, training, n, layout = _from_flags(flags, allow_cross_node_tp)
+        inputs = dict(model=model, gpus=gpus, hardware=hardware, global_batch_size=global_batch_size,
+                      seq_length=seq_length)
+        m, hw, profile, training, n, layout = _from_flags(inputs, axes, job, allow_cross_node_tp)
     _estimate_output(m, hw, training, n, layout, json_out, p, profile)
 
 
-def _from_flags(flags: dict, allow_cross_node_tp: bool):
-    """(model, hardware, profile, training, gpus, layout) of ``estimate`` from its flags (by
-    flag name), each checked as given before the defaults: `--tp 0` is an error, not tp=1;
-    tp, cp, pp default to 1 and dp to what they leave (search.check_layout). UsageError."""
-    from ..search.check import check_layout
-    f = {k.lstrip("-").split("/")[0].replace("-", "_"): v for k, v in flags.items()}
-    check_integers({k: f[k] for k in ("tp", "pp", "dp", "cp", "micro_batch_size", "vpp", "ep", "etp")})
-    check_integers({k: f[k] for k in ("first_stage_layers", "last_stage_layers",
-                                      "recompute_num_layers", "offload_layers")}, allow_zero=True)
-    _zero_stage(f["zero_stage"], f["distributed_optimizer"], None, 1)  # the flags' own errors first
-    m, hw, profile, training = _inputs(
-        f["model"], f["hardware"] or "dgx-h100", f["global_batch_size"], f["seq_length"],
-        _checkpoint(f["failure_rate"], f["restart_time"], f["async_save"]), f["framework"],
-        f["flash_attention"], f["grad_dtype"], f["allocator_reserve"], f["precision"],
-        _moe_job(f["moe_dispatcher"], f["moe_a2a_overlap"]))
-    zero_stage = _zero_stage(f["zero_stage"], f["distributed_optimizer"], profile, f["pp"] or 1)
-    n = _require(f["gpus"], "--gpus")
-    sequence_parallel = f["sequence_parallel"]
-    if sequence_parallel is None:  # on where the expert rule needs it and the framework has it
-        from ..search.framework_rules import profile_for
-        from ..search.rules import moe_needs_sp
-        sequence_parallel = moe_needs_sp(m, f["tp"] or 1) and \
+def _from_flags(inputs: dict, axes: dict, job: dict, allow_cross_node_tp: bool):
+    """(model, hardware, profile, training, gpus, layout) of ``estimate`` from its flags: the
+    model and GPUs (``inputs``), the layout axes (``axes``) and the job (``job``), each checked
+    as given before the defaults: `--tp 0` is an error, not tp=1; an axis not given takes what
+    a layout given by hand takes (tp, cp, pp 1, dp what they leave: search.check.check_layout;
+    the framework's ZeRO stage; SP where an MoE model needs it). UsageError."""
+    check_integers({a.name: axes[a.name] for a in AXES if a.kind is int and a.minimum > 0})
+    check_integers({a.name: axes[a.name] for a in AXES if a.kind is int and a.minimum == 0
+                    and a.maximum is None}, allow_zero=True)
+    _zero_stage(axes["zero_stage"], axes["distributed_optimizer"], None, 1)  # the flags' own errors first
+    m, hw, profile, training = _inputs(inputs["model"], inputs["hardware"] or "dgx-h100",
+                                       inputs["global_batch_size"], inputs["seq_length"], job)
+    fields = {a.name: axes[a.name] if axes[a.name] is not None or a.name in SPLIT_DEGREES
+              else stated_default(a) for a in AXES}  # tp, cp, pp, dp: check_layout's
+    fields["zero_stage"] = _zero_stage(axes["zero_stage"], axes["distributed_optimizer"], profile,
+                                       axes["pp"] or 1)
+    if axes["sequence_parallel"] is None:  # on where the expert rule needs it and the framework has it
+        fields["sequence_parallel"] = moe_needs_sp(m, axes["tp"] or 1) and \
             profile_for(training, profile).rules.sequence_parallel
-        if sequence_parallel:
+        if fields["sequence_parallel"]:
             console.note("note: sequence parallelism on: an MoE model with tp > 1 needs it "
                          "(--no-sequence-parallel is refused for the same reason)")
-    fields = dict(tp=f["tp"], cp=f["cp"], pp=f["pp"], dp=f["dp"], zero_stage=zero_stage,
-                  micro_batch_size=f["micro_batch_size"] or 1,
-                  recompute=(f["recompute"] or RecomputeChoice.none).value,
-                  sequence_parallel=sequence_parallel, vpp=f["vpp"] or 1,
-                  distributed_optimizer=bool(f["distributed_optimizer"]), ep=f["ep"] or 1,
-                  etp=f["etp"] or 1, first_stage_layers=f["first_stage_layers"] or 0,
-                  last_stage_layers=f["last_stage_layers"] or 0,
-                  recompute_num_layers=f["recompute_num_layers"] or 0,
-                  offload_layers=f["offload_layers"] or 0)
+    n = _require(inputs["gpus"], "--gpus")
     layout = check_layout(m, hw, training, n, {k: v for k, v in fields.items() if v is not None},
                           allow_cross_node_tp, profile)
     return m, hw, profile, training, n, layout

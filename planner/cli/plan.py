@@ -13,43 +13,22 @@ from ..render import console
 from ..inputs import check_numbers
 from ..search.options import search_options
 from ..units import parse_count
-from .app import (CURRENCY, EXPORT, FORCE, MAX_GPUS, WHY_NOT, OFFLOAD_LAYERS, RECOMPUTE_LAYERS, ALLOCATOR, ASYNC_SAVE, DEADLINE, FAILURE_RATE,
-                  FLASH, FRAMEWORK, GBS, GPUS, GRAD_DTYPE, HARDWARE, HEADROOM, JSON, MODEL,
-                  MOE_A2A_OVERLAP, MOE_DISPATCHER, PRECISION, RESTART_TIME, SEQ, PrecisionChoice,
-                  RecomputeChoice, _checkpoint, _moe_job, _require, _training, app,
-                  handle_errors)
+from ..search.objective import parse_deadline
+from ..search.run import search as run_search
+from .app import (CURRENCY, DEADLINE, EXPORT, FORCE, GBS, GPUS, HARDWARE, HEADROOM, JSON,
+                  MAX_GPUS, MODEL, SEQ, WHY_NOT, _require, _training, app, handle_errors)
+from .options import with_options
 
 
 @app.command(short_help="Rank the layouts that fit by predicted speed.")
 @handle_errors
+@with_options(axes="search")
 def search(
     model: Optional[str] = MODEL, gpus: Optional[int] = GPUS, hardware: str = HARDWARE,
     global_batch_size: Optional[int] = GBS, seq_length: Optional[int] = SEQ,
     top: int = typer.Option(10, "--top", help="How many layouts to show."),
     json_out: bool = JSON,
     export: Optional[Path] = EXPORT, force: bool = FORCE,
-    tp: Optional[int] = typer.Option(None, "--tp", help="Pin tensor-parallel size."),
-    pp: Optional[int] = typer.Option(None, "--pp", help="Pin pipeline-parallel size."),
-    dp: Optional[int] = typer.Option(None, "--dp", help="Pin data-parallel size."),
-    zero_stage: Optional[int] = typer.Option(None, "--zero-stage", help="Pin ZeRO stage (0-3)."),
-    micro_batch_size: Optional[int] = typer.Option(None, "--micro-batch-size", help="Pin micro-batch size."),
-    recompute: Optional[RecomputeChoice] = typer.Option(None, "--recompute", help="Pin recomputation."),
-    recompute_num_layers: Optional[int] = RECOMPUTE_LAYERS, offload_layers: Optional[int] = OFFLOAD_LAYERS,
-    sequence_parallel: Optional[bool] = typer.Option(None, "--sequence-parallel/--no-sequence-parallel",
-                                                     help="Pin sequence parallelism."),
-    vpp: Optional[int] = typer.Option(None, "--vpp", help="Pin virtual pipeline stages per rank."),
-    cp: Optional[int] = typer.Option(None, "--cp", help="Pin context-parallel size."),
-    ep: Optional[int] = typer.Option(None, "--ep", help="Pin expert-parallel size (MoE models)."),
-    etp: Optional[int] = typer.Option(None, "--etp", help="Pin expert-tensor-parallel size (MoE)."),
-    max_ep: Optional[int] = typer.Option(None, "--max-ep", help="Upper bound on ep."),
-    distributed_optimizer: Optional[bool] = typer.Option(
-        None, "--distributed-optimizer/--no-distributed-optimizer",
-        help="Pin Megatron's distributed optimizer (costed as ZeRO-1; off unless pinned)."),
-    max_tp: Optional[int] = typer.Option(None, "--max-tp", help="Upper bound on tp."),
-    max_pp: Optional[int] = typer.Option(None, "--max-pp", help="Upper bound on pp."),
-    max_micro_batch_size: Optional[int] = typer.Option(None, "--max-micro-batch-size", help="Upper bound on micro-batch size [default: 64, or the --micro-batch-size pin]."),
-    max_vpp: Optional[int] = typer.Option(None, "--max-vpp", help="Upper bound on vpp [default: 16, or the --vpp pin]."),
-    max_cp: Optional[int] = typer.Option(None, "--max-cp", help="Upper bound on cp (powers of two) [default: 16, or the --cp pin]."),
     objective: str = typer.Option("throughput", "--objective",
                                   help="Rank by: throughput | time-to-train | cost."),
     tokens: Optional[str] = typer.Option(None, "--tokens", help="Training tokens, e.g. 2e12 or 2T "
@@ -61,36 +40,18 @@ def search(
     min_memory_headroom: Optional[str] = HEADROOM,
     allow_cross_node_tp: bool = typer.Option(False, "--allow-cross-node-tp",
                                              help="Let tp exceed one node's GPUs."),
-    why_not: Optional[str] = WHY_NOT,
-    deadline: Optional[str] = DEADLINE, failure_rate: Optional[float] = FAILURE_RATE,
-    restart_time: Optional[str] = RESTART_TIME, async_save: Optional[bool] = ASYNC_SAVE,
-    framework: Optional[str] = FRAMEWORK, flash_attention: Optional[bool] = FLASH,
-    grad_dtype: Optional[str] = GRAD_DTYPE, allocator_reserve: Optional[float] = ALLOCATOR,
-    precision: Optional[PrecisionChoice] = PRECISION,
-    moe_dispatcher: Optional[str] = MOE_DISPATCHER, moe_a2a_overlap: Optional[bool] = MOE_A2A_OVERLAP,
+    why_not: Optional[str] = WHY_NOT, deadline: Optional[str] = DEADLINE,
+    axes: dict | None = None, job: dict | None = None,
 ) -> None:
-    """Rank the TP/PP/DP/ZeRO layouts that fit, by predicted throughput (or --objective)."""
-    from ..search.objective import parse_deadline
-    from ..search.run import search as run_search
+    """Rank the layouts that fit, by predicted throughput (or --objective)."""
     tokens = parse_count(tokens, "--tokens")
-    m, hw, profile, training = _inputs(
-        model, hardware, global_batch_size, seq_length, _checkpoint(failure_rate, restart_time,
-                                                                    async_save),
-        framework, flash_attention, grad_dtype, allocator_reserve, precision,
-        _moe_job(moe_dispatcher, moe_a2a_overlap))
+    m, hw, profile, training = _inputs(model, hardware, global_batch_size, seq_length, job)
     check_numbers({"top": top})
     _check_search_flags(export, force, why_not, gpus, max_gpus, json_out)
     opts = search_options(hw, training, dict(
-        tp=tp, pp=pp, dp=dp, zero_stage=zero_stage, micro_batch_size=micro_batch_size,
-        recompute=recompute.value if recompute else None, recompute_num_layers=recompute_num_layers,
-        offload_layers=offload_layers, sequence_parallel=sequence_parallel,
-        vpp=vpp, max_tp=max_tp, max_pp=max_pp, max_micro_batch_size=max_micro_batch_size,
-        max_vpp=max_vpp, cp=cp, distributed_optimizer=distributed_optimizer, max_cp=max_cp,
-        ep=ep, etp=etp, max_ep=max_ep,
-        allow_cross_node_tp=allow_cross_node_tp, objective=objective, tokens=tokens,
+        axes, allow_cross_node_tp=allow_cross_node_tp, objective=objective, tokens=tokens,
         price_per_gpu_hour=price_per_gpu_hour, max_gpus=max_gpus,
-        deadline_s=parse_deadline(deadline), framework=profile), min_memory_headroom,
-        model=m)
+        deadline_s=parse_deadline(deadline), framework=profile), min_memory_headroom, model=m)
     n = gpus if gpus is not None else f"at most {max_gpus}"
     money = _currency(currency, price_per_gpu_hour)
     if why_not is not None:
@@ -207,6 +168,7 @@ def _search_output(m, hw, training, n, result, top: int, json_out: bool, currenc
 
 @app.command(short_help="Best layout per GPU count, with scaling.")
 @handle_errors
+@with_options()
 def sweep(
     model: Optional[str] = MODEL, hardware: str = HARDWARE,
     gpus: Optional[str] = typer.Option(None, "--gpus", "-g",
@@ -221,12 +183,7 @@ def sweep(
     min_memory_headroom: Optional[str] = HEADROOM,
     tokens: Optional[str] = typer.Option(None, "--tokens", help="Training tokens, for the time "
                                          "to train, e.g. 2e12 or 2T (default: the model's)."),
-    deadline: Optional[str] = DEADLINE, failure_rate: Optional[float] = FAILURE_RATE,
-    restart_time: Optional[str] = RESTART_TIME, async_save: Optional[bool] = ASYNC_SAVE,
-    framework: Optional[str] = FRAMEWORK, flash_attention: Optional[bool] = FLASH,
-    grad_dtype: Optional[str] = GRAD_DTYPE, allocator_reserve: Optional[float] = ALLOCATOR,
-    precision: Optional[PrecisionChoice] = PRECISION,
-    moe_dispatcher: Optional[str] = MOE_DISPATCHER, moe_a2a_overlap: Optional[bool] = MOE_A2A_OVERLAP,
+    deadline: Optional[str] = DEADLINE, job: dict | None = None,
 ) -> None:
     """Best layout, tokens/s, MFU, scaling efficiency and time to train at each GPU count."""
     from .sweep import run
@@ -234,24 +191,19 @@ def sweep(
     hw = catalog.resolve_hardware(hardware)
     tokens = parse_count(tokens, "--tokens")
     check_numbers({"tokens": tokens})
-    profile, training = _training(m, None, seq_length, _checkpoint(failure_rate, restart_time,
-                                                                   async_save),
-                                  framework, flash_attention, grad_dtype, allocator_reserve,
-                                  precision, _moe_job(moe_dispatcher, moe_a2a_overlap))
+    profile, training = _training(m, None, seq_length, job)
     from ..cost.precision import check_precision
     check_precision(hw, training)
     run(m, hw, training, _require(gpus, "--gpus"), json_out, plot, force, min_memory_headroom,
         global_batch_size, tokens, deadline, profile)
 
 
-def _inputs(model, hardware, global_batch_size, seq_length, checkpoint, framework, flash,
-            grad_dtype, allocator, precision=None, moe=None):
-    """(model, hardware, framework profile, TrainingSpec) from the flags (UsageError); ``moe``
-    the MoE settings of app._moe_job."""
+def _inputs(model, hardware, global_batch_size, seq_length, job: dict):
+    """(model, hardware, framework profile, TrainingSpec) from the flags and the job options
+    (options.JOB; UsageError)."""
     m = catalog.resolve_model(_require(model, "--model"))
     hw = catalog.resolve_hardware(hardware)
-    profile, training = _training(m, global_batch_size, seq_length, checkpoint, framework, flash,
-                                  grad_dtype, allocator, precision, moe)
+    profile, training = _training(m, global_batch_size, seq_length, job)
     return m, hw, profile, training
 
 

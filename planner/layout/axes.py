@@ -56,7 +56,10 @@ class Axis:
     not printed); ``printed``: its position in the short form; ``always``: printed whatever
     its value; ``column``: the wide table's
     header (None: no column); ``values``: a knob's search values (model, training, pp values,
-    bound) -> array.
+    bound) -> array. ``stated`` / ``stated_text``: what a layout given by hand (estimate, a
+    runs file) takes where the axis is not stated, for an axis without a Layout default (None:
+    derived), and those words for its help (default: the Layout default's). ``title``: the
+    axis named in sentences (``title_text``, else its first key: zero, mbs, sp, ...).
     """
 
     name: str
@@ -77,6 +80,9 @@ class Axis:
     always: bool = False
     column: str | None = None
     values: Callable[..., np.ndarray] | None = None
+    stated: Any = None
+    stated_text: str = ""
+    title_text: str = ""
 
     @property
     def array_default(self) -> Any:
@@ -84,6 +90,19 @@ class Axis:
         if self.kind is str and self.default is not REQUIRED:
             return self.choices.index(self.default)
         return self.default
+
+    @property
+    def title(self) -> str:
+        """The axis named in sentences and tie notes: zero, mbs, first stage layers, ..."""
+        return self.title_text or (self.keys[0] if self.keys else self.name)
+
+    @property
+    def stated_words(self) -> str:
+        """The default of a layout given by hand, in words (estimate's help)."""
+        if self.stated_text:
+            return self.stated_text
+        value = self.stated if self.default is REQUIRED else self.default
+        return ("on" if value else "off") if self.kind is bool else str(value)
 
     def code(self, value: Any) -> Any:
         """``value`` as Candidates store it: a choice's code, a bool, an int."""
@@ -135,16 +154,17 @@ def _fixed(*values) -> Callable[..., np.ndarray]:
 
 
 AXES: tuple[Axis, ...] = (
-    Axis("tp", int, role="split", bound="max_tp", flag="--tp", help="tensor-parallel size",
+    Axis("tp", int, stated=1, role="split", bound="max_tp", flag="--tp", help="tensor-parallel size",
          keys=("tp",), label=_shown("tp", -1), printed=0, always=True, column="tp"),
-    Axis("pp", int, role="split", bound="max_pp", flag="--pp", help="pipeline-parallel size",
+    Axis("pp", int, stated=1, role="split", bound="max_pp", flag="--pp", help="pipeline-parallel size",
          keys=("pp",), label=_shown("pp", -1), printed=2, always=True, column="pp"),
-    Axis("dp", int, role="split", flag="--dp", help="data-parallel size", keys=("dp",),
+    Axis("dp", int, stated_text="gpus/(tp*cp*pp)", role="split", flag="--dp", help="data-parallel size", keys=("dp",),
          label=_shown("dp", -1), printed=4, always=True, column="dp"),
-    Axis("zero_stage", int, minimum=0, maximum=3, flag="--zero-stage", help="ZeRO stage (0-3)",
+    Axis("zero_stage", int, stated_text="1, else the framework's highest (torchtitan: 3); 0 with "
+         "--distributed-optimizer", minimum=0, maximum=3, flag="--zero-stage", help="ZeRO stage 0-3",
          keys=("zero", "zero_stage"), label=_shown("zero", -1), printed=7, always=True, column="zero",
          values=_fixed(0, 1, 2, 3)),
-    Axis("micro_batch_size", int, bound="max_micro_batch_size", bound_default=64,
+    Axis("micro_batch_size", int, stated=1, bound="max_micro_batch_size", bound_default=64,
          flag="--micro-batch-size", help="micro-batch size", keys=("mbs", "micro_batch_size"),
          label=_shown("mbs", -1), printed=9, always=True, column="mbs", values=_micro_batch_sizes),
     Axis("recompute", str, default="none", choices=RECOMPUTE_MODES, words=RECOMPUTE_WORDS,
@@ -152,6 +172,7 @@ AXES: tuple[Axis, ...] = (
          label=lambda lay: f"recompute={lay.recompute_label}", printed=11, always=True, column="recompute",
          values=_fixed(*range(len(RECOMPUTE_MODES)))),
     Axis("sequence_parallel", bool, default=False,
+         stated_text="off; on for an MoE model with tp > 1, which needs it",
          flag="--sequence-parallel/--no-sequence-parallel", help="sequence parallelism",
          keys=("sp", "sequence_parallel"), label=lambda lay: "sp" if lay.sequence_parallel else "",
          printed=13, column="SP", values=_fixed(False, True)),
@@ -173,15 +194,18 @@ AXES: tuple[Axis, ...] = (
          keys=("distopt", "distributed_optimizer"),
          label=lambda lay: "distopt" if lay.distributed_optimizer else "", printed=8,
          column="distopt", values=_fixed(False)),
-    Axis("first_stage_layers", int, default=0, minimum=0, role="split",
+    Axis("first_stage_layers", int, default=0, minimum=0, role="split", stated_text="even",
          flag="--first-stage-layers", help="uneven pipeline split: layers on the first stage",
+         title_text="first stage layers",
          keys=("split",), label=_split, printed=3, column="pp split"),
-    Axis("last_stage_layers", int, default=0, minimum=0, role="split",
-         flag="--last-stage-layers", help="uneven pipeline split: layers on the last stage"),
+    Axis("last_stage_layers", int, default=0, minimum=0, role="split", stated_text="even",
+         flag="--last-stage-layers", help="uneven pipeline split: layers on the last stage",
+         title_text="last stage layers"),
     Axis("recompute_num_layers", int, default=0, minimum=0, role="solved",
          flag="--recompute-num-layers",
          help="full recompute of only the first N layers of each model chunk (Megatron's block "
-              "method; 0 = every layer)", keys=("recompute_num_layers",)),
+              "method; 0 = every layer)", keys=("recompute_num_layers",),
+         title_text="recompute layers"),
     Axis("offload_layers", int, default=0, minimum=0, role="solved", flag="--offload-layers",
          help="layers whose activations go to host memory over the host link (Megatron-Core "
               "--cpu-offloading-num-layers: pp 1, no recomputation)",

@@ -18,10 +18,3 @@ TIME_LABELS = {
 MEMORY_LABELS = {"weights": "weights", "gradients": "gradients", "optimizer": "optimizer states",
                  "activations": "activations", "other": "buffers (SP, ZeRO-3, CP)",
                  "reserve": "reserve (runtime + allocator)"}
-
-# Layout field -> its key in the layout's short form and in --why-not
-LAYOUT_KEYS = {"tp": "tp", "cp": "cp", "pp": "pp", "dp": "dp", "zero_stage": "zero",
-               "ep": "ep", "etp": "etp",
-               "distributed_optimizer": "distopt", "micro_batch_size": "mbs", "vpp": "vpp",
-               "recompute": "recompute", "sequence_parallel": "sp",
-               "first_stage_layers": "first stage layers", "last_stage_layers": "last stage layers"}

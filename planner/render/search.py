@@ -14,7 +14,8 @@ from .. import explain as ex
 from .. import fmt
 from . import tables
 from .console import out
-from .labels import LAYOUT_KEYS, TIME_LABELS
+from ..layout.axes import AXES, BY_NAME, PRINTED
+from .labels import TIME_LABELS
 
 
 def header(model, hw, training, gpus, batch: str | None = None) -> None:
@@ -85,38 +86,32 @@ class _Rows:
         return cells
 
 
+def _cell(axis, lay) -> str:
+    """One layout's value of ``axis`` as the wide table shows it."""
+    value = getattr(lay, axis.name)
+    if axis.name == "first_stage_layers":
+        return lay.split_label if value else "even"
+    if axis.name == "recompute":
+        return lay.recompute_label
+    return ("yes" if value else "no") if axis.kind is bool else str(value)
+
+
 def _wide(rows: _Rows) -> Table:
-    """One column per layout dimension and per figure (a wide terminal)."""
+    """One column per layout axis the short form prints (those printed only when set: where a
+    row sets them) and per figure (a wide terminal)."""
     t = tables.new()
     tables.number_column(t, "#")
-    show_ep = any(lay.ep > 1 for lay in rows.layouts)
-    show_etp = any(lay.etp > 1 for lay in rows.layouts)
-    dims = ["tp", *(["cp"] * rows.show_cp), "pp", "dp", *(["ep"] * show_ep), *(["etp"] * show_etp),
-            "zero", "mbs", "vpp"]
-    for col in dims:
-        tables.number_column(t, col)
-    tables.code_column(t, "recompute")
-    tables.number_column(t, "SP")
-    distopt = any(lay.distributed_optimizer for lay in rows.layouts)
-    split = any(lay.first_stage_layers for lay in rows.layouts)
-    offload = any(lay.offload_layers for lay in rows.layouts)
-    for col in ["distopt"] * distopt + ["pp split"] * split + ["offload"] * offload:
-        tables.number_column(t, col)
+    dims = [a for a in PRINTED if a.always or any(a.label(lay) for lay in rows.layouts)]
+    for a in dims:
+        (tables.code_column if a.kind is str else tables.number_column)(t, a.column)
     figures = ["mem/GPU", "step", "tokens/s", "TFLOP/s/GPU", "MFU", "bubble",
                *["GPUs"] * rows.show_gpus, *["train"] * rows.show_train, *["cost"] * rows.show_cost]
     for col in figures + ["layouts"] * rows.show_ties:
         tables.number_column(t, col)
     for n, (i, lay, g) in enumerate(zip(rows.index, rows.layouts, rows.groups), start=1):
         f = rows.figures(i)
-        values = {"tp": lay.tp, "cp": lay.cp, "pp": lay.pp, "dp": lay.dp, "ep": lay.ep, "etp": lay.etp,
-                  "zero": lay.zero_stage, "mbs": lay.micro_batch_size, "vpp": lay.vpp}
-        cells = [str(n), *(str(values[d]) for d in dims), lay.recompute_label,
-                 "yes" if lay.sequence_parallel else "no"]
-        cells += ["yes" if lay.distributed_optimizer else "no"] * distopt
-        cells += [lay.split_label if lay.first_stage_layers else "even"] * split
-        cells += [str(lay.offload_layers)] * offload
         f["TFLOP/s/GPU"] = f["TFLOP/s"]
-        cells += [f[col] for col in figures]
+        cells = [str(n), *(_cell(a, lay) for a in dims), *(f[col] for col in figures)]
         cells += [str(g.count) if g.count > 1 else ""] * rows.show_ties
         t.add_row(*cells)
     return t
@@ -156,22 +151,27 @@ def search_table(result, explanation: ex.SearchExplanation, top: int, currency: 
 
 
 def _ordered(fields) -> list:
-    """Layout fields (or (field, ...) tuples) in the order of the layout's short form."""
-    order = list(LAYOUT_KEYS)
+    """Layout fields (or (field, ...) tuples) in the order of the layout's short form (the axes
+    it does not print last, in the table's order)."""
+    order = [a.name for a in PRINTED] + [a.name for a in AXES if a not in PRINTED]
     key = (lambda f: order.index(f[0] if isinstance(f, tuple) else f) if
            (f[0] if isinstance(f, tuple) else f) in order else len(order))
     return sorted(fields, key=key)
 
 
+def _title(name: str) -> str:
+    return BY_NAME[name].title if name in BY_NAME else name
+
+
 def _differs(differs) -> str:
-    return ", ".join(f"{LAYOUT_KEYS.get(k, k)} {a} -> {b}" for k, a, b in _ordered(differs))
+    return ", ".join(f"{_title(k)} {a} -> {b}" for k, a, b in _ordered(differs))
 
 
 def _ties_text(groups: list[ex.TieGroup]) -> list[str]:
     tied = [(n, g) for n, g in enumerate(groups, start=1) if g.count > 1]
     if not tied:
         return []
-    rows = "; ".join(f"#{n} ×{g.count} ({', '.join(LAYOUT_KEYS.get(k, k) for k in _ordered(g.varying))}"
+    rows = "; ".join(f"#{n} ×{g.count} ({', '.join(_title(k) for k in _ordered(g.varying))}"
                      " vary)" for n, g in tied)
     return [f"Rows that stand for several layouts with the same predicted step time and memory: "
             f"{rows}."]
