@@ -57,6 +57,26 @@ def test_predicted_model_states_of_the_miniature():
     assert pred["optimizer_bytes"] == 3 * 8 * 60_608 / 2
 
 
+@pytest.mark.parametrize("update", [{"optimizer_moment_bytes": 2}, {"optimizer_offload_fraction": 0.5}])
+def test_optimizer_bytes_are_what_the_torch_adam_keeps(update):
+    # The validator's torch Adam keeps a flat master copy and m, v in the run's element size,
+    # whatever the plan's framework does (bf16 moments, optimizer offload): Llama 3 8B, tp 2,
+    # dp 2, ZeRO-1, seq 512, float32 (e = 4): 3 x 4 B x the 1/2 shard of stage 0's parameters,
+    # the same bytes as with fp32 moments and nothing offloaded (the prediction used to divide
+    # 8 B of bf16 moments by 12: 2/3 of what the run holds).
+    from dataclasses import replace
+    from planner.validate.miniature import Run
+    m = catalog.resolve_model("llama3-8b")
+    tr = TrainingSpec(seq_length=512, global_batch_size=8)
+    lay = Layout(tp=2, pp=1, dp=2, zero_stage=1, micro_batch_size=1)
+    base = Run(m, tr, lay, dtype="float32")
+    other = replace(base, training=tr.model_copy(update=update))
+    expected = predict(base, 0)["memory"]["optimizer_bytes"]
+    assert predict(other, 0)["memory"]["optimizer_bytes"] == expected
+    params = predict(base, 0)["memory"]["params_bytes"] / 4  # e = 4 B per weight
+    assert expected == pytest.approx(3 * 4 * params / 2)
+
+
 def _records(run):
     """Fake per-rank records that are exactly the prediction (8 ranks, tp fastest)."""
     records = []

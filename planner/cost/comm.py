@@ -5,9 +5,10 @@ Each collective's link time is calls x collective_time(kind, payload) on its gro
 the tied-embedding pair (pp-1)*tp*cp*dp apart); p2p messages take p2p_time on NVLink or the
 network. Exposure (what the step waits for), by the collective's ``overlap``:
 - TP: forward and recompute collectives exposed; in backward the input-gradient all-reduce /
-  reduce-scatter of QKV and fc1 and the SP re-gathers hide under the window of their GEMMs,
-  2 x (column-parallel share) x forward GEMM time, and the output layer's under its
-  weight-gradient GEMM, so only their excess shows
+  reduce-scatter of QKV and fc1 and the SP re-gathers hide under the window of their GEMMs
+  (with SP 2 x, without SP the all-reduce after the dgrad GEMM 1 x the column-parallel forward
+  GEMM time: _backward_window), and the output layer's under its weight-gradient GEMM, so
+  only their excess shows
   (``training.tp_backward_overlap`` False: the synchronous f/g of Megatron-LM 2019-21, nothing
   hidden); the SP all-gathers of the output gradients are exposed.
 - CP ring: each of the cp-1 steps exposes what its transfers take beyond its share of the
@@ -92,7 +93,7 @@ def block_comm(model: ModelSpec, training: TrainingSpec, c, links: Links,
         layer = times[kind]
         tps = [x for x in colls if x.group == "tp"]
         hidden = tp.total(tps, phase="backward", overlap="wgrad")
-        window = 2 * layer.column_parallel_share * layer.gemm_forward if training.tp_backward_overlap else 0.0
+        window = _backward_window(training, c, layer)
         exposed = tp.total(tps, phase="forward") + tp.total(tps, phase="backward", overlap="") \
             + np.maximum(0.0, hidden - window)
         parts = dict(tp_exposed=exposed, tp_recompute=tp.total(tps, phase="recompute"))
@@ -104,6 +105,19 @@ def block_comm(model: ModelSpec, training: TrainingSpec, c, links: Links,
             parts.update(_expert_times(model, training, c, links, colls, times))
         out[kind] = BlockComm(**parts)
     return out
+
+
+def _backward_window(training: TrainingSpec, c, layer: LayerTimes):
+    """Seconds of GEMM that the backward input-gradient TP collectives of a block hide under,
+    per layer per micro-batch (Megatron / Transformer Engine linear backward): with sequence
+    parallelism two collectives (the input gradient's reduce-scatter and the input's
+    re-gather), each under its own GEMM of QKV / fc1, dgrad and wgrad: 2 x the column-parallel
+    GEMM time; without it one all-reduce that starts only when the dgrad GEMM has produced its
+    input, so it hides under the wgrad GEMM alone: 1 x. 0 with the synchronous f/g of
+    2019-21 Megatron (training.tp_backward_overlap False). Broadcast array."""
+    if not training.tp_backward_overlap:
+        return 0.0
+    return np.where(c.sequence_parallel, 2.0, 1.0) * layer.column_parallel_share * layer.gemm_forward
 
 
 def _expert_times(model: ModelSpec, training: TrainingSpec, c, links: Links, colls: list[Collective],

@@ -300,9 +300,13 @@ def predict(run: Run, pp_rank: int) -> dict:
     params = memory.non_expert_params(p)
     fsdp = lay.zero_stage >= 2 and lay.grad_group > 1
     # the miniature's own torch code holds Megatron's accounting, whatever framework the plan is for
+    # (flat fp master copy and fp Adam moments, all on the GPU: bf16 moments or optimizer offload
+    # of the plan's framework are not what its torch Adam keeps)
     training = run.training.model_copy(update=dict(param_bytes=2, master_weights=True,
                                                    fp32_grad_partition=False,
-                                                   pp_unsharded_params=False))
+                                                   pp_unsharded_params=False,
+                                                   optimizer_moment_bytes=4,
+                                                   optimizer_offload_fraction=0.0))
     states = memory.model_state_bytes(params, c, training)
     weights = memory.model_state_bytes(params, replace(c, zero_stage=np.array([3])), training) \
         ["weights"] if fsdp else states["weights"]
