@@ -32,6 +32,7 @@ class _Graph:
                 self._add(r, op, producer)
         self.start_of_rank.append(len(self.rank))
         self.n = len(self.rank)
+        self._check_complete(producer)
         self.deps = [self._resolve(n, producer) for n in range(self.n)]
         self.level = self._levels()
         # a dependency on an earlier op of the same rank is implied by the rank's order
@@ -65,6 +66,16 @@ class _Graph:
         self.rank.append(r)
         self.col.append(col)
         self.members.append((members, op.kind))
+
+    def _check_complete(self, producer):
+        """Every stage runs F and I/B once per micro-batch, and one W per I."""
+        fams = [key[0] for key in producer]
+        n_i = sum(kind == "I" for _, kind in self.members)
+        want = self.S * self.sched.m
+        if fams.count("F") != want or fams.count("X") != want or fams.count("W") != n_i:
+            raise ValueError(f"{self.sched.name}: the order has {fams.count('F')} F, "
+                             f"{fams.count('X')} I/B and {fams.count('W')} W for {n_i} I; "
+                             f"expected {want} F and {want} I/B (stages x micro-batches)")
 
     def _resolve(self, n, producer):
         """External dependencies of node n as [(node, boundary)]."""
