@@ -4,7 +4,6 @@ Expected values are the reference's, with its arithmetic in the comments."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from planner.schedule import build_schedule, group_table, simulate, split_pairs

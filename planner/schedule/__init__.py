@@ -7,8 +7,9 @@ exact (reference/pipeline_schedules.md). A leaf package: numpy and the standard 
 
 from . import closed_forms
 from .orders import SCHEDULES, Op, Schedule, build_schedule, group_table, split_pairs
-from .simulate import BatchResult, Event, SimResult, memory_curve, simulate, simulate_batch
+from .simulate import (BatchResult, Event, SimResult, Transfer, memory_curve, simulate,
+                       simulate_batch)
 
 __all__ = ["SCHEDULES", "Op", "Schedule", "build_schedule", "group_table", "split_pairs",
-           "Event", "SimResult", "BatchResult", "simulate", "simulate_batch", "memory_curve",
-           "closed_forms"]
+           "Event", "Transfer", "SimResult", "BatchResult", "simulate", "simulate_batch",
+           "memory_curve", "closed_forms"]

@@ -70,7 +70,7 @@ def interleaved_zero_bubble_time(p, m, v, f, i, w):
 
 
 def zbv_equal_time(p, m, t):
-    """ZB-V (PyTorch order) with equal chunk times t_F = t_I = t_W = t and m >= 2p:
+    """ZB-V (PyTorch order) with equal chunk times t_F = t_I = t_W = t and m >= 2p - 1:
     (T_sync, T_span) = (6 m t + (p - 1) t, 6 m t). No closed form for unequal times.
     [derived] (TV6: 51, 48)."""
     work = 6 * _f(m) * t

@@ -33,7 +33,11 @@ class _Graph:
         self.start_of_rank.append(len(self.rank))
         self.n = len(self.rank)
         self._check_complete(producer)
-        self.deps = [self._resolve(n, producer) for n in range(self.n)]
+        resolved = [self._resolve(n, producer) for n in range(self.n)]
+        self.deps = [[(d, b) for d, b, _, _ in deps] for deps in resolved]
+        # cross-rank edges (consumer, producer, boundary, "F" activation or "B" gradient, mb)
+        self.edges = [(n, d, b, "B" if fam == "X" else "F", j) for n, deps in enumerate(resolved)
+                      for d, b, fam, j in deps if b >= 0]
         self.level = self._levels()
         # a dependency on an earlier op of the same rank is implied by the rank's order
         self.ext = [[(d, b) for d, b in deps if self.rank[d] != self.rank[n]]
@@ -78,7 +82,7 @@ class _Graph:
                              f"expected {want} F and {want} I/B (stages x micro-batches)")
 
     def _resolve(self, n, producer):
-        """External dependencies of node n as [(node, boundary)]."""
+        """Dependencies of node n as [(node, boundary, family, micro-batch)]."""
         out = []
         for fam, d, s, j in self.members[n][0]:
             if fam == "F":
@@ -94,7 +98,7 @@ class _Graph:
                     raise ValueError(f"{self.sched.name}: {fam.replace('X', 'I/B')} of stage "
                                      f"{s}, micro-batch {j} needs {what} of stage {key[2]}, "
                                      "which no rank runs")
-                out.append((node, b))
+                out.append((node, b, fam, j))
         return out
 
     def _levels(self) -> np.ndarray:

@@ -29,6 +29,17 @@ import numpy as np
 from .graph import duration_table, graph, latency_table, peak_memory
 from .orders import Schedule
 
+class Transfer(NamedTuple):
+    """A point-to-point transfer on a cross-rank edge with latency c > 0: activations ("F") or
+    gradients ("B") of ``microbatch`` from rank ``src`` to rank ``dst``, during [start, end]."""
+    src: int
+    dst: int
+    kind: str
+    microbatch: int
+    start: float
+    end: float
+
+
 class Event(NamedTuple):
     """One simulated op: rank, kind, micro-batch, chunk (of the rank), start, end, its stage and
     direction; for FB the forward member's and ``back`` = (micro-batch, chunk, direction) of the
@@ -52,7 +63,7 @@ class SimResult:
     idle = t_sync - busy; ``bubble`` = t_sync - max busy, ``bubble_span`` = t_span - max busy;
     peaks (p,) per rank: ``peak_inflight`` and ``peak_memory`` (in-flight + gamma * pending W)
     in units of A, ``peak_inflight_chunks`` and ``peak_pending_w`` in chunks; ``param_copies``
-    (2 for DualPipe); ``events`` every op with its times."""
+    (2 for DualPipe); ``events`` every op with its times; ``transfers`` the p2p transfers."""
     schedule: Schedule
     t_sync: float
     t_span: float
@@ -67,6 +78,7 @@ class SimResult:
     gamma: float
     param_copies: int
     events: tuple[Event, ...]
+    transfers: tuple[Transfer, ...] = ()
 
     @property
     def step_time(self) -> float:
@@ -235,16 +247,19 @@ def simulate(sched: Schedule, F, B=None, I=None, W=None, FB=None, c=0.0,
     busy = g.counts @ D
     inflight, pending, points = g.memory
     top = float(busy.max())
+    transfers = tuple(Transfer(g.rank[d], g.rank[n], kind, j, end[d], end[d] + lat[b])
+                      for n, d, b, kind, j in g.edges if lat[b] > 0)
     return SimResult(sched, t_sync, t_span, busy, t_sync - busy, t_sync - top, t_span - top,
                      inflight * sched.chunk_fraction, inflight, pending,
                      peak_memory(points, float(gamma)) * sched.chunk_fraction, float(gamma),
-                     sched.param_copies, tuple(events))
+                     sched.param_copies, tuple(events), transfers)
 
 
 def memory_curve(result: SimResult, rank: int) -> tuple[np.ndarray, np.ndarray]:
     """(times, activation in A units) of ``rank`` as a step function: +A/v at an F (or FB)
     start, -A/v at a B (or FB) end, -(1-gamma)A/v at an I end, -gamma*A/v at a W end
-    (reference §0.3 rule 4, §0.4). Frees at time t come before allocations at t."""
+    (reference §0.3 rule 4, §0.4). Frees at time t come before allocations at t; one point
+    per instant (the value after both). Shapes (n,), (n,)."""
     unit, gam = result.schedule.chunk_fraction, result.gamma
     steps = []
     for e in result.events:
@@ -257,4 +272,6 @@ def memory_curve(result: SimResult, rank: int) -> tuple[np.ndarray, np.ndarray]:
             steps.append((e.end, 0, -free))
     steps.sort()
     times = np.array([0.0] + [t for t, _, _ in steps])
-    return times, np.cumsum([0.0] + [d for _, _, d in steps])
+    values = np.cumsum([0.0] + [d for _, _, d in steps])
+    keep = np.append(times[1:] != times[:-1], True)       # one point per instant: the last
+    return times[keep], values[keep]
