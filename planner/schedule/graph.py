@@ -14,6 +14,7 @@ import numpy as np
 from .orders import Schedule
 
 _BLOCK = {"F": 0, "B": 1, "I": 2, "W": 3}   # duration-table block of each kind; pairs from 4*S
+_FAMILY = {"F": "F", "FB": "F", "B": "X", "I": "X", "W": "W"}   # X: the I or B of a stage
 
 
 class _Graph:
@@ -53,7 +54,7 @@ class _Graph:
 
     def _add(self, r, op, producer):
         sched, n = self.sched, len(self.rank)
-        fam = {"F": "F", "FB": "F", "B": "X", "I": "X", "W": "W"}[op.kind]
+        fam = _FAMILY[op.kind]
         members = [(fam, op.direction, sched.stage(r, op.chunk, op.direction), op.mb)]
         if op.kind == "FB":
             mb, chunk, d = op.back
@@ -104,23 +105,24 @@ class _Graph:
     def _levels(self) -> np.ndarray:
         """Level of each node = 1 + max level of its predecessors (rank order and deps);
         ValueError when no rank can proceed (deadlock)."""
-        level, pos = np.full(self.n, -1), list(self.start_of_rank[:-1])
-        ends, done = self.start_of_rank[1:], 0
+        level, pos = [-1] * self.n, list(self.start_of_rank[:-1])
+        ends, done, deps = self.start_of_rank[1:], 0, self.deps
         while done < self.n:
             progress = False
             for r in range(self.p):
-                while pos[r] < ends[r] and all(level[d] >= 0 for d, _ in self.deps[pos[r]]):
-                    n = pos[r]
+                n = pos[r]
+                while n < ends[r] and all(level[d] >= 0 for d, _ in deps[n]):
                     lv = level[n - 1] + 1 if n > self.start_of_rank[r] else 0
-                    level[n] = max([lv] + [level[d] + 1 for d, _ in self.deps[n]])
-                    pos[r], done, progress = n + 1, done + 1, True
+                    level[n] = max([lv] + [level[d] + 1 for d, _ in deps[n]])
+                    n, done, progress = n + 1, done + 1, True
+                pos[r] = n
             if not progress:
                 stuck = [f"rank {r} at op {pos[r] - self.start_of_rank[r]} "
                          f"({self.sched.ranks[r][pos[r] - self.start_of_rank[r]].kind})"
                          for r in range(self.p) if pos[r] < ends[r]]
                 raise ValueError(f"{self.sched.name}: deadlock, no rank can proceed: "
                                  + "; ".join(stuck[:4]))
-        return level
+        return np.array(level)
 
 
 def graph(sched: Schedule) -> _Graph:

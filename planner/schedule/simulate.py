@@ -29,6 +29,8 @@ import numpy as np
 from .graph import duration_table, graph, latency_table, peak_memory
 from .orders import Schedule
 
+_RING_BYTES = 64 * 2**20     # the batched evaluation runs K in slices whose ring fits this
+
 class Transfer(NamedTuple):
     """A point-to-point transfer on a cross-rank edge with latency c > 0: activations ("F") or
     gradients ("B") of ``microbatch`` from rank ``src`` to rank ``dst``, during [start, end]."""
@@ -189,7 +191,7 @@ def _run_single(g, dur: list, lat: list):
 
 
 def _cases(*arrays) -> int:
-    """K: the leading size of the 2-D inputs (1 when there are none)."""
+    """K: the leading size of the 2-D inputs (gamma passed as (K, 1)); 1 when there are none."""
     sizes = {np.shape(a)[0] for a in arrays if a is not None and np.ndim(a) == 2}
     sizes.discard(1)
     if len(sizes) > 1:
@@ -207,14 +209,20 @@ def simulate_batch(sched: Schedule, F, B=None, I=None, W=None, FB=None, c=0.0, g
     latency per rank boundary (scalar, (p,), (p-1,) without wrap, (K, 1) or (K, p)). gamma:
     share of a chunk's activation held between its I and W, scalar or (K,). dtype float64 or
     float32 (faster, ~1e-7 relative error). Same units in and out (seconds or stage times).
-    ValueError on bad shapes, negative times, missing kinds or a deadlocking order."""
+    t_sync is the step time (a global synchronisation before the optimizer step), t_span the
+    parallelogram period (post-validation); see the module docstring. ValueError on bad
+    shapes, negative times, missing kinds or a deadlocking order."""
     g = graph(sched)
-    K = _cases(F, B, I, W, FB, c)
+    K = _cases(F, B, I, W, FB, c, np.reshape(gamma, (-1, 1)) if np.ndim(gamma) == 1 else None)
     D = duration_table(g, K, F, B, I, W, FB).astype(dtype, copy=False)
     LAT = latency_table(sched, K, c)
+    LAT = None if LAT is None else LAT.astype(dtype)
     if g.__dict__.get("_plan") is None:
         g._plan = _Plan(g)
-    last, first = _run_batch(g._plan, D, None if LAT is None else LAT.astype(dtype))
+    step = max(1, _RING_BYTES // ((g._plan.zero + 1) * D.itemsize))   # bound the ring's memory
+    parts = [_run_batch(g._plan, D[:, k:k + step], None if LAT is None else LAT[:, k:k + step])
+             for k in range(0, K, step)]
+    last, first = (np.concatenate(x, axis=1) for x in zip(*parts))
     busy = (g.counts @ D.astype(np.float64, copy=False)).T
     t_sync, t_span = last.max(axis=0), (last - first).max(axis=0)
     inflight, pending, points = g.memory
@@ -228,8 +236,8 @@ def simulate_batch(sched: Schedule, F, B=None, I=None, W=None, FB=None, c=0.0, g
 def simulate(sched: Schedule, F, B=None, I=None, W=None, FB=None, c=0.0,
              gamma=0.0) -> SimResult:
     """Simulate one case of ``sched`` in pure Python and keep every event. Inputs as in
-    simulate_batch with K = 1 (scalars or (S,) times, scalar or (p,) c, scalar gamma).
-    ValueError as there."""
+    simulate_batch with K = 1 (scalars or (S,) times, scalar or (p,) c, scalar gamma);
+    t_sync / t_span as there. ValueError as there."""
     g = graph(sched)
     D = duration_table(g, 1, F, B, I, W, FB)[:, 0]
     LAT = latency_table(sched, 1, c)
