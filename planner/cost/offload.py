@@ -72,13 +72,20 @@ def offers_host_offload(hw: HardwareProfile) -> bool:
     return hw.host_link is not None and hw.host_memory is not None
 
 
-def check_offload_hardware(hw: HardwareProfile, layers: int) -> None:
-    """UsageError (one line) when ``layers`` > 0 layers are to be offloaded on a hardware profile
-    that states no host link or no host memory."""
+def check_offload_hardware(hw: HardwareProfile, pins) -> None:
+    """UsageError (one line) when ``pins`` (a layout's Candidates, or the search's options)
+    offload layers (offload_layers > 0; None = free) on a hardware profile that states no host
+    link or no host memory."""
+    layers = 0 if pins.offload_layers is None else int(np.max(pins.offload_layers))
     if layers and not offers_host_offload(hw):
         raise UsageError(f"activation offload (offload_layers {layers}) needs the hardware "
                          f"profile's host_link and host_memory; {hw.name} states "
                          f"{'no host_link' if hw.host_link is None else 'no host_memory'}")
+
+
+def uses_host_memory(c) -> np.ndarray:
+    """Where candidates ``c`` keep activations in host memory (offload_layers > 0). Bool array."""
+    return np.asarray(c.offload_layers) > 0
 
 
 def offload_allowed(c) -> np.ndarray:
@@ -142,7 +149,7 @@ def check_host_memory(model: ModelSpec, hw: HardwareProfile, training: TrainingS
     exceed the host memory per GPU (with the most layers that would fit, host_layers), or its
     host link has no bandwidth left beside the NIC's traffic."""
     n = int(np.asarray(c.offload_layers).ravel()[0])
-    check_offload_hardware(hw, n)
+    check_offload_hardware(hw, c)
     if n == 0 or bool(np.ravel(offload_runs(model, hw, training, c))[0]):
         return
     need = float(np.ravel(host_bytes(model, training, c))[0])

@@ -14,13 +14,17 @@ from typing import Any
 
 import numpy as np
 
+from .. import fmt
 from ..cost import Estimate, evaluate
 from ..cost.checkpoint import evaluate_checkpoint, unavailable
+from ..cost.offload import check_offload_hardware, uses_host_memory
+from ..cost.precision import check_precision
 from ..errors import DeadlineError, NoFitError, PlannerError, UsageError
 from ..inputs import check_integers
 from ..specs import HardwareProfile, ModelSpec, TrainingSpec
 from . import objective
 from .check import check_inputs
+from .framework_rules import check_model, profile_for
 from .grid import Grid, build_grid
 from .least_layers import as_scanned
 from .options import TIE_LIMIT, SearchOptions
@@ -70,14 +74,26 @@ def search(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: 
     usable = objective.usable_memory(float(hw.gpu.hbm_capacity), opts.headroom_bytes,
                                      opts.headroom_fraction)
     passed = scan(model, hw, training, grid, opts, usable, tokens)
+    _refuse_none_kept(model, hw, training, gpus, opts, grid, passed, usable, tokens)
+    est, ck, order = _rank(model, hw, training, grid, passed, opts, tokens)
+    return SearchResult(ranked=est.take(order), enumerated=grid.size, pruned=passed.pruned,
+                        fitting=passed.fitting, objective=opts.objective,
+                        seconds=time.perf_counter() - started, usable=usable,
+                        checkpoint=None if ck is None else ck.take(order))
+
+
+def _refuse_none_kept(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec,
+                      gpus: int | None, opts: SearchOptions, grid: Grid, passed: Scan,
+                      usable: float, tokens: float | None) -> None:
+    """Raise when the scan kept no layout: UsageError naming the rule that removed the last
+    valid ones, NoFitError with the closest miss and the fewest GPUs that fit, a never-done
+    UsageError or a DeadlineError when none finishes (in time)."""
     if passed.fitting == 0:
         if passed.miss_index < 0:
             rule = next((r for r, n in passed.alive_after.items() if n == 0), "")
             raise UsageError(nothing_valid_message(model, training, gpus or opts.max_gpus, rule,
                                                     grid))
-        flat = grid.flat(np.array([passed.miss_index]))
-        if passed.miss_offload:
-            flat = flat.replace(offload_layers=np.array([passed.miss_offload]))
+        flat = grid.flat(np.array([passed.miss_index])).replace(**passed.miss_layers)
         miss = evaluate(model, hw, training, flat)
         n = miss.candidates.layout(0).gpus
         hint = fit_hint(model, hw, training, opts.max_gpus or n, opts)
@@ -86,15 +102,20 @@ def search(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: 
     if not any(part.size for part in passed.pool_score):  # none meets the deadline, or ever ends
         raise never_done_error(training, gpus or opts.max_gpus) if passed.fastest_index < 0 else \
             _deadline_error(model, hw, training, grid, passed, gpus or opts.max_gpus, opts, tokens)
+
+
+def _rank(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, grid: Grid, passed: Scan,
+          opts: SearchOptions, tokens: float | None) -> tuple:
+    """(estimate of the kept layouts, their checkpoint estimate or None, the order of the best
+    ``keep``): the pool's best and every exact tie at the cut (the pool's order depends on the
+    scan's path, the grid index does not), at most TIE_LIMIT x keep, re-evaluated as flat
+    arrays and scored by the objective; exact ties go to no activation offload (no host memory,
+    no host-link traffic), the lower ZeRO stage (less traffic), then less memory."""
     scores, index = np.concatenate(passed.pool_score), np.concatenate(passed.pool_index)
-    # The best ``keep`` and every exact tie at the cut (the pool's order depends on the scan's
-    # path, the grid index does not), at most TIE_LIMIT x keep; the tie rule below picks.
     order = np.lexsort((index, -scores))
     cut = scores[order[min(opts.keep, scores.size) - 1]]
     chosen = order[scores[order] >= cut][:TIE_LIMIT * opts.keep]
-    at = np.sort(index[chosen])
-    best = as_scanned(grid, passed, at)
-    est = evaluate(model, hw, training, best)
+    est = evaluate(model, hw, training, as_scanned(grid, passed, np.sort(index[chosen])))
     cand = est.candidates
     gpus_flat = np.asarray(cand.gpus, dtype=np.float64)
     asked = objective.reports_training(opts)
@@ -106,14 +127,8 @@ def search(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: 
     score = objective.score(opts.objective, est.throughput["tokens_per_s"], gpus_flat, tokens,
                             opts.price_per_gpu_hour, 1.0 if goodput is None else goodput,
                             opts.deadline_s)
-    # Best first; exact ties: no activation offload (no host memory, no host-link traffic), the
-    # lower ZeRO stage (less traffic), then less memory.
-    order = np.lexsort((est.memory["total"], cand.zero_stage, np.asarray(cand.offload_layers) > 0,
-                        -score))[:opts.keep]
-    return SearchResult(ranked=est.take(order), enumerated=grid.size, pruned=passed.pruned,
-                        fitting=passed.fitting, objective=opts.objective,
-                        seconds=time.perf_counter() - started, usable=usable,
-                        checkpoint=None if ck is None else ck.take(order))
+    order = np.lexsort((est.memory["total"], cand.zero_stage, uses_host_memory(cand), -score))
+    return est, ck, order[:opts.keep]
 
 
 def fit_hint(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, above: int,
@@ -147,24 +162,20 @@ def _check_search_inputs(model: ModelSpec, hw: HardwareProfile, training: Traini
         raise UsageError("give a GPU count (--gpus) or a budget (--max-gpus)")
     else:
         check_inputs(gpus, hw)
-    from ..cost.offload import check_offload_hardware
-    from ..cost.precision import check_precision
-    from .framework_rules import check_model, profile_for
     check_model(profile_for(training, opts.framework), model, training)
     check_precision(hw, training)
-    check_offload_hardware(hw, opts.offload_layers or 0)
+    check_offload_hardware(hw, opts)
 
 
 def _deadline_error(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, grid: Grid,
                     passed: Scan, gpus: int, opts: SearchOptions, tokens: float) -> DeadlineError:
     """No fitting layout meets --deadline: the error names the fastest and its time to train."""
-    from ..fmt import seconds as duration
     fastest = evaluate(model, hw, training, as_scanned(grid, passed, np.array([passed.fastest_index])))
     layout = fastest.candidates.layout(0)
     budget = f"{tokens:.3g}".replace("e+", "e")
     within = "on" if opts.max_gpus is None else "on at most"
     return DeadlineError(
         f"no layout of {model.name} {within} {gpus:,} x {hw.gpu.name} trains {budget} tokens "
-        f"within {duration(opts.deadline_s)}: the fastest, {layout.short()} on {layout.gpus:,} "
-        f"GPUs, is expected to take {duration(passed.fastest_s)} with failures and checkpoints; "
+        f"within {fmt.seconds(opts.deadline_s)}: the fastest, {layout.short()} on {layout.gpus:,} "
+        f"GPUs, is expected to take {fmt.seconds(passed.fastest_s)} with failures and checkpoints; "
         f"allow more GPUs or a later deadline", fastest=fastest, seconds=passed.fastest_s)

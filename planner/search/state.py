@@ -58,6 +58,12 @@ class Scan:
     # no recomputation, pp 1: the least N layers offloaded to host memory that fits (cost.offload)
     offload_layers: GridLayers = field(default_factory=GridLayers)
 
+    @property
+    def miss_layers(self) -> dict:
+        """The solved axes of the closest miss (its activation offload, where it has one), as
+        Candidates fields of length one."""
+        return {"offload_layers": np.array([self.miss_offload])} if self.miss_offload else {}
+
     def fit(self, total: np.ndarray, alive: np.ndarray, index: np.ndarray, usable: float) -> np.ndarray:
         """Record the fit test of the valid layouts (``alive``) of a sub-grid: ``total`` = their
         memory in bytes, ``index`` = their flat grid indices, ascending; flat arrays of the
