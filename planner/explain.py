@@ -18,6 +18,7 @@ import numpy as np
 from .cost import Estimate
 from .cost.step import MEMORY_TERMS, TIME_TERMS
 from .layout import Layout
+from .cost.model_counts import window_layer_mask
 
 TIE_RTOL = 1e-12  # "the same prediction": equal up to floating-point rounding
 OVERHEAD_FLOOR = 0.001  # below this share of the step no overhead is named
@@ -221,7 +222,6 @@ def model_notes(model) -> list[str]:
     causal attention, model FLOPs the window: cost.support), biases (all linear layers, or Q/K/V
     only), QK norms, attention sinks, the norm epsilon when unknown, then the model's own
     ``notes`` (provenance, what the counts leave out, defaults taken on import)."""
-    from .cost.model_counts import window_layer_mask
     out = []
     if model.sliding_window is not None:
         n = int(window_layer_mask(model).sum())

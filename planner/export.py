@@ -15,13 +15,15 @@ from .framework_spec import FrameworkProfile
 from .plan import VERSION_PATTERN, Plan
 from .specs import HardwareProfile, ModelSpec, TrainingSpec
 from .layout import Layout
+from .inputs import check_training, field_of
+from .search.check import check_layout
+from .search.framework_rules import profile_for
 
 
 def make_plan(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, layout: Layout,
               estimate: dict, framework: FrameworkProfile | None = None) -> Plan:
     """A Plan with the estimate's memory/time/throughput (SI units) attached and the framework
     profile embedded (None: the catalog profile ``training.framework`` names)."""
-    from .search.framework_rules import profile_for
     return Plan(plan3d_version=__version__, model=model, hardware=hw, gpus=layout.gpus,
                 training=training, layout=layout,
                 estimate={k: estimate[k] for k in ("memory", "time", "throughput")},
@@ -76,8 +78,6 @@ def read_checked_plan(path: Path) -> Plan:
     training against the model; search.check_layout: the layout rules): a plan edited by hand
     into an invalid one is a UsageError here, before anything is estimated, exported, placed or
     run. TP across nodes is allowed (it is slow, not invalid)."""
-    from .inputs import check_training, field_of
-    from .search.check import check_layout
     plan = read_plan(path)
     try:
         check_training(plan.model, plan.training, field_of("training"))

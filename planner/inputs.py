@@ -24,6 +24,8 @@ import math
 from typing import Any, Callable
 
 from .errors import UsageError
+from .files import validate
+from .specs import TrainingSpec
 
 MAX_GPUS = 1_000_000  # no GPU count, degree or count plan3d models is larger (int64 headroom)
 MAX_SEQ_LENGTH = 10_000_000
@@ -94,8 +96,6 @@ def training_spec(model, given: dict[str, Any] | None = None, label: Label = fla
     fields; None values are not given), checked: sequence length and global batch positive
     integers in range, tokens positive, the schema (catalog.validate, ``where`` names it), and
     check_training. UsageError naming the field with ``label``."""
-    from .files import validate
-    from .specs import TrainingSpec
     given = {k: v for k, v in (given or {}).items() if v is not None}
     check_integers({k: given.get(k) for k in ("seq_length", "global_batch_size")}, label=label)
     check_numbers({"tokens": given.get("tokens")}, label=label)

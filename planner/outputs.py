@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from .errors import UsageError
+from .render.console import out, write_stdout
 
 STDOUT_NAMES = frozenset({"-", "/dev/stdout", "/dev/fd/1", "/proc/self/fd/1"})
 
@@ -66,7 +67,6 @@ def write(path: Path, data: str | bytes, force: bool, flag: str = "--export",
     """Write ``data`` (text as UTF-8, or bytes) to ``path`` or stdout (check_destination first).
     UsageError when it cannot be written."""
     if is_stdout(path):
-        from .render.console import write_stdout
         write_stdout(data)
         return
     check_destination(path, force, flag, example)
@@ -91,7 +91,6 @@ def shown(path: Path, what: str | None = None) -> str:
 def report_to_stderr(active: bool):
     """Inside the block, what the command prints for people (planner.render.console.out) goes
     to stderr, when ``active`` (its output file is stdout)."""
-    from .render.console import out
     if not active:
         yield
         return

@@ -29,6 +29,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from . import baseline as bl
 from .baseline import Results, Scalar
 from .errors import NoFitError, UsageError
+from .catalog import resolve_framework, resolve_hardware, resolve_model
+from .cost.step import estimate_layout
+from .files import describe_validation_error, read_yaml
+from .frameworks.profile import resolve_training
+from .inputs import field_of, training_spec
+from .layout import Layout
+from .search.check import check_layout
+from .search.options import SearchOptions, search_options
+from .search.run import search
+from .specs import TrainingSpec
 
 STATUS_OK = "ok"
 INFORMATIONAL = frozenset({"message"})  # kept in the baseline for the reader, never compared
@@ -64,7 +74,6 @@ def load_cases(path: Path) -> list[Case]:
     entry is a usage error naming the case and field; whether the planner can evaluate it (model
     name, layout rules) is part of the result (status ``error``), not a file error.
     """
-    from .files import describe_validation_error, read_yaml
     data = read_yaml(path)
     if isinstance(data, dict) and "cases" in data:
         data = data["cases"]
@@ -97,10 +106,6 @@ def check_case_fields(case: Case) -> None:
     (Layout / TrainingSpec: a missing, unknown or ill-typed field) or ``case.search`` names an
     unknown option or a bad ``top``. Checked without the model: ``dp`` (gpus / (tp*cp*pp) when
     absent) and the training fields the model supplies get stand-ins of 1 for the schema check."""
-    from .files import describe_validation_error
-    from .search.options import SearchOptions
-    from .layout import Layout
-    from .specs import TrainingSpec
     checks = [(TrainingSpec, "training", {"seq_length": 1, "global_batch_size": 1, **case.training})]
     if case.layout is not None:
         checks.insert(0, (Layout, "layout", {"dp": 1, **case.layout}))
@@ -156,10 +161,6 @@ def _evaluate(case: Case) -> dict[str, Scalar]:
     """The case's flat terms; its inputs go through the checks every command applies
     (planner.inputs: training, search options; search.check_layout: the layout) and the case's
     framework profile (its facts, then the case's own training fields). UsageError."""
-    from .catalog import resolve_framework, resolve_hardware, resolve_model
-    from .frameworks.profile import resolve_training
-    from .inputs import field_of, training_spec
-    from .search.options import search_options
     model = resolve_model(case.model)
     hw = resolve_hardware(case.hardware)
     profile = resolve_framework(case.framework)
@@ -168,12 +169,9 @@ def _evaluate(case: Case) -> dict[str, Scalar]:
     training = training_spec(model, {**resolve_training(job, profile).model_dump(mode="json"),
                                      **case.training}, field_of("training"))
     if case.layout is not None:
-        from .cost.step import estimate_layout
-        from .search.check import check_layout
         layout = check_layout(model, hw, training, case.gpus, case.layout, case.allow_cross_node_tp,
                               profile)
         return flatten_estimate(estimate_layout(model, hw, training, layout).to_dict(0, raw=True))
-    from .search.run import search
     opts = dict(case.search or {})
     top = opts.pop("top", 5)
     if not isinstance(top, int) or isinstance(top, bool) or top <= 0:

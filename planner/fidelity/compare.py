@@ -17,6 +17,8 @@ from ..cost.step import estimate_layout
 from ..specs import HardwareProfile
 from . import conventions
 from .runs import RunCase
+from ..cost.step import evaluate
+from ..layout import Candidates
 
 # Order in which a row's figures are used as its headline comparison (least ambiguous first).
 PRIMARY_ORDER = ("iteration_s", "flops_per_gpu", "mfu", "tokens_per_s")
@@ -91,8 +93,6 @@ def compare(case: RunCase, hardware: HardwareProfile | None = None,
     hw = hardware or case.hardware
     assert hw is not None and case.model is not None and case.training is not None and case.layout
     if time_only:
-        from ..cost.step import evaluate
-        from ..layout import Candidates
         est = evaluate(case.model, hw, case.training, Candidates.from_layouts([case.layout]), summary=True)
         fits = True
     else:

@@ -45,6 +45,7 @@ from ..errors import UsageError
 from ..frameworks.profile import Overrides
 from ..quantities import _Strict
 from ..framework_spec import Recompute
+from ..catalog import is_bare_name, resolve_framework, resolve_hardware, resolve_model
 
 REPO_BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 WHEEL_CATALOG = Path(__file__).resolve().parents[1] / "_catalog"
@@ -143,7 +144,6 @@ def _check_names(entry: FactsEntry, where: str) -> None:
     """UsageError for an entry's hardware profile, catalog model or framework profile name that
     resolves to nothing (a path, which resolves relative to the working directory, is checked
     when a run uses it)."""
-    from ..catalog import is_bare_name, resolve_framework, resolve_hardware, resolve_model
     model = entry.model.get("catalog") if isinstance(entry.model, dict) else entry.model
     for field, name, resolve in (("hardware", entry.hardware, resolve_hardware),
                                  ("model", model, resolve_model),

@@ -12,6 +12,8 @@ from pathlib import Path
 import yaml
 
 from ..specs import HardwareProfile
+from ..fmt import duration_text
+from ..outputs import write
 
 DIGITS = 4
 NUMBER_FACTORS = ("matmul", "matmul_fp8", "matmul_half_flops", "attention", "hbm", "nvlink", "network")
@@ -20,7 +22,6 @@ NUMBER_FACTORS = ("matmul", "matmul_fp8", "matmul_half_flops", "attention", "hbm
 def profile_data(hw: HardwareProfile) -> dict:
     """``hw`` as its YAML mapping: quantities with units, efficiency factors to DIGITS
     significant digits, ``step_overhead`` as e.g. "11.3 ms"."""
-    from ..fmt import duration_text
     data = hw.model_dump(mode="json")
     eff = data["efficiency"]
     for key in NUMBER_FACTORS:
@@ -36,7 +37,6 @@ def write_profile(hw: HardwareProfile, path: Path, force: bool = False,
     """Serialize ``hw`` (profile_data) to ``path``, headed by a comment naming the profile it was
     calibrated from (``calibrated_from``, default ``hw.name``); '-' writes stdout. UsageError if
     ``path`` is an existing file and not ``force``, or cannot be written (planner.outputs)."""
-    from ..outputs import write
     text = yaml.safe_dump(profile_data(hw), sort_keys=False, allow_unicode=True, width=100)
     origin = calibrated_from or hw.name
     write(path, f"# Calibrated by `plan3d calibrate` from {origin}.\n{text}", force, "--output",

@@ -23,6 +23,8 @@ from ..search.run import search
 from ..layout import Layout
 from ..specs import TrainingSpec
 from .runs import RunCase
+from ..catalog import resolve_framework
+from ..cost.step import estimate_layout
 
 LAYOUT_PINS = ("micro_batch", "vpp", "recompute", "zero_stage", "distributed_optimizer",
                "sequence_parallel", "etp")
@@ -42,7 +44,6 @@ class Resolution:
 def _options(case: RunCase) -> SearchOptions:
     """Every stated layout setting pinned; the unknown ones free (the distributed optimizer
     stays as stated: the search costs it as ZeRO-1); no activation offload unless stated."""
-    from ..catalog import resolve_framework
     lay = case.layout
     pins = {k: getattr(lay, k) for k in ("tp", "pp", "dp", "cp", "ep")}
     for key in LAYOUT_PINS:
@@ -136,7 +137,6 @@ def _resolve_in_place(case: RunCase, why_not: str) -> Resolution:
     uneven-split rule does not express): its layout is kept as stated and only the unknown
     recomputation and training settings are tried, each combination costed directly; the
     fastest that fits is kept (a FALSE OOM if none fits)."""
-    from ..cost.step import estimate_layout
     recomputes = RECOMPUTE_CHOICES if "recompute" in case.unknown else (case.layout.recompute,)
     best = None
     for training, words in _trainings(case):

@@ -29,6 +29,8 @@ from ..inputs import check_integers, field_of, training_spec
 from ..layout import Layout
 from ..specs import ModelSpec, TrainingSpec
 from .facts import RunFacts
+from ..layout.split import default_uneven_split
+from ..search.rules import moe_needs_sp
 
 # Layout settings a row may leave unknown, with their defaults (recompute: see layout_of).
 LAYOUT_DEFAULTS: dict[str, Any] = {"micro_batch": 1, "vpp": 1, "recompute": "none",
@@ -88,8 +90,6 @@ def layout_of(gpus: int, lay: dict, facts: RunFacts, model: ModelSpec,
               convention: str, assume) -> tuple[Layout, list[str]]:
     """(Layout of the run, the settings it leaves unknown). Each unknown setting takes its
     LAYOUT_DEFAULTS value, listed through ``assume`` unless it cannot change the prediction."""
-    from ..layout.split import default_uneven_split
-    from ..search.rules import moe_needs_sp
     tp, pp, cp, dp = split_degrees(gpus, lay, assume)
     ep = _stated(lay, facts, "ep", assume)
     if ep is None and model.moe is not None:

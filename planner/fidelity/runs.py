@@ -45,6 +45,8 @@ from .run_layout import layout_of, training_of
 from .run_model import catalog_of, run_model
 from .schema import check_fields, notes_tags
 from ..units import GIB
+from ..layout import Candidates
+from ..search.rules import expert_rules, rules_broken
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 WHEEL = Path(__file__).resolve().parents[1] / "_catalog"
@@ -180,8 +182,6 @@ def _expert_problem(model: ModelSpec, layout: Layout) -> str | None:
     """The expert-mesh rules a run's layout breaks (space.expert_rules, the ones every command
     applies: experts divisible by ep, etp*ep dividing a stage's tp*cp*dp GPUs, SP with tp > 1,
     ...), worded as search.check_layout words them; None if it keeps them."""
-    from ..layout import Candidates
-    from ..search.rules import expert_rules, rules_broken
     broken = rules_broken(expert_rules(model, Candidates.from_layouts([layout])))
     return f"layout {layout.short()} breaks: {'; '.join(broken)}" if broken else None
 

@@ -11,6 +11,12 @@ from __future__ import annotations
 from ..errors import UsageError
 from ..plan import Plan
 from .common import Export
+from ..catalog import framework_profiles, is_bare_name, resolve_framework
+from ..search.framework_rules import check_plan, profile_for
+from .deepspeed import export_deepspeed
+from .megatron import export_megatron
+from .nemo import export_nemo
+from .torchtitan import export_torchtitan
 
 TARGETS = ("megatron", "nemo", "deepspeed", "torchtitan")
 DEFAULT_SUFFIX = {"megatron": ".args", "nemo": ".yaml", "deepspeed": ".json"}
@@ -21,9 +27,7 @@ def export_target(name: str | None, plan: Plan) -> str:
     or alias, or a framework profile file (its ``export``: megatron-core -> megatron, deepspeed,
     torchtitan); None: the plan's
     framework's (UsageError for a historical profile that has no exporter, or an unknown name)."""
-    from ..catalog import framework_profiles
     if name is None:
-        from ..search.framework_rules import profile_for
         profile = profile_for(plan.training, plan.framework)
         if profile.export is None:
             raise UsageError(f"the plan's framework {profile.name} has no exporter (it describes "
@@ -32,7 +36,6 @@ def export_target(name: str | None, plan: Plan) -> str:
     key = name.strip().lower()
     if key in TARGETS:
         return key
-    from ..catalog import is_bare_name, resolve_framework
     if not is_bare_name(name):  # a framework profile file: its exporter
         profile = resolve_framework(name)
         if profile.export is None:
@@ -56,19 +59,14 @@ def export_plan(plan: Plan, target: str, torchtitan_format: str = "overrides") -
     ``Export.notes``."""
     if target not in TARGETS:
         raise UsageError(f"unknown export target {target!r}; choose one of {', '.join(TARGETS)}")
-    from ..search.framework_rules import check_plan, profile_for
     check_plan(target, plan)
     if target == "megatron":
-        from .megatron import export_megatron
         result = export_megatron(plan)
     elif target == "nemo":
-        from .nemo import export_nemo
         result = export_nemo(plan)
     elif target == "deepspeed":
-        from .deepspeed import export_deepspeed
         result = export_deepspeed(plan)
     else:
-        from .torchtitan import export_torchtitan
         result = export_torchtitan(plan, torchtitan_format)
     profile = profile_for(plan.training, plan.framework)
     if profile.export != target:  # the plan's estimate is for another framework's runtime

@@ -18,6 +18,10 @@ from dataclasses import dataclass, field
 
 from ..errors import UsageError
 from ..plan import Plan
+from .. import fmt
+from ..cost.checkpoint import evaluate_checkpoint, unavailable
+from ..cost.step import estimate_layout
+from ..framework_spec import SELECTIVE_PLUS_MODULES
 
 
 @dataclass
@@ -90,7 +94,6 @@ def recompute_modules(model) -> list[str]:
     """Megatron-Core --recompute-modules for recompute=selective+: layernorm, moe_act for a model
     with experts, mla_up_proj for MLA (transformer_config.py L1940-2026: moe_act needs MoE layers,
     mla_up_proj MLA; moe.md 5.3)."""
-    from ..framework_spec import SELECTIVE_PLUS_MODULES
     skip = {"moe_act"} if model.moe is None else set()
     if model.attention_kind != "mla":
         skip.add("mla_up_proj")
@@ -136,8 +139,6 @@ def save_interval(plan: Plan) -> dict | None:
     what exports set as the save interval, ``async`` whether saves are asynchronous. None
     when the plan's hardware profile lacks a block the estimate needs (storage, host link,
     host memory)."""
-    from ..cost.checkpoint import evaluate_checkpoint, unavailable
-    from ..cost.step import estimate_layout
     if unavailable(plan.hardware):
         return None
     est = estimate_layout(plan.model, plan.hardware, plan.training, plan.layout)
@@ -149,7 +150,6 @@ def interval_note(ck: dict | None, plan: Plan) -> str:
     """The comment every export writes about its save interval: the steps, the seconds they
     stand for, and the inputs of the optimum (formulas.md 12.4); or, without an estimate, why
     no interval is set."""
-    from .. import fmt
     if ck is None:
         return (f"checkpoint interval: not set, the hardware profile {plan.hardware.name} has no "
                 "storage, host_link or host_memory block to estimate it from")

@@ -63,6 +63,7 @@ from .common import (RANK_ORDER_NOTE, Export, describe, interval_note, layers_pe
                      microbatches, recompute_modules, save_interval, theta_text)
 from .megatron_model import CROSS_ENTROPY_NOTE, model_args
 from ..cost.checkpoint import MEGATRON_FSDP_STRATEGY, megatron_ckpt_format
+from ..search.framework_rules import check_plan
 
 SOURCE = "NVIDIA/Megatron-LM commit d98e8a64ddf3 (2026-08-22), megatron/training/arguments.py"
 POSITION = {"rope": "rope", "learned": "learned_absolute"}
@@ -72,7 +73,6 @@ def megatron_args(plan: Plan) -> list[tuple[str, str | None]]:
     """The (flag, value or None) pairs for ``plan``, in a stable order. UsageError if inexpressible."""
     model, lay, tr = plan.model, plan.layout, plan.training
     m = microbatches(plan)  # validates B % (dp*b)
-    from ..search.framework_rules import check_plan
     check_plan("megatron", plan)  # what Megatron-Core cannot build or run (ALiBi, ...)
     args: list[tuple[str, str | None]] = [
         ("--tensor-model-parallel-size", str(lay.tp)),

@@ -78,6 +78,8 @@ from ..cost.model_counts import has_dense_mlp, moe_layer_mask, window_layer_mask
 from ..errors import UsageError
 from ..inputs import flag
 from ..plan import Plan
+from ..cost.comm import a2a_overlap_applies
+from ..cost.precision import fp8_param_gather
 
 # Megatron-Core TransformerConfig routing fields plan3d's model schema does not hold (a group is
 # set together); both exports name them for the user to set from the model card
@@ -174,7 +176,6 @@ def ep_overlap(plan: Plan) -> bool:
     if model.mtp_layers > 1:
         raise UsageError(f"Megatron-Core's EP overlap (moe_a2a_overlap) supports at most one MTP "
                          f"layer; {model.name} has {model.mtp_layers}")
-    from ..cost.comm import a2a_overlap_applies
     return bool(a2a_overlap_applies(lay))
 
 
@@ -182,7 +183,6 @@ def job_args(plan: Plan) -> tuple[Args, list[str]]:
     """(flags, comments) of the plan's job settings (module docstring): EP overlap, optimizer
     CPU offload, MoE activation offload; the in-place cross entropy as a comment. UsageError
     where Megatron-LM refuses them (ep_overlap; offload beside FP8 parameter gathering)."""
-    from ..cost.precision import fp8_param_gather
     tr, lay, model = plan.training, plan.layout, plan.model
     args: Args = []
     comments: list[str] = []

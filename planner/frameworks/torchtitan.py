@@ -49,6 +49,7 @@ from ..errors import UsageError
 from ..plan import Plan
 from .common import (Export, describe, interval_note, layers_per_virtual_stage, microbatches,
                      rope_note, save_interval, unwritten_note)
+from ..cost.memory import state_bytes
 
 SOURCE_03 = "pytorch/torchtitan @0014ac2ca45a torchtitan/config/configs.py"
 SOURCE_02 = "pytorch/torchtitan @000204a4a8bf torchtitan/config/job_config.py (+ PR #1416)"
@@ -163,7 +164,6 @@ def _checkpoint(plan: Plan, fmt: str, notes: list[str]) -> dict[str, dict[str, o
     notes.append(interval_note(ck, plan))
     if ck is None:
         return {}
-    from ..cost.memory import state_bytes
     planned = sum(state_bytes(plan.training))
     if planned != 12.0:  # a plan of another framework's state, exported to torchtitan
         notes.append(f"torchtitan's checkpoint holds fp32 parameters and Adam's moments (12 B per "

@@ -13,6 +13,7 @@ from .. import fmt
 from . import tables
 from .console import note, out
 from .labels import MEMORY_LABELS, TIME_LABELS
+from .. import __version__
 
 BAR_WIDTH = 40  # cells of a full bar where the console has room
 MIN_BAR_WIDTH = 10
@@ -198,7 +199,6 @@ def stage_report(stages) -> None:
 def plan_drift(plan, fresh: dict, rtol: float = 1e-9) -> None:
     """Note on stderr when a plan was written by another plan3d version, or when today's estimate
     differs from the one stored in the plan (the cost model or the plan changed since export)."""
-    from .. import __version__
     if plan.plan3d_version != __version__:
         note(f"note: plan written by plan3d {plan.plan3d_version}, evaluated with {__version__}")
     stored = (plan.estimate or {}).get("time", {}).get("step")

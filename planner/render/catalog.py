@@ -7,6 +7,7 @@ from rich.markup import escape
 from .. import fmt
 from . import tables
 from .console import out
+from ..cost.model_counts import active_params, total_params
 
 
 def _mlp_column(m) -> str:
@@ -28,7 +29,6 @@ def models_table(models) -> None:
     """One row per model (smallest first): name with its aliases below, total and active
     parameters (MoE: router_topk experts, both embedding matrices counted), layers, hidden size,
     attention heads / KV heads (MLA, window), MLP activation (MoE: top-k of the experts)."""
-    from ..cost.model_counts import active_params, total_params
     t = tables.new("Models")
     # wide enough for the longest name or alias (with its comma): folded only between aliases
     words = [m.name for m in models] + [a + ("," if k < len(m.aliases) - 1 else "")

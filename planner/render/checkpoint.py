@@ -8,6 +8,7 @@ from __future__ import annotations
 from .. import fmt
 from . import tables
 from .console import out
+from ..cost.checkpoint import unavailable
 
 STAGE_NAMES = {0: "pipeline rank 0", 1: "a middle pipeline rank"}
 
@@ -66,7 +67,6 @@ def checkpoint_report(ck, i: int, hw, layout, title: str) -> None:
     """The section for candidate ``i`` (of ``layout``) of a CheckpointEstimate; one line saying
     why not when ``ck`` is None (the hardware profile lacks a block it needs)."""
     if ck is None:
-        from ..cost.checkpoint import unavailable
         out.print(f"{title}: not estimated, the hardware profile has no "
                   f"{unavailable(hw)} block", markup=False)
         return

@@ -16,6 +16,7 @@ from ..fidelity.pairs import precision_pairs
 from .. import fmt
 from . import tables
 from .console import note, out
+from ..fidelity.runs import MEASURED_NAMES
 
 LABELS = {"iteration_s": "s/iter", "flops_per_gpu": "TFLOP/s/GPU", "mfu": "MFU", "hfu": "HFU",
           "tokens_per_s": "tokens/s", "peak_memory": "peak mem"}
@@ -39,7 +40,6 @@ def comparison_dict(c) -> dict:
     """One run as JSON (SI units; errors are fractions). ``measured``, ``predicted`` and
     ``error`` have every figure a run can give (fidelity.runs.MEASURED_NAMES), null where this
     run gives none, so every run has the same keys."""
-    from ..fidelity.runs import MEASURED_NAMES
     figures = lambda d: {k: d.get(k) for k in MEASURED_NAMES.values()}  # noqa: E731
     return {"id": c.case.id, "group": c.case.group, "primary": c.primary,
             "measured": figures(c.measured), "predicted": figures(c.predicted),

@@ -9,6 +9,7 @@ efficiency measures.
 from __future__ import annotations
 
 from ..errors import PLOT_EXTRA, UsageError
+from ..outputs import is_stdout, write
 
 IDEAL_GID = "ideal"  # matplotlib gid of the ideal-scaling lines (one per batch)
 
@@ -60,13 +61,11 @@ def save_scaling_plot(rows: list[dict], path, title: str) -> None:
     the file cannot be written."""
     plt = _pyplot()
     fig = scaling_figure(rows, title)
-    from ..outputs import is_stdout
     try:
         if is_stdout(path):  # --plot -: the PNG's bytes on stdout
             import io
             buffer = io.BytesIO()
             fig.savefig(buffer, dpi=120, format="png")
-            from ..outputs import write
             write(path, buffer.getvalue(), force=True)
         else:
             fig.savefig(path, dpi=120)

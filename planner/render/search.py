@@ -16,13 +16,14 @@ from . import tables
 from .console import out
 from ..layout.axes import AXES, BY_NAME, PRINTED
 from .labels import TIME_LABELS
+from ..cost.model_counts import total_params
+from ..frameworks.profile import gradient_dtype_name
 
 
 def header(model, hw, training, gpus, batch: str | None = None) -> None:
     """The title line. ``gpus``: a count or a description ("at most 1024", "64..4096");
     ``batch``: the global batch as shown (a sweep's list, e.g. "768,1536"); default the
     training's."""
-    from ..cost.model_counts import total_params
     batch = str(training.global_batch_size) if batch is None else batch
     what = f"{model.name} ({fmt.params(total_params(model))} parameters) on {gpus} x {hw.gpu.name} ({hw.name})"
     job = f"global batch {batch} x {training.seq_length} tokens"
@@ -43,7 +44,6 @@ def framework_line(training) -> str:
     """The framework and the facts of it a reader checks first: flash attention, the gradient
     dtype, the memory reserve (runtime + per NCCL communicator + allocator share of the working
     set; formulas.md 3.10). Wrapped at spaces by the console."""
-    from ..frameworks.profile import gradient_dtype_name
     flash = "flash attention" if training.flash_attention else "no flash attention"
     fp8 = "" if training.precision == "bf16" else \
         f" in {training.precision} ({PRECISION_NAMES[training.precision]}, {training.fp8_library})"

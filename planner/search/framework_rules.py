@@ -16,6 +16,9 @@ from ..errors import UsageError
 from ..framework_spec import FrameworkProfile
 from ..layout import RECOMPUTE_CODES
 from ..specs import ModelSpec, TrainingSpec
+from ..catalog import framework_profiles, resolve_framework
+from ..cost.offload import offload_allowed
+from ..layout import Candidates
 
 # The framework each export target runs (plan3d export --to TARGET checks that framework's rules).
 TARGET_FRAMEWORK = {"megatron": "megatron-core", "nemo": "megatron-core", "deepspeed": "deepspeed",
@@ -31,7 +34,6 @@ def profile_for(training: TrainingSpec, given: FrameworkProfile | None = None) -
             raise UsageError(f"the training was resolved for framework {training.framework} but "
                              f"the rules of {given.name} were given")
         return given
-    from ..catalog import framework_profiles
     profiles = framework_profiles()
     if training.framework not in profiles:
         raise UsageError(f"framework {training.framework!r} is not a shipped profile; pass its "
@@ -72,7 +74,6 @@ def framework_masks(profile: FrameworkProfile, model: ModelSpec, training: Train
     if "activations" not in r.offload:
         out[f"{d} has no activation offload (offload_layers = 0)"] = offload == 0
     elif np.any(offload > 0):
-        from ..cost.offload import offload_allowed  # Megatron-Core: pp 1, no recomputation
         out[f"{d}: activation offload needs pp = 1 and no recomputation"] = \
             (offload == 0) | offload_allowed(c)
     if not r.recompute_num_layers:
@@ -216,7 +217,6 @@ def check_model(profile: FrameworkProfile, model: ModelSpec, training: TrainingS
 
 def broken_rules(profile: FrameworkProfile, model: ModelSpec, training: TrainingSpec, layout) -> list[str]:
     """The framework rules one ``layout`` (specs.Layout) breaks, model problems first."""
-    from ..layout import Candidates
     c = Candidates.from_layouts([layout])
     masks = framework_masks(profile, model, training, c)
     return model_problems(profile, model, training) + \
@@ -226,7 +226,6 @@ def broken_rules(profile: FrameworkProfile, model: ModelSpec, training: Training
 def check_plan(target: str, plan) -> None:
     """UsageError when the framework that export ``target`` writes for cannot run ``plan``
     (specs.Plan): the rules it breaks, and how to get a plan it runs."""
-    from ..catalog import resolve_framework
     profile = resolve_framework(TARGET_FRAMEWORK[target])
     broken = broken_rules(profile, plan.model, plan.training, plan.layout)
     if broken:

@@ -22,6 +22,8 @@ import numpy as np
 
 from ..errors import UsageError
 from ..units import GIB, format_gib
+from ..cost.checkpoint import goodput_of
+from ..units import parse_quantity
 
 OBJECTIVES = ("throughput", "time-to-train", "cost")
 
@@ -116,7 +118,6 @@ def layout_scores(model, hw, training, c, step_s, tokens_per_s, opts,
     no storage block."""
     if not needs_goodput(opts.objective, opts.deadline_s):
         return score(opts.objective, tokens_per_s, c.gpus, tokens, opts.price_per_gpu_hour), None
-    from ..cost.checkpoint import goodput_of
     goodput = goodput_of(model, hw, training, c, step_s)
     t_train = wall_time(tokens, tokens_per_s, goodput)
     return score(opts.objective, tokens_per_s, c.gpus, tokens, opts.price_per_gpu_hour, goodput,
@@ -143,7 +144,6 @@ def parse_deadline(text: str | None) -> float | None:
     (one line) for a bare number, another unit, zero or a negative value."""
     if text is None:
         return None
-    from ..units import parse_quantity
     try:
         seconds = parse_quantity(str(text), "time", None)
     except UsageError:
@@ -176,7 +176,6 @@ def parse_headroom(text: str | None) -> tuple[float, float]:
     if unit is None:
         raise UsageError(f"--min-memory-headroom: {text.strip()} needs a unit, e.g. "
                          f"'{text.strip()}GiB' or '{text.strip()}%'")
-    from ..units import parse_quantity
     return parse_quantity(f"{match.group(1)} {unit}", "bytes", "--min-memory-headroom"), 0.0
 
 

@@ -7,7 +7,6 @@ numpy, then filtered by boolean masks, each rule named so the search can say wha
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -15,9 +14,9 @@ from ..layout import Candidates
 from ..layout.split import uneven_ok
 from ..specs import ModelSpec, TrainingSpec
 
-if TYPE_CHECKING:
-    from ..framework_spec import FrameworkProfile
 
+from ..framework_spec import FrameworkProfile
+from .framework_rules import framework_masks, profile_for
 
 # Every TP implementation splits whole attention heads over the tp ranks; what it does with the
 # KV heads (query groups) is the framework's rule (frameworks.rules, kv_heads_tp).
@@ -46,7 +45,6 @@ def constraint_masks(model: ModelSpec, training: TrainingSpec, nvlink_domain: in
     frameworks.rules.framework_masks): KV heads against tp, interleaving and micro-batches,
     uneven split forms, ZeRO stages, recomputation, ...
     """
-    from .framework_rules import framework_masks, profile_for
     a, L = model.num_attention_heads, model.num_layers
     B, s = training.global_batch_size, training.seq_length
     tp, pp, vpp, cp = c.tp, c.pp, c.vpp, c.cp

@@ -21,6 +21,7 @@ from .options import SearchOptions
 from .check import check_inputs
 from .run import search
 from ..specs import HardwareProfile, ModelSpec, TrainingSpec
+from ..fmt import gib, seconds
 
 
 def parse_gpu_counts(text: str, hw: HardwareProfile) -> list[int]:
@@ -111,7 +112,6 @@ def _short_error(exc: PlannerError, opts: SearchOptions) -> str:
     from which a layout fits (the search's sentences repeat the model, the GPUs and the budget
     the header gives, and the closest layout; --json and plan3d search have them in full); any
     other error in full."""
-    from ..fmt import gib, seconds
     if isinstance(exc, DeadlineError) and exc.fastest is not None and exc.seconds is not None:
         return (f"misses the {seconds(opts.deadline_s)} deadline: {seconds(exc.seconds)} at best, "
                 f"{exc.fastest.candidates.layout(0).short()}")

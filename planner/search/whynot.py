@@ -26,6 +26,8 @@ from .rules import UNEVEN_RULE, constraint_masks
 from ..layout import BY_NAME
 from ..layout.parse import key_of, parse_layout, pin_flag, printed_defaults
 from ..specs import HardwareProfile, ModelSpec, TrainingSpec
+from ..cost.offload import check_host_memory, offload_runs
+from .options import DEFAULT_BOUNDS, check_expert_pins, default_bound, raised_bounds
 
 @dataclass
 class WhyNot:
@@ -79,7 +81,6 @@ def broken_rules(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, 
             return [_together(rule, ok, rules[:i], prefix, grid.shape)]
         prefix.append(alive)
     if opts.offload_layers:  # a pinned offload within the host memory and the host link's room
-        from ..cost.offload import check_host_memory, offload_runs
         runs = np.broadcast_to(offload_runs(model, hw, training, grid.candidates()), grid.shape)
         if not (runs & alive).any():
             try:
@@ -146,10 +147,8 @@ def why_not(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus:
     a model without experts or an ep that does not divide its experts (inputs.check_expert_pins),
     or is malformed.
     """
-    from .options import check_expert_pins
     pins = printed_defaults(model, parse_layout(text))
     check_expert_pins(model, pins, label=lambda name: f"--why-not: {key_of(name)}")
-    from .options import DEFAULT_BOUNDS, default_bound, raised_bounds
     # a bound at its default was not given (or given as the default): a pin above it raises it
     given = {b: getattr(opts, b) for _, b in DEFAULT_BOUNDS if getattr(opts, b) != default_bound(b)}
     opts = replace(opts, **raised_bounds(pins, given))

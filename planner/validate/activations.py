@@ -25,6 +25,8 @@ import numpy as np
 from ..layout import Candidates
 from ..cost.blocks import kv_heads_per_rank
 from ..cost.model_flops import padded_vocab
+from ..cost import memory, pipeline
+from ..specs import TrainingSpec
 
 # Every layout tried (13 miniatures, 24 pipeline ranks: 1F1B, interleaved, uneven split, CP,
 # SP, ZeRO-0..3, no / selective / full recompute, GPT-3 and Llama kinds, float64 and float32)
@@ -71,7 +73,6 @@ def predicted_activations(run, pp_rank: int) -> dict:
     (pipeline.inflight_first_chunk); "layer_bytes": activation_per_layer without recompute,
     the formula's full-recompute working set.
     """
-    from ..cost import memory, pipeline
     lay, model = run.layout, run.model
     training = megatron_loss(run.training)
     c = Candidates.from_layouts([lay])
@@ -91,7 +92,6 @@ def megatron_loss(training):
     fp32 softmax, 6 B per logit, not in place), which the miniature's torch loss holds whatever
     framework the plan is for (as its model states follow Megatron's: miniature.predicted); a
     torchtitan plan's fp32 loss (12 B per logit) would otherwise be compared with it."""
-    from ..specs import TrainingSpec
     fields = TrainingSpec.model_fields
     return training.model_copy(update={k: fields[k].default for k in
                                        ("loss_bytes_per_logit", "cross_entropy_in_place")})

@@ -29,6 +29,7 @@ import statistics
 
 from .activations import activation_check, delta_notes
 from .miniature import LOSS_RTOL, Run, predict
+from .moe_plan import routed_volumes
 
 MEMORY_RTOL = 0.02
 
@@ -98,7 +99,6 @@ def compare(run: Run, records: list[dict], reference: list[float] | None) -> dic
                        "rel_diff": rel, "rtol": LOSS_RTOL[run.dtype]})
     routed = {}
     if run.model.moe is not None:
-        from .moe_plan import routed_volumes
         routed = routed_volumes(run, records)
     for pp_rank in range(lay.pp):
         pred = predict(run, pp_rank)

@@ -27,6 +27,8 @@ from ..layout import Candidates
 from ..layout import Layout
 from ..specs import ModelSpec, TrainingSpec
 from ..plan import Plan
+from ..cost.checkpoint import param_groups
+from .moe_plan import base_volumes, memory_bytes, moe_degrees, moe_miniature
 
 ELEM_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2}
 LOSS_RTOL = {"float64": 1e-12, "float32": 1e-5, "bfloat16": 2e-2}
@@ -101,7 +103,6 @@ def _moe_config(m: ModelSpec) -> dict:
 def _moe_layout(plan: Plan, d: dict, hidden: int) -> tuple[dict, dict, list[str], list[dict]]:
     """(model updates, layout updates, notes, not exercised) of an MoE plan's miniature
     (planner.validate.moe_plan)."""
-    from .moe_plan import moe_degrees, moe_miniature
     lay, m = plan.layout, plan.model
     ep, etp, dropped = moe_degrees(lay, d["tp"] * d["cp"] * d["dp"], m.bias)
     update, left = moe_miniature(m, hidden)
@@ -293,7 +294,6 @@ def predict(run: Run, pp_rank: int) -> dict:
     """
     lay, e = run.layout, run.elem
     if run.model.moe is not None:
-        from .moe_plan import base_volumes, memory_bytes
         return {"memory": memory_bytes(run, pp_rank), "comm": base_volumes(run, pp_rank, e)}
     c = Candidates.from_layouts([lay])
     p = memory.rank_params(run.model, c, pp_rank)
@@ -326,7 +326,6 @@ def checkpoint_bytes(run: Run, c, pp_rank: int, fsdp: bool) -> dict[int, int]:
     spread and stride, ceil(params / spread) elements of each tensor kind the run keeps, at
     the run's element size e: weights, a master copy (ZeRO-0/1's flat optimizer; FSDP2 updates
     the parameters themselves) and Adam's two moments, i.e. 4e or 3e per element."""
-    from ..cost.checkpoint import param_groups
     kinds = 3 if fsdp else 4
     merged: dict[tuple[float, float], float] = {}
     for g in param_groups(run.model, c, pp_rank):

@@ -23,6 +23,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .instrument import recompute_context
+from .mlp import MLP
+from .moe import MoE
+
 
 @dataclass(frozen=True)
 class GPTConfig:
@@ -152,33 +156,11 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         qkv = self.qkv(x)
         if self.cfg.recompute == "selective":  # Korthikanti's core-attention recomputation
-            from .instrument import recompute_context
             out = torch.utils.checkpoint.checkpoint(self.core, qkv, use_reentrant=False,
                                                     context_fn=recompute_context)
         else:
             out = self.core(qkv)
         return self.o(out)
-
-
-class MLP(nn.Module):
-    """fc1 (for SwiGLU: fused gate+up in ``mlp_groups`` [gate, up] blocks), activation, fc2."""
-
-    def __init__(self, cfg: GPTConfig):
-        super().__init__()
-        self.cfg = cfg
-        width = 2 * cfg.ffn if cfg.activation == "swiglu" else cfg.ffn
-        self.fc1 = nn.Linear(cfg.hidden, width, bias=cfg.bias)
-        self.fc2 = nn.Linear(cfg.ffn, cfg.hidden, bias=cfg.bias)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.fc1(x)
-        if self.cfg.activation == "swiglu":
-            local_groups = max(1, y.shape[-1] * self.cfg.mlp_groups // (2 * self.cfg.ffn))
-            y = y.view(*y.shape[:-1], local_groups, 2, -1)
-            y = (F.silu(y[..., 0, :]) * y[..., 1, :]).flatten(-2)
-        else:
-            y = F.gelu(y)
-        return self.fc2(y)
 
 
 class Block(nn.Module):
@@ -188,7 +170,6 @@ class Block(nn.Module):
         super().__init__()
         self.ln1, self.attn = make_norm(cfg), Attention(cfg)
         if cfg.num_experts and index >= cfg.first_dense:
-            from .moe import MoE
             self.ln2, self.mlp = make_norm(cfg), MoE(cfg)
         else:
             self.ln2, self.mlp = make_norm(cfg), MLP(cfg)

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..layout import groups
+from .mlp import MLP
 
 
 @dataclass
@@ -102,7 +103,6 @@ class MoE(nn.Module):
 
     def __init__(self, cfg):
         super().__init__()
-        from .model import MLP
         self.cfg = cfg
         E, Fw, h = cfg.num_experts, cfg.expert_ffn, cfg.hidden
         g = 2 if cfg.activation == "swiglu" else 1

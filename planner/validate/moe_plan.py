@@ -28,6 +28,8 @@ from ..cost import model_counts
 from ..cost.moe_dispatch import moe_dispatch_volumes
 from .torch_volumes import step_volumes
 from ..model_schema import MoESpec
+from ..cost import blocks, memory
+from ..layout import Candidates
 
 
 def moe_degrees(lay, stage: int, bias: bool) -> tuple[int, int, list[dict]]:
@@ -84,8 +86,6 @@ def rank_params(run, pp_rank: int) -> tuple[float, float]:
     miniature's modules hold more than the cost model counts, added here: Q/K/V biases with
     ``qkv_bias`` (block_params counts biases only with ``bias``), the shared experts' and the
     routed experts' fc2 bias h, not sharded over TP / ETP."""
-    from ..cost import blocks, memory
-    from ..layout import Candidates
     m, lay = run.model, run.layout
     c = Candidates.from_layouts([lay])
     per = {k: (float(np.sum(v[0])), float(np.sum(v[1])), float(np.sum(v[2])))

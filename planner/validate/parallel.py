@@ -21,6 +21,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
 
 from ..layout import groups
 from .model import GPT, Chunk
+from .instrument import recompute_context
 
 
 def stage_ids(pp_rank: int, pp: int, vpp: int) -> list[int]:
@@ -94,7 +95,6 @@ def apply_full_recompute(chunk: Chunk) -> None:
     recomputation saves is counted by instrument.SavedBytes (recompute_context)."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
-    from .instrument import recompute_context
     for name in list(chunk.layers.keys()):
         chunk.layers[name] = checkpoint_wrapper(chunk.layers[name], context_fn=recompute_context)
 

@@ -24,6 +24,8 @@ from .instrument import Instrument, SavedBytes
 from .model import GPT, GPTConfig, cp_positions, loss_fn, set_context_parallel
 from .parallel import (FlatOptimizer, apply_fsdp, apply_full_recompute, apply_tp, build_chunks,
                        embedding_groups, local, reduce_partial_grads)
+from .checkpoint import save_and_measure
+from .moe import expert_groups
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -270,7 +272,6 @@ def _experts(cfg: dict, chunks, pp_rank: int, dims: dict) -> tuple[list, object]
             if hasattr(layer.mlp, "router")]
     if not cfg["model"].get("num_experts"):
         return moes, None
-    from .moe import expert_groups
     stage = cfg["tp"] * cfg.get("cp", 1) * cfg["dp"]
     comm = expert_groups(cfg["pp"], stage, cfg["etp"], cfg["ep"], pp_rank,
                          dist.get_rank() - pp_rank * stage)
@@ -291,7 +292,6 @@ def _checkpoint(cfg, params, flat, opt, mesh, grad_mesh, pp_rank, exclude) -> di
     import shutil
     import tempfile
 
-    from .checkpoint import save_and_measure
     temporary = not cfg.get("out_dir")
     path = tempfile.mkdtemp(prefix="plan3d-ckpt-") if temporary else \
         os.path.join(cfg["out_dir"], "checkpoint")
