@@ -16,9 +16,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from .cost import Estimate
-from .cost.step import MEMORY_TERMS, TIME_TERMS
-from .layout import Layout
+from .cost.checkpoint import evaluate_checkpoint, unavailable
 from .cost.model_counts import window_layer_mask
+from .cost.stages import stage_profile
+from .cost.step import MEMORY_TERMS, TIME_TERMS, estimate_layout
+from .layout import Layout
 
 TIE_RTOL = 1e-12  # "the same prediction": equal up to floating-point rounding
 OVERHEAD_FLOOR = 0.001  # below this share of the step no overhead is named
@@ -265,3 +267,33 @@ def recompute_choice(model, est: Estimate, i: int = 0) -> dict:
             "recomputed_layers": float(c.recomputed_layers(model.num_layers)[0]),
             "seconds": None if seconds is None else float(seconds[i]),
             "share": None if seconds is None or step is None else float(seconds[i] / step[i])}
+
+
+@dataclass
+class EstimateReport:
+    """Everything ``estimate`` reports on one layout: its ``estimate`` (one candidate), the
+    pipeline ranks (cost.stages.StageProfile), the recomputation chosen (recompute_choice),
+    the checkpoint estimate (None when it does not fit or the hardware has no storage block)
+    and, when it does not fit, ``to_fit`` (search.refusal.FitHint: the best layout that fits
+    on these GPUs, else the fewest GPUs on which one fits; None when no count fits)."""
+
+    estimate: Estimate
+    stages: object
+    recompute: dict
+    checkpoint: object = None
+    to_fit: object = None
+
+    @property
+    def fits(self) -> bool:
+        return bool(self.estimate.fits[0])
+
+
+def estimate_report(model, hw, training, layout: Layout, to_fit) -> EstimateReport:
+    """The EstimateReport of ``layout``; ``to_fit``: a callable giving the FitHint when it does
+    not fit (search.run.to_fit, bound to the model, hardware, training and GPUs)."""
+    est = estimate_layout(model, hw, training, layout)
+    fits = bool(est.fits[0])
+    ck = None if unavailable(hw) or not fits else evaluate_checkpoint(
+        model, hw, training, est.candidates, est.time["step"])
+    return EstimateReport(est, stage_profile(model, hw, training, est), recompute_choice(model, est, 0),
+                          ck, None if fits else to_fit())

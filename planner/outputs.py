@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from .errors import UsageError
+from .explain import recompute_choice, tie_dict
 from .render.console import out, write_stdout
 
 STDOUT_NAMES = frozenset({"-", "/dev/stdout", "/dev/fd/1", "/proc/self/fd/1"})
@@ -100,3 +101,36 @@ def report_to_stderr(active: bool):
         yield
     finally:
         out.file = before
+
+
+# ----------------------------------------------------------------------------- JSON of the commands
+
+
+def search_json(model, result, explanation, top: int, currency: str) -> list[dict]:
+    """``search --json``: one entry per group of tied layouts (explain.explain_search), best
+    first, at most ``top``: ``layout``, ``gpus``, the estimate's keys (Estimate.to_dict with the
+    usable memory), ``currency`` where costs are priced, ``recompute`` (explain.recompute_choice),
+    ``ties`` (explain.tie_dict), ``checkpoint`` (None without a storage block) and ``to_fit``
+    (None: every listed layout fits), as ``estimate --json`` has them."""
+    best, ck = result.ranked, result.checkpoint
+    extra = {"currency": currency} if "cost" in best.throughput else {}
+    out = []
+    for g in explanation.groups[:top]:
+        entry = best.to_dict(g.first, result.usable)
+        lay = entry.pop("layout")
+        out.append({"layout": lay, "gpus": best.candidates.layout(g.first).gpus, **entry, "to_fit": None,
+                    **extra, "recompute": recompute_choice(model, best, g.first),
+                    "ties": tie_dict(best, g), "checkpoint": ck.to_dict(g.first) if ck else None})
+    return out
+
+
+def estimate_json(report) -> dict:
+    """``estimate --json`` of an explain.EstimateReport: the estimate's keys, ``recompute``,
+    ``to_fit`` (refusal.FitHint.to_dict or None), ``checkpoint`` (None when it does not fit or
+    without a storage block) and ``pipeline``: each rank's memory and time, the binding and
+    the slowest rank, the imbalance (cost.stages)."""
+    stages, hint, ck = report.stages, report.to_fit, report.checkpoint
+    return {**report.estimate.to_dict(0), "recompute": report.recompute,
+            "to_fit": hint.to_dict() if hint else None, "checkpoint": ck.to_dict(0) if ck else None,
+            "pipeline": {"ranks": stages.to_list(), "binding": stages.binding,
+                         "slowest": stages.slowest, "imbalance": stages.imbalance}}

@@ -15,6 +15,14 @@ from ..render import console
 from ..search.check import check_layout
 from ..search.framework_rules import profile_for
 from ..search.rules import moe_needs_sp
+from ..cost.comm import a2a_overlap_note
+from ..explain import estimate_report
+from ..outputs import estimate_json
+from ..render.breakdown import estimate_report as render_estimate
+from ..render.breakdown import plan_drift
+from ..render.checkpoint import checkpoint_report
+from ..render.search import header
+from ..search.run import to_fit
 from .app import GBS, GPUS, JSON, MODEL, SEQ, _require, app, handle_errors
 from .options import JOB, stated_default, with_options
 from .plan import _inputs
@@ -90,43 +98,25 @@ def _plan_alone(plan: Path, flags: dict):
 
 
 def _estimate_output(m, hw, training, n: int, layout, json_out: bool, plan, profile) -> None:
-    """estimate's JSON or tables and checkpoint section, with every pipeline rank (``pipeline``:
-    each rank's memory and time, the binding and the slowest rank, the imbalance); a layout
-    that does not fit gets no step time, throughput or checkpoint, its shortfall per GPU and the
-    fewest GPUs on which a layout fits (``to_fit``). Exit 1 then."""
-    from ..cost.checkpoint import evaluate_checkpoint, unavailable
-    from ..cost.stages import stage_profile
-    from ..cost.step import estimate_layout
-    from ..render.breakdown import estimate_report, plan_drift
-    est = estimate_layout(m, hw, training, layout)
-    result = est.to_dict(0)
-    fits = result["memory"]["fits"]
-    hint = None if fits else _to_fit(m, hw, training, n, profile)
-    ck = None if unavailable(hw) or not fits else evaluate_checkpoint(
-        m, hw, training, est.candidates, est.time["step"])
-    stages = stage_profile(m, hw, training, est)
-    from ..explain import recompute_choice
-    recompute = recompute_choice(m, est, 0)
+    """estimate's JSON (outputs.estimate_json) or tables and checkpoint section; a layout that
+    does not fit gets no step time, throughput or checkpoint, its shortfall per GPU and what
+    would fit (search.run.to_fit). Exit 1 then."""
+    report = estimate_report(m, hw, training, layout, lambda: to_fit(m, hw, training, n, profile))
+    est = report.estimate
     if json_out:
-        console.print_json({**result, "recompute": recompute, "to_fit": hint.to_dict() if hint else None,
-                            "checkpoint": ck.to_dict(0) if ck else None,
-                            "pipeline": {"ranks": stages.to_list(), "binding": stages.binding,
-                                         "slowest": stages.slowest, "imbalance": stages.imbalance}})
+        console.print_json(estimate_json(report))
     else:
-        from ..render.checkpoint import checkpoint_report
-        from ..render.search import header
         header(m, hw, training, n)
-        estimate_report(est, stages, hint, recompute)
+        render_estimate(est, report.stages, report.to_fit, report.recompute)
         _host_offload_line(m, hw, training, est)
-        from ..cost.comm import a2a_overlap_note
         overlap = a2a_overlap_note(training, est.candidates)
         if overlap:
             console.note(f"note: {overlap}")
-        if fits:
-            checkpoint_report(ck, 0, hw, est.candidates.layout(0), "Checkpoint")
+        if report.fits:
+            checkpoint_report(report.checkpoint, 0, hw, est.candidates.layout(0), "Checkpoint")
     if plan is not None:
         plan_drift(plan, est.to_dict(0, raw=True))
-    if not fits:
+    if not report.fits:
         raise typer.Exit(1)
 
 
@@ -138,25 +128,6 @@ def _host_offload_line(m, hw, training, est) -> None:
         used = float(host_bytes(m, training, est.candidates)[0]) / 2**30
         console.out.print(f"Activation offload: {n} layers' activations, {used:,.1f} GiB per GPU "
                           f"in host memory (of {hw.host_memory_per_gpu / 2**30:,.1f} GiB per GPU).")
-
-
-def _to_fit(m, hw, training, n: int, profile=None):
-    """What would make a layout on ``n`` GPUs fit: the best layout that fits on these GPUs,
-    else the fewest GPUs on which one fits (refusal.FitHint); None when no count fits."""
-    import numpy as np
-
-    from ..errors import NoFitError
-    from ..search.refusal import FitHint
-    from ..search.options import SearchOptions
-    from ..search.run import search
-    try:
-        best = search(m, hw, training, n, SearchOptions(keep=1, framework=profile)).ranked
-    except NoFitError as exc:
-        return exc.to_fit
-    except UsageError:  # no layout can use n GPUs at all (e.g. the batch): the next count that fits
-        from ..search.run import fit_hint
-        return fit_hint(m, hw, training, n, SearchOptions(framework=profile))
-    return FitHint(n, best.take(np.array([0])))
 
 
 def _zero_stage(zero_stage: Optional[int], distributed_optimizer: Optional[bool], profile,

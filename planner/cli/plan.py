@@ -129,7 +129,8 @@ def _why_not(m, hw, training, gpus, n, opts, text: str, currency: str, json_out:
 def _search_output(m, hw, training, n, result, top: int, json_out: bool, currency: str,
                    gpus_searched: bool, export: Optional[Path]) -> None:
     """The search's JSON (one entry per group of tied layouts, best first) or its tables."""
-    from ..explain import explain_search, tie_dict
+    from ..explain import explain_search
+    from ..outputs import search_json
     best = result.ranked
     explanation = explain_search(result)
     groups = explanation.groups
@@ -139,13 +140,7 @@ def _search_output(m, hw, training, n, result, top: int, json_out: bool, currenc
                      f"that fit (the search keeps {len(best):,})")
     ck = result.checkpoint
     if json_out:
-        extra = {"currency": currency} if "cost" in best.throughput else {}
-        from ..explain import recompute_choice
-        console.print_json([{**_with_gpus(best.to_dict(g.first, result.usable)), **extra,
-                             "recompute": recompute_choice(m, best, g.first),
-                             "ties": tie_dict(best, g),
-                             "checkpoint": ck.to_dict(g.first) if ck else None}
-                            for g in groups[:top]])
+        console.print_json(search_json(m, result, explanation, top, currency))
         return
     from ..explain import model_notes
     from ..outputs import shown
@@ -205,12 +200,3 @@ def _inputs(model, hardware, global_batch_size, seq_length, job: dict):
     hw = catalog.resolve_hardware(hardware)
     profile, training = _training(m, global_batch_size, seq_length, job)
     return m, hw, profile, training
-
-
-def _with_gpus(entry: dict) -> dict:
-    """A search --json entry: ``gpus`` beside ``layout``, then the estimate's keys and, as in
-    ``estimate --json``, ``to_fit`` (None: every listed layout fits)."""
-    from ..layout import Layout
-    lay = entry["layout"]
-    return {"layout": lay, "gpus": Layout(**lay).gpus,
-            **{k: v for k, v in entry.items() if k != "layout"}, "to_fit": None}

@@ -145,6 +145,20 @@ def fit_hint(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, abov
     return FitHint(n, best.take(np.array([0])))
 
 
+def to_fit(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: int,
+           framework=None) -> FitHint | None:
+    """What would make a layout on ``gpus`` GPUs fit: the best layout that fits on these GPUs,
+    else the fewest GPUs on which one fits (FitHint; ``framework``: the profile whose rules
+    apply); None when no count fits."""
+    try:
+        best = search(model, hw, training, gpus, SearchOptions(keep=1, framework=framework)).ranked
+    except NoFitError as exc:
+        return exc.to_fit
+    except UsageError:  # no layout can use these GPUs at all (e.g. the batch): the next count
+        return fit_hint(model, hw, training, gpus, SearchOptions(framework=framework))
+    return FitHint(gpus, best.take(np.array([0])))
+
+
 def _check_search_inputs(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec,
                          gpus: int | None, opts: SearchOptions, tokens: float | None) -> None:
     """UsageError for what no layout can change: keep < 1, the budget (objective.check_budget;
