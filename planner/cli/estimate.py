@@ -19,7 +19,7 @@ from ..cost.comm import a2a_overlap_note
 from ..explain import estimate_report
 from ..outputs import estimate_json
 from ..render.breakdown import estimate_report as render_estimate
-from ..render.breakdown import plan_drift
+from ..render.breakdown import host_offload_line, plan_drift
 from ..render.checkpoint import checkpoint_report
 from ..render.search import header
 from ..search.run import to_fit
@@ -108,7 +108,7 @@ def _estimate_output(m, hw, training, n: int, layout, json_out: bool, plan, prof
     else:
         header(m, hw, training, n)
         render_estimate(est, report.stages, report.to_fit, report.recompute)
-        _host_offload_line(m, hw, training, est)
+        host_offload_line(m, hw, training, est)
         overlap = a2a_overlap_note(training, est.candidates)
         if overlap:
             console.note(f"note: {overlap}")
@@ -118,16 +118,6 @@ def _estimate_output(m, hw, training, n: int, layout, json_out: bool, plan, prof
         plan_drift(plan, est.to_dict(0, raw=True))
     if not report.fits:
         raise typer.Exit(1)
-
-
-def _host_offload_line(m, hw, training, est) -> None:
-    """With activation offload, the host memory it takes per GPU against the host's share."""
-    from ..cost.offload import host_bytes
-    n = int(est.candidates.layout(0).offload_layers)
-    if n:
-        used = float(host_bytes(m, training, est.candidates)[0]) / 2**30
-        console.out.print(f"Activation offload: {n} layers' activations, {used:,.1f} GiB per GPU "
-                          f"in host memory (of {hw.host_memory_per_gpu / 2**30:,.1f} GiB per GPU).")
 
 
 def _zero_stage(zero_stage: Optional[int], distributed_optimizer: Optional[bool], profile,

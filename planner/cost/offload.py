@@ -109,6 +109,11 @@ def host_bytes(model: ModelSpec, training: TrainingSpec, c) -> np.ndarray:
     return np.asarray(c.offload_layers, dtype=np.float64) * stored
 
 
+def host_offload(model: ModelSpec, training: TrainingSpec, c, i: int = 0) -> tuple[int, float]:
+    """(layers offloaded, host bytes per GPU) of candidate ``i``: (0, 0.0) without offload."""
+    return int(np.ravel(c.offload_layers)[i]), float(np.ravel(host_bytes(model, training, c))[i])
+
+
 def offload_bandwidth(hw: HardwareProfile, c) -> np.ndarray:
     """Bytes/s per GPU, one direction, the offload copies of candidates ``c`` get
     (HardwareProfile.offload_bandwidth_per_gpu): the NIC carries the layout's traffic only when
@@ -207,3 +212,24 @@ def least_offload_layers(model: ModelSpec, hw: HardwareProfile, training: Traini
         fits = memory_total(model, hw, training, c.replace(offload_layers=n)) <= usable
         n = np.where(fits, n, 0)
     return np.where(given > 0, given, n)
+
+
+def offload_stall(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c, times,
+                  counts: dict, rank) -> np.ndarray:
+    """Exposed seconds per micro-batch of activation offload on rank kind ``kind`` (formulas.md
+    3.3.2) on pipeline rank ``rank`` (``times``: compute.block_times; ``counts``: its blocks):
+    N = ``offload_layers`` of the rank's layers copy their stored bytes B (memory.
+    activation_per_layer, no recompute) to the host in forward and back in backward over the
+    host link (offload.offload_bandwidth: one direction each way, less the NIC's share where
+    the link carries NIC traffic and the layout spans NVLink domains; B/bw a copy), at
+    most layers - N of them on the GPU: offload.schedule_stall of the forward pass (the rank's
+    mean layer forward seconds) plus that of the backward (mean layer backward seconds).
+    Broadcast array."""
+    layers = np.maximum(c.rank_layers(model.num_layers, rank), 1.0)
+    stored = layer_terms(model, training, c, ("first",))["first"][0]  # B, no recompute (pp 1)
+    bandwidth = offload_bandwidth(hw, c)
+    move = np.where(bandwidth > 0, stored / np.maximum(bandwidth, 1e-300), np.inf)
+    forward = sum(counts[k] * times[k].forward for k in counts) / layers
+    backward = sum(counts[k] * times[k].backward for k in counts) / layers
+    n = np.minimum(np.asarray(c.offload_layers, dtype=np.float64), layers - 1.0)
+    return schedule_stall(layers, n, forward, move) + schedule_stall(layers, n, backward, move)

@@ -29,8 +29,7 @@ from .memory import RANK_KINDS, rank_index, zero_divisors
 from .traffic import Elements
 from ..layout import Candidates
 from .memory import non_expert_params, rank_params
-from .offload import offload_bandwidth, schedule_stall
-from .recompute import layer_terms
+from .offload import offload_stall, uses_host_memory
 
 
 @dataclass(frozen=True)
@@ -174,8 +173,8 @@ def evaluate(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c,
                              not summary) for kind in RANK_KINDS}          # edges, p2p, DP
     edges = {kind: np.where(ranks[kind].is_last, output, 0.0) for kind in RANK_KINDS}
     extra = {kind: rank_extra(kind, edges, ranks[kind]) for kind in RANK_KINDS}
-    if np.any(np.asarray(c.offload_layers) > 0):  # pp 1 only: every rank kind is rank 0
-        stall = offload_time(model, hw, training, c, times, counts["first"], "first")
+    if np.any(uses_host_memory(c)):  # pp 1 only: every rank kind is rank 0
+        stall = offload_stall(model, hw, training, c, times, counts["first"], rank_index(c, "first"))
         for kind in RANK_KINDS:
             extra[kind]["offload"] = stall
     uniform = set(times) == {"attention", "mlp"} and model.mtp_layers == 0
@@ -258,27 +257,6 @@ def _throughput(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c
     if precision.is_fp8(training):  # the FP8-peak figure NVIDIA's benchmarks print, beside it
         out["mfu_fp8_peak"] = f_model / (step * gpus * precision.linear_peak(hw, training))
     return out
-
-
-def offload_time(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c, times,
-                 counts: dict, kind: str) -> np.ndarray:
-    """Exposed seconds per micro-batch of activation offload on rank kind ``kind`` (formulas.md
-    3.3.2): N = ``offload_layers`` of the rank's layers copy their stored bytes B (memory.
-    activation_per_layer, no recompute) to the host in forward and back in backward over the
-    host link (offload.offload_bandwidth: one direction each way, less the NIC's share where
-    the link carries NIC traffic and the layout spans NVLink domains; B/bw a copy), at
-    most layers - N of them on the GPU: offload.schedule_stall of the forward pass (the rank's
-    mean layer forward seconds) plus that of the backward (mean layer backward seconds).
-    Broadcast array."""
-    rank = rank_index(c, kind)
-    layers = np.maximum(c.rank_layers(model.num_layers, rank), 1.0)
-    stored = layer_terms(model, training, c, (kind,))[kind][0]  # B, no recompute
-    bandwidth = offload_bandwidth(hw, c)
-    move = np.where(bandwidth > 0, stored / np.maximum(bandwidth, 1e-300), np.inf)
-    forward = sum(counts[k] * times[k].forward for k in counts) / layers
-    backward = sum(counts[k] * times[k].backward for k in counts) / layers
-    n = np.minimum(np.asarray(c.offload_layers, dtype=np.float64), layers - 1.0)
-    return schedule_stall(layers, n, forward, move) + schedule_stall(layers, n, backward, move)
 
 
 def _full_share(model: ModelSpec, c):

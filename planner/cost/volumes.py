@@ -40,7 +40,7 @@ Megatron-Core as modelled (formulas.md 5.4-5.7):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 

@@ -21,6 +21,7 @@ from ..frameworks.profile import GRAD_BYTES
 from ..search.options import SearchOptions
 from ..search.run import search
 from ..layout import Layout
+from ..layout.axes import SOLVED_FIELDS
 from ..specs import TrainingSpec
 from .runs import RunCase
 from ..catalog import resolve_framework
@@ -52,11 +53,12 @@ def _options(case: RunCase) -> SearchOptions:
             pins[name] = getattr(lay, name)
     if lay.distributed_optimizer:
         pins["distributed_optimizer"], pins["zero_stage"] = True, 0
-    if "recompute" not in case.unknown:  # a run that states its recomputation states its layers
-        pins["recompute_num_layers"] = lay.recompute_num_layers
-    # activation offload is a setting a source names when it used it: unstated, none (a search
-    # free to offload made runs that did not fit "fit" at a slower step, hiding a false OOM)
-    pins["offload_layers"] = lay.offload_layers
+    # a solved axis is a setting a source names when it used it: pinned as the run states it
+    # (a search free to offload made runs that did not fit "fit" at a slower step, hiding a false
+    # OOM), the recompute layers only where the run states its recomputation
+    for name in SOLVED_FIELDS:
+        if name != "recompute_num_layers" or "recompute" not in case.unknown:
+            pins[name] = getattr(lay, name)
     return SearchOptions(**pins, keep=64, framework=resolve_framework(case.training.framework))
 
 

@@ -208,12 +208,8 @@ def job_args(plan: Plan) -> tuple[Args, list[str]]:
     if tr.optimizer_moment_bytes == 2:  # bf16 Adam moments (optimizer_config.py L476-477: only
         # with the precision-aware optimizer)
         args += [("--exp-avg-dtype", "bf16"), ("--exp-avg-sq-dtype", "bf16")]
-    if tr.moe_activation_offload and model.moe is not None:
-        if lay.offload_layers:
-            raise UsageError("Megatron-Core cannot combine fine-grained activation offloading "
-                             "(moe_activation_offload) with whole-layer offloading "
-                             f"(offload_layers {lay.offload_layers}, --cpu-offloading-num-layers; "
-                             "transformer_config.py L2127-2130)")
+    if tr.moe_activation_offload and model.moe is not None:  # not with whole-layer offload:
+        # a framework rule (search.framework_rules) that check_plan applies before any export
         args += [("--fine-grained-activation-offloading", None),
                  ("--offload-modules", "expert_fc1 moe_act")]
         comments.append("activation offload: with Transformer Engine >= 2.10 set "

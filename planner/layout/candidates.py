@@ -66,4 +66,4 @@ Candidates.__doc__ = """N layouts: arrays of shape (N,) (or broadcast-shaped, se
 per axis (layout.axes.AXES); a choice axis holds codes (recompute: 0 none, 1 selective, 2 full,
 3 selective+). Fields not given take the axis default: cp, ep, etp 1, the distributed optimizer
 off, first/last_stage_layers 0 (the even split), recompute_num_layers 0 (with full recompute:
-every layer), offload_layers 0. Derived quantities come from degrees.LayoutDegrees."""
+every layer), no activation offload. Derived quantities come from degrees.LayoutDegrees."""

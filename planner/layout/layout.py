@@ -67,7 +67,7 @@ an uneven pipeline split (Megatron's --decoder-first/last-pipeline-num-layers; t
 share the rest equally; 0 = the even split L/pp). ``recompute_num_layers`` (recompute full only):
 0 = every layer recomputed; N >= 1 = the first N layers of each model chunk recomputed, the rest
 store their activations (--recompute-method block --recompute-num-layers N; formulas.md 3.3).
-``offload_layers``: activations of that many layers moved to host memory over the host link
+Activation offload: the activations of that many layers moved to host memory over the host link
 during forward and back for backward (Megatron-Core --cpu-offloading-num-layers; formulas.md
 3.3.2); 0 = none. Derived quantities (GPUs, gradient group, micro-batches, layers per rank, ...)
 come from degrees.LayoutDegrees.

@@ -80,7 +80,7 @@ def parse_layout(text: str) -> dict[str, object]:
     Keys: each axis's (axes.KEYS): tp, cp, pp, dp, ep, etp, zero (zero_stage), distopt
     (distributed_optimizer: 1/0), mbs (micro_batch_size), vpp, recompute (none/selective/
     selective+/full, or full:N: the first N layers of each model chunk), recompute_num_layers,
-    offload (offload_layers: activations of N layers in host memory; 0 = none), sp
+    offload (activations of N layers in host memory; 0 = none), sp
     (sequence_parallel: 1/0), split (an uneven pipeline split, the first and last stages'
     layers: 12+..+10, or 32+29 on two stages). A layout as the tables print it reads too (a bare
     sp or distopt is 1; "(12+..+10 layers)" is the split).

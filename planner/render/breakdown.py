@@ -8,6 +8,7 @@ so they add up with the free memory to 100%.
 from __future__ import annotations
 
 from .. import explain
+from ..cost.offload import host_offload
 from ..cost.step import TIME_TERMS
 from .. import fmt
 from . import tables
@@ -206,3 +207,11 @@ def plan_drift(plan, fresh: dict, rtol: float = 1e-9) -> None:
     if stored is not None and abs(stored - now) > rtol * abs(now):
         note(f"note: the plan's stored step time {fmt.seconds(stored)} differs from today's "
              f"estimate {fmt.seconds(now)}; the cost model, or the plan, changed since export")
+
+
+def host_offload_line(model, hw, training, est) -> None:
+    """With activation offload, the host memory it takes per GPU against the host's share."""
+    layers, used = host_offload(model, training, est.candidates)
+    if layers:
+        out.print(f"Activation offload: {layers} layers' activations, {used / 2**30:,.1f} GiB "
+                  f"per GPU in host memory (of {hw.host_memory_per_gpu / 2**30:,.1f} GiB per GPU).")

@@ -70,12 +70,7 @@ def framework_masks(profile: FrameworkProfile, model: ModelSpec, training: Train
     codes = [RECOMPUTE_CODES[x] for x in r.recompute]
     if len(codes) < len(RECOMPUTE_CODES):
         out[f"{d} offers recompute {' / '.join(r.recompute)}"] = np.isin(c.recompute, codes)
-    offload = np.asarray(c.offload_layers)
-    if "activations" not in r.offload:
-        out[f"{d} has no activation offload (offload_layers = 0)"] = offload == 0
-    elif np.any(offload > 0):
-        out[f"{d}: activation offload needs pp = 1 and no recomputation"] = \
-            (offload == 0) | offload_allowed(c)
+    out.update(_offload_masks(profile, model, training, c))
     if not r.recompute_num_layers:
         out[f"{d} recomputes every layer in full (no recompute_num_layers N > 0)"] = \
             np.asarray(c.recompute_num_layers) == 0
@@ -88,6 +83,25 @@ def framework_masks(profile: FrameworkProfile, model: ModelSpec, training: Train
             np.asarray(c.zero_stage) <= r.max_zero_stage_with_moe
     if model.tie_embeddings and not r.tied_embeddings_with_pp:
         out[f"{d}: tied embeddings need pp = 1"] = pp == 1
+    return out
+
+
+def _offload_masks(profile: FrameworkProfile, model: ModelSpec, training: TrainingSpec, c) -> dict:
+    """Activation offload of N layers (offload_layers): offered by the framework at all; with
+    Megatron-Core pp = 1 and no recomputation (cost.offload.offload_allowed); fewer layers than
+    the model has; not beside Megatron-Core's fine-grained offload of the routed experts'
+    activations (moe_activation_offload: transformer_config.py L2127-2130 refuses both)."""
+    r, d = profile.rules, profile.display
+    offload = np.asarray(c.offload_layers)
+    out: dict[str, np.ndarray] = {"offload_layers fewer than the layers": offload < model.num_layers}
+    if "activations" not in r.offload:
+        out[f"{d} has no activation offload (offload_layers = 0)"] = offload == 0
+    elif np.any(offload > 0):
+        out[f"{d}: activation offload needs pp = 1 and no recomputation"] = \
+            (offload == 0) | offload_allowed(c)
+    if training.moe_activation_offload and model.moe is not None:
+        out[f"{d} cannot combine fine-grained activation offloading (moe_activation_offload) with "
+            "whole-layer offloading (offload_layers, transformer_config.py L2127-2130)"] = offload == 0
     return out
 
 

@@ -210,7 +210,7 @@ def build_grid(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gp
     the divisors of the global batch up to ``max_micro_batch_size``; recompute none / selective /
     full / selective+; SP on and off; vpp the divisors of the layer count up to ``max_vpp`` and
     those an uneven split interleaves with; the distributed optimizer off unless pinned); a
-    pinned solved axis (recompute_num_layers, offload_layers) fixed for every layout.
+    pinned solved axis (the recompute layers, the offloaded layers) fixed for every layout.
     """
     budget = opts.max_gpus if opts.max_gpus is not None else gpus
     top = budget if opts.allow_cross_node_tp else min(nvlink_domain(hw), budget)

@@ -24,6 +24,10 @@ from .framework_rules import profile_for
 from .options import SearchOptions
 from .state import Scan
 
+# The solved axes (layout.axes) this module solves: full recompute of the least N layers per
+# model chunk that fits (cost.recompute), activation offload of the least N layers (cost.offload)
+RECOMPUTE, OFFLOAD = "recompute_num_layers", "offload_layers"
+
 
 def offers_recompute_layers(training: TrainingSpec, opts: SearchOptions) -> bool:
     """Whether the search may choose recompute_num_layers: not pinned, and the framework
@@ -36,7 +40,7 @@ def offers_offload(hw: HardwareProfile, training: TrainingSpec, opts: SearchOpti
     """Whether the search may choose offload_layers: not pinned, the hardware profile states a
     host link and host memory, and the framework (opts.framework, else the one training names)
     offloads activations to host memory."""
-    return opts.offload_layers is None and offers_host_offload(hw) and \
+    return getattr(opts, OFFLOAD) is None and offers_host_offload(hw) and \
         "activations" in profile_for(training, opts.framework).rules.offload
 
 
@@ -59,7 +63,7 @@ def least_recompute(model: ModelSpec, hw: HardwareProfile, training: TrainingSpe
 def record_least_offload(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, sub: Grid, c,
                          totals: dict, usable: float, index: np.ndarray, total: np.ndarray, out: Scan,
                          most: bool = False) -> np.ndarray:
-    """Record into ``out.offload_layers`` the least activation offload N that fits of the
+    """Record into ``out.solved`` the least activation offload N that fits of the
     sub-grid's layouts (cost.offload.offload_layers_from_totals; ``totals``: per rank kind,
     their memory without offload) and return ``total`` (flat over the sub-grid, bytes) with
     theirs lowered by what N layers in host memory save, (1 + a) x (N - 1) x B on the one
@@ -70,14 +74,14 @@ def record_least_offload(model: ModelSpec, hw: HardwareProfile, training: Traini
     n = full(offload_layers_from_totals(model, hw, training, c, totals, usable, terms, most), sub.shape).ravel()
     if not np.any(n > 0):
         return total
-    out.offload_layers.add(index, n)
+    out.solved[OFFLOAD].add(index, n)
     stored = full(np.maximum.reduce([terms[k][0] for k in totals]), sub.shape).ravel()
     return total - offload_saving(training, n, stored)
 
 
 def record_least_layers(model: ModelSpec, training: TrainingSpec, sub: Grid, c, totals: dict,
                   usable: float, index: np.ndarray, fits: np.ndarray, out: Scan) -> None:
-    """Record into ``out.recompute_layers`` the least N (cost.recompute.layers_from_totals) of
+    """Record into ``out.solved`` the least N (cost.recompute.layers_from_totals) of
     the fitting full-recompute layouts of sub-grid ``sub`` whose twin without recomputation
     does not fit (where it fits, it costs no recompute at all and N stays 0), computed on the
     code-2 slice only (``c``: the sub-grid's candidates, whose cached per-layer terms the
@@ -105,16 +109,15 @@ def record_least_layers(model: ModelSpec, training: TrainingSpec, sub: Grid, c, 
     sliced = {k: np.take(full(v, sub.shape), at, axis=axis) for k, v in totals.items()}
     terms = {k: tuple(cut(x) for x in v) for k, v in layer_terms(model, training, c, tuple(totals)).items()}
     n = full(layers_from_totals(model, training, part.candidates(), sliced, usable, terms), part.shape)
-    out.recompute_layers.add(index[where], np.where(need, n.ravel(), 0))
+    out.solved[RECOMPUTE].add(index[where], np.where(need, n.ravel(), 0))
 
 
 def with_scanned_layers(c, passed: Scan, index: np.ndarray, shape: tuple | None = None):
     """Candidates ``c`` (the grid's layouts at flat ``index``; ``shape``: their sub-grid's, None
     for flat ones) with the layer counts the scan recorded for them: full recompute with the
     least N layers per chunk that fits, and a layout that fits only with activation offload with
-    its least N (Scan.recompute_layers, Scan.offload_layers; unchanged where none is recorded)."""
-    for name, layers in (("recompute_num_layers", passed.recompute_layers),
-                         ("offload_layers", passed.offload_layers)):
+    its least N (Scan.solved; unchanged where none is recorded)."""
+    for name, layers in passed.solved.items():
         n = layers.find(index)
         if np.any(n > 0):
             c = c.replace(**{name: n if shape is None else n.reshape(shape)})

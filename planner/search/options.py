@@ -46,7 +46,7 @@ SearchOptions.__doc__ = """Pins (a single allowed value) and bounds of the searc
 A field per axis of the layout (layout.axes.AXES: its pin) and per axis bound (max_tp, max_pp,
 max_micro_batch_size 64, max_vpp 16, max_cp 16, max_ep), then the search's own options. The
 distributed optimizer costs what ZeRO-1 costs, so unless pinned the search leaves it off and
-ZeRO-1 stands for both. A solved axis (recompute_num_layers, offload_layers) pinned is fixed
+ZeRO-1 stands for both. A solved axis (the recompute or the offloaded layers) pinned is fixed
 for every layout; free, the scan takes the least N that fits (cost.recompute, cost.offload:
 full recompute of the first N layers of each model chunk; activations of N layers in host
 memory where the framework offers it, pp 1 and no recomputation); 0: never. A pinned

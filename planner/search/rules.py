@@ -62,7 +62,6 @@ def constraint_masks(model: ModelSpec, training: TrainingSpec, nvlink_domain: in
             ~c.distributed_optimizer | (c.zero_stage == 0),
         UNEVEN_RULE: uneven_ok(L, c),
         RECOMPUTE_LAYERS_RULE: _recompute_layers_ok(L, c),
-        "offload_layers fewer than the layers": np.asarray(c.offload_layers) < L,
         **expert_rules(model, c),
     }
     masks.update(framework_masks(profile_for(training, framework), model, training, c))

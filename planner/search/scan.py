@@ -25,11 +25,11 @@ from . import objective
 from ..cost import evaluate
 from ..cost.estimate import states_floor
 from ..cost.estimate import memory_by_rank, rank_kinds
-from ..cost.offload import offload_candidates, offload_runs
+from ..cost.offload import offload_candidates, offload_runs, uses_host_memory
 from .least_layers import (offers_offload, offers_recompute_layers, record_least_layers,
                            record_least_offload, with_scanned_layers)
 from .options import SearchOptions
-from .state import FIT_RULE, GridLayers, Scan
+from .state import FIT_RULE, Scan
 from ..cost.collectives import nvlink_domain
 from ..layout.axes import KNOB_FIELDS
 from .grid import Grid, full
@@ -63,17 +63,17 @@ def scan(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, grid: Gr
     valid layouts, step time on the sub-grids that hold the fitting ones (``chunks``). When
     nothing fits, the closest miss is taken over every valid layout, the floor's included."""
     small = np.uint8 if model.num_layers < 256 else np.uint16
-    out = Scan(recompute_layers=GridLayers(grid.size, small), offload_layers=GridLayers(grid.size, small))
+    out = Scan.of_grid(grid.size, small)
     state, boxes = rules_pass(model, hw, training, grid, opts, out, usable)  # state: valid
     boxes = memory_pass(model, hw, training, grid, usable, state, boxes, out,  # state: fits
                         offers_recompute_layers(training, opts), offers_offload(hw, training, opts))
     if out.fitting == 0 and out.pruned.get(FIT_RULE, 0):  # the closest miss, of every valid layout
-        probe = Scan(offload_layers=GridLayers(grid.size, out.offload_layers.dtype))
+        probe = Scan.of_grid(grid.size, small)
         valid, every = rules_pass(model, hw, training, grid, opts, probe)
         memory_pass(model, hw, training, grid, usable, valid, every, probe,
                     choose_offload=offers_offload(hw, training, opts), most_offload=True)
         out.miss_index, out.miss_over = probe.miss_index, probe.miss_over
-        out.miss_offload = int(probe.offload_layers.find(np.array([max(probe.miss_index, 0)]))[0])
+        out.miss_layers = probe.layers_at(probe.miss_index)
     step_pass(model, hw, training, grid, opts, tokens, state, boxes, out)
     out.pruned.setdefault(FIT_RULE, 0)
     return out
@@ -90,7 +90,7 @@ def first_fit(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gri
     offload = offers_offload(hw, training, opts)
     for lo in range(0, grid.shape[0], rows):
         part = grid.rows(lo, lo + rows)
-        out = Scan(offload_layers=GridLayers(part.size))
+        out = Scan.of_grid(part.size)
         fits, boxes = rules_pass(model, hw, training, part, opts, out, usable)
         memory_pass(model, hw, training, part, usable, fits, boxes, out, choose_offload=offload)
         if out.fitting:  # memory_pass turned ``fits`` from valid into fitting
@@ -103,8 +103,8 @@ def step_pass(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gri
               out: Scan) -> None:
     """Step time and score of the fitting layouts (``fits``, flat over the grid), on the
     sub-grids of their ``boxes``; each sub-grid's best go to ``out.keep``. Full recompute is
-    timed with the least N layers per chunk that fits (``out.recompute_layers``, memory_pass),
-    a layout that fits only with activation offload with its least N (``out.offload_layers``)."""
+    timed with the least N layers per chunk that fits, a layout that fits only with activation
+    offload with its least N (``out.solved``, memory_pass)."""
     for rows, values in chunks(boxes, CHUNK):
         index = grid.index_of(rows, values)
         sub = grid.take(rows, values)
@@ -167,9 +167,9 @@ def memory_pass(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, g
     fit. Full recompute is tested with every layer recomputed (the most it saves); with
     ``choose_layers`` each fitting one gets the least N layers per chunk that fits
     (scan_layers.record_least_layers, from the same per-rank totals) in
-    ``out.recompute_layers``; with ``choose_offload`` a layout with pp 1 and no recomputation
+    ``out.solved``; with ``choose_offload`` a layout with pp 1 and no recomputation
     that does not fit is tested with the least activation offload that fits
-    (cost.offload.offload_layers_from_totals), recorded in ``out.offload_layers`` (with
+    (cost.offload), recorded in ``out.solved`` (with
     ``most_offload``, one that does not fit even so with the most the limits allow: the closest
     miss's probe). Returns the boxes of the fitting layouts."""
     fitting = [np.zeros_like(box) for box in boxes]
@@ -185,7 +185,7 @@ def memory_pass(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, g
         if np.any(candidates) and np.any(state[index] & (plain > usable) & full(candidates, sub.shape).ravel()):
             total = record_least_offload(model, hw, training, sub, c, totals, usable, index, plain, out,
                                          most_offload)
-        elif np.any(np.asarray(c.offload_layers) > 0):  # pinned: a rule of its own (HOST_RULE)
+        elif np.any(uses_host_memory(c)):  # pinned: a rule of its own (HOST_RULE)
             runs = full(offload_runs(model, hw, training, c), sub.shape).ravel()
             alive = state[index]
             out.pruned[HOST_RULE] = out.pruned.get(HOST_RULE, 0) + int(np.count_nonzero(alive & ~runs))

@@ -8,13 +8,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..layout.axes import SOLVED_FIELDS
+
 FIT_RULE = "does not fit in HBM"
 DEADLINE_RULE = "expected time to train beyond the deadline"
 
 
 @dataclass
 class GridLayers:
-    """A layer count (recompute_num_layers or offload_layers) of the layouts of a grid of ``size``
+    """The value of a solved axis (layout.axes: a layer count) of the layouts of a grid of ``size``
     layouts, by flat index (0 where none is recorded): one small integer per layout, allocated
     at the first non-zero one."""
 
@@ -49,20 +51,25 @@ class Scan:
     pool_index: list = field(default_factory=list)
     miss_index: int = -1
     miss_over: float = np.inf
-    miss_offload: int = 0  # offload_layers of the closest miss (the most its limits allow)
+    # the solved axes of the closest miss (where the probe chose them: the most activation
+    # offload its limits allow), as Candidates fields of length one
+    miss_layers: dict = field(default_factory=dict)
     fitting: int = 0
     fastest_index: int = -1  # with a deadline: the fitting layout with the shortest time to train
     fastest_s: float = np.inf
-    # full recompute: the least N layers per chunk that fits, of the fitting layouts with N > 0
-    recompute_layers: GridLayers = field(default_factory=GridLayers)
-    # no recomputation, pp 1: the least N layers offloaded to host memory that fits (cost.offload)
-    offload_layers: GridLayers = field(default_factory=GridLayers)
+    # per solved axis, the least value that fits of each fitting layout (search.least_layers)
+    solved: dict = field(default_factory=dict)
 
-    @property
-    def miss_layers(self) -> dict:
-        """The solved axes of the closest miss (its activation offload, where it has one), as
+    @classmethod
+    def of_grid(cls, size: int, dtype: type = np.uint16) -> "Scan":
+        """A Scan of a grid of ``size`` layouts with a GridLayers per solved axis."""
+        return cls(solved={name: GridLayers(size, dtype) for name in SOLVED_FIELDS})
+
+    def layers_at(self, index: int) -> dict:
+        """The solved axes recorded for the layout at flat ``index`` (the non-zero ones), as
         Candidates fields of length one."""
-        return {"offload_layers": np.array([self.miss_offload])} if self.miss_offload else {}
+        values = {name: int(g.find(np.array([max(index, 0)]))[0]) for name, g in self.solved.items()}
+        return {name: np.array([v]) for name, v in values.items() if v}
 
     def fit(self, total: np.ndarray, alive: np.ndarray, index: np.ndarray, usable: float) -> np.ndarray:
         """Record the fit test of the valid layouts (``alive``) of a sub-grid: ``total`` = their

@@ -80,13 +80,13 @@ def broken_rules(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, 
         if not alive.any():
             return [_together(rule, ok, rules[:i], prefix, grid.shape)]
         prefix.append(alive)
-    if opts.offload_layers:  # a pinned offload within the host memory and the host link's room
-        runs = np.broadcast_to(offload_runs(model, hw, training, grid.candidates()), grid.shape)
-        if not (runs & alive).any():
-            try:
-                check_host_memory(model, hw, training, grid.flat(np.flatnonzero(alive.ravel())[:1]))
-            except UsageError as exc:
-                return [str(exc)]
+    # a pinned activation offload within the host memory and the host link's room
+    runs = np.broadcast_to(offload_runs(model, hw, training, grid.candidates()), grid.shape)
+    if not (runs & alive).any():
+        try:
+            check_host_memory(model, hw, training, grid.flat(np.flatnonzero(alive.ravel())[:1]))
+        except UsageError as exc:
+            return [str(exc)]
     return []
 
 
