@@ -146,7 +146,9 @@ def test_megatron_llama3_70b_gqa_swiglu_fsdp():
     assert flags["--use-megatron-fsdp"] is None
     assert flags["--data-parallel-sharding-strategy"] == "optim_grads_params"
     assert flags["--recompute-granularity"] == "selective" and "--recompute-method" not in flags
-    assert "--use-distributed-optimizer" not in flags
+    # Megatron-FSDP v1 runs the distributed optimizer (Megatron-LM's examples/megatron_fsdp
+    # scripts pass both flags; arguments.py @d98e8a64 L1127-1135 turns it on when missing)
+    assert "--use-distributed-optimizer" in flags and "--no-gradient-accumulation-fusion" in flags
     assert "--num-layers-per-virtual-pipeline-stage" not in flags  # vpp = 1
 
 
@@ -194,7 +196,10 @@ def test_nemo_zero2_is_megatron_fsdp_optim_grads():
     fields = flatten(yaml.safe_load(export_plan(plan, "nemo").text))
     assert fields["ddp.use_megatron_fsdp"] is True
     assert fields["ddp.data_parallel_sharding_strategy"] == "optim_grads"
-    assert fields["ddp.use_distributed_optimizer"] is False
+    # Megatron-FSDP v1 runs the distributed optimizer (Megatron-Bridge training/config.py
+    # @067f987df03b L1081-1085 turns both fields on)
+    assert fields["ddp.use_distributed_optimizer"] is True
+    assert fields["optimizer.use_distributed_optimizer"] is True
     assert fields["model.virtual_pipeline_model_parallel_size"] is None
 
 
