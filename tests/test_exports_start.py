@@ -7,17 +7,24 @@ Sources read for these tests:
        docs/user-guide/features/megatron_fsdp.md, examples/megatron_fsdp/*.sh,
        megatron/core/transformer/moe/token_dispatcher.py
   MB   NVIDIA-NeMo/Megatron-Bridge @067f987df03b src/megatron/bridge/training/config.py
+  TT   torchtitan 0.2.2 and 0.3.0 as released on PyPI (the wheels; the names read in them are
+       tests/data/torchtitan_0.2_toml_options.txt and torchtitan_0.3_options.txt)
 """
 
 from __future__ import annotations
 
+import tomllib
+
+import pytest
 import yaml
 
 from planner import __version__, catalog
+from planner.cost import precision
+from planner.errors import UsageError
 from planner.frameworks import export_plan
 from planner.specs import Layout, Plan, TrainingSpec
 from tests import megatron_rules as rules
-from tests.test_frameworks import BRIDGE, MEGATRON, flatten
+from tests.test_frameworks import BRIDGE, MEGATRON, TITAN_02, TITAN_03, flatten, titan_overrides
 
 
 def make(model: str, gpus: int, hw: str = "dgx-h100", training: dict | None = None,
@@ -118,3 +125,97 @@ def test_environment_of_ep_overlap_beside_tp_names_the_conflict():
     text = comments(export_plan(plan, "megatron").text)
     assert "environment: export CUDA_DEVICE_MAX_CONNECTIONS=32" in text
     assert "environment conflict: tp=2 cp=1" in text and "EP overlap" in text
+
+
+# --- 2. torchtitan: every key the release's config dataclasses have -----------------------------
+
+# The values torchtitan 0.2.2 types as Literal, for the fields plan3d writes (torchtitan-0.2.2
+# wheel, torchtitan/config/job_config.py: Training.mixed_precision_param / _reduce,
+# ActivationCheckpoint.mode, Checkpoint.async_mode, Float8Linear.recipe_name,
+# MXGroupedMM.recipe_name; converter names: components/quantization/float8.py L238-239,
+# mx.py L171-172)
+TITAN_022_VALUES = {
+    "training.mixed_precision_param": {"bfloat16", "float32"},
+    "training.mixed_precision_reduce": {"float32"},
+    "activation_checkpoint.mode": {"selective", "full", "memory_budget", "none"},
+    "checkpoint.async_mode": {"disabled", "async", "async_with_pinned_mem"},
+    "quantize.linear.float8.recipe_name": {"tensorwise", "rowwise", "rowwise_with_gw_hp"},
+    "quantize.grouped_mm.mx.recipe_name": {"mxfp8"},
+}
+CONVERTERS_022 = {"quantize.linear.float8", "quantize.grouped_mm.float8", "quantize.linear.mx",
+                  "quantize.grouped_mm.mx"}
+ZERO3 = dict(pp=1, zero_stage=3, micro_batch_size=1)
+TITAN_PLANS = [
+    make("llama3-8b", 16, tp=2, dp=8, sequence_parallel=True, **ZERO3),
+    make("llama3-8b", 16, tp=1, pp=1, dp=16, zero_stage=0, micro_batch_size=1, recompute="selective"),
+    make("llama3-70b", 64, tp=8, pp=4, dp=2, vpp=2, zero_stage=3, micro_batch_size=1,
+         sequence_parallel=True, recompute="full"),
+    make("qwen3-30b-a3b", 16, tp=2, dp=8, ep=8, etp=1, sequence_parallel=True, **ZERO3),
+    make("llama3-8b", 16, training={"precision": "fp8"}, tp=1, dp=16, **ZERO3),
+    make("qwen3-30b-a3b", 16, hw="dgx-b200", training={"precision": "mxfp8"}, tp=1, dp=16, ep=8,
+         etp=1, **ZERO3),
+]
+
+
+def test_torchtitan_toml_parses_into_torchtitan_022_config():
+    for plan in TITAN_PLANS:
+        text = export_plan(plan, "torchtitan", "toml").text
+        assert text.startswith("# torchtitan 0.2.2 job file")  # the release it targets
+        assert "pip install torchtitan==0.2.2" in comments(text)
+        data = flatten(tomllib.loads(text))
+        # ConfigManager._dict_to_dataclass refuses any key its dataclasses lack
+        assert set(data) <= TITAN_02, set(data) - TITAN_02
+        for key, allowed in TITAN_022_VALUES.items():
+            assert key not in data or data[key] in allowed, (key, data[key])
+        assert set(data.get("model.converters", [])) <= CONVERTERS_022
+        assert data["checkpoint.enable"] is True  # Checkpoint.enable, not enable_checkpoint
+        if data.get("parallelism.expert_parallel_degree", 1) > 1:  # parallel_dims.py L58-59
+            assert data["parallelism.expert_tensor_parallel_degree"] in \
+                (1, data["parallelism.tensor_parallel_degree"])
+
+
+def test_torchtitan_refuses_bf16_gradient_reduction():
+    # training.mixed_precision_reduce is Literal["float32"] in 0.2.2 (job_config.py Training)
+    # and 0.3.0 (configs.py TrainingConfig): a plan that reduces in bf16 has no spelling
+    plan = make("llama3-8b", 16, training={"grad_bytes": 2}, tp=1, dp=16, **ZERO3)
+    for fmt in ("toml", "overrides"):
+        with pytest.raises(UsageError, match="float32 only"):
+            export_plan(plan, "torchtitan", fmt)
+
+
+def test_torchtitan_overrides_use_torchtitan_030_names():
+    for plan in TITAN_PLANS:
+        if plan.training.precision == "fp8":
+            continue  # refused by 0.3.0 (test_fp8_is_named_and_exported_as_the_costed_recipe)
+        text = export_plan(plan, "torchtitan").text
+        assert text.startswith("# torchtitan 0.3.0 command-line overrides")
+        assert "pip install torchtitan==0.3.0" in comments(text)
+        o = titan_overrides(text)
+        assert set(o) <= TITAN_03, set(o) - TITAN_03
+        # the activation-checkpoint subcommand is the last token (tyro parses it last)
+        assert text.rstrip().splitlines()[-1] == f"activation-checkpoint:{plan.layout.recompute}"
+
+
+# --- 4. FP8 in torchtitan: one recipe name, the one the cost model charged -------------------------
+
+def test_fp8_is_named_and_exported_as_the_costed_recipe():
+    # what the cost model charges for fp8 (planner/cost/precision.py): no scale bytes per
+    # element (one scale per tensor) and the per-tensor GEMM rate (kernel factor 1): per-tensor
+    # current scaling, which torchao calls "tensorwise" (torchao Float8LinearRecipeName); its
+    # rowwise recipe has one scale per row and another GEMM
+    assert precision.SCALE_BYTES["fp8"] == 0.0 and precision.RECIPE_GEMM_FACTOR["fp8"] == 1.0
+    plan = make("llama3-8b", 16, training={"precision": "fp8"}, tp=1, dp=16, **ZERO3)
+    toml = export_plan(plan, "torchtitan", "toml").text
+    assert tomllib.loads(toml)["quantize"]["linear"]["float8"]["recipe_name"] == "tensorwise"
+    assert "fp8: per-tensor scaling (torchao tensorwise)" in comments(toml)
+    assert "rowwise" not in toml
+    # 0.3.0 has no tensorwise recipe (float8.py Float8LinearConverter.Config recipe_name:
+    # Literal["rowwise", "rowwise_with_gw_hp"]): refused, naming the costed recipe and the way out
+    with pytest.raises(UsageError, match=r"only rowwise float8 recipes.*per-tensor scaling "
+                                         r"\(torchao tensorwise\).*--torchtitan-format toml"):
+        export_plan(plan, "torchtitan")
+    # 0.2.2 quantizes experts with rowwise float8 only (Float8GroupedMMConverter): refused
+    moe = make("qwen3-30b-a3b", 16, training={"precision": "fp8"}, tp=1, dp=16, ep=8, etp=1,
+               **ZERO3)
+    with pytest.raises(UsageError, match="experts with rowwise float8 only"):
+        export_plan(moe, "torchtitan", "toml")
