@@ -13,6 +13,7 @@ Sources read for these tests:
 
 from __future__ import annotations
 
+import json
 import tomllib
 
 import pytest
@@ -219,3 +220,55 @@ def test_fp8_is_named_and_exported_as_the_costed_recipe():
                **ZERO3)
     with pytest.raises(UsageError, match="experts with rowwise float8 only"):
         export_plan(moe, "torchtitan", "toml")
+
+
+# --- 6. Every exported line within 80 columns, the output still valid -------------------------------
+
+COLUMNS = 80
+WIDE_PLANS = [  # long comments: Megatron-FSDP, MoE with every job setting, MLA, windows, sinks
+    make("llama3-70b", 64, zero_stage=2, first_stage_layers=18, last_stage_layers=20,
+         **dict(FSDP, pp=4)),
+    make("deepseek-v3", 1024, training={"moe_dispatcher": "flex", "moe_a2a_overlap": True,
+                                        "cross_entropy_in_place": True,
+                                        "moe_activation_offload": True},
+         tp=2, pp=8, dp=64, ep=64, etp=1, vpp=2, zero_stage=1, micro_batch_size=1,
+         sequence_parallel=True, recompute="selective+"),
+    make("gpt-oss-20b", 16, tp=1, pp=1, dp=16, ep=8, zero_stage=1, micro_batch_size=1),
+    make("bloom-176b", 64, tp=8, dp=8, sequence_parallel=True, **ZERO3),
+] + TITAN_PLANS
+
+
+def unbreakable(line: str) -> bool:
+    """A line that no wrapping can shorten: one word after the comment mark (a long flag value
+    or Hydra override), or a flag with its one value (shell)."""
+    words = line.lstrip("#").strip().rstrip("\\").split()
+    return len(words) == 1 or (len(words) == 2 and words[0].startswith("--"))
+
+
+def exports_of(plan: Plan):
+    """(target, format, Export) for every target and format that runs ``plan``."""
+    for target, fmt in (("megatron", None), ("nemo", None), ("deepspeed", None),
+                        ("torchtitan", "overrides"), ("torchtitan", "toml")):
+        try:
+            yield target, fmt, export_plan(plan, target, *([fmt] if fmt else []))
+        except UsageError:
+            continue  # what the framework cannot run (test_frameworks covers the refusals)
+
+
+def test_every_exported_line_fits_80_columns_and_parses():
+    seen = set()
+    for plan in WIDE_PLANS:
+        for target, fmt, exp in exports_of(plan):
+            seen.add((target, fmt))
+            long = [ln for ln in exp.text.splitlines() if len(ln) > COLUMNS]
+            assert all(unbreakable(ln) for ln in long), (target, fmt, long)
+            # still what the framework's parser reads
+            if target == "megatron":
+                rules.parse(exp.text)
+            elif target == "nemo":
+                yaml.safe_load(exp.text)
+            elif target == "deepspeed":
+                json.loads(exp.text)
+            elif fmt == "toml":
+                tomllib.loads(exp.text)
+    assert len(seen) == 5  # every exporter and format was exercised

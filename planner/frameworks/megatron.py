@@ -353,6 +353,6 @@ def export_megatron(plan: Plan) -> Export:
                         f"schedule runs them in groups of {microbatch_group(m, lay.pp)} (the "
                         f"estimate holds that many more forwards in flight)")
     lines = [flag if value is None else f"{flag} {value}" for flag, value in args]
-    text = "".join(f"# {c}\n" for c in comments) + " \\\n".join(lines) + "\n"
+    text = comment_lines(comments) + " \\\n".join(lines) + "\n"
     notes = [CROSS_ENTROPY_NOTE] if plan.training.cross_entropy_in_place else []
     return Export("megatron", text, notes=notes, keys=[flag for flag, _ in args])

@@ -260,7 +260,9 @@ def export_nemo(plan: Plan) -> Export:
                         "training/config.py L1081-1085 @067f987df03b) and "
                         "model.gradient_accumulation_fusion false (as Bridge's FSDP performance "
                         "recipes set it: perf_recipes/llama/gb200/llama3.py L226)")
-    body = yaml.dump(fields, Dumper=_FlowScalarListsDumper, sort_keys=False, default_flow_style=False)
+    # PyYAML breaks a flow list after the column passes width: 76 keeps its lines within 80
+    body = yaml.dump(fields, Dumper=_FlowScalarListsDumper, sort_keys=False,
+                     default_flow_style=False, width=76)
     keys = [f"{section}.{k}" if isinstance(v, dict) else section
             for section, v in fields.items() for k in (v if isinstance(v, dict) else [section])]
-    return Export("nemo", "".join(f"# {c}\n" for c in comments) + body, keys=keys)
+    return Export("nemo", comment_lines(comments) + body, keys=keys)
