@@ -110,6 +110,25 @@ def megatron_args(plan: Plan) -> list[tuple[str, str | None]]:
     ] + [("--ffn-hidden-size", str(model.ffn))] * has_dense_mlp(model) + [
         ("--num-attention-heads", str(model.num_attention_heads)),
     ]
+    args += shape_args(model)
+    args += [("--attention-dropout", f"{model.dropout:g}"), ("--hidden-dropout", f"{model.dropout:g}")]
+    args.append(("--bf16", None) if tr.dtype == "bf16" else ("--fp16", None))
+    if tr.grad_bytes == 2:
+        args.append(("--grad-reduce-in-bf16", None))
+    if tr.overlap_grad_reduce:
+        args.append(("--overlap-grad-reduce", None))
+        if lay.sharding_stage >= 1:
+            args.append(("--overlap-param-gather", None))
+    if not tr.flash_attention:
+        args.append(("--attention-backend", "unfused"))
+    return args + fp8_args(plan) + model_args(plan)[0] + checkpoint_args(plan, save_interval(plan))
+
+
+def shape_args(model) -> list[tuple[str, str | None]]:
+    """The model-shape flags after the widths: GQA groups, --kv-channels where the head
+    width is not h/a, activation, norm, biases, positions (RoPE base and rotary share),
+    untied embeddings."""
+    args: list[tuple[str, str | None]] = []
     if model.kv_heads != model.num_attention_heads:
         args += [("--group-query-attention", None), ("--num-query-groups", str(model.kv_heads))]
     if model.kv_channels != model.hidden_size // model.num_attention_heads or \
@@ -127,17 +146,7 @@ def megatron_args(plan: Plan) -> list[tuple[str, str | None]]:
         args.append(("--rotary-percent", f"{model.rotary_percent:g}"))
     if not model.tie_embeddings:
         args.append(("--untie-embeddings-and-output-weights", None))
-    args += [("--attention-dropout", f"{model.dropout:g}"), ("--hidden-dropout", f"{model.dropout:g}")]
-    args.append(("--bf16", None) if tr.dtype == "bf16" else ("--fp16", None))
-    if tr.grad_bytes == 2:
-        args.append(("--grad-reduce-in-bf16", None))
-    if tr.overlap_grad_reduce:
-        args.append(("--overlap-grad-reduce", None))
-        if lay.sharding_stage >= 1:
-            args.append(("--overlap-param-gather", None))
-    if not tr.flash_attention:
-        args.append(("--attention-backend", "unfused"))
-    return args + fp8_args(plan) + model_args(plan)[0] + checkpoint_args(plan, save_interval(plan))
+    return args
 
 
 def fsdp_args(zero_stage: int) -> list[tuple[str, str | None]]:
