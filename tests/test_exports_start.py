@@ -22,7 +22,8 @@ import yaml
 from planner import __version__, catalog
 from planner.cost import precision
 from planner.errors import UsageError
-from planner.frameworks import export_plan
+from planner.frameworks import TARGETS, export_plan
+from planner.frameworks.profile import resolve_training
 from planner.specs import Layout, Plan, TrainingSpec
 from tests import megatron_rules as rules
 from tests.test_frameworks import BRIDGE, MEGATRON, TITAN_02, TITAN_03, flatten, titan_overrides
@@ -177,8 +178,10 @@ def test_torchtitan_toml_parses_into_torchtitan_022_config():
 
 def test_torchtitan_refuses_bf16_gradient_reduction():
     # training.mixed_precision_reduce is Literal["float32"] in 0.2.2 (job_config.py Training)
-    # and 0.3.0 (configs.py TrainingConfig): a plan that reduces in bf16 has no spelling
-    plan = make("llama3-8b", 16, training={"grad_bytes": 2}, tp=1, dp=16, **ZERO3)
+    # and 0.3.0 (configs.py TrainingConfig): a torchtitan plan that reduces in bf16 has no
+    # spelling (a plan of another framework gets float32 and the re-plan note)
+    plan = make("llama3-8b", 16, training={"grad_bytes": 2, "framework": "torchtitan"}, tp=1,
+                dp=16, **ZERO3)
     for fmt in ("toml", "overrides"):
         with pytest.raises(UsageError, match="float32 only"):
             export_plan(plan, "torchtitan", fmt)
@@ -272,3 +275,46 @@ def test_every_exported_line_fits_80_columns_and_parses():
             elif fmt == "toml":
                 tomllib.loads(exp.text)
     assert len(seen) == 5  # every exporter and format was exercised
+
+
+# --- 3. An export's notes never advise what the plan already is ----------------------------------
+
+# the framework each export target runs (README "Into the training stack": nemo is Megatron-Bridge,
+# which builds Megatron-Core; megatron-core's exporter is megatron)
+RUNS = {"megatron": "megatron-core", "nemo": "megatron-core", "deepspeed": "deepspeed",
+        "torchtitan": "torchtitan"}
+
+
+def made_for(framework: str, **layout) -> Plan:
+    """A Llama 3 8B plan on 16 H100 made for ``framework`` (its profile's training facts)."""
+    profile = catalog.resolve_framework(framework)
+    plan = make("llama3-8b", 16, **layout)
+    return plan.model_copy(update={"training": resolve_training(plan.training, profile),
+                                   "framework": profile})
+
+
+def test_notes_never_advise_the_plans_own_framework():
+    ddp = dict(tp=1, pp=1, dp=16, zero_stage=0, micro_batch_size=1)  # every framework runs it
+    for framework in ("megatron-core", "deepspeed", "torchtitan"):
+        plan = made_for(framework, **ddp)
+        names = {framework, *catalog.resolve_framework(framework).aliases}
+        for target in TARGETS:
+            exp = export_plan(plan, target)
+            said = " ".join(exp.notes) + " " + comments(exp.text)
+            assert not any(f"--framework {n}" in said for n in names), (framework, target)
+            # another framework's runtime: the note says which framework to re-plan with
+            assert (f"re-plan with --framework {RUNS[target]}" in said) == \
+                (RUNS[target] != framework), (framework, target)
+
+
+def test_a_refusal_of_the_plans_own_framework_does_not_advise_it():
+    # a torchtitan plan edited to ZeRO-1, which torchtitan does not offer (its profile's rules)
+    plan = made_for("torchtitan", tp=1, pp=1, dp=16, zero_stage=1, micro_batch_size=1)
+    with pytest.raises(UsageError) as refused:
+        export_plan(plan, "torchtitan")
+    assert "ZeRO stages 0, 3" in str(refused.value)
+    assert "--framework torchtitan" not in str(refused.value)
+    # made for megatron-core, the same plan's refusal does point at torchtitan's search
+    with pytest.raises(UsageError, match="search with --framework torchtitan"):
+        export_plan(made_for("megatron-core", tp=1, pp=1, dp=16, zero_stage=1,
+                             micro_batch_size=1), "torchtitan")

@@ -74,10 +74,7 @@ def torchtitan_settings(plan: Plan, fmt: str) -> tuple[dict[str, dict[str, objec
     lay, tr = plan.layout, plan.training
     notes: list[str] = []
     if tr.grad_bytes != 4:
-        raise UsageError("torchtitan reduces gradients in float32 only (training."
-                         "mixed_precision_reduce is Literal['float32'] in 0.2.2 job_config.py "
-                         "and 0.3.0 configs.py); the plan has bf16 gradients: plan with "
-                         "--grad-dtype fp32")
+        _bf16_gradients(plan, notes)
     par, local = _parallelism(plan, fmt, notes)
     training = {"local_batch_size": local, "global_batch_size": tr.global_batch_size,
                 "seq_len": tr.seq_length, "mixed_precision_param": "bfloat16",
@@ -100,6 +97,21 @@ def torchtitan_settings(plan: Plan, fmt: str) -> tuple[dict[str, dict[str, objec
     notes.append(no_connections_requirement("torchtitan"))
     return {"training": training, "parallelism": par, **_precision(plan, fmt, notes),
             **_checkpoint(plan, fmt, notes), "activation_checkpoint": ac}, notes
+
+
+def _bf16_gradients(plan: Plan, notes: list[str]) -> None:
+    """torchtitan reduces gradients in float32 only (training.mixed_precision_reduce is
+    Literal["float32"] in 0.2.2 job_config.py and 0.3.0 configs.py): UsageError for a plan
+    costed for torchtitan with bf16 gradients (--grad-dtype bf16); a note for a plan of
+    another framework's runtime (whose re-plan note export_plan adds)."""
+    from .rules import profile_for
+    if profile_for(plan.training, plan.framework).export == "torchtitan":
+        raise UsageError("torchtitan reduces gradients in float32 only (training."
+                         "mixed_precision_reduce is Literal['float32'] in 0.2.2 job_config.py "
+                         "and 0.3.0 configs.py); the plan has bf16 gradients: plan with "
+                         "--grad-dtype fp32")
+    notes.append("gradients: torchtitan reduces them in float32 only (mixed_precision_reduce); "
+                 "the plan's bf16 gradients are its own framework's")
 
 
 def _parallelism(plan: Plan, fmt: str, notes: list[str]) -> tuple[dict[str, object], int]:
