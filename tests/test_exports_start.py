@@ -318,3 +318,29 @@ def test_a_refusal_of_the_plans_own_framework_does_not_advise_it():
     with pytest.raises(UsageError, match="search with --framework torchtitan"):
         export_plan(made_for("megatron-core", tp=1, pp=1, dp=16, zero_stage=1,
                              micro_batch_size=1), "torchtitan")
+
+
+# --- 7. The flex dispatcher where Megatron-Core's DeepEP refuses it --------------------------------
+
+def test_flex_deepep_over_one_expert_rank_is_refused_with_megatrons_assertion():
+    # MLM megatron/core/transformer/moe/token_dispatcher.py L1836: MoEFlexTokenDispatcher with
+    # the deepep backend asserts tp_size * ep_size > 1, "DeepEP dispatcher requires TPxEP > 1",
+    # where tp_size is the expert TP group's (pg_collection.expt_tp, L86-89); plan3d writes
+    # deepep where the NVLink domain is one host (DGX H100)
+    flex = {"moe_dispatcher": "flex"}
+    single = make("olmoe-1b-7b", 8, training=flex, tp=1, pp=1, dp=8, ep=1, etp=1, zero_stage=1,
+                  micro_batch_size=1)
+    for target in ("megatron", "nemo"):
+        with pytest.raises(UsageError, match=r'"DeepEP dispatcher requires TPxEP > 1"'):
+            export_plan(single, target)
+    # attention TP does not count: the assertion is on the expert TP (etp = 1 here)
+    tp2 = make("olmoe-1b-7b", 8, training=flex, tp=2, pp=1, dp=4, ep=1, etp=1, zero_stage=1,
+               micro_batch_size=1, sequence_parallel=True)
+    with pytest.raises(UsageError, match="TPxEP > 1"):
+        export_plan(tp2, "megatron")
+    # etp x ep = 2: DeepEP runs
+    ep2 = make("olmoe-1b-7b", 8, training=flex, tp=1, pp=1, dp=8, ep=2, etp=1, zero_stage=1,
+               micro_batch_size=1)
+    args = rules.parse(export_plan(ep2, "megatron").text)
+    assert (args["moe_token_dispatcher_type"], args["moe_flex_dispatcher_backend"]) == \
+        ("flex", "deepep")
