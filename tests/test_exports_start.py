@@ -13,19 +13,24 @@ Sources read for these tests:
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import tomllib
+from pathlib import Path
 
 import pytest
 import yaml
 
-from planner import __version__, catalog
+from planner import __version__, catalog, outputs
 from planner.cost import precision
 from planner.errors import UsageError
 from planner.frameworks import TARGETS, export_plan
 from planner.frameworks.profile import resolve_training
 from planner.specs import Layout, Plan, TrainingSpec
 from tests import megatron_rules as rules
+from tests.cli_errors import one_line_error, runner
+from planner.cli import app
 from tests.test_frameworks import BRIDGE, MEGATRON, TITAN_02, TITAN_03, flatten, titan_overrides
 
 
@@ -344,3 +349,81 @@ def test_flex_deepep_over_one_expert_rank_is_refused_with_megatrons_assertion():
     args = rules.parse(export_plan(ep2, "megatron").text)
     assert (args["moe_token_dispatcher_type"], args["moe_flex_dispatcher_backend"]) == \
         ("flex", "deepep")
+
+
+# --- 5. No command overwrites its own input, even with --force ------------------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def plan_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("plan") / "plan.yaml"
+    res = runner.invoke(app, ["search", "--model", "llama3-8b", "--gpus", "8", "--export", str(path)])
+    assert res.exit_code == 0, res.stderr
+    return path
+
+
+def test_export_never_writes_over_its_plan(plan_file, tmp_path):
+    plan = tmp_path / "plan.yaml"
+    plan.write_bytes(plan_file.read_bytes())
+    before = plan.read_bytes()
+    link, hard = tmp_path / "link.args", tmp_path / "hard.args"
+    link.symlink_to(plan)
+    os.link(plan, hard)
+    (tmp_path / "sub").mkdir()
+    for out in (plan, link, hard, tmp_path / "sub" / ".." / "plan.yaml"):
+        for force in (["--force"], []):  # without --force too: not "pass --force" advice
+            line = one_line_error(["export", str(plan), "-o", str(out), *force])
+            assert "is this command's input" in line and "even with --force" in line, line
+    # a framework profile file given with --to is an input as well
+    profile = tmp_path / "mcore.yaml"
+    profile.write_bytes((ROOT / "framework_profiles" / "megatron-core.yaml").read_bytes())
+    line = one_line_error(["export", str(plan), "--to", str(profile), "-o", str(profile), "--force"])
+    assert "is this command's input" in line
+    assert plan.read_bytes() == before
+    # another file is written as before
+    res = runner.invoke(app, ["export", str(plan), "-o", str(tmp_path / "out.args")])
+    assert res.exit_code == 0 and (tmp_path / "out.args").read_text().startswith("# Megatron-LM")
+
+
+def test_calibrate_never_writes_over_its_runs_or_hardware_file(tmp_path):
+    runs = tmp_path / "runs.yaml"
+    runs.write_bytes((ROOT / "benchmarks" / "published_runs.yaml").read_bytes())
+    hw = tmp_path / "hw.yaml"
+    hw.write_bytes((ROOT / "hardware_profiles" / "dgx-h100.yaml").read_bytes())
+    for out, hardware in ((runs, "dgx-h100"), (hw, str(hw))):
+        line = one_line_error(["calibrate", str(runs), "--hardware", hardware, "-o", str(out),
+                               "--force", "--no-loo"])
+        assert f"--output {out} is this command's input" in line
+    assert runs.read_bytes() == (ROOT / "benchmarks" / "published_runs.yaml").read_bytes()
+    assert hw.read_bytes() == (ROOT / "hardware_profiles" / "dgx-h100.yaml").read_bytes()
+
+
+def test_validate_never_writes_its_measurements_over_the_plan(plan_file, tmp_path):
+    pytest.importorskip("torch")  # validate runs only with PyTorch installed
+    plan = tmp_path / "plan.yaml"
+    plan.write_bytes(plan_file.read_bytes())
+    line = one_line_error(["validate", str(plan), "--local", "--out", str(plan), "--force"])
+    assert "is this command's input" in line
+
+
+# --- 8. A write that fails names the path and exits 2 -----------------------------------------------
+
+def test_an_output_name_too_long_is_one_line_naming_it(plan_file, tmp_path):
+    # a 300-character file name: the system refuses it (ENAMETOOLONG, NAME_MAX 255 on Linux)
+    long = tmp_path / ("x" * 300 + ".args")
+    for args in (["export", str(plan_file), "-o", str(long)],
+                 ["search", "--model", "llama3-8b", "--gpus", "8", "--export", str(long)],
+                 ["calibrate", str(ROOT / "benchmarks" / "published_runs.yaml"), "--hardware",
+                  "dgx-h100", "-o", str(long), "--no-loo"]):
+        line = one_line_error(args)
+        assert line.startswith(f"error: cannot write {long}") and "too long" in line, line
+
+
+def test_a_failed_write_to_stdout_names_stdout(monkeypatch):
+    def full(_data):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr("planner.render.console.write_stdout", full)
+    with pytest.raises(UsageError, match="cannot write stdout: No space left on device"):
+        outputs.write(Path("-"), "text", force=False)
