@@ -49,7 +49,7 @@ def comments(text: str) -> str:
     return " ".join(ln.lstrip("#").strip() for ln in text.splitlines() if ln.startswith("#"))
 
 
-# --- 1. Megatron-FSDP: the flags and the environment it needs -----------------------------------
+# --- 1. Megatron-FSDP: the flags and the environment it needs ------------------------------------
 
 # Llama 3 70B, ZeRO-2 and ZeRO-3 on 64 H100 with tp=2 cp=2 (the layout family the search picks)
 FSDP = dict(tp=2, cp=2, pp=4, dp=4, micro_batch_size=1, sequence_parallel=True)
@@ -134,7 +134,7 @@ def test_environment_of_ep_overlap_beside_tp_names_the_conflict():
     assert "environment conflict: tp=2 cp=1" in text and "EP overlap" in text
 
 
-# --- 2. torchtitan: every key the release's config dataclasses have -----------------------------
+# --- 2. torchtitan: every key the release's config dataclasses have ------------------------------
 
 # The values torchtitan 0.2.2 types as Literal, for the fields plan3d writes (torchtitan-0.2.2
 # wheel, torchtitan/config/job_config.py: Training.mixed_precision_param / _reduce,
@@ -154,7 +154,8 @@ CONVERTERS_022 = {"quantize.linear.float8", "quantize.grouped_mm.float8", "quant
 ZERO3 = dict(pp=1, zero_stage=3, micro_batch_size=1)
 TITAN_PLANS = [
     make("llama3-8b", 16, tp=2, dp=8, sequence_parallel=True, **ZERO3),
-    make("llama3-8b", 16, tp=1, pp=1, dp=16, zero_stage=0, micro_batch_size=1, recompute="selective"),
+    make("llama3-8b", 16, tp=1, pp=1, dp=16, zero_stage=0, micro_batch_size=1,
+         recompute="selective"),
     make("llama3-70b", 64, tp=8, pp=4, dp=2, vpp=2, zero_stage=3, micro_batch_size=1,
          sequence_parallel=True, recompute="full"),
     make("qwen3-30b-a3b", 16, tp=2, dp=8, ep=8, etp=1, sequence_parallel=True, **ZERO3),
@@ -205,7 +206,7 @@ def test_torchtitan_overrides_use_torchtitan_030_names():
         assert text.rstrip().splitlines()[-1] == f"activation-checkpoint:{plan.layout.recompute}"
 
 
-# --- 4. FP8 in torchtitan: one recipe name, the one the cost model charged -------------------------
+# --- 4. FP8 in torchtitan: one recipe name, the one the cost model charged -----------------------
 
 def test_fp8_is_named_and_exported_as_the_costed_recipe():
     # what the cost model charges for fp8 (planner/cost/precision.py): no scale bytes per
@@ -230,7 +231,7 @@ def test_fp8_is_named_and_exported_as_the_costed_recipe():
         export_plan(moe, "torchtitan", "toml")
 
 
-# --- 6. Every exported line within 80 columns, the output still valid -------------------------------
+# --- 6. Every exported line within 80 columns, the output still valid ----------------------------
 
 COLUMNS = 80
 WIDE_PLANS = [  # long comments: Megatron-FSDP, MoE with every job setting, MLA, windows, sinks
@@ -325,7 +326,7 @@ def test_a_refusal_of_the_plans_own_framework_does_not_advise_it():
                              micro_batch_size=1), "torchtitan")
 
 
-# --- 7. The flex dispatcher where Megatron-Core's DeepEP refuses it --------------------------------
+# --- 7. The flex dispatcher where Megatron-Core's DeepEP refuses it ------------------------------
 
 def test_flex_deepep_over_one_expert_rank_is_refused_with_megatrons_assertion():
     # MLM megatron/core/transformer/moe/token_dispatcher.py L1836: MoEFlexTokenDispatcher with
@@ -351,7 +352,7 @@ def test_flex_deepep_over_one_expert_rank_is_refused_with_megatrons_assertion():
         ("flex", "deepep")
 
 
-# --- 5. No command overwrites its own input, even with --force ------------------------------------
+# --- 5. No command overwrites its own input, even with --force -----------------------------------
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -359,7 +360,8 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def plan_file(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("plan") / "plan.yaml"
-    res = runner.invoke(app, ["search", "--model", "llama3-8b", "--gpus", "8", "--export", str(path)])
+    res = runner.invoke(app, ["search", "--model", "llama3-8b", "--gpus", "8", "--export",
+                              str(path)])
     assert res.exit_code == 0, res.stderr
     return path
 
@@ -379,7 +381,8 @@ def test_export_never_writes_over_its_plan(plan_file, tmp_path):
     # a framework profile file given with --to is an input as well
     profile = tmp_path / "mcore.yaml"
     profile.write_bytes((ROOT / "framework_profiles" / "megatron-core.yaml").read_bytes())
-    line = one_line_error(["export", str(plan), "--to", str(profile), "-o", str(profile), "--force"])
+    line = one_line_error(["export", str(plan), "--to", str(profile), "-o", str(profile),
+                           "--force"])
     assert "is this command's input" in line
     assert plan.read_bytes() == before
     # another file is written as before
@@ -408,7 +411,7 @@ def test_validate_never_writes_its_measurements_over_the_plan(plan_file, tmp_pat
     assert "is this command's input" in line
 
 
-# --- 8. A write that fails names the path and exits 2 -----------------------------------------------
+# --- 8. A write that fails names the path and exits 2 --------------------------------------------
 
 def test_an_output_name_too_long_is_one_line_naming_it(plan_file, tmp_path):
     # a 300-character file name: the system refuses it (ENAMETOOLONG, NAME_MAX 255 on Linux)

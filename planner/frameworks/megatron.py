@@ -16,7 +16,12 @@ Mapping (plan field -> flag):
   ZeRO 0                 (plain DDP: no flag)
   ZeRO 1, distopt        --use-distributed-optimizer
   ZeRO 2 / 3             --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads /
-                         optim_grads_params (Megatron-FSDP; plain pretrain_gpt DDP has no ZeRO-2/3)
+                         optim_grads_params --use-distributed-optimizer
+                         --no-gradient-accumulation-fusion (Megatron-FSDP v1 as Megatron-LM's
+                         examples start it, fsdp_args; plain pretrain_gpt DDP has no ZeRO-2/3)
+  environment            a comment: CUDA_DEVICE_MAX_CONNECTIONS unset for Megatron-FSDP, 1 for
+                         TP/CP before Blackwell, 32 for EP overlap, and any conflict
+                         (connections, arguments.py L1166-1167, L1453-1479)
   recompute full         --recompute-granularity full --recompute-method uniform --recompute-num-layers 1
   recompute full, N      --recompute-granularity full --recompute-method block --recompute-num-layers N
                          (layout recompute_num_layers N: the first N layers of each model chunk)
@@ -192,8 +197,9 @@ def connections(plan: Plan) -> Connections:
     if fsdp:
         why = ["Megatron-FSDP asserts it is not 1 (arguments.py L1166-1167)"]
         if tp_cp:
-            why.append(f"environment conflict: {what} wants 1 (Megatron-LM asserts it for TP/CP before "
-                       "Blackwell, and only warns beside FSDP: arguments.py L1453-1465); "
+            why.append(f"environment conflict: {what} wants 1 (Megatron-LM asserts it for "
+                       "TP/CP before Blackwell, and only warns beside FSDP: arguments.py "
+                       "L1453-1465); "
                        "unset, the TP backward communication is not queued ahead of the "
                        "weight-gradient GEMM, so the TP overlap the estimate assumed may fall "
                        "short")
@@ -201,8 +207,9 @@ def connections(plan: Plan) -> Connections:
     if overlap:
         why = ["EP overlap needs it above 1 (megatron/core/transformer/moe/README.md L437)"]
         if tp_cp:
-            why.append(f"environment conflict: {what} wants 1, EP overlap more than 1; Megatron-LM only "
-                       "warns (arguments.py L1466-1475: 1 or 32 by which overlap matters "
+            why.append(f"environment conflict: {what} wants 1, EP overlap more than 1; "
+                       "Megatron-LM only warns (arguments.py L1466-1475: 1 or 32 by which "
+                       "overlap matters "
                        "more); 32 keeps the EP overlap the estimate assumed, and the TP "
                        "overlap may fall short")
         return Connections("32", "export CUDA_DEVICE_MAX_CONNECTIONS=32", why)

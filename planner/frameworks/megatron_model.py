@@ -62,7 +62,9 @@ The job settings of the TrainingSpec (job_args; written for MoE models where MoE
                                     --cross-entropy-loss-fusion with --cross-entropy-fusion-impl
                                     te (arguments.py L1697-1702, "stability issues"); a comment
                                     and a note say so (Megatron-Bridge writes it)
-Refused (UsageError): EP overlap with the allgather dispatcher or more than one MTP layer
+Refused (UsageError): the flex dispatcher's DeepEP backend with etp x ep = 1 (token_dispatcher.py
+L1836: "DeepEP dispatcher requires TPxEP > 1"); EP overlap with the allgather dispatcher or more
+than one MTP layer
 (transformer_config.py L3016-3019, L3042-3046); optimizer CPU offload beside FP8 parameter
 gathering (arguments.py L1888-1891); fine-grained beside whole-layer activation offloading
 (transformer_config.py L2127-2130); E not divisible by ep (arguments.py L1655-1658); biases in MoE with

@@ -19,6 +19,12 @@ Megatron-LM's CheckpointConfig (NVIDIA/Megatron-LM @ d98e8a64ddf3
 megatron/training/config/training_config.py) that Bridge's CheckpointConfig extends
 (NVIDIA-NeMo/Megatron-Bridge @ 067f987df03b src/megatron/bridge/training/config.py, which
 defaults use_persistent_ckpt_worker to True and asserts that async_save has ``save`` set).
+Megatron-FSDP (ZeRO-2/3): ddp.use_megatron_fsdp with the sharding strategy, the distributed
+optimizer on in ddp and optimizer (Bridge turns both on for Megatron-FSDP v1, training/config.py
+L1081-1085) and model.gradient_accumulation_fusion false (Bridge's FSDP performance recipes).
+Environment: ``env_vars`` CUDA_DEVICE_MAX_CONNECTIONS where the plan needs it
+(megatron.connections; ConfigContainer.env_vars, config.py L965 @067f987df03b).
+Comments are wrapped at 80 columns (common.comment_lines).
 """
 
 from __future__ import annotations
@@ -154,7 +160,8 @@ def env_comments(plan: Plan) -> list[str]:
     if env.value is None:
         return environment_comments(plan)
     if plan.layout.zero_stage in MEGATRON_FSDP_STRATEGY:
-        why = "Megatron-Bridge asserts it is not 1 with Megatron-FSDP (training/config.py L1110-1111)"
+        why = ("Megatron-Bridge asserts it is not 1 with Megatron-FSDP (training/config.py "
+               "L1110-1111)")
     elif env.value == "1":
         why = ("Megatron-Core's TP layers want it for the backward overlap the estimate assumed "
                "(tensor_parallel/layers.py L909-923 warn otherwise; Megatron-LM asserts it, "
