@@ -21,8 +21,9 @@ def export_cmd(
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write to FILE instead of "
                                           "stdout (- or /dev/stdout: stdout)."),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing --output file."),
-    torchtitan_format: Optional[str] = typer.Option(None, "--torchtitan-format",
-                                                    help="overrides (torchtitan 0.3, default) or toml (0.2.x)."),
+    torchtitan_format: Optional[str] = typer.Option(
+        None, "--torchtitan-format",
+        help="overrides (torchtitan 0.3.0, default) or toml (torchtitan 0.2.2)."),
 ) -> None:
     """Write a plan as a training framework's arguments or config."""
     from ..export import read_checked_plan
