@@ -7,6 +7,10 @@
   writes stdout, cannot go with it;
 - an existing regular file is never overwritten without ``--force``; a device or a pipe
   (``/dev/null``, ``>(gzip > x.gz)``) is not a file of the user's and is written to;
+- a command's input file is never its output, even with ``--force`` (``refuse_input``: the
+  same path, through symbolic links, or the same file through a hard link);
+- a destination that cannot be checked or written (no such directory, a name too long, no
+  permission, a full disk) is a UsageError naming the path (exit 2), stdout included;
 - an output the user did not name (validate's measurements) takes a name that is free
   (``measured.json``, else ``measured-2.json``, ...), and the command says which.
 """
@@ -14,6 +18,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from pathlib import Path
 
@@ -29,21 +34,50 @@ def is_stdout(path: Path | str | None) -> bool:
     return path is not None and str(path) in STDOUT_NAMES
 
 
+def same_file(a: Path, b: Path) -> bool:
+    """Whether ``a`` and ``b`` are one existing file: os.path.samefile (device and inode, after
+    following symbolic links), so a symbolic or hard link to a file is that file. False when
+    either does not exist or cannot be examined."""
+    try:
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except (OSError, ValueError):
+        return False
+
+
+def refuse_input(path: Path, inputs, flag: str = "--export") -> None:
+    """UsageError when the output ``path`` is one of the command's input files ``inputs``
+    (paths; None and stdout entries are skipped), whatever --force says: a command never
+    overwrites what it reads. ``flag`` names the output option in the message."""
+    if is_stdout(path):
+        return
+    for given in inputs:
+        if given is not None and not is_stdout(given) and same_file(Path(path), Path(given)):
+            same = "" if str(given) == str(path) else f" (the same file as {given})"
+            raise UsageError(f"{flag} {path} is this command's input{same}; it is never "
+                             "overwritten, even with --force: write to another file")
+
+
 def check_destination(path: Path, force: bool, flag: str = "--export",
-                      example: str = "plan.yaml") -> None:
+                      example: str = "plan.yaml", inputs=()) -> None:
     """UsageError unless ``path`` can be written: stdout, or a name (not '' or '.', not a
-    directory) in an existing directory that is not an existing regular file unless ``force``.
+    directory) in an existing directory that is neither one of the command's ``inputs``
+    (refuse_input, even with ``force``) nor an existing regular file unless ``force``. A path
+    the system cannot examine (a name too long, no permission) is a UsageError naming it.
     ``flag`` and ``example`` only word the message."""
     if is_stdout(path):
         return
     if str(path) in ("", "."):
         raise UsageError(f"{flag} needs a file name (or - for stdout), got {str(path)!r}")
-    if path.is_dir():
-        raise UsageError(f"{path} is a directory; give a file name such as {path / example}")
-    if path.is_file() and not force:
-        raise UsageError(f"{path} exists; pass --force to overwrite it")
-    if not path.exists() and not path.parent.is_dir():
-        raise UsageError(f"cannot write {path}: directory {path.parent} does not exist")
+    refuse_input(path, inputs, flag)
+    try:
+        if path.is_dir():
+            raise UsageError(f"{path} is a directory; give a file name such as {path / example}")
+        if path.is_file() and not force:
+            raise UsageError(f"{path} exists; pass --force to overwrite it")
+        if not path.exists() and not path.parent.is_dir():
+            raise UsageError(f"cannot write {path}: directory {path.parent} does not exist")
+    except OSError as exc:
+        raise UsageError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
 def refuse_json_too(path: Path | None, flag: str, json_out: bool) -> None:
@@ -66,9 +100,15 @@ def free_path(path: Path) -> Path:
 def write(path: Path, data: str | bytes, force: bool, flag: str = "--export",
           example: str = "plan.yaml") -> None:
     """Write ``data`` (text as UTF-8, or bytes) to ``path`` or stdout (check_destination first).
-    UsageError when it cannot be written."""
+    UsageError naming the path (or stdout) when it cannot be written; BrokenPipeError (the
+    reader of stdout left) is the caller's."""
     if is_stdout(path):
-        write_stdout(data)
+        try:
+            write_stdout(data)
+        except BrokenPipeError:  # the reader left: the CLI's exit 141, not an error line
+            raise
+        except OSError as exc:
+            raise UsageError(f"cannot write stdout: {exc.strerror or exc}") from None
         return
     check_destination(path, force, flag, example)
     try:

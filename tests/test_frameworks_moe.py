@@ -178,13 +178,15 @@ def test_torchtitan_expert_parallel_and_refusals():
     with pytest.raises(UsageError, match="torchtitan has no expert tensor parallelism"):
         export_plan(plan_of("qwen3-30b-a3b", 16, gbs=64, tp=2, pp=1, dp=8, ep=4, etp=2,
                             zero_stage=3, micro_batch_size=1, sequence_parallel=True), "torchtitan")
-    # 0.2.x TOML: experts over the attention TP (etp = tp), so with tp = 2 and etp = 1 it refuses
-    with pytest.raises(UsageError, match="etp = tp"):
-        export_plan(plan, "torchtitan", "toml")
-    # tp = 1: etp = tp = 1; EP from FSDP x CP: (16 x 1) % 8 == 0
+    # 0.2.2 TOML: etp = 1 or tp (parallel_dims.py L58-59), experts over dp_shard x cp x tp /
+    # (etp x ep) = 8 x 1 x 2 / 8 = 2 ranks; expert_tensor_parallel_degree (default 1) written
+    toml = export_plan(plan, "torchtitan", "toml")
+    assert "expert_parallel_degree = 8" in toml.text and "expert_tensor_parallel_degree = 1" in toml.text
+    assert set(toml.keys) <= TITAN_02
+    # tp = 1: EP from FSDP x CP: (16 x 1) % 8 == 0
     toml = export_plan(plan_of("qwen3-30b-a3b", 16, gbs=64, tp=1, pp=1, dp=16, ep=8, etp=1,
                                zero_stage=3, micro_batch_size=1), "torchtitan", "toml")
-    assert "expert_parallel_degree = 8" in toml.text and "expert_parallel_degree" in str(TITAN_02)
+    assert "expert_parallel_degree = 8" in toml.text and set(toml.keys) <= TITAN_02
     # ZeRO-0 is DDP replicas (dp_replicate): EP can only take TP x CP ranks, 2 here
     with pytest.raises(UsageError, match="DDP replicas hold no experts"):
         export_plan(plan_of("qwen3-30b-a3b", 16, gbs=64, tp=2, pp=1, dp=8, ep=8, zero_stage=0,

@@ -226,11 +226,20 @@ def test_bridge_presets_and_torchtitan_converters():
         fields = yaml.safe_load(export_plan(_plan("llama3-8b", hw, name), "nemo").text)
         assert fields["mixed_precision"] in presets
     fsdp = dict(tp=1, dp=8, zero_stage=3, sequence_parallel=False)
+    # torchtitan 0.2.2: converters are registered as quantize.linear.mx / .float8
+    # (components/quantization/mx.py L171, float8.py L238); MXLinear.recipe_name defaults to
+    # "mxfp8_cublas" (config/job_config.py MXLinear)
     toml = export_plan(_plan("llama3-8b", B200, "mxfp8", **fsdp), "torchtitan", "toml")
-    assert 'converters = ["mx"]' in toml.text and 'recipe_name = "mxfp8"' in toml.text
+    assert 'converters = ["quantize.linear.mx"]' in toml.text
+    assert 'recipe_name = "mxfp8_cublas"' in toml.text
     assert set(toml.keys) <= options("torchtitan_0.2_toml_options.txt")
-    over = export_plan(_plan("llama3-8b", H100, "fp8", **fsdp), "torchtitan")
-    assert 'Float8LinearConverter.Config(recipe_name="rowwise"' in over.text
+    # fp8 is costed as per-tensor scaling: torchao's tensorwise recipe, which 0.2.2 has
+    # (job_config.py Float8Linear.recipe_name) and 0.3.0 does not (rowwise only): refused there
+    fp8 = _plan("llama3-8b", H100, "fp8", **fsdp)
+    toml = export_plan(fp8, "torchtitan", "toml")
+    assert 'recipe_name = "tensorwise"' in toml.text and "rowwise" not in toml.text
+    with pytest.raises(UsageError, match="only rowwise float8 recipes"):
+        export_plan(fp8, "torchtitan")
 
 
 def test_search_and_plan_record_the_precision(tmp_path):

@@ -25,7 +25,7 @@ from planner.frameworks import export_plan
 from planner.hf_config import from_hf_dict
 from planner.specs import ModelSpec
 from planner.plan import Plan
-from tests.test_frameworks import MEGATRON, make, megatron_flags
+from tests.test_frameworks import MEGATRON, make, megatron_flags, unwrapped
 
 HF_DIR = Path(__file__).parent / "data" / "hf"
 
@@ -81,12 +81,12 @@ def test_other_targets_name_the_base():
     assert "  rotary_base: 500000\n" in nemo.text  # a provider field (Megatron-Core rotary_base)
     titan = export_plan(plan, "torchtitan")
     assert "# RoPE base: this plan's model uses rope_theta 500000; set it in the model flavour" \
-        in titan.text
+        in unwrapped(titan.text)
     ds = export_plan(plan, "deepspeed")
     assert any("rope_theta 500000" in n for n in ds.notes)
     unknown = with_theta(plan, None)
     for target in ("nemo", "torchtitan"):
-        assert "RoPE base: not set for llama3-8b" in export_plan(unknown, target).text
+        assert "RoPE base: not set for llama3-8b" in unwrapped(export_plan(unknown, target).text)
     assert any("not set for llama3-8b" in n for n in export_plan(unknown, "deepspeed").notes)
 
 
@@ -172,7 +172,7 @@ def test_partial_rotary_percent():
     assert "--rotary-percent" not in megatron_flags(export_plan(
         make("llama3-8b", 8, tp=1, pp=1, dp=8, zero_stage=1, micro_batch_size=1), "megatron").text)
     fsdp = make("gpt-neox-20b", 8, gbs=1536, tp=1, pp=1, dp=8, zero_stage=3, micro_batch_size=1)
-    assert "rotates 0.25 of each head's dimensions" in export_plan(fsdp, "torchtitan").text
+    assert "rotates 0.25 of each head's dimensions" in unwrapped(export_plan(fsdp, "torchtitan").text)
     hf = json.loads((HF_DIR / "gpt-neox-20b.json").read_text())
     assert from_hf_dict(hf, "n", "n").rotary_percent == 0.25
     assert from_hf_dict({**hf, "rotary_pct": 1.0}, "n", "n").rotary_percent == 1.0

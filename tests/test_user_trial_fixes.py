@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from planner.cli import app
 from planner.layout import Layout
 from tests.cli_errors import one_line_error
+from tests.test_frameworks import unwrapped
 
 ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()
@@ -197,7 +198,7 @@ def test_bridge_export_leaves_an_unknown_norm_epsilon_out(tmp_path):
     out = runner.invoke(app, ["export", str(plan), "--to", "nemo"])
     assert out.exit_code == 0, out.stderr
     assert "layernorm_epsilon: null" not in out.stdout and "layernorm_epsilon=null" not in out.stdout
-    assert "layernorm_epsilon (Megatron-Core default 1e-5) applies" in " ".join(out.stdout.split())
+    assert "layernorm_epsilon (Megatron-Core default 1e-5) applies" in unwrapped(out.stdout)
 
 
 @pytest.mark.parametrize("source, field, value, words", [

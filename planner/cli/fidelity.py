@@ -110,7 +110,8 @@ def calibrate(
     from ..fidelity.profile_io import write_profile
     from ..render.fidelity import assumptions_text, calibration_notes, calibration_report
     from ..fidelity.runs import load_runs, select_runs
-    check_destination(output, force, "--output", "my-profile.yaml")
+    hw_file = [] if catalog.is_bare_name(hardware) else [Path(hardware)]  # a profile file
+    check_destination(output, force, "--output", "my-profile.yaml", inputs=[runs] + hw_file)
     hw = catalog.resolve_hardware(hardware)
     from ..fidelity.calibrate import fitted_runs
     if fitted_runs(hw):  # its priors are a fit already: a second fit pulls toward the same runs

@@ -21,15 +21,18 @@ def export_cmd(
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write to FILE instead of "
                                           "stdout (- or /dev/stdout: stdout)."),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing --output file."),
-    torchtitan_format: Optional[str] = typer.Option(None, "--torchtitan-format",
-                                                    help="overrides (torchtitan 0.3, default) or toml (0.2.x)."),
+    torchtitan_format: Optional[str] = typer.Option(
+        None, "--torchtitan-format",
+        help="overrides (torchtitan 0.3.0, default) or toml (torchtitan 0.2.2)."),
 ) -> None:
     """Write a plan as a training framework's arguments or config."""
     from ..export import read_checked_plan
     from ..frameworks import export_plan, export_target
+    from ..catalog import is_bare_name
     from ..outputs import check_destination, is_stdout, write
-    if output is not None:
-        check_destination(output, force, "--output", "config.txt")
+    if output is not None:  # never over its inputs: the plan, a framework profile file
+        inputs = [plan] + ([Path(to)] if to is not None and not is_bare_name(to) else [])
+        check_destination(output, force, "--output", "config.txt", inputs=inputs)
     elif force:
         raise UsageError("--force lets --output overwrite a file; without --output it does nothing")
     p = read_checked_plan(plan)
@@ -118,6 +121,9 @@ def validate(
         if value <= 0:
             raise UsageError(f"{flag} must be positive, got {value:g}")
     p = read_checked_plan(plan)
+    from ..outputs import refuse_input
+    if out is not None:
+        refuse_input(out, [plan], "--out")  # the measurements never replace the plan
     out = measured_destination(out, force, json_out)
     with console.err.status("Running the miniature on forked ranks...", spinner="dots"):
         result, records = run_local(p, world=world, dtype=dtype, steps=steps,

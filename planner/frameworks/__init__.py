@@ -59,7 +59,11 @@ def export_plan(plan: Plan, target: str, torchtitan_format: str = "overrides") -
     ``Export.notes``."""
     if target not in TARGETS:
         raise UsageError(f"unknown export target {target!r}; choose one of {', '.join(TARGETS)}")
-    check_plan(target, plan)
+    profile = profile_for(plan.training, plan.framework)
+    try:
+        check_plan(target, plan)
+    except UsageError as exc:
+        raise UsageError(_own_remedy(str(exc), profile, target)) from None
     if target == "megatron":
         result = export_megatron(plan)
     elif target == "nemo":
@@ -68,14 +72,34 @@ def export_plan(plan: Plan, target: str, torchtitan_format: str = "overrides") -
         result = export_deepspeed(plan)
     else:
         result = export_torchtitan(plan, torchtitan_format)
-    profile = profile_for(plan.training, plan.framework)
-    if profile.export != target:  # the plan's estimate is for another framework's runtime
+    runs = TARGET_FRAMEWORK[target]
+    if not _runs(profile, runs):  # the plan's estimate is for another framework's runtime
         result.notes.append(
             f"the plan was costed for {profile.display}"
             f"{'' if profile.display == profile.name else f' ({profile.name})'}: its memory and step "
             f"time follow that framework's runtime, not {target}'s; re-plan with --framework "
-            f"{TARGET_FRAMEWORK[target]} for {target}'s estimate")
+            f"{runs} for {target}'s estimate")
     return result
+
+
+def _runs(profile, framework: str) -> bool:
+    """Whether a plan of ``profile`` (a FrameworkProfile) was costed for the runtime of the
+    framework profile named ``framework``: it is that profile (by name or alias), or its
+    exporter targets the same runtime (megatron and nemo both run Megatron-Core: a plan made
+    for megatron-core exports to Megatron-Bridge as it is)."""
+    names = {profile.name, *(a.lower() for a in profile.aliases)}
+    return framework in names or TARGET_FRAMEWORK.get(profile.export or "") == framework
+
+
+def _own_remedy(message: str, profile, target: str) -> str:
+    """rules.check_plan's refusal, without advising the search the plan already had: for a plan
+    made for the target's framework its remedy ('search with --framework X ...') becomes
+    'search again' (the plan was edited, or made by another plan3d)."""
+    advice = f"; search with --framework {TARGET_FRAMEWORK[target]} for a plan it runs"
+    if not (_runs(profile, TARGET_FRAMEWORK[target]) and message.endswith(advice)):
+        return message
+    return (message[: -len(advice)] + f"; the plan was made for {profile.name} but breaks these "
+            "rules (edited by hand, or by another plan3d version): search again for a plan it runs")
 
 
 # the framework profile whose runtime each target runs (export_target's inverse)

@@ -14,6 +14,7 @@ exporter writes as a comment into the output (or, for JSON, on stderr): never dr
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass, field
 
 from ..errors import UsageError
@@ -63,6 +64,40 @@ def describe(plan: Plan) -> str:
     return (f"{plan.model.name} on {plan.gpus} x {plan.hardware.gpu.name} ({plan.hardware.name}), "
             f"{plan.layout.short()}, global batch {plan.training.global_batch_size} x "
             f"{plan.training.seq_length} tokens")
+
+
+# The width of every line an export writes (comments wrapped at spaces; a single word longer
+# than a line, such as a long flag value, stands alone on its line)
+COLUMNS = 80
+
+
+def comment_lines(comments, prefix: str = "# ", width: int = COLUMNS) -> str:
+    """``comments`` as comment lines of at most ``width`` columns, for formats whose comments
+    start with ``#`` to the end of the line (shell, YAML, TOML): each comment wrapped at spaces,
+    its continuation lines indented two more spaces; words are never split, nor names at their
+    hyphens (--flag-names), so a word longer than a line stands alone on a longer one. A
+    comment's own leading spaces are kept. Returns the text with a newline after each line."""
+    out: list[str] = []
+    for comment in comments:
+        lead = prefix + " " * (len(comment) - len(comment.lstrip(" ")))
+        out += textwrap.wrap(comment.strip(), width=width, initial_indent=lead,
+                             subsequent_indent=lead + "  ", break_long_words=False,
+                             break_on_hyphens=False) or [prefix.rstrip()]
+    return "".join(line + "\n" for line in out)
+
+
+# What a launcher sets for Megatron's TP on Hopper and what FSDP/ZeRO frameworks want instead
+# (NVIDIA/Megatron-LM @d98e8a64ddf3 docs/user-guide/features/megatron_fsdp.md, "Recommended
+# Configuration for Megatron-LM": unset it "to ensure stream independence /
+# full-parallelization of FSDP computation and communication")
+def no_connections_requirement(framework: str) -> str:
+    """The environment comment of a target that reads no CUDA_DEVICE_MAX_CONNECTIONS
+    (``framework``: its name): leave it unset, as the Megatron-FSDP user guide says for
+    sharded data parallelism, even where a Megatron launch script sets 1."""
+    return (f"environment: {framework} requires no variable; leave CUDA_DEVICE_MAX_CONNECTIONS "
+            "unset (Megatron launch scripts set 1 for TP on Hopper; the Megatron-FSDP user "
+            "guide unsets it 'to ensure stream independence' of sharded data-parallel "
+            "communication and compute, which the estimate overlapped)")
 
 
 RANK_ORDER_NOTE = ("rank order: Megatron's default tp-cp-ep-dp-pp (TP fastest, then CP, DP, PP), "

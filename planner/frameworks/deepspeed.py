@@ -26,8 +26,8 @@ from __future__ import annotations
 import json
 
 from ..plan import Plan
-from .common import (RANK_ORDER_NOTE, Export, describe, interval_note, microbatches, rope_note,
-                     save_interval, unwritten_note)
+from .common import (RANK_ORDER_NOTE, Export, describe, interval_note, microbatches,
+                     no_connections_requirement, rope_note, save_interval, unwritten_note)
 
 SOURCE = "deepspeedai/DeepSpeed @088be892c749 deepspeed/runtime/constants.py, runtime/zero/config.py"
 
@@ -100,6 +100,7 @@ def export_deepspeed(plan: Plan) -> Export:
         notes.append(arch)
     if plan.model.moe is not None:
         notes.append(moe_note(plan))
+    notes.append(no_connections_requirement("DeepSpeed"))
     ck = save_interval(plan)
     sync = "" if ck is None or not ck["async"] else (
         " (engine.save_checkpoint blocks until written unless you configure an asynchronous "

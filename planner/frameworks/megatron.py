@@ -16,7 +16,12 @@ Mapping (plan field -> flag):
   ZeRO 0                 (plain DDP: no flag)
   ZeRO 1, distopt        --use-distributed-optimizer
   ZeRO 2 / 3             --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads /
-                         optim_grads_params (Megatron-FSDP; plain pretrain_gpt DDP has no ZeRO-2/3)
+                         optim_grads_params --use-distributed-optimizer
+                         --no-gradient-accumulation-fusion (Megatron-FSDP v1 as Megatron-LM's
+                         examples start it, fsdp_args; plain pretrain_gpt DDP has no ZeRO-2/3)
+  environment            a comment: CUDA_DEVICE_MAX_CONNECTIONS unset for Megatron-FSDP, 1 for
+                         TP/CP before Blackwell, 32 for EP overlap, and any conflict
+                         (connections, arguments.py L1166-1167, L1453-1479)
   recompute full         --recompute-granularity full --recompute-method uniform --recompute-num-layers 1
   recompute full, N      --recompute-granularity full --recompute-method block --recompute-num-layers N
                          (layout recompute_num_layers N: the first N layers of each model chunk)
@@ -59,8 +64,9 @@ from ..cost.model_flops import padded_vocab
 from ..cost import precision
 from ..cost.pipeline import microbatch_group
 from ..plan import Plan
-from .common import (RANK_ORDER_NOTE, Export, describe, interval_note, layers_per_virtual_stage,
-                     microbatches, recompute_modules, save_interval, theta_text)
+from .common import (RANK_ORDER_NOTE, Export, comment_lines, describe, interval_note,
+                     layers_per_virtual_stage, microbatches, recompute_modules, save_interval,
+                     theta_text)
 from .megatron_model import CROSS_ENTROPY_NOTE, model_args
 from ..cost.checkpoint import MEGATRON_FSDP_STRATEGY, megatron_ckpt_format
 from ..search.framework_rules import check_plan
@@ -97,8 +103,7 @@ def megatron_args(plan: Plan) -> list[tuple[str, str | None]]:
     if lay.sharding_stage == 1:
         args.append(("--use-distributed-optimizer", None))
     elif lay.zero_stage in MEGATRON_FSDP_STRATEGY:
-        args += [("--use-megatron-fsdp", None),
-                 ("--data-parallel-sharding-strategy", MEGATRON_FSDP_STRATEGY[lay.zero_stage])]
+        args += fsdp_args(lay.zero_stage)
     args += recompute_args(plan)
     args += [
         ("--micro-batch-size", str(lay.micro_batch_size)),
@@ -110,6 +115,25 @@ def megatron_args(plan: Plan) -> list[tuple[str, str | None]]:
     ] + [("--ffn-hidden-size", str(model.ffn))] * has_dense_mlp(model) + [
         ("--num-attention-heads", str(model.num_attention_heads)),
     ]
+    args += shape_args(model)
+    args += [("--attention-dropout", f"{model.dropout:g}"), ("--hidden-dropout", f"{model.dropout:g}")]
+    args.append(("--bf16", None) if tr.dtype == "bf16" else ("--fp16", None))
+    if tr.grad_bytes == 2:
+        args.append(("--grad-reduce-in-bf16", None))
+    if tr.overlap_grad_reduce:
+        args.append(("--overlap-grad-reduce", None))
+        if lay.sharding_stage >= 1:
+            args.append(("--overlap-param-gather", None))
+    if not tr.flash_attention:
+        args.append(("--attention-backend", "unfused"))
+    return args + fp8_args(plan) + model_args(plan)[0] + checkpoint_args(plan, save_interval(plan))
+
+
+def shape_args(model) -> list[tuple[str, str | None]]:
+    """The model-shape flags after the widths: GQA groups, --kv-channels where the head
+    width is not h/a, activation, norm, biases, positions (RoPE base and rotary share),
+    untied embeddings."""
+    args: list[tuple[str, str | None]] = []
     if model.kv_heads != model.num_attention_heads:
         args += [("--group-query-attention", None), ("--num-query-groups", str(model.kv_heads))]
     if model.kv_channels != model.hidden_size // model.num_attention_heads or \
@@ -127,17 +151,83 @@ def megatron_args(plan: Plan) -> list[tuple[str, str | None]]:
         args.append(("--rotary-percent", f"{model.rotary_percent:g}"))
     if not model.tie_embeddings:
         args.append(("--untie-embeddings-and-output-weights", None))
-    args += [("--attention-dropout", f"{model.dropout:g}"), ("--hidden-dropout", f"{model.dropout:g}")]
-    args.append(("--bf16", None) if tr.dtype == "bf16" else ("--fp16", None))
-    if tr.grad_bytes == 2:
-        args.append(("--grad-reduce-in-bf16", None))
-    if tr.overlap_grad_reduce:
-        args.append(("--overlap-grad-reduce", None))
-        if lay.sharding_stage >= 1:
-            args.append(("--overlap-param-gather", None))
-    if not tr.flash_attention:
-        args.append(("--attention-backend", "unfused"))
-    return args + fp8_args(plan) + model_args(plan)[0] + checkpoint_args(plan, save_interval(plan))
+    return args
+
+
+def fsdp_args(zero_stage: int) -> list[tuple[str, str | None]]:
+    """Megatron-FSDP for ZeRO-2/3 as Megatron-LM's Megatron-FSDP examples start it
+    (NVIDIA/Megatron-LM @d98e8a64ddf3 examples/megatron_fsdp/train_llama3_8b_fsdp_h100_fp8.sh
+    L113-121, sbatch_mfsdp_deepseek_v3.sh L139-148; docs/user-guide/features/megatron_fsdp.md):
+    --use-megatron-fsdp, the sharding strategy, --use-distributed-optimizer (Megatron-FSDP v1,
+    the default --megatron-fsdp-version, turns it on with a warning when it is missing:
+    arguments.py L1127-1135) and --no-gradient-accumulation-fusion (arguments.py L1153-1160
+    only warns that fused gradient accumulation may not be supported with Megatron-FSDP).
+    The checkpoint format it asserts (fsdp_dtensor, L1169-1170) is checkpoint_args'."""
+    return [("--use-megatron-fsdp", None),
+            ("--data-parallel-sharding-strategy", MEGATRON_FSDP_STRATEGY[zero_stage]),
+            ("--use-distributed-optimizer", None), ("--no-gradient-accumulation-fusion", None)]
+
+
+@dataclass(frozen=True)
+class Connections:
+    """CUDA_DEVICE_MAX_CONNECTIONS for a Megatron-Core plan (connections): ``value`` what to
+    set ("1" or "32"; None: nothing is required), ``shell`` the line a launch script runs
+    (``export ...`` / ``unset ...``; "" when nothing is required), ``why`` the comments: the
+    source of the requirement and any conflict between what TP/CP and FSDP or EP overlap want."""
+
+    value: str | None
+    shell: str
+    why: list[str]
+
+
+def connections(plan: Plan) -> Connections:
+    """What Megatron-LM's validate_args (NVIDIA/Megatron-LM @d98e8a64ddf3
+    megatron/training/arguments.py) requires of CUDA_DEVICE_MAX_CONNECTIONS for ``plan``:
+    Megatron-FSDP asserts it is not 1 (L1166-1167); TP or CP before Blackwell asserts 1
+    (L1477-1479) unless beside FSDP or EP overlap, where it only warns that they want
+    different values (L1453-1475); EP overlap wants more than 1 (megatron/core/transformer/
+    moe/README.md L437). Blackwell: cost.precision.blackwell (the profile has an MXFP8 peak)."""
+    from ..cost.precision import blackwell
+    from .megatron_model import ep_overlap
+    lay = plan.layout
+    fsdp, overlap = lay.zero_stage in MEGATRON_FSDP_STRATEGY, ep_overlap(plan)
+    tp_cp = (lay.tp > 1 or lay.cp > 1) and not blackwell(plan.hardware)
+    what = f"tp={lay.tp} cp={lay.cp} on {plan.hardware.gpu.name}"
+    unset = "unset CUDA_DEVICE_MAX_CONNECTIONS"
+    if fsdp:
+        why = ["Megatron-FSDP asserts it is not 1 (arguments.py L1166-1167)"]
+        if tp_cp:
+            why.append(f"environment conflict: {what} wants 1 (Megatron-LM asserts it for "
+                       "TP/CP before Blackwell, and only warns beside FSDP: arguments.py "
+                       "L1453-1465); "
+                       "unset, the TP backward communication is not queued ahead of the "
+                       "weight-gradient GEMM, so the TP overlap the estimate assumed may fall "
+                       "short")
+        return Connections("32", unset, why)
+    if overlap:
+        why = ["EP overlap needs it above 1 (megatron/core/transformer/moe/README.md L437)"]
+        if tp_cp:
+            why.append(f"environment conflict: {what} wants 1, EP overlap more than 1; "
+                       "Megatron-LM only warns (arguments.py L1466-1475: 1 or 32 by which "
+                       "overlap matters "
+                       "more); 32 keeps the EP overlap the estimate assumed, and the TP "
+                       "overlap may fall short")
+        return Connections("32", "export CUDA_DEVICE_MAX_CONNECTIONS=32", why)
+    if tp_cp:
+        return Connections("1", "export CUDA_DEVICE_MAX_CONNECTIONS=1",
+                           [f"Megatron-LM asserts it for {what} (TP or CP before Blackwell: "
+                            "arguments.py L1477-1479)"])
+    return Connections(None, "", [])
+
+
+def environment_comments(plan: Plan) -> list[str]:
+    """The export's environment comments (connections): what to run before the launch and why;
+    one comment saying nothing is required where nothing is."""
+    env = connections(plan)
+    if not env.shell:
+        return ["environment: CUDA_DEVICE_MAX_CONNECTIONS is not required here (no TP/CP before "
+                "Blackwell, no Megatron-FSDP, no EP overlap: arguments.py L1453-1479)"]
+    return [f"environment: {env.shell} before launching: {env.why[0]}"] + env.why[1:]
 
 
 def recompute_args(plan: Plan) -> list[tuple[str, str | None]]:
@@ -180,7 +270,8 @@ def fp8_args(plan: Plan) -> list[tuple[str, str | None]]:
     args = [("--fp8-format", fmt), ("--fp8-recipe", recipe)]
     if precision.fp8_param_gather(tr) and lay.sharding_stage >= 1:
         args.append(("--fp8-param-gather", None))
-        if tr.precision == "mxfp8":
+        if tr.precision == "mxfp8" and lay.zero_stage not in MEGATRON_FSDP_STRATEGY:
+            # Megatron-FSDP turns it off (arguments.py L1136-1137)
             args.append(("--reuse-grad-buf-for-mxfp8-param-ag", None))
     return args
 
@@ -226,6 +317,18 @@ def pipeline_split(plan: Plan, m: int) -> PipelineSplit:
     return PipelineSplit(form, microbatch_group(m, lay.pp) if lay.vpp > 1 and m % lay.pp else 0)
 
 
+def fsdp_comment(plan: Plan, ck: dict | None) -> str:
+    """The comment of a ZeRO-2/3 plan: Megatron-FSDP, its flags and checkpoint format (fsdp_args,
+    checkpoint_args); ``ck`` the plan's checkpoint estimate (common.save_interval)."""
+    return (f"ZeRO-{plan.layout.zero_stage} is Megatron-FSDP v1 here (plain DDP and the "
+            "distributed optimizer shard only optimizer states), started as Megatron-LM's "
+            "examples/megatron_fsdp scripts start it: --use-distributed-optimizer (v1 needs "
+            "it), --no-gradient-accumulation-fusion; check that your Megatron-LM version runs "
+            "Megatron-FSDP with this tp/pp; its checkpoints are --ckpt-format fsdp_dtensor"
+            + (", whose --async-save needs nvidia-resiliency-ext (async strategy nvrx)"
+               if ck is not None and ck["async"] else ""))
+
+
 def export_megatron(plan: Plan) -> Export:
     """Megatron-LM arguments: header comments, then one flag per line joined by `` \\``."""
     args = megatron_args(plan)
@@ -242,13 +345,9 @@ def export_megatron(plan: Plan) -> Export:
         "--save/--load directories, logging",
         interval_note(ck, plan),
     ]
+    comments += environment_comments(plan)
     if lay.zero_stage in MEGATRON_FSDP_STRATEGY:
-        comments.append(f"ZeRO-{lay.zero_stage} is Megatron-FSDP here (plain DDP and the distributed "
-                        "optimizer shard only optimizer states); check that your Megatron-LM "
-                        "version supports Megatron-FSDP with this tp/pp; its checkpoints are "
-                        "--ckpt-format fsdp_dtensor"
-                        + (", whose --async-save needs nvidia-resiliency-ext (async strategy nvrx)"
-                           if ck is not None and ck["async"] else ""))
+        comments.append(fsdp_comment(plan, ck))
     if lay.recompute == "selective" and plan.training.selective_recompute == "per_op":
         comments.append("selective recomputation = Megatron's default --recompute-modules core_attn; "
                         "the plan assumed per-op selective checkpointing (torchtitan's), which "
@@ -270,6 +369,6 @@ def export_megatron(plan: Plan) -> Export:
                         f"schedule runs them in groups of {microbatch_group(m, lay.pp)} (the "
                         f"estimate holds that many more forwards in flight)")
     lines = [flag if value is None else f"{flag} {value}" for flag, value in args]
-    text = "".join(f"# {c}\n" for c in comments) + " \\\n".join(lines) + "\n"
+    text = comment_lines(comments) + " \\\n".join(lines) + "\n"
     notes = [CROSS_ENTROPY_NOTE] if plan.training.cross_entropy_in_place else []
     return Export("megatron", text, notes=notes, keys=[flag for flag, _ in args])

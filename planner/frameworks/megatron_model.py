@@ -62,7 +62,9 @@ The job settings of the TrainingSpec (job_args; written for MoE models where MoE
                                     --cross-entropy-loss-fusion with --cross-entropy-fusion-impl
                                     te (arguments.py L1697-1702, "stability issues"); a comment
                                     and a note say so (Megatron-Bridge writes it)
-Refused (UsageError): EP overlap with the allgather dispatcher or more than one MTP layer
+Refused (UsageError): the flex dispatcher's DeepEP backend with etp x ep = 1 (token_dispatcher.py
+L1836: "DeepEP dispatcher requires TPxEP > 1"); EP overlap with the allgather dispatcher or more
+than one MTP layer
 (transformer_config.py L3016-3019, L3042-3046); optimizer CPU offload beside FP8 parameter
 gathering (arguments.py L1888-1891); fine-grained beside whole-layer activation offloading
 (transformer_config.py L2127-2130); E not divisible by ep (arguments.py L1655-1658); biases in MoE with
@@ -141,7 +143,7 @@ def moe_args(plan: Plan) -> tuple[Args, list[str]]:
         args.append(("--moe-shared-expert-intermediate-size", str(moe.shared_experts * moe.shared_ffn)))
     args += [("--moe-grouped-gemm", None), ("--moe-token-dispatcher-type", plan.training.moe_dispatcher)]
     if plan.training.moe_dispatcher == "flex":
-        args.append(("--moe-flex-dispatcher-backend", flex_backend(plan)))
+        args.append(("--moe-flex-dispatcher-backend", check_flex(plan)))
     args += [("--expert-model-parallel-size", str(lay.ep)),
              ("--expert-tensor-parallel-size", str(lay.etp))]
     comments = [
@@ -160,6 +162,21 @@ def flex_backend(plan: Plan) -> str:
     (GB200 NVL72), deepep otherwise (Megatron-Core's default backend)."""
     hw = plan.hardware
     return "hybridep" if (hw.nvlink_domain or hw.gpus_per_node) > hw.gpus_per_node else "deepep"
+
+
+def check_flex(plan: Plan) -> str:
+    """The flex dispatcher's backend (flex_backend), or UsageError where Megatron-Core refuses
+    it: DeepEP over a single rank. MoEFlexTokenDispatcher asserts "DeepEP dispatcher requires
+    TPxEP > 1" (NVIDIA/Megatron-LM @d98e8a64ddf3 megatron/core/transformer/moe/
+    token_dispatcher.py L1836), where TP is the expert tensor-parallel group (expt_tp, L86-89):
+    etp x ep must exceed 1. HybridEP has no such assertion (L1845-1851)."""
+    backend, lay = flex_backend(plan), plan.layout
+    if backend == "deepep" and lay.etp * lay.ep == 1:
+        raise UsageError("Megatron-Core refuses the flex dispatcher's DeepEP backend here: "
+                         "\"DeepEP dispatcher requires TPxEP > 1\" (token_dispatcher.py L1836, TP "
+                         f"being the expert TP); the plan has etp={lay.etp} ep={lay.ep}: plan "
+                         "with --moe-dispatcher alltoall, or a layout with ep > 1")
+    return backend
 
 
 def ep_overlap(plan: Plan) -> bool:

@@ -19,6 +19,12 @@ Megatron-LM's CheckpointConfig (NVIDIA/Megatron-LM @ d98e8a64ddf3
 megatron/training/config/training_config.py) that Bridge's CheckpointConfig extends
 (NVIDIA-NeMo/Megatron-Bridge @ 067f987df03b src/megatron/bridge/training/config.py, which
 defaults use_persistent_ckpt_worker to True and asserts that async_save has ``save`` set).
+Megatron-FSDP (ZeRO-2/3): ddp.use_megatron_fsdp with the sharding strategy, the distributed
+optimizer on in ddp and optimizer (Bridge turns both on for Megatron-FSDP v1, training/config.py
+L1081-1085) and model.gradient_accumulation_fusion false (Bridge's FSDP performance recipes).
+Environment: ``env_vars`` CUDA_DEVICE_MAX_CONNECTIONS where the plan needs it
+(megatron.connections; ConfigContainer.env_vars, config.py L965 @067f987df03b).
+Comments are wrapped at 80 columns (common.comment_lines).
 """
 
 from __future__ import annotations
@@ -28,9 +34,10 @@ import yaml
 from ..plan import Plan
 from ..cost.checkpoint import MEGATRON_FSDP_STRATEGY, megatron_ckpt_format
 from ..cost.model_flops import padded_vocab
-from .common import (ARCHITECTURE_FIELDS, RANK_ORDER_NOTE, Export, describe, interval_note,
-                     microbatches, recompute_modules, rope_note, save_interval, unwritten_note)
-from .megatron import pipeline_split
+from .common import (ARCHITECTURE_FIELDS, RANK_ORDER_NOTE, Export, comment_lines, describe,
+                     interval_note, microbatches, recompute_modules, rope_note, save_interval,
+                     unwritten_note)
+from .megatron import connections, environment_comments, pipeline_split
 from .megatron_model import moe_args
 from .nemo_model import job_fields, model_comments, model_fields
 
@@ -112,24 +119,60 @@ def nemo_fields(plan: Plan, ck: dict | None = None) -> dict[str, dict[str, objec
             **_offload_fields(lay.offload_layers),
             **model_fields(plan, int(padded_vocab(plan.model.vocab_size, lay.tp))),
             **job.get("model", {}),
+            **({"gradient_accumulation_fusion": False} if fsdp else {}),
         },
         "train": {"micro_batch_size": lay.micro_batch_size,
                   "global_batch_size": tr.global_batch_size},
         "dataset": {"seq_length": tr.seq_length},
         "ddp": {
-            "use_distributed_optimizer": bool(lay.sharding_stage == 1),
+            # Megatron-FSDP v1 runs the distributed optimizer too (fsdp_env)
+            "use_distributed_optimizer": bool(lay.sharding_stage >= 1),
             "use_megatron_fsdp": fsdp,
             "data_parallel_sharding_strategy": MEGATRON_FSDP_STRATEGY.get(lay.zero_stage, "no_shard"),
             "overlap_grad_reduce": tr.overlap_grad_reduce,
             "overlap_param_gather": tr.overlap_grad_reduce and bool(lay.sharding_stage >= 1),
             "grad_reduce_in_fp32": tr.grad_bytes == 4,
         },
-        "optimizer": {"use_distributed_optimizer": bool(lay.sharding_stage == 1),
+        "optimizer": {"use_distributed_optimizer": bool(lay.sharding_stage >= 1),
                       **job.get("optimizer", {})},
         **({"comm_overlap": job["comm_overlap"]} if "comm_overlap" in job else {}),
         "mixed_precision": mixed_precision_preset(tr),
         **({"checkpoint": checkpoint_fields(plan, ck)} if ck is not None else {}),
+        **env_fields(plan),
     }
+
+
+def env_fields(plan: Plan) -> dict[str, dict[str, object]]:
+    """{"env_vars": {"CUDA_DEVICE_MAX_CONNECTIONS": n}} where the plan needs it
+    (megatron.connections: 32 with Megatron-FSDP, which Megatron-Bridge asserts is not 1,
+    training/config.py L1110-1111 @067f987df03b; 1 for TP/CP before Blackwell; 32 for EP
+    overlap), else {}. ConfigContainer.env_vars (config.py L965) are defaults set before the
+    run's config is finalized (apply_environment_variables, L1971-1989)."""
+    value = connections(plan).value
+    return {} if value is None else {"env_vars": {"CUDA_DEVICE_MAX_CONNECTIONS": int(value)}}
+
+
+def env_comments(plan: Plan) -> list[str]:
+    """What env_fields sets and why (megatron.connections, with Megatron-Bridge's own check for
+    Megatron-FSDP), and that a value the launcher already exports wins: Bridge applies env_vars
+    with os.environ.setdefault (training/config.py L1989 @067f987df03b)."""
+    env = connections(plan)
+    if env.value is None:
+        return environment_comments(plan)
+    if plan.layout.zero_stage in MEGATRON_FSDP_STRATEGY:
+        why = ("Megatron-Bridge asserts it is not 1 with Megatron-FSDP (training/config.py "
+               "L1110-1111)")
+    elif env.value == "1":
+        why = ("Megatron-Core's TP layers want it for the backward overlap the estimate assumed "
+               "(tensor_parallel/layers.py L909-923 warn otherwise; Megatron-LM asserts it, "
+               "arguments.py L1477-1479)")
+    else:
+        why = env.why[0]
+    return ([f"environment: env_vars CUDA_DEVICE_MAX_CONNECTIONS={env.value}: {why}; a value "
+             "your launcher or shell exports wins over env_vars (Bridge applies them with "
+             "os.environ.setdefault, training/config.py L1989), so "
+             + ("unset it there" if env.value != "1" else "set 1 there or nothing")]
+            + env.why[1:])
 
 
 def _split_fields(plan: Plan, split) -> dict[str, object]:
@@ -163,14 +206,22 @@ def _offload_fields(layers: int) -> dict[str, object]:
             "cpu_offloading_num_layers": layers}
 
 
+def _override(section: str, key: str, value: object) -> str:
+    """One Hydra override; env_vars in the form Megatron-Bridge's recipe-usage.md gives
+    ('++env_vars={NAME:value}', quoted for the shell)."""
+    if section == "env_vars":
+        return f"'++env_vars={{{key}:{value}}}'"
+    text = "null" if value is None else (
+        str(value).lower() if isinstance(value, bool) else
+        "[" + ",".join(str(x) for x in value) + "]" if isinstance(value, list) else str(value))
+    return f"{section}.{key}={text}"
+
+
 def _overrides(fields: dict[str, object]) -> list[str]:
     out = []
     for section, value in fields.items():
         if isinstance(value, dict):
-            for k, v in value.items():
-                text = "null" if v is None else (str(v).lower() if isinstance(v, bool) else
-                                                 "[" + ",".join(str(x) for x in v) + "]" if isinstance(v, list) else str(v))
-                out.append(f"{section}.{k}={text}")
+            out += [_override(section, k, v) for k, v in value.items()]
         else:
             out.append(f"{section}={value}")
     return out
@@ -190,7 +241,7 @@ def export_nemo(plan: Plan) -> Export:
         "  " + " ".join(overrides),
         interval_note(ck, plan).replace("set the checkpoint directory yourself",
                                         "set checkpoint.save (the directory) yourself"),
-    ]
+    ] + env_comments(plan)
     if plan.training.precision == "fp8":
         comments.append("mixed_precision bf16_with_fp8_current_scaling_mixed keeps the first and "
                         "the last transformer layer in BF16 (first_last_layers_bf16); the estimate "
@@ -209,8 +260,16 @@ def export_nemo(plan: Plan) -> Export:
     if note:
         comments.append(note)
     if plan.layout.zero_stage in MEGATRON_FSDP_STRATEGY:
-        comments.append(f"ZeRO-{plan.layout.zero_stage} = Megatron-FSDP with "
-                        f"data_parallel_sharding_strategy {MEGATRON_FSDP_STRATEGY[plan.layout.zero_stage]}")
-    body = yaml.dump(fields, Dumper=_FlowScalarListsDumper, sort_keys=False, default_flow_style=False)
-    keys = [o.split("=", 1)[0] for o in overrides]
-    return Export("nemo", "".join(f"# {c}\n" for c in comments) + body, keys=keys)
+        comments.append(f"ZeRO-{plan.layout.zero_stage} = Megatron-FSDP v1 with "
+                        "data_parallel_sharding_strategy "
+                        f"{MEGATRON_FSDP_STRATEGY[plan.layout.zero_stage]}, "
+                        "use_distributed_optimizer true (Bridge turns it on for v1: "
+                        "training/config.py L1081-1085 @067f987df03b) and "
+                        "model.gradient_accumulation_fusion false (as Bridge's FSDP performance "
+                        "recipes set it: perf_recipes/llama/gb200/llama3.py L226)")
+    # PyYAML breaks a flow list after the column passes width: 76 keeps its lines within 80
+    body = yaml.dump(fields, Dumper=_FlowScalarListsDumper, sort_keys=False,
+                     default_flow_style=False, width=76)
+    keys = [f"{section}.{k}" if isinstance(v, dict) else section
+            for section, v in fields.items() for k in (v if isinstance(v, dict) else [section])]
+    return Export("nemo", comment_lines(comments) + body, keys=keys)

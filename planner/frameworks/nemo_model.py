@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from ..cost.model_counts import has_dense_mlp, moe_layer_mask, window_layer_mask
 from ..plan import Plan
-from .megatron_model import ep_overlap, flex_backend, unmodelled_routing, unused_dense_ffn
+from .megatron_model import check_flex, ep_overlap, unmodelled_routing, unused_dense_ffn
 
 POSITION = {"rope": "rope", "learned": "learned_absolute"}
 
@@ -59,7 +59,7 @@ def _moe_fields(plan: Plan) -> dict[str, object]:
                     moe.shared_experts * moe.shared_ffn if moe.shared_experts else None,
                 "moe_grouped_gemm": True, "moe_token_dispatcher_type": plan.training.moe_dispatcher})
     if plan.training.moe_dispatcher == "flex":
-        out["moe_flex_dispatcher_backend"] = flex_backend(plan)
+        out["moe_flex_dispatcher_backend"] = check_flex(plan)
     if moe.router_topk == 1:
         out["moe_router_pre_softmax"] = True
     return out

@@ -1,32 +1,41 @@
-"""torchtitan settings for a plan: command-line overrides (0.3+) or a TOML job file (0.2.x).
+"""torchtitan settings for a plan: command-line overrides (0.3.0) or a TOML job file (0.2.2).
 
-torchtitan 0.3.0 replaced TOML job files by typed Python config functions (pytorch/torchtitan PR
-#2386; release notes of v0.3.0: "typed Python configuration") launched as
-``python -m torchtitan.train --module <model module> --config <config function>`` plus
-``--section.field value`` overrides; 0.2.x reads ``--job.config_file job.toml``.
-Option names were checked in pytorch/torchtitan:
-  overrides: torchtitan/config/configs.py at commit 0014ac2ca45a (TrainingConfig,
-             ParallelismConfig, ActivationCheckpointConfig of the Python-config era);
-  TOML:      torchtitan/config/job_config.py at commit 000204a4a8bf (Training, Parallelism,
-             ActivationCheckpoint), and pipeline_parallel_{first,last}_stage_less_layers from
-             PR #1416 (merged 2025-07, before v0.2.0 of 2025-10).
-Later main (after 0.3) renamed the batch fields (PR #4121 "fold batch dim": token counts instead
-of local/global batch size; num_pp_microbatches): the overrides fit 0.3, not those versions.
+Each format targets one torchtitan release on PyPI, named in the export's first comments:
+  overrides: torchtitan 0.3.0 (typed Python configs: ``python -m torchtitan.train --module
+             <model module> --config <config function>`` plus ``--section.field value``);
+             names read in its wheel: torchtitan/config/configs.py (TrainingConfig,
+             ParallelismConfig), components/checkpointer/base.py and dcp.py (checkpoint
+             Config: enable, interval, async_mode) and trainer.py Trainer.Config, whose
+             activation_checkpoint is a tyro subcommand (SelectiveAC / FullAC / None, written
+             ``activation-checkpoint:full``, last: torchtitan/distributed/activation_checkpoint.py
+             L332-337; 0.3.0's own message spells it so, distributed/minimal_async_ep/api.py L140);
+  TOML:      torchtitan 0.2.2 (``--job.config_file job.toml``); names read in its wheel:
+             torchtitan/config/job_config.py (JobConfig: Training, Parallelism, Checkpoint,
+             ActivationCheckpoint, Model, Quantize), which ConfigManager._dict_to_dataclass
+             checks ("Invalid field names"). tests/data/torchtitan_0.2_toml_options.txt lists
+             them.
 
 Mapping: tp -> tensor_parallel_degree; pp -> pipeline_parallel_degree with schedule 1F1B
 (vpp = 1) or Interleaved1F1B (vpp > 1) and L/(pp*vpp) layers per stage (first/last stage "less
 layers" set to 0, so stages = pp*vpp as in Megatron; an uneven split: the middle stages' count
 with the edge stages "less layers", interleaved only for the embedding-and-loss split, one layer
 less on the first and the last virtual stage); ZeRO-3 -> FSDP, data_parallel_shard_degree
-= dp; ZeRO-0 -> DDP, data_parallel_replicate_degree = dp. Gradient dtype ->
-training.mixed_precision_reduce.
+= dp; ZeRO-0 -> DDP, data_parallel_replicate_degree = dp. Gradients: training.
+mixed_precision_reduce float32, the only value either release takes (Literal["float32"]): a
+plan with bf16 gradients is refused.
 Batch: with pp > 1 all m micro-batches of a DP rank run in one pipeline step
 (local_batch_size = B/dp, pipeline_parallel_microbatch_size = b); with pp = 1 the local batch is
 b and torchtitan accumulates B/(dp*b) steps (global_batch_size = B).
-Recompute: none/selective/full -> activation_checkpoint.mode (selective is torchtitan's per-op
-SAC, which plan3d costs: 0.2.x TOML also gets selective_ac_option "op"; 0.3's SelectiveAC is
-per-op). torchtitan's TP always uses
-sequence parallelism in 0.2.x (norms sharded on the sequence); 0.3 has enable_sequence_parallel.
+Recompute: none/selective/full -> activation_checkpoint (selective is torchtitan's per-op SAC,
+which plan3d costs: the 0.2.2 TOML also gets selective_ac_option "op"; 0.3.0's SelectiveAC is
+per-op). torchtitan 0.2.2's TP always uses sequence parallelism (norms sharded on the
+sequence); 0.3.0 has enable_sequence_parallel.
+FP8 (the recipe the estimate costed, cost.precision: per-tensor current scaling, torchao's
+"tensorwise"): 0.2.2 model.converters ["quantize.linear.float8"] with [quantize.linear.float8]
+recipe_name "tensorwise"; 0.3.0 has only rowwise float8 recipes (float8.py
+Float8LinearConverter.Config recipe_name Literal["rowwise", "rowwise_with_gw_hp"]) and refuses
+it, as 0.2.2 does for experts (its grouped-GEMM float8 is rowwise). MXFP8: 0.2.2
+quantize.linear.mx (+ quantize.grouped_mm.mx for experts); 0.3.0 a Python converter (a note).
 What torchtitan cannot run (ZeRO-1/2, fp16, tied
 embeddings with PP, 1F1B with fewer micro-batches than stages, other interleaved uneven splits)
 is refused before this module runs, by the torchtitan framework profile's rules
@@ -34,83 +43,46 @@ is refused before this module runs, by the torchtitan framework profile's rules
 Experts: ep -> expert_parallel_degree, where torchtitan's mesh can hold it (expert_parallel).
 The architecture comes from the model flavour (--module/--config): no option sets it, so a
 comment names every model field with this plan's value.
-Checkpoints: checkpoint.enable (0.2.x: enable_checkpoint), checkpoint.interval (common.
-save_interval, formulas.md 12) and checkpoint.async_mode "async" (DCP async_save) or "disabled"
-(torchtitan/components/checkpoint.py CheckpointManager.Config at commit 0014ac2ca45a; 0.2.x
-job_config.py Checkpoint at 000204a4a8bf). torchtitan's DCP checkpoint of bf16 mixed-precision
-training holds fp32 parameters and Adam's moments, 12 B per parameter; a plan of another
-framework's state (Megatron's 14 B) gets a comment saying so (the interval scales with the
-square root of the save time).
+Checkpoints: checkpoint.enable, checkpoint.interval (common.save_interval, formulas.md 12) and
+checkpoint.async_mode "async" (DCP async_save) or "disabled", in both releases.
+torchtitan's DCP checkpoint of bf16 mixed-precision training holds fp32 parameters and Adam's
+moments, 12 B per parameter; a plan of another framework's state (Megatron's 14 B) gets a
+comment saying so (the interval scales with the square root of the save time).
 """
 
 from __future__ import annotations
 
 from ..errors import UsageError
 from ..plan import Plan
-from .common import (Export, describe, interval_note, layers_per_virtual_stage, microbatches,
-                     rope_note, save_interval, unwritten_note)
+from .common import (Export, comment_lines, describe, interval_note, layers_per_virtual_stage,
+                     microbatches, no_connections_requirement, rope_note, save_interval,
+                     unwritten_note)
 from ..cost.memory import state_bytes
 
-SOURCE_03 = "pytorch/torchtitan @0014ac2ca45a torchtitan/config/configs.py"
-SOURCE_02 = "pytorch/torchtitan @000204a4a8bf torchtitan/config/job_config.py (+ PR #1416)"
+RELEASE = {"overrides": "0.3.0", "toml": "0.2.2"}  # the torchtitan release each format targets
+SOURCE_03 = ("torchtitan 0.3.0 (PyPI) torchtitan/config/configs.py, trainer.py Trainer.Config, "
+             "components/checkpointer/dcp.py")
+SOURCE_02 = "torchtitan 0.2.2 (PyPI) torchtitan/config/job_config.py JobConfig"
 ORDER_NOTE = ("rank order: torchtitan's ParallelDims mesh [pp, dp_replicate, dp_shard, cp, tp] "
               "(tp fastest, then cp, dp, pp): the same TP/CP/DP/PP groups as Megatron's "
               "tp-cp-ep-dp-pp that the cost model assumed; see `plan3d placement --order torchtitan`")
 
 
 def torchtitan_settings(plan: Plan, fmt: str) -> tuple[dict[str, dict[str, object]], list[str]]:
-    """({section: {field: value}}, comments) for ``plan``; ``fmt`` is "overrides" or "toml"."""
+    """({section: {field: value}}, comments) for ``plan``; ``fmt`` is "overrides" (0.3.0) or
+    "toml" (0.2.2). UsageError for what the release cannot run as costed (bf16 gradient
+    reduction, an FP8 recipe it lacks, an expert mesh it cannot build)."""
     lay, tr = plan.layout, plan.training
-    m = microbatches(plan)
     notes: list[str] = []
-    par: dict[str, object] = {"tensor_parallel_degree": lay.tp}
-    if lay.tp > 1 and not lay.sequence_parallel:
-        if fmt == "toml":
-            notes.append("the plan has TP without sequence parallelism, but torchtitan 0.2.x TP "
-                         "always shards norms on the sequence (SP): memory will be lower and TP "
-                         "traffic different from the estimate")
-        else:
-            par["enable_sequence_parallel"] = False
-    if lay.sharding_stage == 0:
-        par["data_parallel_replicate_degree"] = lay.dp
-        par["data_parallel_shard_degree"] = 1
-    else:  # ZeRO-3 (the rules admit 0 and 3)
-        par["data_parallel_replicate_degree"] = 1
-        par["data_parallel_shard_degree"] = lay.dp
-    par["pipeline_parallel_degree"] = lay.pp
-    if lay.pp > 1:
-        par["pipeline_parallel_schedule"] = "Interleaved1F1B" if lay.vpp > 1 else "1F1B"
-        if (lay.first_stage_layers or lay.last_stage_layers) and lay.vpp > 1:
-            # torchtitan shortens only the first and the last virtual stage: the embedding-and-
-            # loss split (first = last = middle - 1) is that, one layer each (the only
-            # interleaved uneven split the rules admit)
-            k = (plan.model.num_layers + 2) // (lay.pp * lay.vpp)
-            par["pipeline_parallel_layers_per_stage"] = k
-            par["pipeline_parallel_first_stage_less_layers"] = 1
-            par["pipeline_parallel_last_stage_less_layers"] = 1
-        elif lay.first_stage_layers or lay.last_stage_layers:  # uneven: middle stages hold k
-            f, la, L = lay.first_stage_layers, lay.last_stage_layers, plan.model.num_layers
-            k = max(f, la, int(lay.stage_layers(L)[1]))
-            par["pipeline_parallel_layers_per_stage"] = k
-            par["pipeline_parallel_first_stage_less_layers"] = k - f
-            par["pipeline_parallel_last_stage_less_layers"] = k - la
-        else:
-            par["pipeline_parallel_layers_per_stage"] = layers_per_virtual_stage(plan)
-            par["pipeline_parallel_first_stage_less_layers"] = 0
-            par["pipeline_parallel_last_stage_less_layers"] = 0
-        par["pipeline_parallel_microbatch_size"] = lay.micro_batch_size
-        local = m * lay.micro_batch_size
-    else:
-        local = lay.micro_batch_size
-    par["context_parallel_degree"] = lay.cp
-    if plan.model.moe is not None:
-        par["expert_parallel_degree"] = expert_parallel(plan, fmt, par["data_parallel_shard_degree"])
+    if tr.grad_bytes != 4:
+        _bf16_gradients(plan, notes)
+    par, local = _parallelism(plan, fmt, notes)
     training = {"local_batch_size": local, "global_batch_size": tr.global_batch_size,
                 "seq_len": tr.seq_length, "mixed_precision_param": "bfloat16",
-                "mixed_precision_reduce": "float32" if tr.grad_bytes == 4 else "bfloat16"}
+                "mixed_precision_reduce": "float32"}
     ac: dict[str, object] = {"mode": lay.recompute}
     if lay.recompute == "selective" and fmt == "toml":
-        # 0.2.x defaults selective_ac_option to "2" (every other layer); plan3d costs per-op SAC
+        # 0.2.2 defaults selective_ac_option to "2" (every other layer); plan3d costs per-op SAC
         ac["selective_ac_option"] = "op"
     if not tr.flash_attention:
         notes.append("the plan assumed attention without flash attention (scores stored); "
@@ -123,38 +95,116 @@ def torchtitan_settings(plan: Plan, fmt: str) -> tuple[dict[str, dict[str, objec
     if rope:
         notes.append(rope)
     notes += _model_notes(plan)
-    return {"training": training, "parallelism": par, "activation_checkpoint": ac,
-            **_precision(plan, fmt, notes), **_checkpoint(plan, fmt, notes)}, notes
+    notes.append(no_connections_requirement("torchtitan"))
+    return {"training": training, "parallelism": par, **_precision(plan, fmt, notes),
+            **_checkpoint(plan, fmt, notes), "activation_checkpoint": ac}, notes
 
 
-# torchao recipes torchtitan runs for plan3d's FP8 precisions (fp8-blockwise has none: the
-# torchtitan profile's rules refuse it): float8 "rowwise" (its default; the tensorwise recipe is
-# gone from 0.3's Float8LinearConverter) and MXFP8.
-TITAN_FP8 = {"fp8": ("float8", "rowwise"), "mxfp8": ("mx", "mxfp8")}
+def _bf16_gradients(plan: Plan, notes: list[str]) -> None:
+    """torchtitan reduces gradients in float32 only (training.mixed_precision_reduce is
+    Literal["float32"] in 0.2.2 job_config.py and 0.3.0 configs.py): UsageError for a plan
+    costed for torchtitan with bf16 gradients (--grad-dtype bf16); a note for a plan of
+    another framework's runtime (whose re-plan note export_plan adds)."""
+    from ..search.framework_rules import profile_for
+    if profile_for(plan.training, plan.framework).export == "torchtitan":
+        raise UsageError("torchtitan reduces gradients in float32 only (training."
+                         "mixed_precision_reduce is Literal['float32'] in 0.2.2 job_config.py "
+                         "and 0.3.0 configs.py); the plan has bf16 gradients: plan with "
+                         "--grad-dtype fp32")
+    notes.append("gradients: torchtitan reduces them in float32 only (mixed_precision_reduce); "
+                 "the plan's bf16 gradients are its own framework's")
+
+
+def _parallelism(plan: Plan, fmt: str, notes: list[str]) -> tuple[dict[str, object], int]:
+    """(the parallelism section, the local batch size): degrees, the pipeline (_pipeline) and
+    the expert mesh (expert_parallel)."""
+    lay = plan.layout
+    par: dict[str, object] = {"tensor_parallel_degree": lay.tp}
+    if lay.tp > 1 and not lay.sequence_parallel:
+        if fmt == "toml":
+            notes.append("the plan has TP without sequence parallelism, but torchtitan 0.2.2 TP "
+                         "always shards norms on the sequence (SP): memory will be lower and TP "
+                         "traffic different from the estimate")
+        else:
+            par["enable_sequence_parallel"] = False
+    # ZeRO-0 is DDP replicas, ZeRO-3 FSDP (the rules admit these two)
+    replicate, shard = (lay.dp, 1) if lay.sharding_stage == 0 else (1, lay.dp)
+    par["data_parallel_replicate_degree"] = replicate
+    par["data_parallel_shard_degree"] = shard
+    par["pipeline_parallel_degree"] = lay.pp
+    local = _pipeline(plan, par) if lay.pp > 1 else lay.micro_batch_size
+    par["context_parallel_degree"] = lay.cp
+    if plan.model.moe is not None:
+        par.update(expert_parallel(plan, fmt, shard))
+    return par, local
+
+
+def _pipeline(plan: Plan, par: dict[str, object]) -> int:
+    """The pipeline fields of a plan with pp > 1 (into ``par``); returns the local batch: all
+    m micro-batches of a DP rank run in one pipeline step."""
+    lay = plan.layout
+    par["pipeline_parallel_schedule"] = "Interleaved1F1B" if lay.vpp > 1 else "1F1B"
+    if (lay.first_stage_layers or lay.last_stage_layers) and lay.vpp > 1:
+        # torchtitan shortens only the first and the last virtual stage: the embedding-and-
+        # loss split (first = last = middle - 1) is that, one layer each (the only
+        # interleaved uneven split the rules admit)
+        k, less = (plan.model.num_layers + 2) // (lay.pp * lay.vpp), (1, 1)
+    elif lay.first_stage_layers or lay.last_stage_layers:  # uneven: middle stages hold k
+        f, la, L = lay.first_stage_layers, lay.last_stage_layers, plan.model.num_layers
+        k = max(f, la, int(lay.stage_layers(L)[1]))
+        less = (k - f, k - la)
+    else:
+        k, less = layers_per_virtual_stage(plan), (0, 0)
+    par["pipeline_parallel_layers_per_stage"] = k
+    par["pipeline_parallel_first_stage_less_layers"] = less[0]
+    par["pipeline_parallel_last_stage_less_layers"] = less[1]
+    par["pipeline_parallel_microbatch_size"] = lay.micro_batch_size
+    return microbatches(plan) * lay.micro_batch_size
+
+
+# The FP8 recipe plan3d costs for torchao (cost.precision: per-tensor current scaling, one
+# scale per tensor, the per-tensor GEMM) is torchao's "tensorwise"; MXFP8 is torchao's MX.
+# fp8-blockwise has no torchao recipe (the torchtitan profile's rules refuse it).
+FP8_NAME = {"fp8": "per-tensor scaling (torchao tensorwise)", "mxfp8": "MXFP8 (torchao MX)"}
 
 
 def _precision(plan: Plan, fmt: str, notes: list[str]) -> dict[str, dict[str, object]]:
-    """FP8 for the plan's precision: 0.2.x TOML ``model.converters`` with the ``[float8]`` /
-    ``[mx]`` recipe (job_config.py @000204a4a8bf Model.converters, Float8, MX); 0.3 configures
-    quantization in Python (model_registry(quantization=[...]), torchtitan @0014ac2
-    components/quantization/float8.md, mx.py): a note names the converter. {} in BF16."""
-    if plan.training.precision not in TITAN_FP8:
+    """The quantization settings of the plan's FP8 precision ({} in BF16): 0.2.2 TOML
+    model.converters with [quantize.linear.float8] recipe_name "tensorwise" or
+    [quantize.linear.mx] (job_config.py Model.converters, Float8Linear, MXLinear; converter
+    names registered in components/quantization/float8.py L238-239, mx.py L171-172), experts
+    with [quantize.grouped_mm.mx]; 0.3.0 configures MXFP8 in Python (a note). UsageError
+    where the release has no such recipe: fp8 in 0.3.0 (rowwise only) and for 0.2.2's experts
+    (its grouped-GEMM float8 is rowwise)."""
+    precision, moe = plan.training.precision, plan.model.moe is not None
+    if precision not in FP8_NAME:
         return {}
-    converter, recipe = TITAN_FP8[plan.training.precision]
-    moe = plan.model.moe is not None
-    if fmt == "toml":
-        notes.append(f"{plan.training.precision}: torchao {recipe}; all communication stays in "
-                     "high precision (torchtitan's float8.md), as the estimate assumed")
-        return {"model": {"converters": [converter]},
-                converter: {"recipe_name": recipe, "filter_fqns": ["output"]}}
-    cls = "Float8" if converter == "float8" else "MXFP8"
-    extra = f", {cls}GroupedExpertsConverter.Config(model_compile_enabled=True)" if moe else ""
-    arg = 'recipe_name="rowwise", filter_fqns=["output"], ' if converter == "float8" else ""
-    notes.append(f"{plan.training.precision}: torchtitan 0.3 sets quantization in Python, not by "
-                 f"option: model_registry(..., quantization=[{cls}LinearConverter.Config({arg}"
-                 f"model_compile_enabled=True){extra}]) (torchao {recipe}; communication in high "
-                 "precision, as the estimate assumed)")
-    return {}
+    name = FP8_NAME[precision]
+    if precision == "fp8" and (fmt == "overrides" or moe):
+        where = ("torchtitan 0.3.0 has only rowwise float8 recipes (Float8LinearConverter."
+                 "Config recipe_name 'rowwise' | 'rowwise_with_gw_hp')" if fmt == "overrides" else
+                 "torchtitan 0.2.2 quantizes experts with rowwise float8 only "
+                 "(Float8GroupedMMConverter)")
+        raise UsageError(f"{where}; the plan was costed with {name}: "
+                         + ("export with --torchtitan-format toml (0.2.2 has tensorwise)"
+                            if fmt == "overrides" and not moe else "plan in bf16 or mxfp8"))
+    notes.append(f"{precision}: {name}; all communication stays in high precision "
+                 "(torchtitan's float8.md), as the estimate assumed")
+    if fmt == "overrides":  # mxfp8
+        extra = ", MXFP8GroupedExpertsConverter.Config(model_compile_enabled=True)" if moe else ""
+        notes.append("torchtitan 0.3.0 sets quantization in Python, not by option: "
+                     "model_registry(..., converters=[MXFP8LinearConverter.Config("
+                     f"model_compile_enabled=True){extra}])")
+        return {}
+    if precision == "fp8":
+        return {"model": {"converters": ["quantize.linear.float8"]},
+                "quantize.linear.float8": {"recipe_name": "tensorwise", "filter_fqns": ["output"]}}
+    out: dict[str, dict[str, object]] = {
+        "model": {"converters": ["quantize.linear.mx"] + ["quantize.grouped_mm.mx"] * moe},
+        "quantize.linear.mx": {"recipe_name": "mxfp8_cublas", "filter_fqns": ["output"]}}
+    if moe:
+        out["quantize.grouped_mm.mx"] = {"recipe_name": "mxfp8", "fqns": ["experts"]}
+    return out
 
 
 def _checkpoint(plan: Plan, fmt: str, notes: list[str]) -> dict[str, dict[str, object]]:
@@ -168,7 +218,7 @@ def _checkpoint(plan: Plan, fmt: str, notes: list[str]) -> dict[str, dict[str, o
     if planned != 12.0:  # a plan of another framework's state, exported to torchtitan
         notes.append(f"torchtitan's checkpoint holds fp32 parameters and Adam's moments (12 B per "
                      f"parameter), the interval was estimated for the plan's {planned:g} B")
-    return {"checkpoint": {"enable_checkpoint" if fmt == "toml" else "enable": True,
+    return {"checkpoint": {"enable": True,
                            "interval": ck["interval_steps"],
                            "async_mode": "async" if ck["async"] else "disabled"}}
 
@@ -183,34 +233,32 @@ def _model_notes(plan: Plan) -> list[str]:
     return out
 
 
-def expert_parallel(plan: Plan, fmt: str, dp_shard: int) -> int:
-    """``parallelism.expert_parallel_degree`` = ep, or UsageError naming what torchtitan lacks.
-
-    0.3 (configs.py L240-248; distributed/parallel_dims.py: sparse mesh [pp, dp_replicate,
-    efsdp, ep] with efsdp = dp_shard*cp*tp/ep): EP borrows ranks from FSDP, CP and TP, and the
-    experts are not tensor-parallel (etp = 1). 0.2.x (job_config.py L344-350, parallel_dims.py
-    L56-58: ep % cp == 0 and dp_shard*cp % ep == 0; experiments/llama4/infra/parallelize.py:
-    ExpertTensorParallel / TensorParallel on the experts when tp > 1): EP borrows from FSDP and
-    CP only, and the experts are sharded over the attention TP (etp = tp)."""
+def expert_parallel(plan: Plan, fmt: str, dp_shard: int) -> dict[str, int]:
+    """The expert-parallel fields ({"expert_parallel_degree": ep, ...}), or UsageError naming
+    what torchtitan lacks. Both releases fold experts over FSDP x CP x TP: 0.3.0's sparse mesh
+    [pp, dp_replicate, efsdp, ep] with efsdp = dp_shard*cp*tp/ep, experts not tensor-parallel
+    (etp = 1; configs.py ParallelismConfig has expert_parallel_degree only); 0.2.2's
+    [pp, dp_replicate, efsdp, ep, etp] with efsdp = dp_shard*cp*tp/(etp*ep) and etp = 1 or tp
+    (distributed/parallel_dims.py L58-59, L135-137; job_config.py Parallelism
+    expert_tensor_parallel_degree, default 1, so it is written). DDP replicas
+    (data_parallel_replicate_degree) hold no experts."""
     lay = plan.layout
+    if fmt == "toml" and lay.etp not in (1, lay.tp):
+        raise UsageError(f"torchtitan 0.2.2 shards experts over etp = 1 or tp = {lay.tp} "
+                         f"(parallel_dims.py L58-59); this plan has etp={lay.etp}")
+    if fmt != "toml" and lay.etp != 1:
+        raise UsageError(f"torchtitan 0.3.0 has no expert tensor parallelism (ParallelismConfig "
+                         f"has expert_parallel_degree only; experts are not TP-sharded); this "
+                         f"plan has etp={lay.etp}")
+    ranks = dp_shard * lay.cp * lay.tp
+    if ranks % (lay.ep * lay.etp):
+        raise UsageError(f"torchtitan {RELEASE[fmt]} takes expert-parallel ranks from FSDP x CP x "
+                         f"TP = {ranks} (data_parallel_shard_degree {dp_shard}); ep={lay.ep} x "
+                         f"etp={lay.etp} does not divide it (DDP replicas hold no experts)")
+    out = {"expert_parallel_degree": lay.ep}
     if fmt == "toml":
-        if lay.etp != lay.tp:
-            raise UsageError(f"torchtitan 0.2.x shards experts over the attention TP (etp = tp = "
-                             f"{lay.tp}); this plan has etp={lay.etp}: use the overrides (0.3) "
-                             "or a plan with etp = tp")
-        if lay.ep % lay.cp or (dp_shard * lay.cp) % lay.ep:
-            raise UsageError(f"torchtitan 0.2.x needs ep % cp == 0 and (FSDP degree * cp) % ep "
-                             f"== 0; this plan has ep={lay.ep} cp={lay.cp} FSDP degree {dp_shard}")
-        return lay.ep
-    if lay.etp != 1:
-        raise UsageError(f"torchtitan 0.3 has no expert tensor parallelism (ParallelismConfig has "
-                         f"expert_parallel_degree only; experts are not TP-sharded); this plan "
-                         f"has etp={lay.etp}")
-    if (dp_shard * lay.cp * lay.tp) % lay.ep:
-        raise UsageError(f"torchtitan 0.3 takes expert parallel ranks from FSDP x CP x TP = "
-                         f"{dp_shard * lay.cp * lay.tp} (data_parallel_shard_degree {dp_shard}); "
-                         f"ep={lay.ep} does not divide it (ZeRO-0 replicas cannot hold experts)")
-    return lay.ep
+        out["expert_tensor_parallel_degree"] = lay.etp
+    return out
 
 
 def _value(v: object, toml: bool) -> str:
@@ -224,33 +272,55 @@ def _value(v: object, toml: bool) -> str:
 
 
 def export_torchtitan(plan: Plan, fmt: str = "overrides") -> Export:
-    """Overrides (torchtitan 0.3) one per line with `` \\``, or a TOML job file (0.2.x)."""
-    if fmt not in ("overrides", "toml"):
+    """Overrides for torchtitan 0.3.0, one per line with `` \\`` (``fmt`` "overrides"), or a
+    TOML job file for torchtitan 0.2.2 ("toml"); comments wrapped at 80 columns. UsageError for
+    another ``fmt`` or what the release cannot run (torchtitan_settings)."""
+    if fmt not in RELEASE:
         raise UsageError(f"--torchtitan-format must be overrides or toml, got {fmt!r}")
     settings, notes = torchtitan_settings(plan, fmt)
-    keys = [f"{s}.{k}" for s, fields in settings.items() for k in fields]
-    if fmt == "toml":
-        head = [f"torchtitan 0.2.x job file (TOML; run with --job.config_file) for {describe(plan)}",
-                f"option names: {SOURCE_02}; does not fit torchtitan 0.3+ (Python configs)",
-                ORDER_NOTE,
-                "merge into your model's job file: [model], [optimizer], [lr_scheduler] and "
-                "the checkpoint folder are not set here"] + notes
-        body = []
-        for section, fields in settings.items():
-            body.append(f"[{section}]")
-            body += [f"{k} = {_value(v, True)}" for k, v in fields.items()]
-            body.append("")
-        return Export("torchtitan", "".join(f"# {c}\n" for c in head) + "\n".join(body), keys=keys)
-    head = [f"torchtitan 0.3 command-line overrides for {describe(plan)}",
-            f"option names: {SOURCE_03}; for 0.2.x use --torchtitan-format toml",
+    return _toml(plan, settings, notes) if fmt == "toml" else _overrides(plan, settings, notes)
+
+
+def _toml(plan: Plan, settings: dict[str, dict[str, object]], notes: list[str]) -> Export:
+    """The 0.2.2 job file: [section] tables (dotted for quantize.linear.*), key = value."""
+    head = [f"torchtitan {RELEASE['toml']} job file (TOML; run with --job.config_file) for "
+            f"{describe(plan)}",
+            f"targets torchtitan {RELEASE['toml']} (pip install torchtitan=={RELEASE['toml']}); "
+            f"option names: {SOURCE_02}; 0.3.0 and later take Python configs instead",
             ORDER_NOTE,
-            "append to: python -m torchtitan.train --module <your model module> --config <config fn>"] + notes
-    lines = []
+            "merge into your model's job file: [model] name and flavor, [optimizer], "
+            "[lr_scheduler] and the checkpoint folder are not set here"] + notes
+    body = []
     for section, fields in settings.items():
+        body.append(f"[{section}]")
+        body += [f"{k} = {_value(v, True)}" for k, v in fields.items()]
+        body.append("")
+    keys = [f"{s}.{k}" for s, fields in settings.items() for k in fields]
+    return Export("torchtitan", comment_lines(head) + "\n".join(body), keys=keys)
+
+
+def _overrides(plan: Plan, settings: dict[str, dict[str, object]], notes: list[str]) -> Export:
+    """The 0.3.0 command line: --section.field value (booleans as tyro flags --x.flag /
+    --x.no_flag), then the activation-checkpoint subcommand, which tyro takes last."""
+    release = RELEASE["overrides"]
+    head = [f"torchtitan {release} command-line overrides for {describe(plan)}",
+            f"targets torchtitan {release} (pip install torchtitan=={release}); option names: "
+            f"{SOURCE_03}; for 0.2.2 use --torchtitan-format toml",
+            ORDER_NOTE,
+            "append to: python -m torchtitan.train --module <your model module> --config "
+            "<config fn>"] + notes
+    lines, keys = [], []
+    for section, fields in settings.items():
+        if section == "activation_checkpoint":
+            continue
         for k, v in fields.items():
-            if isinstance(v, bool):  # tyro booleans are flags: --x.flag / --x.no_flag
+            keys.append(f"{section}.{k}")
+            if isinstance(v, bool):
                 lines.append(f"--{section}.{'' if v else 'no_'}{k}")
             else:
                 lines.append(f"--{section}.{k} {_value(v, False)}")
-    text = "".join(f"# {c}\n" for c in head) + " \\\n".join(lines) + "\n"
+    mode = str(settings["activation_checkpoint"]["mode"])
+    lines.append(f"activation-checkpoint:{mode}")
+    keys.append(f"activation-checkpoint:{mode}")
+    text = comment_lines(head) + " \\\n".join(lines) + "\n"
     return Export("torchtitan", text, keys=keys)
