@@ -269,10 +269,11 @@ def test_search_reaches_the_vpp_an_uneven_split_allows():
     # divisors(126) = 1, 2, 3, 6, 7, 9, 14, 18, 21, ...: vpp 4 comes only from the 7+..+7 split on
     # pp=16 ((126 + 2)/16 = 8 per rank); with full recomputation pinned it halves the bubble of
     # vpp 2 and wins the pinned search
-    from planner.search.grid import _vpp_values
-    assert 4 in _vpp_values(126, np.array([16]), 16).tolist()
-    assert 4 not in _vpp_values(126, np.array([14]), 16).tolist()  # 126 = 14 x 9: even split only
+    from planner.layout import BY_NAME
     m, hw = catalog.resolve_model("llama3-405b"), catalog.resolve_hardware("dgx-h100")
+    vpp_values = BY_NAME["vpp"].values
+    assert 4 in vpp_values(m, None, np.array([16]), 16).tolist()
+    assert 4 not in vpp_values(m, None, np.array([14]), 16).tolist()  # 126 = 14 x 9: even split only
     tr = TrainingSpec(seq_length=8192, global_batch_size=2048)
     lay = search(m, hw, tr, 8192, SearchOptions(tp=8, pp=16, max_cp=1, recompute="full")).ranked.candidates.layout(0)
     assert (lay.vpp, lay.first_stage_layers, lay.last_stage_layers) == (4, 7, 7)

@@ -68,6 +68,11 @@ ORDER_NOTE = ("rank order: torchtitan's ParallelDims mesh [pp, dp_replicate, dp_
               "tp-cp-ep-dp-pp that the cost model assumed; see `plan3d placement --order torchtitan`")
 
 
+# plan3d's pipeline schedules by torchtitan's names (parallelism.pipeline_parallel_schedule,
+# torchtitan/distributed/pipeline_parallel.py at b5bcd76c: PyTorch's schedule classes by name)
+SCHEDULE_NAMES = {"1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B"}
+
+
 def torchtitan_settings(plan: Plan, fmt: str) -> tuple[dict[str, dict[str, object]], list[str]]:
     """({section: {field: value}}, comments) for ``plan``; ``fmt`` is "overrides" (0.3.0) or
     "toml" (0.2.2). UsageError for what the release cannot run as costed (bf16 gradient
@@ -143,7 +148,7 @@ def _pipeline(plan: Plan, par: dict[str, object]) -> int:
     """The pipeline fields of a plan with pp > 1 (into ``par``); returns the local batch: all
     m micro-batches of a DP rank run in one pipeline step."""
     lay = plan.layout
-    par["pipeline_parallel_schedule"] = "Interleaved1F1B" if lay.vpp > 1 else "1F1B"
+    par["pipeline_parallel_schedule"] = SCHEDULE_NAMES[lay.pipeline_schedule]
     if (lay.first_stage_layers or lay.last_stage_layers) and lay.vpp > 1:
         # torchtitan shortens only the first and the last virtual stage: the embedding-and-
         # loss split (first = last = middle - 1) is that, one layer each (the only

@@ -12,8 +12,9 @@ typer options of search and estimate (cli.axes). Adding an axis is one row here,
 
 A row's ``role`` says how the search covers it: ``split`` (the parallel split rows: tp, cp, pp,
 dp, the expert mesh and the pipeline split, built together by search.grid), ``knob`` (an axis of
-the grid of its own, values from ``values``) or ``solved`` (not a grid axis: the scan solves the
-least value that fits, cost.recompute / cost.offload, unless pinned).
+the grid of its own, values from ``values``), ``solved`` (not a grid axis: the scan solves the
+least value that fits, cost.recompute / cost.offload, unless pinned) or ``implied`` (not a grid
+axis: the value the other axes imply, ``implied``, unless pinned).
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ class Axis:
     runs file) takes where the axis is not stated, for an axis without a Layout default (None:
     derived), and those words for its help (default: the Layout default's). ``title``: the
     axis named in sentences (``title_text``, else its first key: zero, mbs, sp, ...).
+    ``implied``: the value (a choice's code; arrays broadcast) a layout takes where the axis is
+    not stated, from its other fields (an object with their attributes); None: ``default``.
     """
 
     name: str
@@ -76,13 +79,14 @@ class Axis:
     help: str = ""
     keys: tuple[str, ...] = ()
     label: Callable[[Any], str] | None = None
-    printed: int = 0
+    printed: float = 0
     always: bool = False
     column: str | None = None
     values: Callable[..., np.ndarray] | None = None
     stated: Any = None
     stated_text: str = ""
     title_text: str = ""
+    implied: Callable[[Any], Any] | None = None
 
     @property
     def array_default(self) -> Any:
@@ -149,6 +153,20 @@ def _vpp_values(model, training, pps, bound) -> np.ndarray:
     return np.array(sorted(values), dtype=np.int64)
 
 
+PIPELINE_SCHEDULES = ("1f1b", "interleaved-1f1b")
+
+
+def _interleaved(c) -> Any:
+    """The schedule a layout's vpp implies: interleaved 1F1B with virtual stages, else 1F1B."""
+    return np.where(np.asarray(c.vpp) > 1, 1, 0)
+
+
+def _schedule(lay) -> str:
+    """The schedule in the short form, only where vpp does not imply it."""
+    implied = PIPELINE_SCHEDULES[int(_interleaved(lay))]
+    return "" if lay.pipeline_schedule == implied else f"schedule={lay.pipeline_schedule}"
+
+
 def _fixed(*values) -> Callable[..., np.ndarray]:
     return lambda model, training, pps, bound: np.array(values)
 
@@ -206,6 +224,11 @@ AXES: tuple[Axis, ...] = (
          help="full recompute of only the first N layers of each model chunk (Megatron's block "
               "method; 0 = every layer)", keys=("recompute_num_layers",),
          title_text="recompute layers"),
+    Axis("pipeline_schedule", str, default="1f1b", choices=PIPELINE_SCHEDULES,
+         words="1f1b or interleaved-1f1b", flag="--pipeline-schedule", help="pipeline schedule",
+         keys=("schedule", "pipeline_schedule"), label=_schedule, printed=10.5,
+         stated_text="1f1b, interleaved-1f1b with --vpp > 1", implied=_interleaved,
+         role="implied"),
     Axis("offload_layers", int, default=0, minimum=0, role="solved", flag="--offload-layers",
          help="layers whose activations go to host memory over the host link (Megatron-Core "
               "--cpu-offloading-num-layers: pp 1, no recomputation)",
@@ -217,6 +240,7 @@ BY_NAME: dict[str, Axis] = {a.name: a for a in AXES}
 SPLIT_FIELDS = tuple(a.name for a in AXES if a.role == "split")
 KNOB_FIELDS = tuple(a.name for a in AXES if a.role == "knob")
 SOLVED_FIELDS = tuple(a.name for a in AXES if a.role == "solved")
+IMPLIED_FIELDS = tuple(a.name for a in AXES if a.role == "implied")
 BOOL_FIELDS = tuple(a.name for a in AXES if a.kind is bool)
 PRINTED = tuple(sorted((a for a in AXES if a.label is not None), key=lambda a: a.printed))
 BOUNDS: dict[str, Axis] = {a.bound: a for a in AXES if a.bound}

@@ -20,7 +20,10 @@ from .layout import Layout
 def _post_init(self) -> None:
     shape = np.shape(self.tp)
     for axis in AXES:
-        if getattr(self, axis.name) is None:
+        if getattr(self, axis.name) is None and axis.implied is not None:
+            object.__setattr__(self, axis.name, np.broadcast_to(
+                axis.implied(self), np.broadcast_shapes(shape, np.shape(axis.implied(self)))).copy())
+        elif getattr(self, axis.name) is None:
             if axis.array_default is REQUIRED:
                 raise TypeError(f"Candidates needs {axis.name}")
             dtype = bool if axis.kind is bool else np.int64

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Literal
 
 from pydantic import Field, create_model, model_validator
@@ -13,6 +14,20 @@ from .degrees import LayoutDegrees
 
 class _LayoutBase(LayoutDegrees, _Strict):
     """What every Layout checks and prints, whatever its axes."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _implied(cls, data):
+        """An axis not stated whose value the others imply (axes.Axis.implied) takes it."""
+        if isinstance(data, dict):
+            for axis in AXES:
+                if axis.implied is not None and data.get(axis.name) is None:
+                    fields = SimpleNamespace(**{a.name: data.get(a.name, a.default) for a in AXES})
+                    try:
+                        data = {**data, axis.name: axis.value(axis.implied(fields))}
+                    except (TypeError, ValueError):  # the fields it reads are invalid: the
+                        pass  # field validation says so
+        return data
 
     @model_validator(mode="after")
     def _split_pairs(self):

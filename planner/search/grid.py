@@ -18,7 +18,7 @@ import numpy as np
 
 from ..cost.collectives import nvlink_domain
 from ..layout import BY_NAME, Candidates
-from ..layout.axes import KNOB_FIELDS, SOLVED_FIELDS, SPLIT_FIELDS
+from ..layout.axes import IMPLIED_FIELDS, KNOB_FIELDS, SOLVED_FIELDS, SPLIT_FIELDS
 from ..layout.split import divisors, uneven_splits
 from ..specs import HardwareProfile, ModelSpec, TrainingSpec
 from .options import SearchOptions
@@ -234,7 +234,8 @@ def build_grid(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gp
     if model.moe is not None:
         split = expert_mesh(split, model.moe.num_experts, opts.ep, opts.etp, opts.max_ep)
     knobs = {name: knob_values(model, training, opts, pps, name) for name in KNOB_FIELDS}
-    fixed = {name: getattr(opts, name) for name in SOLVED_FIELDS if getattr(opts, name) is not None}
+    fixed = {name: BY_NAME[name].code(getattr(opts, name)) for name in SOLVED_FIELDS + IMPLIED_FIELDS
+             if getattr(opts, name) is not None}
     return Grid(split, knobs, fixed)
 
 

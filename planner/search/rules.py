@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..layout import Candidates
+from ..layout import BY_NAME, Candidates
 from ..layout.split import uneven_ok
 from ..specs import ModelSpec, TrainingSpec
 
@@ -61,11 +61,22 @@ def constraint_masks(model: ModelSpec, training: TrainingSpec, nvlink_domain: in
         "distributed optimizer replaces ZeRO (zero_stage 0 only)":
             ~c.distributed_optimizer | (c.zero_stage == 0),
         UNEVEN_RULE: uneven_ok(L, c),
+        SCHEDULE_RULE: schedule_ok(c),
         RECOMPUTE_LAYERS_RULE: _recompute_layers_ok(L, c),
         **expert_rules(model, c),
     }
     masks.update(framework_masks(profile_for(training, framework), model, training, c))
     return masks
+
+
+SCHEDULE_RULE = "interleaved 1F1B with vpp > 1, 1F1B with vpp = 1"
+
+
+def schedule_ok(c) -> np.ndarray:
+    """The pipeline schedule against the virtual stages: interleaved 1F1B runs vpp > 1 model
+    chunks per rank, 1F1B one (Narayanan et al. 2021 Sec. 2.2). Bool array."""
+    interleaved = np.asarray(c.pipeline_schedule) == BY_NAME["pipeline_schedule"].code("interleaved-1f1b")
+    return interleaved == (np.asarray(c.vpp) > 1)
 
 
 RECOMPUTE_LAYERS_RULE = "recompute_num_layers only with full recompute, at most a model chunk's layers"
