@@ -94,7 +94,7 @@ SCAN_PATHS = [(1, 0), (10**9, 10**9), (65_536, 16_384)]
 @pytest.mark.parametrize("chunk, call_cost", SCAN_PATHS[:2])
 def test_scan_paths_give_the_same_ranking(gpt3_h100, gpt3_512, monkeypatch, chunk, call_cost):
     # Whatever sub-grids the scan evaluates, what it finds must not change.
-    import planner.scan as scan_module
+    import planner.search.scan as scan_module
     monkeypatch.setattr(scan_module, "CHUNK", chunk)
     monkeypatch.setattr(scan_module, "CALL_COST", call_cost)
     m, hw, tr = gpt3_h100
@@ -108,7 +108,7 @@ def test_scan_paths_give_the_same_ranking(gpt3_h100, gpt3_512, monkeypatch, chun
 
 def test_scan_paths_name_the_same_closest_miss(gpt3_h100, monkeypatch):
     # GPT-3 175B on one node fits nowhere; the closest miss must not depend on the scan path.
-    import planner.scan as scan_module
+    import planner.search.scan as scan_module
     from planner.errors import NoFitError
     m, hw, tr = gpt3_h100
     messages = set()
@@ -269,7 +269,7 @@ def test_kept_list_and_tie_rule_do_not_depend_on_the_scan_path(monkeypatch):
     # not just the winner, must be the same whichever sub-grids the scan cuts, and
     # the winner must follow the tie rule (lower ZeRO stage, then less memory) even with keep=1.
     # Exact ties are common (cp twins, ZeRO-1 vs -2); they used to be cut in pool order.
-    import planner.scan as scan_module
+    import planner.search.scan as scan_module
     m, hw = catalog.resolve_model("llama3-405b"), catalog.resolve_hardware("dgx-h100")
     tr = TrainingSpec(seq_length=8192, global_batch_size=512)
     lists = []
