@@ -40,6 +40,14 @@ RECOMPUTE_MODES = ("none", "selective", "full", "selective+")
 Recompute = Literal[RECOMPUTE_MODES]
 SELECTIVE_PLUS_MODULES = ("layernorm", "moe_act", "mla_up_proj")
 GradDtype = Literal["fp32", "bf16", "fp16"]
+# MoE token dispatchers (Megatron-Core --moe-token-dispatcher-type alltoall | allgather, or flex
+# with --moe-flex-dispatcher-backend deepep | hybridep; transformer_config.py L891-902 @d98e8a64)
+MOE_DISPATCHERS = ("alltoall", "allgather", "deepep", "hybridep")
+# CUDA-graph scopes: none (eager); layers (Transformer Engine graphs of each layer's static part:
+# the whole layer of a dense model or a drop-and-pad MoE, attention + router + preprocess of a
+# dropless MoE; --cuda-graph-impl transformer_engine); full_iteration (the whole step,
+# --cuda-graph-impl full_iteration; transformer_config.py L1075-1088, L2795-2975)
+CUDA_GRAPHS = ("none", "layers", "full_iteration")
 
 
 class _Facts(_Strict):
@@ -83,8 +91,9 @@ class Rules(_Facts):
       PyTorch itself admits m < pp, where torchtitan warns and plan3d's schedule model stops).
     - ``pipeline_microbatches``: ``any`` or ``at_least_pp`` (non-interleaved 1F1B needs m >= pp).
     - ``uneven_split``: ``none``, ``megatron`` (Megatron-Core's first/last stage counts, both
-      interleaved forms) or ``edge_stages`` (first/last stage shortened; interleaved only the
-      embedding-and-loss form).
+      interleaved forms), ``edge_stages`` (first/last stage shortened; interleaved only the
+      embedding-and-loss form) or ``layout`` (Megatron-Core's --pipeline-model-parallel-layout:
+      any stage counts, interleaved too, each model chunk at least one layer).
     - ``zero_stages``: the ZeRO stages it offers (1 = Megatron's distributed optimizer where
       that is the mechanism); ``max_zero_stage_with_pp``: the highest stage allowed with pp > 1;
       ``max_zero_stage_with_moe``: the highest stage allowed for a model with MoE layers (3, the
@@ -101,6 +110,12 @@ class Rules(_Facts):
       only: ep divides dp, DeepSpeed-MoE) or ``fsdp_cp_tp`` (torchtitan 0.3: ep divides
       FSDP degree x cp x tp, the FSDP degree being dp under ZeRO-3 and 1 under DDP).
     - ``tied_embeddings_with_pp``: a model with tied embeddings may use pp > 1.
+    - ``tp_comm_overlap``: TP communication overlapped with the GEMMs (Megatron-Core
+      --tp-comm-overlap with Transformer Engine userbuffers; torchtitan's async TP).
+    - ``moe_dispatchers``: the MoE token dispatchers it runs (MOE_DISPATCHERS);
+      ``moe_a2a_overlap``: Megatron-Core's EP communication overlap (combined 1F1B).
+    - ``moe_token_drop``: a capacity factor with padding (drop-and-pad token dropping).
+    - ``cuda_graphs``: the CUDA-graph scopes it captures (CUDA_GRAPHS).
     Model rules (checked before a search; planner.frameworks.rules.model_problems):
     ``attention``, ``position_embedding``, ``activation``, ``norm``: the kinds it builds;
     ``dtypes``: the training dtypes; ``integer_rope_base``: the RoPE base must be an integer
@@ -116,12 +131,17 @@ class Rules(_Facts):
     interleaving_min_pp: int = Field(ge=2)
     interleaved_microbatches: Literal["at_least_pp", "multiple_of_pp", "pytorch_rounds"]
     pipeline_microbatches: Literal["any", "at_least_pp"]
-    uneven_split: Literal["none", "megatron", "edge_stages"]
+    uneven_split: Literal["none", "megatron", "edge_stages", "layout"]
     zero_stages: list[Literal[0, 1, 2, 3]] = Field(min_length=1)
     max_zero_stage_with_pp: Literal[0, 1, 2, 3]
     max_zero_stage_with_moe: Literal[0, 1, 2, 3] = 3
     DEFAULT_SOURCES: ClassVar[dict[str, str]] = {
-        "max_zero_stage_with_moe": "no ZeRO stage limit for MoE layers is known in this framework"}
+        "max_zero_stage_with_moe": "no ZeRO stage limit for MoE layers is known in this framework",
+        "tp_comm_overlap": "no TP communication overlap is known in this framework",
+        "moe_dispatchers": "its MoE layers dispatch tokens with an all-to-all",
+        "moe_a2a_overlap": "no EP communication overlap is known in this framework",
+        "moe_token_drop": "its MoE layers are dropless (no capacity factor plan3d costs)",
+        "cuda_graphs": "no CUDA-graph capture is known in this framework"}
     distributed_optimizer: bool
     recompute: list[Recompute] = Field(min_length=1)
     recompute_num_layers: bool
@@ -130,6 +150,11 @@ class Rules(_Facts):
     expert_tensor_parallel: bool
     expert_ranks: Literal["expert_mesh", "data", "fsdp_cp_tp"]
     tied_embeddings_with_pp: bool
+    tp_comm_overlap: bool = False
+    moe_dispatchers: list[Literal[MOE_DISPATCHERS]] = Field(default=["alltoall"], min_length=1)
+    moe_a2a_overlap: bool = False
+    moe_token_drop: bool = False
+    cuda_graphs: list[Literal[CUDA_GRAPHS]] = Field(default=["none"], min_length=1)
     attention: list[Literal["mha", "gqa", "mla"]] = Field(min_length=1)
     position_embedding: list[Literal["learned", "rope", "alibi"]] = Field(min_length=1)
     activation: list[Literal["gelu", "swiglu"]] = Field(min_length=1)

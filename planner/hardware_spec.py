@@ -143,6 +143,33 @@ class HostMemory(_Strict):
         return self
 
 
+class HostCPU(_Strict):
+    """The host CPU that drives each GPU's work (cost.host): ``op_time``, seconds of host time
+    per device operation the training framework launches eagerly (the Python and C++ code that
+    issues a kernel or a collective, with the launch itself): a GPU whose work is issued faster
+    than it runs never waits for its host; one that is not (small kernels, many per layer, a
+    blocking device-to-host sync that stops the host running ahead) waits."""
+
+    name: str
+    op_time: Seconds
+    source: str = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _check(self) -> "HostCPU":
+        _positive(self, "op_time")
+        return self
+
+
+class MoEDispatch(_Strict):
+    """The fused MoE token dispatchers a cluster can run beside NCCL's all-to-all (Megatron-Core
+    --moe-flex-dispatcher-backend): ``backends`` of deepep (DeepEP: NVSHMEM/IBGDA or NCCL Gin,
+    SM80/SM90 and B200/B300) and hybridep (HybridEP: TMA over NVLink, MNNVL, RDMA via DOCA).
+    Empty: only NCCL's all-to-all and all-gather dispatchers."""
+
+    backends: list[Literal["deepep", "hybridep"]] = []
+    source: str = Field(min_length=1)
+
+
 class StorageLink(_Strict):
     """Write and read bandwidth (bytes/s) of one path to the shared file system.
 
@@ -190,6 +217,9 @@ class Efficiency(_Strict):
     - ``attention``: fraction of peak reached by the attention core (flash attention).
     - ``hbm``: fraction of HBM bandwidth reached by memory-bound kernels.
     - ``nvlink``, ``network``: achieved bus bandwidth (nccl-tests busbw) / link bandwidth.
+    - ``a2a_nvlink``, ``a2a_network``: the same for the MoE token all-to-all (NCCL
+      all_to_all_single, one rank per NIC rail), measured apart from the dense collectives the
+      two factors above were fitted on (None: those factors).
     - ``step_overhead``: T_misc, fixed seconds per optimizer step beyond the modelled kernels
       (data loading, grad-norm and clipping, loss all-reduces, logging, launch gaps; formulas.md
       7.1 "calibrate as a constant"). 0 unless fitted by ``plan3d calibrate``.
@@ -202,8 +232,18 @@ class Efficiency(_Strict):
     hbm: Fraction
     nvlink: Fraction
     network: Fraction
+    a2a_nvlink: Fraction | None = None
+    a2a_network: Fraction | None = None
     step_overhead: Seconds = 0.0
     source: str = Field(min_length=1)
+    a2a_source: str = ""
+
+    @model_validator(mode="after")
+    def _a2a_sourced(self) -> "Efficiency":
+        if (self.a2a_nvlink is not None or self.a2a_network is not None) and not self.a2a_source.strip():
+            raise ValueError("a2a_nvlink / a2a_network need a2a_source: where the all-to-all "
+                             "bandwidth was measured")
+        return self
 
 
 class HardwareProfile(_Strict):
@@ -229,6 +269,8 @@ class HardwareProfile(_Strict):
     host_link: HostLink | None = None
     host_memory: HostMemory | None = None
     storage: Storage | None = None
+    host_cpu: HostCPU | None = None
+    moe_dispatch: MoEDispatch | None = None
     efficiency: Efficiency
     # Optional extra allowance per GPU a site needs beyond the framework profile's reserve (a
     # monitoring agent, MPS); the runtime, NCCL and allocator reserve is the framework's

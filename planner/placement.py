@@ -131,7 +131,7 @@ def cost_model_check(plan: Plan, pl: Placement) -> dict[str, dict[str, object]]:
     lay = plan.layout
     checks = [("tp", "tp"), ("dp", "dp_cp")] + [("cp", "cp")] * (lay.cp > 1)
     if "ep" in pl.groups:
-        checks.append(("ep", ep_group(plan.training)))
+        checks.append(("ep", ep_group(plan.layout)))
         checks += [("etp", "etp")] * (lay.etp > 1) + [("edp", "edp")]
     result = {key: _check(pl, dim, *(int(x) for x in size_stride(lay, dim))) for key, dim in checks}
     dom = pl.domain
@@ -216,7 +216,7 @@ def summary(plan: Plan, order: str = "megatron", examples: int = 2) -> dict[str,
             "nvlink_domains": -(-plan.gpus // pl.domain_size),
             "dims": dims, "tp_crosses_node": bool(dims["tp"]["groups_crossing_nodes"]),
             "ep_leaves_nvlink_domain": bool(dims["ep"]["groups_crossing_domains"]) if moe else None,
-            "moe_dispatcher": plan.training.moe_dispatcher if moe else None,
+            "moe_dispatcher": plan.layout.moe_dispatcher if moe else None,
             "cost_model": cost_model_check(plan, pl),
             "exports_assume": "megatron (tp-cp-ep-dp-pp); torchtitan, DeepSpeed: same groups"}
 

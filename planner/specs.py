@@ -206,17 +206,14 @@ class TrainingSpec(_Strict):
     # "token routing is force-balanced and token-dropless"); it scales the busiest rank's
     # received tokens, expert GEMMs, activations and all-to-all time (moe.md 4.2, 6).
     moe_imbalance: float = Field(default=1.0, ge=1.0, le=64.0)
-    # Token dispatcher (Megatron-Core --moe-token-dispatcher-type): alltoall (the default for
-    # expert parallelism), allgather, or flex (DeepEP / HybridEP: the same rows per rank, but one
-    # copy per destination rank over NVLink and per destination node over the network, moe.md
-    # 4.1-4.4; cost.moe.flex_shares).
-    moe_dispatcher: Literal["alltoall", "allgather", "flex"] = "alltoall"
-    # Megatron-Core's EP communication overlap (--overlap-moe-expert-parallel-comm with
-    # --delay-wgrad-compute, pipeline_parallel/combined_1f1b.py): the dispatch and combine of one
-    # micro-batch run under another's compute. Off by default, as in Megatron-Core; it needs
-    # ep > 1, no full recompute and, with pp > 1, interleaving (transformer_config.py
-    # L3003-3050), and is off for the layouts that break that.
-    moe_a2a_overlap: bool = False
+    # Token dropping (Megatron-Core --moe-expert-capacity-factor with
+    # --moe-pad-expert-input-to-capacity): None = dropless (the default); F = each expert takes
+    # ceil(T*k/E * F) rows of each source rank's tokens, padded to that capacity, so the rows
+    # every rank sends and computes are F x the balanced share whatever the routing and the host
+    # never waits on the routed counts (moe_utils.py L1019-1080, token_dispatcher.py L446-449,
+    # L517-538 @d98e8a64). It changes the model trained (tokens are dropped): an input, not a
+    # search choice. The token dispatcher, the EP overlap and the CUDA graphs are layout axes.
+    moe_capacity_factor: float | None = Field(default=None, gt=0, le=64)
     # Bytes of each of Adam's two moments per parameter: 4 (fp32, Megatron's default) or 2 (bf16:
     # Megatron-Core's precision-aware optimizer with --exp-avg-dtype/--exp-avg-sq-dtype bf16, as
     # Megatron-Bridge's DeepSeek-V3 recipe sets them; megatron/core/optimizer/optimizer_config.py).

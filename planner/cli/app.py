@@ -78,7 +78,6 @@ MAX_GPUS = typer.Option(None, "--max-gpus",
                         help="A budget of at most N GPUs; the search picks the count (whole nodes, or a divisor of one).")
 WHY_NOT = typer.Option(None, "--why-not",
                        help="Explain a (partial) layout, e.g. 'tp=4,pp=16', against the winner.")
-MOE_DISPATCHERS = ("alltoall", "allgather", "flex")
 DEADLINE = typer.Option(None, "--deadline", help="Train within this time, failures and "
                         "checkpoints counted: '30d', '720h' (needs a token budget).")
 
@@ -102,30 +101,19 @@ def _checkpoint(failure_rate, restart_time, async_save) -> dict:
     return out
 
 
-def _moe_job(dispatcher: str | None, overlap: bool | None) -> dict:
-    """The TrainingSpec MoE fields from --moe-dispatcher and --moe-a2a-overlap (only those
-    given); UsageError for an unknown dispatcher or the overlap with the allgather dispatcher
-    (Megatron-Core overlaps only alltoall and flex: transformer_config.py L3016-3019)."""
-    out: dict = {}
-    if dispatcher is not None:
-        key = dispatcher.strip().lower()
-        if key not in MOE_DISPATCHERS:
-            raise UsageError(f"--moe-dispatcher must be alltoall, allgather or flex, got {dispatcher!r}")
-        out["moe_dispatcher"] = key
-    if overlap is not None:
-        out["moe_a2a_overlap"] = overlap
-    if overlap and out.get("moe_dispatcher") == "allgather":
-        raise UsageError("--moe-a2a-overlap needs --moe-dispatcher alltoall or flex: Megatron-Core "
-                         "does not overlap the allgather dispatcher")
-    return out
-
-
-def _check_moe_job(model, moe: dict) -> None:
-    """UsageError for MoE settings given for a model without experts (they would do nothing)."""
-    if moe and model.moe is None:
-        flags = " and ".join("--moe-dispatcher" if k == "moe_dispatcher" else "--moe-a2a-overlap"
-                             for k in moe)
-        raise UsageError(f"{flags} applies to mixture-of-experts models; {model.name} has no experts")
+def _moe_job(model, capacity_factor: float | None) -> dict:
+    """The TrainingSpec MoE fields from --moe-capacity-factor (only if given); UsageError for a
+    factor that is not a positive number, or one given for a model without experts."""
+    if capacity_factor is None:
+        return {}
+    if model.moe is None:
+        raise UsageError(f"--moe-capacity-factor applies to mixture-of-experts models; "
+                         f"{model.name} has no experts")
+    import math
+    if not (math.isfinite(capacity_factor) and 0 < capacity_factor <= 64):
+        raise UsageError(f"--moe-capacity-factor is the rows an expert takes over its balanced "
+                         f"share, above 0 (1.0: exactly the share), got {capacity_factor:g}")
+    return {"moe_capacity_factor": capacity_factor}
 
 
 def _training(model, global_batch_size, seq_length, job: dict | None = None):
@@ -136,7 +124,7 @@ def _training(model, global_batch_size, seq_length, job: dict | None = None):
     cli.options by name (None or absent = not given). UsageError on bad input."""
     job = job or {}
     checkpoint = _checkpoint(job.get("failure_rate"), job.get("restart_time"), job.get("async_save"))
-    moe = _moe_job(job.get("moe_dispatcher"), job.get("moe_a2a_overlap"))
+    moe = _moe_job(model, job.get("moe_capacity_factor"))
     framework, flash, precision = job.get("framework"), job.get("flash_attention"), job.get("precision")
     grad_dtype, allocator = job.get("grad_dtype"), job.get("allocator_reserve")
     from ..catalog import resolve_framework
@@ -145,7 +133,6 @@ def _training(model, global_batch_size, seq_length, job: dict | None = None):
     if grad_dtype is not None and grad_dtype.strip().lower() not in ("fp32", "bf16"):
         raise UsageError(f"--grad-dtype must be fp32 or bf16, got {grad_dtype!r}")
     profile = resolve_framework(framework)
-    _check_moe_job(model, moe or {})
     job = training_spec(model, {"global_batch_size": global_batch_size, "seq_length": seq_length,
                                 "precision": precision,
                                 **(moe or {})})
@@ -155,7 +142,7 @@ def _training(model, global_batch_size, seq_length, job: dict | None = None):
     if checkpoint:
         training = training.model_copy(update={"checkpoint": training.checkpoint.model_copy(
             update=checkpoint)})
-    if moe:  # Megatron-Core's dispatchers and EP overlap: refused up front by other profiles
+    if moe:  # token dropping: refused up front where the framework has none
         from ..search.framework_rules import check_model
         check_model(profile, model, training)
     return profile, training

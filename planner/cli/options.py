@@ -88,11 +88,10 @@ JOB = (
     JobOption("precision", "--precision", Optional[PrecisionChoice], "Linear layers in bf16, fp8 "
               "(per-tensor scaling), fp8-blockwise (1x128/128x128 blocks) or mxfp8 (Blackwell) "
               "[default: bf16]."),
-    JobOption("moe_dispatcher", "--moe-dispatcher", Optional[str], "MoE token dispatcher: "
-              "alltoall, allgather or flex (DeepEP / HybridEP) [default: alltoall]."),
-    JobOption("moe_a2a_overlap", "--moe-a2a-overlap/--no-moe-a2a-overlap", Optional[bool],
-              "Megatron-Core's EP communication overlap (needs ep > 1, interleaving with "
-              "pp > 1) [default: off]."),
+    JobOption("moe_capacity_factor", "--moe-capacity-factor", Optional[float], "MoE token "
+              "dropping: each expert takes at most F x its balanced share of rows, padded to it "
+              "(Megatron-Core --moe-expert-capacity-factor with --moe-pad-expert-input-to-"
+              "capacity) [default: dropless]."),
     JobOption("failure_rate", "--failure-rate", Optional[float], "Unexpected interruptions per "
               "GPU-hour [default: Llama 3's 1.97e-5: 419 in 54 days on 16,384 H100]."),
     JobOption("restart_time", "--restart-time", Optional[str], "From a failure to training "
@@ -142,5 +141,8 @@ def _plain(value: Any) -> Any:
 
 def stated_default(axis: Axis) -> Any:
     """What a layout given by hand takes for ``axis`` when not stated: its Layout default, else
-    its ``stated`` value (None: derived, e.g. dp from the GPUs)."""
+    its ``stated`` value (None: derived, e.g. dp from the GPUs, or implied by the other axes,
+    e.g. the pipeline schedule by vpp)."""
+    if axis.implied is not None:
+        return None
     return axis.stated if axis.default is REQUIRED else axis.default

@@ -155,14 +155,23 @@ def tokens_on_gpu(c, training: TrainingSpec) -> np.ndarray:
     return c.tokens_per_microbatch(training.seq_length)
 
 
+def routed_factor(training: TrainingSpec) -> float:
+    """The busiest EP rank's routed rows over the balanced share: the capacity factor where
+    tokens are dropped and padded to capacity (every rank then sends and computes exactly that
+    many: Megatron-Core moe_utils.py L1073-1080 @d98e8a64), else training.moe_imbalance."""
+    if training.moe_capacity_factor is not None:
+        return float(training.moe_capacity_factor)
+    return training.moe_imbalance
+
+
 def moe_rows(model: ModelSpec, c, training: TrainingSpec) -> dict[str, np.ndarray]:
     """Routed rows of one MoE block per micro-batch on one GPU (moe.md 4.2, 6), balanced:
     T = s*b/(cp*tp) tokens (the SP shard), ``sent`` = T*k rows dispatched, ``received`` =
-    T*k*etp rows its local experts compute (times training.moe_imbalance on the busiest rank),
+    T*k*etp rows its local experts compute (times routed_factor on the busiest rank),
     ``per_expert`` = T*k*etp*ep/E rows per local expert (the grouped GEMM's M)."""
     k, E = model.moe.router_topk, model.moe.num_experts
     T = tokens_on_gpu(c, training) / np.asarray(c.tp, dtype=np.float64)
-    gamma = training.moe_imbalance
+    gamma = routed_factor(training)
     return {"tokens": T, "sent": T * k, "received": gamma * T * k * c.etp,
             "per_expert": gamma * T * k * c.etp * c.ep / E}
 
@@ -230,7 +239,7 @@ def linear_io_per_token(model: ModelSpec, c, training: TrainingSpec) -> dict[str
         out[MLP] = 2.0 * h / sp + glu * model.ffn / tp
     if model.moe is not None:
         mo = model.moe
-        rows = training.moe_imbalance * mo.router_topk / tp
+        rows = routed_factor(training) * mo.router_topk / tp
         shared = (2.0 * h / sp + glu * mo.shared_ffn / tp) * mo.shared_experts
         out[MOE] = rows * (2.0 * h * c.etp + glu * mo.ffn_hidden_size) + shared
     return out
@@ -264,7 +273,7 @@ def elementwise_bytes_per_token(model: ModelSpec, c, training: TrainingSpec) -> 
         out[MLP] = 11.0 * h / sp + act * model.ffn / tp
     if model.moe is not None:
         m = model.moe
-        rows = training.moe_imbalance * m.router_topk / tp
+        rows = routed_factor(training) * m.router_topk / tp
         out[MOE] = (11.0 * h / sp + ROUTER_BYTES_PER_SCORE * m.num_experts / tp
                     + rows * (PERMUTE_BYTES_PER_ROW_H * h + act * m.ffn_hidden_size)
                     + act * m.shared_experts * m.shared_ffn / tp)
@@ -321,7 +330,7 @@ def activation_bytes_per_token(model: ModelSpec, training: TrainingSpec, c, reco
     if MLP in block_kinds(model):
         out[MLP] = np.where(full, 0.0, mlp)
     if model.moe is not None:
-        m, g = model.moe, training.moe_imbalance
+        m, g = model.moe, routed_factor(training)
         glu_in, F = mc.fc1_outputs(model), m.ffn_hidden_size
         offload = 0.0 if training.moe_activation_offload else 1.0  # expert_fc1 and moe_act inputs
         per_row = offload * (q * c.etp * h + 2.0 * glu_in * F) + np.where(light, 0.0, q * F) \

@@ -9,7 +9,7 @@ All arrays have shape (N,); sizes in bytes, bandwidths in bytes/s, times in seco
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -28,14 +28,24 @@ class Links:
     inter_latency: float
     domain: int  # GPUs of one NVLink domain (formulas.md 5.3): groups inside it use NVLink
     inter_peak: float = 0.0  # NIC bandwidth per GPU, one direction, before efficiency
+    a2a_intra_bw: float = 0.0  # the MoE token all-to-all's NVLink bandwidth (0: intra_bw)
+    a2a_inter_bw: float = 0.0  # its NIC bandwidth (0: inter_bw)
 
     @classmethod
     def of(cls, hw: HardwareProfile) -> "Links":
         eff = hw.efficiency
-        return cls(intra_bw=hw.intra_node.bandwidth_per_gpu * eff.nvlink,
-                   inter_bw=hw.network_bandwidth_per_gpu * eff.network,
+        nvl, nic = hw.intra_node.bandwidth_per_gpu, hw.network_bandwidth_per_gpu
+        return cls(intra_bw=nvl * eff.nvlink, inter_bw=nic * eff.network,
                    intra_latency=hw.intra_node.latency, inter_latency=hw.inter_node.latency,
-                   domain=nvlink_domain(hw), inter_peak=hw.network_bandwidth_per_gpu)
+                   domain=nvlink_domain(hw), inter_peak=nic,
+                   a2a_intra_bw=nvl * (eff.a2a_nvlink or eff.nvlink),
+                   a2a_inter_bw=nic * (eff.a2a_network or eff.network))
+
+    def a2a(self) -> "Links":
+        """These links with the MoE token all-to-all's own bandwidths (Efficiency.a2a_nvlink,
+        a2a_network: measured apart from the dense collectives)."""
+        return replace(self, intra_bw=self.a2a_intra_bw or self.intra_bw,
+                       inter_bw=self.a2a_inter_bw or self.inter_bw)
 
 
 def nvlink_domain(hw: HardwareProfile) -> int:

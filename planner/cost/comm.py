@@ -35,7 +35,8 @@ from .memory import rank_index
 from .traffic import Collective, Elements
 from .volumes import block_collectives, dp_collectives, edge_collectives, p2p_collectives
 from ..layout import RECOMPUTE_CODES
-from .moe import ep_group, flex_links, flex_shares
+from .blocks import routed_factor
+from .moe import dispatcher_is, flex_links, flex_shares
 
 
 class _Timer:
@@ -122,41 +123,46 @@ def _backward_window(training: TrainingSpec, c, layer: LayerTimes):
 
 def _expert_times(model: ModelSpec, training: TrainingSpec, c, links: Links, colls: list[Collective],
                   times: dict) -> dict:
-    """Exposed, recompute and link seconds of an MoE block's dispatch and combine: the ep group
-    (moe.ep_group) and the expert-TP group. Exposed in full, or with Megatron-Core's EP overlap
-    (training.moe_a2a_overlap, where the layout allows it: no full recompute, interleaving when
-    pp > 1) only what exceeds the compute of one MoE layer (its attention and MoE blocks,
-    forward and backward), the other micro-batch's work that the combined 1F1B schedule runs
-    beside it (pipeline_parallel/combined_1f1b.py). The flex dispatcher (DeepEP / HybridEP)
-    times its all-to-alls with the deduplicated NVLink and NIC shares of moe.flex_shares, on
-    the NIC at the RDMA rate DeepEP measures (moe.flex_links)."""
-    ep_span = span(c, ep_group(training), links.domain)
-    shares, ep_links = None, links
-    if training.moe_dispatcher == "flex":
-        shares, ep_links = flex_shares(model, *ep_span), flex_links(links)
-    timers = {"ep": _Timer(ep_links, ep_span, shares), "etp": _Timer(links, span(c, "etp", links.domain))}
-    gamma = training.moe_imbalance
+    """Exposed, recompute and link seconds of an MoE block's dispatch and combine, each
+    candidate with its own dispatcher (layout axis moe_dispatcher): NCCL's all-to-all on the ep
+    group (ep ranks etp apart) at the all-to-all's bandwidths (Links.a2a), the fused dispatchers
+    (deepep, hybridep) with the deduplicated NVLink and NIC shares of moe.flex_shares at the
+    RDMA rate DeepEP measures (moe.flex_links), the allgather dispatcher on the etp*ep block;
+    the expert-TP group's collectives on etp ranks; the routed ones scaled by
+    blocks.routed_factor. Exposed in full, or with Megatron-Core's EP overlap (layout axis
+    moe_a2a_overlap, where a2a_overlap_applies) only what exceeds the compute of one MoE layer
+    (its attention and MoE blocks, forward and backward), the other micro-batch's work that
+    the combined 1F1B schedule runs beside it (pipeline_parallel/combined_1f1b.py)."""
+    ep_span = span(c, "ep", links.domain)
+    flex = dispatcher_is(c, "deepep", "hybridep")
+    timers = {"ep": _Timer(links.a2a(), ep_span), "ep_etp": _Timer(links, span(c, "ep_etp", links.domain)),
+              "etp": _Timer(links, span(c, "etp", links.domain))}
+    if np.any(flex):
+        timers["flex"] = _Timer(flex_links(links), ep_span, flex_shares(model, *ep_span))
+    gamma = routed_factor(training)
 
-    def total(**match):
-        t = 0.0
-        for x in colls:
-            if x.group in timers and all(getattr(x, k) == v for k, v in match.items()):
-                t = t + timers[x.group](x) * (gamma if _routed(x) else 1.0)
-        return t
-    forward_backward = total(phase="forward") + total(phase="backward")
-    recompute = total(phase="recompute")
-    exposed = forward_backward
-    if training.moe_a2a_overlap:
-        allowed = a2a_overlap_applies(c)
-        layer = times["attention"].forward + times["attention"].backward + \
-            times["moe"].forward + times["moe"].backward
-        exposed = np.where(allowed, np.maximum(0.0, forward_backward - layer), forward_backward)
+    def seconds(x: Collective):
+        if x.group == "etp":
+            t = timers["etp"](x)
+        elif x.kind == "all_to_all":
+            t = np.where(flex, timers["flex"](x), timers["ep"](x)) if "flex" in timers else timers["ep"](x)
+        else:
+            t = timers["ep_etp"](x)
+        return t * (gamma if _routed(x) else 1.0)
+
+    def total(phase: str):
+        return sum((seconds(x) for x in colls if x.group in ("ep", "etp") and x.phase == phase), 0.0)
+    forward_backward = total("forward") + total("backward")
+    recompute = total("recompute")
+    layer = times["attention"].forward + times["attention"].backward + \
+        times["moe"].forward + times["moe"].backward
+    exposed = np.where(a2a_overlap_on(c), np.maximum(0.0, forward_backward - layer), forward_backward)
     return {"ep_exposed": exposed, "ep_recompute": recompute, "ep_link": forward_backward + recompute}
 
 
 def _routed(x: Collective) -> bool:
-    """Whether a collective carries the routed rows, whose busiest rank holds moe_imbalance
-    times the balanced share: the alltoall dispatcher's all-to-alls and the expert-TP
+    """Whether a collective carries the routed rows, whose busiest rank holds routed_factor
+    times the balanced share: the all-to-all dispatchers' all-to-alls and the expert-TP
     collectives of the rows each rank received (moe.md 4.2); the allgather dispatcher's
     collectives move every token, balanced."""
     return x.kind == "all_to_all" or x.group == "etp"
@@ -167,8 +173,7 @@ def a2a_overlap_applies(c) -> np.ndarray:
     run: ep > 1, no full recomputation, and the interleaved schedule when pp > 1 (its combined
     1F1B pairs one micro-batch's forward with another's backward; moe.md 3.2, Megatron-LM
     transformer_config.py L3003-3050). Bool array over the candidates ``c``: arrays with the
-    recompute codes of specs.RECOMPUTE_CODES (Candidates, an evaluation's candidates), or one
-    specs.Layout (its recompute mode by name)."""
+    recompute codes of layout.RECOMPUTE_CODES (Candidates), or one Layout (its mode by name)."""
     recompute = np.asarray(c.recompute)
     if recompute.dtype.kind in "UO":  # a Layout: the mode by name
         recompute = np.vectorize(RECOMPUTE_CODES.__getitem__)(recompute)
@@ -176,21 +181,22 @@ def a2a_overlap_applies(c) -> np.ndarray:
         ((np.asarray(c.pp) == 1) | (np.asarray(c.vpp) > 1))
 
 
+def a2a_overlap_on(c) -> np.ndarray:
+    """Where the candidates run the EP overlap: the layout axis moe_a2a_overlap set where it
+    applies (a2a_overlap_applies; the framework rules refuse it elsewhere). Bool array."""
+    return np.asarray(c.moe_a2a_overlap, dtype=bool) & a2a_overlap_applies(c)
+
+
 def a2a_overlap_note(training, c, index: int = 0) -> str | None:
-    """A note when the training asks for the EP overlap and candidate ``index`` of ``c`` cannot
-    run it (a2a_overlap_applies): the estimate costs that layout without it; or when it names
-    a token dispatcher and the layout has no expert group for one to move tokens over (ep =
-    etp = 1: each GPU holds every expert)."""
-    notes = []
-    if training.moe_a2a_overlap and not bool(np.asarray(a2a_overlap_applies(c)).reshape(-1)[index]):
-        notes.append("the EP communication overlap (moe_a2a_overlap) does not apply to this layout "
-                     "(Megatron-Core overlaps it only with ep > 1, no full recomputation and, with "
-                     "pp > 1, interleaving): the estimate is without it")
+    """A note when candidate ``index`` of ``c`` names a fused or all-gather token dispatcher and
+    has no expert group for it to move tokens over (ep = etp = 1: each GPU holds every
+    expert)."""
     group = np.asarray(c.ep * c.etp).reshape(-1)[index]
-    if training.moe_dispatcher != "alltoall" and group == 1:
-        notes.append(f"the {training.moe_dispatcher} token dispatcher has nothing to move on this "
-                     "layout (ep = etp = 1: every GPU holds every expert)")
-    return "; ".join(notes) or None
+    name = c.layout(index).moe_dispatcher if hasattr(c, "layout") else c.moe_dispatcher
+    if name != "alltoall" and group == 1:
+        return (f"the {name} token dispatcher has nothing to move on this layout (ep = etp = 1: "
+                "every GPU holds every expert)")
+    return None
 
 
 def ring_times(c, colls: list[Collective], links: Links, layer: LayerTimes) -> tuple[np.ndarray, np.ndarray]:

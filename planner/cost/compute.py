@@ -81,7 +81,7 @@ def block_times(model: ModelSpec, training: TrainingSpec, hw: HardwareProfile, c
             shared = tokens * flops_per_token - router
             t_router = router / (precision.dtype_peak(hw, training) * precision.gemm_efficiency(router, hw))
             t_shared = shared / (peak * precision.linear_efficiency(np.maximum(shared / 2, 1.0), hw, training))
-            t_gemm = t_router + t_shared + training.moe_imbalance * routed / (peak * precision.linear_efficiency(
+            t_gemm = t_router + t_shared + blocks.routed_factor(training) * routed / (peak * precision.linear_efficiency(
                 _expert_gemm_flops(model, c, training), hw, training))
             out[kind] = LayerTimes(t_gemm, zero, zero, t_mem, _shared_fc1_share(model, t_shared, t_gemm), t_mem)
             continue
@@ -125,7 +125,7 @@ def _quantize_bytes_per_token(model: ModelSpec, training: TrainingSpec, hw: Hard
 def _expert_gemm_flops(model: ModelSpec, c, training: TrainingSpec) -> np.ndarray:
     """FLOPs of one GEMM of one local expert (the mean of fc1 and fc2): the per-expert rows x
     h x (glu*F/etp)/2 x 2 FLOPs (moe.md 6)."""
-    rows = blocks.moe_rows(model, c, training)["per_expert"] / training.moe_imbalance
+    rows = blocks.moe_rows(model, c, training)["per_expert"] / blocks.routed_factor(training)
     glu = mc.glu_factor(model)
     return rows * model.hidden_size * glu * model.moe.ffn_hidden_size / np.asarray(c.etp, dtype=np.float64)
 

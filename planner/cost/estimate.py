@@ -20,7 +20,7 @@ from .blocks import block_kinds
 
 MEMORY_TERMS = ("weights", "gradients", "optimizer", "activations", "other", "reserve")
 TIME_TERMS = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm", "offload",
-              "bubble", "optimizer")
+              "host", "bubble", "optimizer")
 LINK_GROUPS = ("tp", "cp", "ep", "pp", "dp")
 
 

@@ -12,8 +12,9 @@ The backward mirrors each (all-to-all <-> all-to-all, all-gather <-> reduce-scat
 recompute repeats the forward's. The allgather dispatcher (moe.md 4.3) instead all-gathers the
 T tokens, their probabilities and routing map over the etp*ep group and reduce-scatters the
 result. Payload S is what one GPU sends (all-to-all) or the unsharded tensor (all-gather
-output, reduce-scatter input), formulas.md 5.1; the busiest rank receives moe_imbalance times
-the balanced share, which cost.comm applies to the all-to-all and expert-TP times.
+output, reduce-scatter input), formulas.md 5.1; the busiest rank receives blocks.routed_factor times
+the balanced share, which cost.comm applies to the all-to-all and expert-TP times. The
+dispatcher is a layout axis (moe_dispatcher): each candidate's calls are those of its own.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import numpy as np
 
 from dataclasses import replace
 
+from ..framework_spec import MOE_DISPATCHERS
 from ..specs import ModelSpec, TrainingSpec
 from .blocks import moe_rows
 from .traffic import Collective, Elements
@@ -33,18 +35,27 @@ PROB_BYTES = 4.0  # routing probabilities in fp32 (Megatron-Core --moe-router-dt
 FLEX_NIC_EFFICIENCY = 0.86
 
 
+def dispatcher_is(c, *names: str) -> np.ndarray:
+    """Where the candidates' token dispatcher (layout axis moe_dispatcher, a choice code; or one
+    Layout's name) is one of ``names``. Bool array."""
+    value = np.asarray(c.moe_dispatcher)
+    if value.dtype.kind in "UO":
+        return np.isin(value, names)
+    return np.isin(value, [MOE_DISPATCHERS.index(n) for n in names])
+
+
 def expert_collectives(model: ModelSpec, training: TrainingSpec, c, elem: Elements, full) -> list[Collective]:
     """The expert-parallel collectives of ONE MoE block for ONE micro-batch on one GPU (see the
     module docstring): calls and payloads as arrays; groups ``ep`` and ``etp`` (zero calls where
-    the group has one rank)."""
+    the group has one rank, or where the candidate's dispatcher does not make the call: the
+    all-to-all ones for alltoall / deepep / hybridep, the all-gather ones for allgather)."""
     rows = moe_rows(model, c, training)
     h, act = model.hidden_size, elem.act
-    on_ep = (np.asarray(c.ep) > 1) * 1.0
-    on_etp = (np.asarray(c.etp) > 1) * 1.0
+    a2a = 1.0 - dispatcher_is(c, "allgather")
+    on_ep = (np.asarray(c.ep) > 1) * a2a
+    on_etp = (np.asarray(c.etp) > 1) * a2a
     etp = np.asarray(c.etp, dtype=np.float64)
     again = np.where(full, 1.0, 0.0)
-    if training.moe_dispatcher == "allgather":
-        return _allgather(model, c, rows, act, again)
     sent = rows["sent"]
     out = []
     for phase, n in (("forward", 1.0), ("recompute", again)):
@@ -63,16 +74,17 @@ def expert_collectives(model: ModelSpec, training: TrainingSpec, c, elem: Elemen
                        "expert-TP all-gather of the output gradients (fp32)"),
             Collective("etp", "reduce_scatter", "layer", "backward", "", on_etp, etp * sent * act * h,
                        "expert-TP reduce-scatter of the dispatched rows' gradients")]
-    return out
+    return out + _allgather(model, c, rows, act, again, dispatcher_is(c, "allgather") * 1.0)
 
 
-def _allgather(model: ModelSpec, c, rows, act: float, again) -> list[Collective]:
-    """The allgather dispatcher (moe.md 4.3): over the etp*ep group G, an all-gather of the T
-    tokens (h activations), their probabilities and routing map (E fp32 + E bool each) and a
-    reduce-scatter of the G*T outputs in the probabilities' dtype; the backward mirrors both."""
+def _allgather(model: ModelSpec, c, rows, act: float, again, chosen) -> list[Collective]:
+    """The allgather dispatcher (moe.md 4.3) where ``chosen``: over the etp*ep group G, an
+    all-gather of the T tokens (h activations), their probabilities and routing map (E fp32 + E
+    bool each) and a reduce-scatter of the G*T outputs in the probabilities' dtype; the backward
+    mirrors both."""
     E, h = model.moe.num_experts, model.hidden_size
     g = np.asarray(c.etp * c.ep, dtype=np.float64)
-    on = (g > 1) * 1.0
+    on = (g > 1) * chosen
     T = rows["tokens"]
     gather = g * T * (act * h + PROB_BYTES * E + E)
     scatter = g * T * PROB_BYTES * h
@@ -85,11 +97,17 @@ def _allgather(model: ModelSpec, c, rows, act: float, again) -> list[Collective]
                              "dispatch gradient")]
 
 
-def ep_group(training: TrainingSpec) -> str:
-    """The group kind (layout.groups) the dispatch runs on: ``ep``, ep ranks etp apart
-    (alltoall, flex), or ``ep_etp``, the etp*ep ranks of an expert-TP x EP block (allgather).
-    Megatron-Core's expert rank order is etp-ep-edp-pp (moe.md 3.1)."""
-    return "ep_etp" if training.moe_dispatcher == "allgather" else "ep"
+def ep_group(c) -> str:
+    """The group kind (layout.groups) one layout's dispatch runs on: ``ep``, ep ranks etp apart
+    (alltoall, deepep, hybridep), or ``ep_etp``, the etp*ep ranks of an expert-TP x EP block
+    (allgather). Megatron-Core's expert rank order is etp-ep-edp-pp (moe.md 3.1)."""
+    return "ep_etp" if bool(np.ravel(dispatcher_is(c, "allgather"))[0]) else "ep"
+
+
+def dispatch_kind(x: Collective) -> str:
+    """The group kind an ``ep`` collective is timed on: the all-to-alls on the ep group, the
+    allgather dispatcher's all-gathers and reduce-scatters on the etp*ep block."""
+    return "ep" if x.kind == "all_to_all" else "ep_etp"
 
 
 def miss_probability(num_experts: int, topk: int, held) -> np.ndarray:
@@ -125,8 +143,10 @@ def flex_shares(model: ModelSpec, n_local, n_nodes) -> tuple[np.ndarray, np.ndar
 
 
 def flex_links(links):
-    """``links`` with the NIC bandwidth of the flex dispatcher's RDMA transfers,
-    FLEX_NIC_EFFICIENCY x the line rate (links.inter_peak; unchanged when that is unknown, 0)."""
+    """``links`` with the NIC bandwidth of the fused dispatchers' RDMA transfers (DeepEP,
+    HybridEP), FLEX_NIC_EFFICIENCY x the line rate (links.inter_peak; unchanged when that is
+    unknown, 0), and the all-to-all's NVLink bandwidth (Links.a2a)."""
+    links = links.a2a()
     if not links.inter_peak:
         return links
     return replace(links, inter_bw=links.inter_peak * FLEX_NIC_EFFICIENCY)

@@ -22,7 +22,8 @@ from . import compute, pipeline, precision
 from . import model_flops as mf
 from .collectives import Links
 from .blocks import rank_blocks
-from .comm import BlockComm, RankComm, block_comm, rank_comm
+from .comm import BlockComm, RankComm, a2a_overlap_on, block_comm, rank_comm
+from .host import rank_host_time
 from .estimate import (LINK_GROUPS, MEMORY_TERMS, TIME_TERMS, Estimate, memory_by_rank,  # noqa: F401
                        memory_total, peak_memory, rank_kinds)
 from .memory import RANK_KINDS, rank_index, zero_divisors
@@ -173,6 +174,9 @@ def evaluate(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c,
                              not summary) for kind in RANK_KINDS}          # edges, p2p, DP
     edges = {kind: np.where(ranks[kind].is_last, output, 0.0) for kind in RANK_KINDS}
     extra = {kind: rank_extra(kind, edges, ranks[kind]) for kind in RANK_KINDS}
+    overlap = a2a_overlap_on(c) if model.moe is not None else False
+    for kind in RANK_KINDS:                                               # host (CPU) time
+        extra[kind]["host"] = rank_host_time(model, hw, training, c, costs, times, counts[kind], overlap)
     if np.any(uses_host_memory(c)):  # pp 1 only: every rank kind is rank 0
         stall = offload_stall(model, hw, training, c, times, counts["first"], rank_index(c, "first"))
         for kind in RANK_KINDS:
@@ -227,7 +231,8 @@ def _breakdown(slowest, costs, counts, extra, m, shares=None) -> dict[str, np.nd
     per_block = {"compute": "compute", "recompute": "recompute", "tp_comm": "tp", "cp_comm": "cp",
                  "ep_comm": "ep"}
     out = {}
-    for name in ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm", "offload"):
+    for name in ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm", "offload",
+                 "host"):
         term = per_block.get(name)
         values = {k: (_stage_work(costs, counts[k], term, _share(shares, k)) if term else 0.0)
                   + extra[k].get(name, 0.0)

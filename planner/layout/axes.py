@@ -13,8 +13,10 @@ typer options of search and estimate (cli.axes). Adding an axis is one row here,
 A row's ``role`` says how the search covers it: ``split`` (the parallel split rows: tp, cp, pp,
 dp, the expert mesh and the pipeline split, built together by search.grid), ``knob`` (an axis of
 the grid of its own, values from ``values``), ``solved`` (not a grid axis: the scan solves the
-least value that fits, cost.recompute / cost.offload, unless pinned) or ``implied`` (not a grid
-axis: the value the other axes imply, ``implied``, unless pinned).
+least value that fits, cost.recompute / cost.offload, unless pinned), ``implied`` (not a grid
+axis: the value the other axes imply, ``implied``, unless pinned) or ``software`` (a switch of the
+training software: not a grid axis of the rules and memory passes, which take its default; the
+step pass times every allowed value of each and keeps the fastest, search.scan).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..framework_spec import RECOMPUTE_MODES
+from ..framework_spec import CUDA_GRAPHS, MOE_DISPATCHERS, RECOMPUTE_MODES
 from .split import divisors, uneven_splits, uneven_vpp_options
 
 RECOMPUTE_CODES: dict[str, int] = {name: code for code, name in enumerate(RECOMPUTE_MODES)}
@@ -56,8 +58,8 @@ class Axis:
     (keys[0] as the short form prints it); ``label``: the short form's piece of a layout ("" =
     not printed); ``printed``: its position in the short form; ``always``: printed whatever
     its value; ``column``: the wide table's
-    header (None: no column); ``values``: a knob's search values (model, training, pp values,
-    bound) -> array. ``stated`` / ``stated_text``: what a layout given by hand (estimate, a
+    header (None: no column); ``values``: the values a free search tries, from a context with
+    the model, training, hardware, framework profile, the pp values and the axis bound -> array. ``stated`` / ``stated_text``: what a layout given by hand (estimate, a
     runs file) takes where the axis is not stated, for an axis without a Layout default (None:
     derived), and those words for its help (default: the Layout default's). ``title``: the
     axis named in sentences (``title_text``, else its first key: zero, mbs, sp, ...).
@@ -136,21 +138,52 @@ def _split(lay) -> str:
     return f"({lay.split_label} layers)" if lay.first_stage_layers or lay.last_stage_layers else ""
 
 
-def _micro_batch_sizes(model, training, pps, bound) -> np.ndarray:
+def _micro_batch_sizes(ctx) -> np.ndarray:
     """Divisors of the global batch (each a micro-batch size some dp can take)."""
-    return divisors(training.global_batch_size)
+    return divisors(ctx.training.global_batch_size)
 
 
-def _vpp_values(model, training, pps, bound) -> np.ndarray:
+def _vpp_values(ctx) -> np.ndarray:
     """The divisors of the layer count (even splits), and every vpp with which an uneven split
-    of a pp in ``pps`` interleaves (e.g. Llama-3 405B, 126 layers, pp=16 as 7+..+7: vpp 2 and
+    of a pp in ``ctx.pps`` interleaves (e.g. Llama-3 405B, 126 layers, pp=16 as 7+..+7: vpp 2 and
     4, (126 + 2)/16 = 8 per rank). Ascending int64."""
-    num_layers = model.num_layers
+    num_layers = ctx.model.num_layers
     values = set(divisors(num_layers).tolist())
-    for pp in np.asarray(pps).tolist():
+    for pp in np.asarray(ctx.pps).tolist():
         for f, la in uneven_splits(num_layers, pp):
-            values.update(uneven_vpp_options(num_layers, pp, f, la, bound))
+            values.update(uneven_vpp_options(num_layers, pp, f, la, ctx.bound))
     return np.array(sorted(values), dtype=np.int64)
+
+
+def _switch(rule: str) -> Callable[..., np.ndarray]:
+    """A software switch: off, and on where the framework runs it (its Rules field ``rule``);
+    the EP overlap only on an MoE model."""
+    def values(ctx) -> np.ndarray:
+        moe_only = rule == "moe_a2a_overlap" and ctx.model.moe is None
+        return np.array([False, True] if getattr(ctx.framework.rules, rule) and not moe_only else [False])
+    return values
+
+
+def _dispatchers(ctx) -> np.ndarray:
+    """The token dispatchers a free search tries (codes): all-to-all for a dense model (it has
+    none to choose); for an MoE model NCCL's all-to-all and the fused dispatcher the framework and
+    the cluster both run (HybridEP before DeepEP: the same rows, no etp*ep > 1 assertion). The
+    all-gather dispatcher is only tried when pinned: it moves every token to every rank of the
+    etp*ep group (moe.md 4.3)."""
+    out = ["alltoall"]
+    if ctx.model.moe is not None:
+        offered = set(ctx.framework.rules.moe_dispatchers) & \
+            set(getattr(ctx.hardware.moe_dispatch, "backends", None) or [])
+        out += [b for b in ("hybridep", "deepep") if b in offered][:1]
+    return np.array([MOE_DISPATCHERS.index(d) for d in out])
+
+
+def _graph_scopes(ctx) -> np.ndarray:
+    """The CUDA-graph scopes a free search tries (codes): none, and layers where the framework
+    captures them (full_iteration only when pinned: its constraints, a static step, rarely hold;
+    Megatron-Core transformer_config.py L2795-2975)."""
+    return np.array([CUDA_GRAPHS.index(g) for g in ("none", "layers")
+                     if g in ctx.framework.rules.cuda_graphs])
 
 
 PIPELINE_SCHEDULES = ("1f1b", "interleaved-1f1b")
@@ -168,7 +201,7 @@ def _schedule(lay) -> str:
 
 
 def _fixed(*values) -> Callable[..., np.ndarray]:
-    return lambda model, training, pps, bound: np.array(values)
+    return lambda ctx: np.array(values)
 
 
 AXES: tuple[Axis, ...] = (
@@ -229,6 +262,31 @@ AXES: tuple[Axis, ...] = (
          keys=("schedule", "pipeline_schedule"), label=_schedule, printed=10.5,
          stated_text="1f1b, interleaved-1f1b with --vpp > 1", implied=_interleaved,
          role="implied"),
+    Axis("tp_comm_overlap", bool, default=False, role="software", flag="--tp-comm-overlap/--no-tp-comm-overlap",
+         help="TP communication overlapped with the GEMMs (Megatron-Core --tp-comm-overlap, "
+              "Transformer Engine userbuffers; torchtitan async TP)",
+         keys=("tpoverlap", "tp_comm_overlap"), label=lambda lay: "tpoverlap" if lay.tp_comm_overlap else "",
+         printed=14, column="TP overlap", values=_switch("tp_comm_overlap")),
+    Axis("moe_dispatcher", str, default="alltoall", choices=MOE_DISPATCHERS,
+         words="alltoall, allgather, deepep or hybridep", role="software", flag="--moe-dispatcher",
+         help="MoE token dispatcher: alltoall, allgather, or the fused deepep / hybridep "
+              "(Megatron-Core --moe-token-dispatcher-type, flex with --moe-flex-dispatcher-backend)",
+         keys=("dispatcher", "moe_dispatcher"),
+         label=lambda lay: f"dispatcher={lay.moe_dispatcher}" if lay.ep * lay.etp > 1 else "",
+         printed=15, column="dispatcher", values=_dispatchers),
+    Axis("moe_a2a_overlap", bool, default=False, role="software",
+         flag="--moe-a2a-overlap/--no-moe-a2a-overlap",
+         help="MoE EP communication overlapped with another micro-batch's compute (Megatron-Core "
+              "--overlap-moe-expert-parallel-comm: the combined 1F1B schedule)",
+         keys=("a2aoverlap", "moe_a2a_overlap"), label=lambda lay: "a2aoverlap" if lay.moe_a2a_overlap else "",
+         printed=16, column="EP overlap", values=_switch("moe_a2a_overlap")),
+    Axis("cuda_graphs", str, default="none", choices=CUDA_GRAPHS,
+         words="none, layers or full_iteration", role="software", flag="--cuda-graphs",
+         help="CUDA-graph scope: none, layers (each layer's static part: Megatron-Core "
+              "--cuda-graph-impl transformer_engine) or full_iteration",
+         keys=("graphs", "cuda_graphs"),
+         label=lambda lay: f"graphs={lay.cuda_graphs}" if lay.cuda_graphs != "none" else "",
+         printed=17, column="graphs", values=_graph_scopes),
     Axis("offload_layers", int, default=0, minimum=0, role="solved", flag="--offload-layers",
          help="layers whose activations go to host memory over the host link (Megatron-Core "
               "--cpu-offloading-num-layers: pp 1, no recomputation)",
@@ -240,6 +298,7 @@ BY_NAME: dict[str, Axis] = {a.name: a for a in AXES}
 SPLIT_FIELDS = tuple(a.name for a in AXES if a.role == "split")
 KNOB_FIELDS = tuple(a.name for a in AXES if a.role == "knob")
 SOLVED_FIELDS = tuple(a.name for a in AXES if a.role == "solved")
+SOFTWARE_FIELDS = tuple(a.name for a in AXES if a.role == "software")
 IMPLIED_FIELDS = tuple(a.name for a in AXES if a.role == "implied")
 BOOL_FIELDS = tuple(a.name for a in AXES if a.kind is bool)
 PRINTED = tuple(sorted((a for a in AXES if a.label is not None), key=lambda a: a.printed))

@@ -11,6 +11,7 @@ TIME_LABELS = {
     "pp_comm": "pipeline p2p (exposed)",
     "dp_comm": "DP/ZeRO communication (exposed)",
     "offload": "activation offload (exposed)",
+    "host": "host (CPU) time (exposed)",
     "bubble": "pipeline bubble",
     "optimizer": "optimizer step + fixed per-step overhead",
 }

@@ -30,10 +30,9 @@ def header(model, hw, training, gpus, batch: str | None = None) -> None:
     line = f"{what}, {job}"  # one line where it fits, else broken after the hardware
     out.print(line if len(line) <= out.width else f"{what},\n{job}", markup=False)
     out.print(framework_line(training), markup=False)
-    if model.moe is not None and (training.moe_dispatcher != "alltoall" or training.moe_a2a_overlap):
-        overlap = ", EP communication overlapped where the layout allows it (ep > 1, no full " \
-            "recompute, vpp > 1 with pp > 1)" if training.moe_a2a_overlap else ""
-        out.print(f"MoE: {training.moe_dispatcher} token dispatcher{overlap}", markup=False)
+    if model.moe is not None and training.moe_capacity_factor is not None:
+        out.print(f"MoE: tokens dropped beyond capacity factor {training.moe_capacity_factor:g}, "
+                  "padded to it", markup=False)
 
 
 PRECISION_NAMES = {"fp8": "per-tensor scaling", "fp8-blockwise": "1x128 / 128x128 block scales",

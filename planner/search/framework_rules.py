@@ -16,6 +16,7 @@ from ..errors import UsageError
 from ..framework_spec import FrameworkProfile
 from ..layout import RECOMPUTE_CODES
 from ..specs import ModelSpec, TrainingSpec
+from .software_rules import software_masks
 from ..catalog import framework_profiles, resolve_framework
 from ..cost.offload import offload_allowed
 from ..layout import Candidates
@@ -71,6 +72,7 @@ def framework_masks(profile: FrameworkProfile, model: ModelSpec, training: Train
     if len(codes) < len(RECOMPUTE_CODES):
         out[f"{d} offers recompute {' / '.join(r.recompute)}"] = np.isin(c.recompute, codes)
     out.update(_offload_masks(profile, model, training, c))
+    out.update(software_masks(profile, model, training, c))
     if not r.recompute_num_layers:
         out[f"{d} recomputes every layer in full (no recompute_num_layers N > 0)"] = \
             np.asarray(c.recompute_num_layers) == 0
@@ -208,13 +210,9 @@ def model_problems(profile: FrameworkProfile, model: ModelSpec, training: Traini
     elif training.precision == "fp8-blockwise" and library == "torchao":
         problems.append(f"{d} (torchao) has no 1x128 / 128x128 block-scaled FP8 recipe; use fp8 "
                         "(float8 rowwise) or mxfp8")
-    if model.moe is not None and profile.export != "megatron":  # Megatron-Core's MoE job settings
-        if training.moe_dispatcher != "alltoall":
-            problems.append(f"{d} dispatches tokens with all-to-all, not Megatron-Core's "
-                            f"{training.moe_dispatcher} dispatcher (moe_dispatcher, --moe-dispatcher)")
-        if training.moe_a2a_overlap:
-            problems.append(f"{d} has no Megatron-Core EP communication overlap "
-                            "(moe_a2a_overlap, --moe-a2a-overlap)")
+    if training.moe_capacity_factor is not None and not r.moe_token_drop:
+        problems.append(f"{d} has no token dropping with a capacity factor (moe_capacity_factor, "
+                        "--moe-capacity-factor): its MoE layers are dropless")
     theta = model.rope_theta
     if r.integer_rope_base and model.position_embedding == "rope" and theta is not None \
             and not float(theta).is_integer():

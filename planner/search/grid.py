@@ -13,14 +13,16 @@ layout, and only the final compositions run at the full size. Results are identi
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import numpy as np
 
 from ..cost.collectives import nvlink_domain
 from ..layout import BY_NAME, Candidates
-from ..layout.axes import IMPLIED_FIELDS, KNOB_FIELDS, SOLVED_FIELDS, SPLIT_FIELDS
+from ..layout.axes import IMPLIED_FIELDS, KNOB_FIELDS, SOFTWARE_FIELDS, SOLVED_FIELDS, SPLIT_FIELDS
 from ..layout.split import divisors, uneven_splits
 from ..specs import HardwareProfile, ModelSpec, TrainingSpec
+from .framework_rules import profile_for
 from .options import SearchOptions
 from .rules import folds
 
@@ -86,6 +88,9 @@ class Grid:
     knobs: dict[str, np.ndarray]
     # Fields every layout of the grid shares (a pinned recompute_num_layers), int per name.
     fixed: dict[str, int] = field(default_factory=dict)
+    # The software axes the step pass chooses among (layout.axes role "software"): the values
+    # tried per axis where more than one (a pinned or single value is in ``fixed``)
+    software: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -110,18 +115,19 @@ class Grid:
             shape = [1] * ndim
             shape[axis] = -1
             fields[name] = self.knobs[name].reshape(shape)
-        fields.update({k: np.full((1,) * ndim, v, dtype=np.int64) for k, v in self.fixed.items()})
+        fields.update({k: np.full((1,) * ndim, v, dtype=_dtype(k)) for k, v in self.fixed.items()})
         return Candidates(**fields)
 
     def rows(self, lo: int, hi: int) -> "Grid":
         """The grid of split rows lo:hi (every knob value)."""
-        return Grid({k: v[lo:hi] for k, v in self.split.items()}, self.knobs, self.fixed)
+        return Grid({k: v[lo:hi] for k, v in self.split.items()}, self.knobs, self.fixed, self.software)
 
     def take(self, rows: np.ndarray, values: list[np.ndarray]) -> "Grid":
         """The sub-grid of split rows ``rows`` and, on each knob axis (KNOB_FIELDS order), the
         values at ``values[k]``: the layouts of their Cartesian product, still a broadcast grid."""
         return Grid({k: v[rows] for k, v in self.split.items()},
-                    {name: self.knobs[name][sel] for name, sel in zip(KNOB_FIELDS, values)}, self.fixed)
+                    {name: self.knobs[name][sel] for name, sel in zip(KNOB_FIELDS, values)}, self.fixed,
+                    self.software)
 
     def index_of(self, rows: np.ndarray, values: list[np.ndarray]) -> np.ndarray:
         """Flat indices into this grid of the layouts of ``take(rows, values)``, in that
@@ -137,8 +143,12 @@ class Grid:
         fields = {name: self.split[name][idx[0] + row_offset] for name in SPLIT_FIELDS}
         for axis, name in enumerate(KNOB_FIELDS, start=1):
             fields[name] = self.knobs[name][idx[axis]]
-        fields.update({k: np.full(np.shape(idx[0]), v, dtype=np.int64) for k, v in self.fixed.items()})
+        fields.update({k: np.full(np.shape(idx[0]), v, dtype=_dtype(k)) for k, v in self.fixed.items()})
         return Candidates(**fields)
+
+
+def _dtype(name: str) -> type:
+    return bool if BY_NAME[name].kind is bool else np.int64
 
 
 def full(array: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
@@ -233,23 +243,27 @@ def build_grid(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gp
         split = pinned_split(split, L, opts.first_stage_layers, opts.last_stage_layers)
     if model.moe is not None:
         split = expert_mesh(split, model.moe.num_experts, opts.ep, opts.etp, opts.max_ep)
-    knobs = {name: knob_values(model, training, opts, pps, name) for name in KNOB_FIELDS}
+    ctx = SimpleNamespace(model=model, training=training, hardware=hw,
+                          framework=profile_for(training, opts.framework), pps=pps)
+    knobs = {name: knob_values(ctx, opts, name) for name in KNOB_FIELDS}
     fixed = {name: BY_NAME[name].code(getattr(opts, name)) for name in SOLVED_FIELDS + IMPLIED_FIELDS
              if getattr(opts, name) is not None}
-    return Grid(split, knobs, fixed)
+    software = {name: knob_values(ctx, opts, name) for name in SOFTWARE_FIELDS}
+    fixed.update({name: int(v[0]) for name, v in software.items() if v.size == 1})
+    return Grid(split, knobs, fixed, {name: v for name, v in software.items() if v.size > 1})
 
 
-def knob_values(model: ModelSpec, training: TrainingSpec, opts: SearchOptions, pps: np.ndarray,
-                name: str) -> np.ndarray:
-    """The values knob axis ``name`` takes in the grid (layout.axes: its ``values`` within its
-    bound), or its pin alone; a choice as its code. Int64 (bool for a bool axis)."""
+def knob_values(ctx, opts: SearchOptions, name: str) -> np.ndarray:
+    """The values axis ``name`` takes in the search (layout.axes: its ``values`` within its
+    bound, from ``ctx``: model, training, hardware, framework, pps), or its pin alone; a choice as
+    its code. Int64 (bool for a bool axis)."""
     a = BY_NAME[name]
     pin = getattr(opts, name)
     dtype = bool if a.kind is bool else np.int64
     if pin is not None:
         return np.array([a.code(pin)], dtype=dtype)
     bound = getattr(opts, a.bound) if a.bound else None
-    values = np.asarray(a.values(model, training, pps, bound))
+    values = np.asarray(a.values(SimpleNamespace(**vars(ctx), bound=bound)))
     return (values if bound is None else values[values <= bound]).astype(dtype)
 
 

@@ -19,7 +19,7 @@ from ..layout.axes import KNOB_FIELDS
 from .grid import Grid, full
 from ..specs import HardwareProfile, ModelSpec, TrainingSpec
 
-from ..layout import Candidates
+from ..layout import BY_NAME, Candidates
 from .framework_rules import profile_for
 from .options import SearchOptions
 from .state import Scan
@@ -114,13 +114,19 @@ def record_least_layers(model: ModelSpec, training: TrainingSpec, sub: Grid, c, 
 
 def with_scanned_layers(c, passed: Scan, index: np.ndarray, shape: tuple | None = None):
     """Candidates ``c`` (the grid's layouts at flat ``index``; ``shape``: their sub-grid's, None
-    for flat ones) with the layer counts the scan recorded for them: full recompute with the
-    least N layers per chunk that fits, and a layout that fits only with activation offload with
-    its least N (Scan.solved; unchanged where none is recorded)."""
+    for flat ones) with what the scan recorded for them: full recompute with the least N layers
+    per chunk that fits, a layout that fits only with activation offload with its least N
+    (Scan.solved), and the software the step pass chose (Scan.software, code + 1); unchanged
+    where nothing is recorded."""
     for name, layers in passed.solved.items():
         n = layers.find(index)
         if np.any(n > 0):
             c = c.replace(**{name: n if shape is None else n.reshape(shape)})
+    for name, layers in passed.software.items():
+        code = layers.find(index)
+        if np.any(code > 0):
+            value = code - 1 if shape is None else (code - 1).reshape(shape)
+            c = c.replace(**{name: value.astype(bool) if BY_NAME[name].kind is bool else value})
     return c
 
 

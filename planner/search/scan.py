@@ -30,6 +30,10 @@ from .least_layers import (offers_offload, offers_recompute_layers, record_least
                            record_least_offload, with_scanned_layers)
 from .options import SearchOptions
 from .state import FIT_RULE, Scan
+from .software_rules import software_masks
+from .framework_rules import profile_for
+from ..layout import Candidates
+from dataclasses import fields as dataclass_fields
 from ..cost.collectives import nvlink_domain
 from ..layout.axes import KNOB_FIELDS
 from .grid import Grid, full
@@ -105,17 +109,48 @@ def step_pass(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gri
     sub-grids of their ``boxes``; each sub-grid's best go to ``out.keep``. Full recompute is
     timed with the least N layers per chunk that fits, a layout that fits only with activation
     offload with its least N (``out.solved``, memory_pass)."""
+    profile = profile_for(training, opts.framework)
     for rows, values in chunks(boxes, CHUNK):
         index = grid.index_of(rows, values)
         sub = grid.take(rows, values)
         c = with_scanned_layers(sub.candidates(), out, index, sub.shape)  # least N (memory_pass)
-        est = evaluate(model, hw, training, c, summary=True)
-        score, wall = objective.layout_scores(model, hw, training, c, est.time["step"],
-                                              est.throughput["tokens_per_s"], opts, tokens)
+        step, chosen = software_step(model, hw, training, profile, c, grid.software)
+        tokens_per_s = training.global_batch_size * training.seq_length / step
+        score, wall = objective.layout_scores(model, hw, training, c, step, tokens_per_s, opts, tokens)
         fit = np.flatnonzero(fits[index])
+        for name, codes in chosen.items():
+            out.software[name].add(index[fit], full(codes + 1, sub.shape).ravel()[fit])
         score = full(score, sub.shape).ravel()[fit]
         wall = None if opts.deadline_s is None else full(wall, sub.shape).ravel()[fit]
         out.keep(score, index[fit], opts.keep, wall)
+
+
+def software_step(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, profile, c,
+                  software: dict) -> tuple:
+    """(step seconds, {axis: chosen code}) of candidates ``c`` with each one's fastest allowed
+    combination of the ``software`` axes' values ({axis: codes}, search.grid.Grid.software):
+    the axes appended to ``c`` as trailing broadcast dimensions, evaluated at once (what does
+    not depend on them is computed once), combinations the software rules refuse
+    (search.software_rules) timed as never ending; the first of equal ones (the defaults
+    first). Arrays of ``c``'s broadcast shape."""
+    if not software:
+        return evaluate(model, hw, training, c, summary=True).time["step"], {}
+    names, k = list(software), len(software)
+    fields = {f.name: np.asarray(getattr(c, f.name)) for f in dataclass_fields(c)}
+    base = np.broadcast_shapes(*(v.shape for v in fields.values()))
+    fields = {n: v.reshape(v.shape + (1,) * k) for n, v in fields.items()}
+    for j, name in enumerate(names):
+        fields[name] = software[name].reshape((1,) * len(base) + tuple(-1 if i == j else 1 for i in range(k)))
+    wide = Candidates(**fields)
+    sizes = tuple(software[n].size for n in names)
+    step = np.broadcast_to(evaluate(model, hw, training, wide, summary=True).time["step"], base + sizes)
+    ok = np.logical_and.reduce([np.broadcast_to(m, base + sizes) for m in
+                                software_masks(profile, model, training, wide).values()])
+    flat = np.where(ok, step, np.inf).reshape(base + (-1,))
+    best = np.argmin(flat, axis=-1)
+    picks = np.unravel_index(best, sizes)
+    return np.take_along_axis(flat, best[..., None], -1)[..., 0], \
+        {name: software[name][picks[j]].astype(np.int64) for j, name in enumerate(names)}
 
 
 def rules_pass(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, grid: Grid,

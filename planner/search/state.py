@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..layout.axes import SOLVED_FIELDS
+from ..layout.axes import SOFTWARE_FIELDS, SOLVED_FIELDS
 
 FIT_RULE = "does not fit in HBM"
 DEADLINE_RULE = "expected time to train beyond the deadline"
@@ -59,11 +59,14 @@ class Scan:
     fastest_s: float = np.inf
     # per solved axis, the least value that fits of each fitting layout (search.least_layers)
     solved: dict = field(default_factory=dict)
+    # per software axis the step pass chose among, each timed layout's choice: code + 1
+    software: dict = field(default_factory=dict)
 
     @classmethod
     def of_grid(cls, size: int, dtype: type = np.uint16) -> "Scan":
-        """A Scan of a grid of ``size`` layouts with a GridLayers per solved axis."""
-        return cls(solved={name: GridLayers(size, dtype) for name in SOLVED_FIELDS})
+        """A Scan of a grid of ``size`` layouts with a GridLayers per solved and software axis."""
+        return cls(solved={name: GridLayers(size, dtype) for name in SOLVED_FIELDS},
+                   software={name: GridLayers(size, np.uint8) for name in SOFTWARE_FIELDS})
 
     def layers_at(self, index: int) -> dict:
         """The solved axes recorded for the layout at flat ``index`` (the non-zero ones), as

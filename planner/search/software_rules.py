@@ -1,0 +1,97 @@
+"""The rules of the training software's own switches (layout.axes' software axes): what the
+framework runs (framework_spec.Rules: tp_comm_overlap, moe_dispatchers, moe_a2a_overlap,
+cuda_graphs) and what it refuses together, as named, vectorized masks (True = allowed).
+
+Megatron-Core's constraints are read at NVIDIA/Megatron-LM @d98e8a64ddf3 (transformer_config.py
+= TC, token_dispatcher.py = TD, arguments.py = ARGS; reference/software_axes_facts A-C).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..framework_spec import CUDA_GRAPHS, MOE_DISPATCHERS, FrameworkProfile
+from ..layout import RECOMPUTE_CODES
+from ..specs import ModelSpec, TrainingSpec
+
+TP_OVERLAP_RULE = "TP communication overlap needs sequence parallelism (tp > 1)"
+
+
+def _code(c, name: str) -> np.ndarray:
+    return np.asarray(getattr(c, name))
+
+
+def software_masks(profile: FrameworkProfile, model: ModelSpec, training: TrainingSpec,
+                   c) -> dict[str, np.ndarray]:
+    """{rule: bool mask} of the software axes of candidates ``c`` under ``profile``."""
+    r, d = profile.rules, profile.display
+    tp_ovl = _code(c, "tp_comm_overlap").astype(bool)
+    out: dict[str, np.ndarray] = {
+        # ARGS L1431-1442: --tp-comm-overlap asserts --sequence-parallel (forced off at tp 1)
+        TP_OVERLAP_RULE: ~tp_ovl | (np.asarray(c.sequence_parallel) & (np.asarray(c.tp) > 1))}
+    if not r.tp_comm_overlap:
+        out[f"{d} has no TP communication overlap"] = ~tp_ovl
+    out.update(_dispatcher_masks(profile, model, c))
+    out.update(_a2a_overlap_masks(profile, model, c, tp_ovl))
+    out.update(_graph_masks(profile, model, training, c))
+    return out
+
+
+def _dispatcher_masks(profile: FrameworkProfile, model: ModelSpec, c) -> dict[str, np.ndarray]:
+    """The dispatcher the framework runs; without experts the default; DeepEP's assertion."""
+    r, d = profile.rules, profile.display
+    disp = _code(c, "moe_dispatcher")
+    out: dict[str, np.ndarray] = {}
+    if model.moe is None:
+        out["a token dispatcher and EP overlap need an MoE model"] = \
+            (disp == 0) & ~_code(c, "moe_a2a_overlap").astype(bool)
+        return out
+    offered = [MOE_DISPATCHERS.index(x) for x in r.moe_dispatchers]
+    if len(offered) < len(MOE_DISPATCHERS):
+        out[f"{d} dispatches tokens with {' / '.join(r.moe_dispatchers)}"] = np.isin(disp, offered)
+    # TD L1836: "DeepEP dispatcher requires TPxEP > 1", TP being the expert TP group
+    out["the DeepEP dispatcher needs etp*ep > 1"] = \
+        (disp != MOE_DISPATCHERS.index("deepep")) | (np.asarray(c.etp) * np.asarray(c.ep) > 1)
+    return out
+
+
+def _a2a_overlap_masks(profile: FrameworkProfile, model: ModelSpec, c, tp_ovl) -> dict:
+    """Megatron-Core's EP overlap: offered at all; TC L3002-3072: EP > 1, VPP with PP > 1, the
+    alltoall or flex dispatcher, no full recomputation and no recompute_num_layers, at most one
+    MTP layer; beside TP communication overlap it needs CUDA_DEVICE_MAX_CONNECTIONS > 1 where
+    TE userbuffers need 1 before Blackwell (ARGS L1466-1479, moe/README.md L437): not both."""
+    r, d = profile.rules, profile.display
+    on = _code(c, "moe_a2a_overlap").astype(bool)
+    if not np.any(on):
+        return {}
+    if not r.moe_a2a_overlap:
+        return {f"{d} has no EP communication overlap": ~on}
+    ok = (np.asarray(c.ep) > 1) & ((np.asarray(c.pp) == 1) | (np.asarray(c.vpp) > 1)) & \
+        (np.asarray(c.recompute) != RECOMPUTE_CODES["full"]) & \
+        (_code(c, "moe_dispatcher") != MOE_DISPATCHERS.index("allgather")) & \
+        (model.mtp_layers <= 1)
+    return {f"{d}: EP overlap needs ep > 1, vpp > 1 with pp > 1, no full recompute, the alltoall "
+            "or a fused dispatcher and at most one MTP layer": ~on | ok,
+            f"{d}: EP overlap and TP communication overlap need opposite "
+            "CUDA_DEVICE_MAX_CONNECTIONS": ~(on & tp_ovl)}
+
+
+def _graph_masks(profile: FrameworkProfile, model: ModelSpec, training: TrainingSpec, c) -> dict:
+    """CUDA-graph scopes: offered; TC L2795-2975: full recomputation only with full_iteration
+    graphs, activation offload neither with TE layer graphs; a full-iteration graph needs a
+    static step, which a dropless MoE lacks without a capacity (TC L1364-1381: HybridEP with
+    --moe-expert-rank-capacity-factor and the paged stash, cuda_graph.md L170-182)."""
+    r, d = profile.rules, profile.display
+    graphs = _code(c, "cuda_graphs")
+    if not np.any(graphs > 0):
+        return {}
+    offered = [CUDA_GRAPHS.index(x) for x in r.cuda_graphs]
+    layers, full_iteration = CUDA_GRAPHS.index("layers"), CUDA_GRAPHS.index("full_iteration")
+    out = {f"{d} captures CUDA graphs {' / '.join(r.cuda_graphs)}": np.isin(graphs, offered),
+           f"{d}: layer CUDA graphs neither with full recomputation nor with activation offload":
+               (graphs != layers) | ((np.asarray(c.recompute) != RECOMPUTE_CODES["full"])
+                                     & (np.asarray(c.offload_layers) == 0))}
+    if model.moe is not None and training.moe_capacity_factor is None:
+        out[f"{d}: a full-iteration CUDA graph of a dropless MoE needs a static capacity "
+            "(--moe-capacity-factor)"] = graphs != full_iteration
+    return out
