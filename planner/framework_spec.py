@@ -24,6 +24,7 @@ source). planner.frameworks.profile resolves a TrainingSpec from a profile; SI u
 
 from __future__ import annotations
 
+import typing
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
@@ -40,6 +41,8 @@ RECOMPUTE_MODES = ("none", "selective", "full", "selective+")
 Recompute = Literal[RECOMPUTE_MODES]
 SELECTIVE_PLUS_MODULES = ("layernorm", "moe_act", "mla_up_proj")
 GradDtype = Literal["fp32", "bf16", "fp16"]
+# The Rules lists of model features (what the model code builds, not how the framework runs it)
+MODEL_FEATURES = ("attention", "position_embedding", "activation", "norm")
 
 
 class _Facts(_Strict):
@@ -104,7 +107,11 @@ class Rules(_Facts):
     Model rules (checked before a search; planner.frameworks.rules.model_problems):
     ``attention``, ``position_embedding``, ``activation``, ``norm``: the kinds it builds;
     ``dtypes``: the training dtypes; ``integer_rope_base``: the RoPE base must be an integer
-    (Megatron-LM's --rotary-base is argparse type=int).
+    (Megatron-LM's --rotary-base is argparse type=int). ``model_code``: whose code builds the
+    model: ``framework`` (Megatron-LM, llm-foundry: the framework's own model code, whose
+    missing kinds are refused) or ``any`` (DeepSpeed, torchtitan: the model module the user
+    brings; a rule may only name what the framework cannot run, so every model-feature list
+    must then hold every kind: ValueError otherwise).
     """
 
     tensor_parallel: bool
@@ -121,7 +128,8 @@ class Rules(_Facts):
     max_zero_stage_with_pp: Literal[0, 1, 2, 3]
     max_zero_stage_with_moe: Literal[0, 1, 2, 3] = 3
     DEFAULT_SOURCES: ClassVar[dict[str, str]] = {
-        "max_zero_stage_with_moe": "no ZeRO stage limit for MoE layers is known in this framework"}
+        "max_zero_stage_with_moe": "no ZeRO stage limit for MoE layers is known in this framework",
+        "model_code": "the framework builds the model from its own model code"}
     distributed_optimizer: bool
     recompute: list[Recompute] = Field(min_length=1)
     recompute_num_layers: bool
@@ -136,6 +144,23 @@ class Rules(_Facts):
     norm: list[Literal["layernorm", "rmsnorm"]] = Field(min_length=1)
     dtypes: list[Literal["bf16", "fp16"]] = Field(min_length=1)
     integer_rope_base: bool
+    model_code: Literal["framework", "any"] = "framework"
+
+    @model_validator(mode="after")
+    def _no_model_feature_of_foreign_code(self) -> "Rules":
+        """A framework that runs the user's model code (``model_code: any``) cannot refuse a
+        model feature: each model-feature list holds every kind of its schema."""
+        if self.model_code != "any":
+            return self
+        for name in MODEL_FEATURES:
+            kinds = list(typing.get_args(typing.get_args(type(self).model_fields[name].annotation)[0]))
+            missing = [k for k in kinds if k not in getattr(self, name)]
+            if missing:
+                raise ValueError(
+                    f"{name}: this framework runs the model code it is given (model_code: any), so "
+                    f"it cannot refuse {', '.join(missing)}: a rule names what the framework cannot "
+                    f"run; list every kind ({', '.join(kinds)})")
+        return self
 
 
 class Runtime(_Facts):

@@ -1,0 +1,74 @@
+"""Framework profile facts checked against the frameworks' code at the commits the profiles pin:
+a rule names what the framework cannot run (not what the model code it runs lacks), with its
+source. Each test holds a case that the old facts got wrong."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+import yaml
+
+from planner import catalog
+from planner.errors import UsageError
+from planner.search.framework_rules import model_problems
+from planner.specs import TrainingSpec
+
+
+def job(model, framework: str = "megatron-core", **kw) -> TrainingSpec:
+    return TrainingSpec(seq_length=2048, global_batch_size=model.training.global_batch_size,
+                        framework=framework, **kw)
+
+
+# ----------------------------------------------------------------------------- model code
+
+
+@pytest.mark.parametrize("name, kind", [("bloom-176b", "alibi"), ("gpt-neox-20b", "rope")])
+def test_deepspeed_of_2021_runs_the_positions_of_its_model_code(name, kind):
+    # BLOOM-176B trained with ALiBi on Megatron-DeepSpeed (bigscience tr11-176B-ml) and
+    # GPT-NeoX-20B with rotary embeddings on GPT-NeoX (DeepSpeed): the positions are the model
+    # code's, which DeepSpeed wraps (deepspeed.initialize(model=...)); the 2021 profile refused both
+    model = catalog.resolve_model(name)
+    assert model.position_embedding == kind
+    for framework in ("deepspeed-2021", "deepspeed"):
+        profile = catalog.resolve_framework(framework)
+        assert profile.rules.model_code == "any"
+        assert model_problems(profile, model, job(model, framework, dtype="bf16")) == []
+
+
+def test_megatron_still_refuses_what_its_own_model_code_lacks():
+    # Megatron-LM is its own model code: --position-embedding-type learned_absolute | rope
+    mpt = catalog.resolve_model("mpt-7b")
+    problems = model_problems(catalog.resolve_framework(), mpt, job(mpt))
+    assert problems and "Megatron-Core has no alibi position embedding" in problems[0]
+
+
+def test_a_profile_of_foreign_model_code_cannot_refuse_a_model_feature(tmp_path):
+    # the kind, caught when a profile is loaded: model_code any and a narrowed list
+    for field, narrowed in (("position_embedding", ["learned"]), ("attention", ["mha"]),
+                            ("activation", ["gelu"]), ("norm", ["layernorm"])):
+        path = tmp_path / f"{field}.yaml"
+        path.write_text(textwrap.dedent(f"""\
+            name: my-ds-{field.replace('_', '-')}
+            extends: deepspeed
+            display: My DeepSpeed
+            rules:
+              {field}: {yaml.safe_dump(narrowed, default_flow_style=True).strip()}
+              sources: {{{field}: our model code}}
+            """))
+        with pytest.raises(UsageError, match=f"{field}: this framework runs the model code it is "
+                                             "given .model_code: any., so it cannot refuse"):
+            catalog.resolve_framework(str(path))
+    # the same list is a fact where the framework is the model code
+    ok = tmp_path / "own.yaml"
+    ok.write_text("name: my-mcore\nextends: megatron-core\ndisplay: Mine\nrules:\n"
+                  "  attention: [mha]\n  sources: {attention: our fork builds MHA only}\n")
+    assert catalog.resolve_framework(str(ok)).rules.attention == ["mha"]
+
+
+def test_every_shipped_profile_says_whose_model_code_it_runs():
+    expected = {"megatron-core": "framework", "megatron-lm-2021": "framework",
+                "megatron-lm-2022": "framework", "llm-foundry": "framework",
+                "deepspeed": "any", "deepspeed-2021": "any", "torchtitan": "any"}
+    profiles = catalog.framework_profiles()
+    assert {n: p.rules.model_code for n, p in profiles.items()} == expected
