@@ -104,6 +104,7 @@ class Rules(_Facts):
       only: ep divides dp, DeepSpeed-MoE) or ``fsdp_cp_tp`` (torchtitan 0.3: ep divides
       FSDP degree x cp x tp, the FSDP degree being dp under ZeRO-3 and 1 under DDP).
     - ``tied_embeddings_with_pp``: a model with tied embeddings may use pp > 1.
+    - ``mtp_with_pp_or_cp``: a model with multi-token-prediction layers may use pp > 1 or cp > 1.
     Model rules (checked before a search; planner.frameworks.rules.model_problems):
     ``attention``, ``position_embedding``, ``activation``, ``norm``: the kinds it builds;
     ``dtypes``: the training dtypes; ``integer_rope_base``: the RoPE base must be an integer
@@ -129,7 +130,8 @@ class Rules(_Facts):
     max_zero_stage_with_moe: Literal[0, 1, 2, 3] = 3
     DEFAULT_SOURCES: ClassVar[dict[str, str]] = {
         "max_zero_stage_with_moe": "no ZeRO stage limit for MoE layers is known in this framework",
-        "model_code": "the framework builds the model from its own model code"}
+        "model_code": "the framework builds the model from its own model code",
+        "mtp_with_pp_or_cp": "no limit on MTP layers with pipeline or context parallelism is known"}
     distributed_optimizer: bool
     recompute: list[Recompute] = Field(min_length=1)
     recompute_num_layers: bool
@@ -138,6 +140,7 @@ class Rules(_Facts):
     expert_tensor_parallel: bool
     expert_ranks: Literal["expert_mesh", "data", "fsdp_cp_tp"]
     tied_embeddings_with_pp: bool
+    mtp_with_pp_or_cp: bool = True
     attention: list[Literal["mha", "gqa", "mla"]] = Field(min_length=1)
     position_embedding: list[Literal["learned", "rope", "alibi"]] = Field(min_length=1)
     activation: list[Literal["gelu", "swiglu"]] = Field(min_length=1)

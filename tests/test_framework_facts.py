@@ -72,3 +72,45 @@ def test_every_shipped_profile_says_whose_model_code_it_runs():
                 "deepspeed": "any", "deepspeed-2021": "any", "torchtitan": "any"}
     profiles = catalog.framework_profiles()
     assert {n: p.rules.model_code for n, p in profiles.items()} == expected
+
+
+# ----------------------------------------------------------------------------- MTP under torchtitan
+
+MTP_RULE = "torchtitan: multi-token prediction (MTP) layers need pp = 1 and cp = 1"
+
+
+def _broken(framework: str, model, **layout) -> list[str]:
+    from planner.layout import Layout
+    from planner.search.framework_rules import broken_rules
+    tr = TrainingSpec(seq_length=4096, global_batch_size=15360, framework=framework)
+    return broken_rules(catalog.resolve_framework(framework), model, tr, Layout(**layout))
+
+
+def test_torchtitan_refuses_mtp_with_pipeline_or_context_parallelism():
+    # torchtitan @b5bcd76c66d0 models/deepseek_v3/mtp.py L197-206: MTPDecoder raises
+    # NotImplementedError for pipeline_parallel_degree > 1 and context_parallel_degree > 1
+    v3 = catalog.resolve_model("deepseek-v3")
+    assert v3.mtp_layers == 1
+    base = dict(tp=2, dp=2, ep=16, etp=1, zero_stage=3, micro_batch_size=1, sequence_parallel=True)
+    assert MTP_RULE in _broken("torchtitan", v3, pp=16, cp=4, **base)
+    assert MTP_RULE in _broken("torchtitan", v3, pp=1, cp=4, **{**base, "dp": 32})
+    assert MTP_RULE in _broken("torchtitan", v3, pp=16, cp=1, **{**base, "dp": 8})
+    assert MTP_RULE not in _broken("torchtitan", v3, pp=1, cp=1, **{**base, "dp": 128})
+    # without its MTP layer (torchtitan's own deepseek_v3_671b config: num_mtp_layers 0) the
+    # rule does not apply; Megatron-Core puts MTP on the last stage and has no such rule
+    plain = v3.model_copy(update={"mtp_layers": 0})
+    assert MTP_RULE not in _broken("torchtitan", plain, pp=16, cp=4, **base)
+    assert not any("MTP" in r for r in _broken("megatron-core", v3, pp=16, cp=4, **base))
+
+
+def test_torchtitan_search_of_deepseek_v3_keeps_mtp_on_one_stage():
+    from tests.test_framework_profiles import cli
+    code, out, err = cli("search", "--model", "deepseek-v3", "--gpus", "256", "--framework",
+                         "torchtitan", "--json", "--top", "3")
+    assert code == 0, err
+    import json
+    rows = json.loads(out)
+    assert rows and all(r["layout"]["pp"] == 1 and r["layout"]["cp"] == 1 for r in rows)
+    code, _, err = cli("search", "--model", "deepseek-v3", "--gpus", "256", "--framework",
+                       "torchtitan", "--pp", "16")
+    assert code != 0 and MTP_RULE in err and "Traceback" not in err

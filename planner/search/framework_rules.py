@@ -87,6 +87,8 @@ def framework_masks(profile: FrameworkProfile, model: ModelSpec, training: Train
             np.asarray(c.zero_stage) <= r.max_zero_stage_with_moe
     if model.tie_embeddings and not r.tied_embeddings_with_pp:
         out[f"{d}: tied embeddings need pp = 1"] = pp == 1
+    if model.mtp_layers and not r.mtp_with_pp_or_cp:
+        out[f"{d}: multi-token prediction (MTP) layers need pp = 1 and cp = 1"] = (pp == 1) & (cp == 1)
     return out
 
 
