@@ -91,7 +91,8 @@ class Rules(_Facts):
     - ``zero_stages``: the ZeRO stages it offers (1 = Megatron's distributed optimizer where
       that is the mechanism); ``max_zero_stage_with_pp``: the highest stage allowed with pp > 1;
       ``max_zero_stage_with_moe``: the highest stage allowed for a model with MoE layers (3, the
-      default: no limit known);
+      default: no limit known); ``moe_zero3_model_parallel``: an MoE model at ZeRO-3 may use
+      tp > 1 or etp > 1 (DeepSpeed's ZeRO-3 MoE path, AutoEP, takes tp = etp = 1);
       ``distributed_optimizer``: Megatron's --use-distributed-optimizer exists.
     - ``recompute``: the recomputation modes plan3d can cost that it offers;
       ``recompute_num_layers``: full recompute of only the first N layers of each model chunk
@@ -128,10 +129,12 @@ class Rules(_Facts):
     zero_stages: list[Literal[0, 1, 2, 3]] = Field(min_length=1)
     max_zero_stage_with_pp: Literal[0, 1, 2, 3]
     max_zero_stage_with_moe: Literal[0, 1, 2, 3] = 3
+    moe_zero3_model_parallel: bool = True
     DEFAULT_SOURCES: ClassVar[dict[str, str]] = {
         "max_zero_stage_with_moe": "no ZeRO stage limit for MoE layers is known in this framework",
         "model_code": "the framework builds the model from its own model code",
-        "mtp_with_pp_or_cp": "no limit on MTP layers with pipeline or context parallelism is known"}
+        "mtp_with_pp_or_cp": "no limit on MTP layers with pipeline or context parallelism is known",
+        "moe_zero3_model_parallel": "no limit on TP or ETP for MoE layers under ZeRO-3 is known"}
     distributed_optimizer: bool
     recompute: list[Recompute] = Field(min_length=1)
     recompute_num_layers: bool

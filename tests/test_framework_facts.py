@@ -114,3 +114,26 @@ def test_torchtitan_search_of_deepseek_v3_keeps_mtp_on_one_stage():
     code, _, err = cli("search", "--model", "deepseek-v3", "--gpus", "256", "--framework",
                        "torchtitan", "--pp", "16")
     assert code != 0 and MTP_RULE in err and "Traceback" not in err
+
+
+# ----------------------------------------------------------------------------- DeepSpeed MoE at ZeRO-3
+
+ZERO3_MOE_RULE = "DeepSpeed: MoE layers with ZeRO-3 need tp = 1 and etp = 1"
+
+
+@pytest.mark.parametrize("zero, etp, refused", [(3, 1, False), (3, 2, True), (2, 2, False),
+                                                (1, 1, False)])
+def test_deepspeed_runs_moe_at_zero_3_through_autoep(zero, etp, refused):
+    # DeepSpeed @edaa72212672 runtime/engine.py L1872-1915: ZeRO-3 with MoE runs AutoEP layers
+    # (native deepspeed.moe.layer.MoE refused) and refuses expert_tensor_parallel_size != 1 and
+    # AutoTP; the profile used to refuse every ZeRO-3 MoE plan ("MoE not supported with Stage 3")
+    qwen = catalog.resolve_model("qwen3-30b-a3b")
+    profile = catalog.resolve_framework("deepspeed")
+    assert profile.rules.max_zero_stage_with_moe == 3 and not profile.rules.moe_zero3_model_parallel
+    from planner.layout import Layout
+    from planner.search.framework_rules import broken_rules
+    tr = TrainingSpec(seq_length=4096, global_batch_size=64, framework="deepspeed")
+    lay = Layout(tp=1, pp=1, dp=16, ep=8, etp=etp, zero_stage=zero, micro_batch_size=1)
+    broken = broken_rules(profile, qwen, tr, lay)
+    assert (ZERO3_MOE_RULE in broken) is refused
+    assert not any("ZeRO stage 2 or lower" in b for b in broken)

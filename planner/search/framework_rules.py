@@ -85,6 +85,9 @@ def framework_masks(profile: FrameworkProfile, model: ModelSpec, training: Train
     if model.moe is not None and r.max_zero_stage_with_moe < 3:  # whatever ep is
         out[f"{d}: MoE layers need ZeRO stage {r.max_zero_stage_with_moe} or lower"] = \
             np.asarray(c.zero_stage) <= r.max_zero_stage_with_moe
+    if model.moe is not None and not r.moe_zero3_model_parallel:
+        out[f"{d}: MoE layers with ZeRO-3 need tp = 1 and etp = 1"] = \
+            (np.asarray(c.zero_stage) < 3) | ((tp == 1) & (np.asarray(c.etp) == 1))
     if model.tie_embeddings and not r.tied_embeddings_with_pp:
         out[f"{d}: tied embeddings need pp = 1"] = pp == 1
     if model.mtp_layers and not r.mtp_with_pp_or_cp:
