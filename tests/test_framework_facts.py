@@ -137,3 +137,76 @@ def test_deepspeed_runs_moe_at_zero_3_through_autoep(zero, etp, refused):
     broken = broken_rules(profile, qwen, tr, lay)
     assert (ZERO3_MOE_RULE in broken) is refused
     assert not any("ZeRO stage 2 or lower" in b for b in broken)
+
+
+# ----------------------------------------------------------------------------- job settings
+
+OFFLOAD_FP8_RULE = "Megatron-Core: optimizer CPU offload cannot run with FP8 parameter gathering"
+AWARE_RULE = ("Megatron-Core: optimizer CPU offload and 16-bit optimizer moments (the "
+              "precision-aware optimizer) need the distributed optimizer (ZeRO >= 1)")
+
+
+def _plan(training: dict, model: str = "llama3-8b", gpus: int = 8, **layout):
+    from planner import __version__
+    from planner.frameworks.profile import resolve_training
+    from planner.layout import Layout
+    from planner.plan import Plan
+    m, fw = catalog.resolve_model(model), catalog.resolve_framework(training.pop("framework", "megatron-core"))
+    tr = resolve_training({"seq_length": 4096, "global_batch_size": 64}, fw).model_copy(update=training)
+    lay = dict(tp=1, pp=1, dp=gpus, zero_stage=1, micro_batch_size=1, recompute="full")
+    return Plan(plan3d_version=__version__, model=m, hardware=catalog.resolve_hardware("dgx-h100"),
+                gpus=gpus, training=tr, layout=Layout(**{**lay, **layout}), framework=fw)
+
+
+def _write(tmp_path, plan) -> str:
+    from planner.export import plan_to_yaml
+    path = tmp_path / "plan.yaml"
+    path.write_text(plan_to_yaml(plan))
+    return str(path)
+
+
+def test_fp8_parameter_gathering_with_optimizer_offload_is_one_rule_for_every_consumer(tmp_path):
+    # Megatron-LM @d98e8a64 arguments.py L1888-1891 refuses --optimizer-cpu-offload with
+    # --fp8-param-gather unless --fp8-recipe delayed; plan3d's fp8 (tensorwise) and mxfp8 gather
+    # FP8 parameters with a sharded optimizer (precision.fp8_param_gather). Before, only the
+    # Megatron-LM export refused it: estimate --plan priced it and the Bridge export wrote it
+    from tests.test_framework_profiles import cli
+    path = _write(tmp_path, _plan({"precision": "fp8", "optimizer_offload_fraction": 0.5}))
+    for args in (("estimate", "--plan", path), ("export", path, "--to", "megatron"),
+                 ("export", path, "--to", "nemo")):
+        code, _, err = cli(*args)
+        assert code != 0 and OFFLOAD_FP8_RULE in err, (args, err)
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    # in BF16 the same offload runs (no FP8 parameters); and without offload, FP8 runs
+    for training in ({"optimizer_offload_fraction": 0.5}, {"precision": "fp8"}):
+        code, _, err = cli("estimate", "--plan", _write(tmp_path, _plan(training)))
+        assert code == 0, err
+
+
+def test_the_precision_aware_optimizer_needs_the_distributed_optimizer():
+    # megatron/core/optimizer/__init__.py L1057-1060: "--use-precision-aware-optimizer only
+    # supported with distributed optimizer"; offload (arguments.py L1885) and bf16 moments
+    # (optimizer_config.py L476-477) need it: ZeRO-0 without the distributed optimizer is refused
+    from planner.search.framework_rules import broken_rules
+    for training in ({"optimizer_offload_fraction": 1.0}, {"optimizer_moment_bytes": 2}):
+        plan = _plan(dict(training), zero_stage=0)
+        assert AWARE_RULE in broken_rules(plan.framework, plan.model, plan.training, plan.layout)
+        plan = _plan(dict(training), zero_stage=0, distributed_optimizer=True)
+        assert AWARE_RULE not in broken_rules(plan.framework, plan.model, plan.training, plan.layout)
+
+
+def test_the_export_only_refusals_are_rules_too(tmp_path):
+    # the other job settings the Megatron-LM export alone refused (megatron_model.py), now rules
+    # every consumer runs: EP overlap with the allgather dispatcher (transformer_config.py
+    # L3016-3019) and fine-grained beside whole-layer activation offload (L2127-2130)
+    from tests.test_framework_profiles import cli
+    moe = dict(model="qwen3-30b-a3b", gpus=8, ep=8)
+    cases = [({"moe_a2a_overlap": True, "moe_dispatcher": "allgather"}, {},
+              "overlaps EP communication (moe_a2a_overlap) only with the alltoall or flex dispatcher"),
+             ({"moe_activation_offload": True}, {"offload_layers": 2, "recompute": "none"},
+              "fine-grained MoE activation offload excludes whole-layer offloading"),
+             ({"moe_activation_offload": True, "framework": "torchtitan"}, {"zero_stage": 3},
+              "torchtitan has no Megatron-Core fine-grained MoE activation offload")]
+    for training, layout, rule in cases:
+        code, _, err = cli("estimate", "--plan", _write(tmp_path, _plan(training, **moe, **layout)))
+        assert code != 0 and rule in err and "Traceback" not in err, err

@@ -16,6 +16,7 @@ from ..errors import UsageError
 from ..framework_spec import FrameworkProfile
 from ..layout import RECOMPUTE_CODES
 from ..specs import ModelSpec, TrainingSpec
+from .job_rules import job_masks, job_problems
 
 # The framework each export target runs (plan3d export --to TARGET checks that framework's rules).
 TARGET_FRAMEWORK = {"megatron": "megatron-core", "nemo": "megatron-core", "deepspeed": "deepspeed",
@@ -92,6 +93,7 @@ def framework_masks(profile: FrameworkProfile, model: ModelSpec, training: Train
         out[f"{d}: tied embeddings need pp = 1"] = pp == 1
     if model.mtp_layers and not r.mtp_with_pp_or_cp:
         out[f"{d}: multi-token prediction (MTP) layers need pp = 1 and cp = 1"] = (pp == 1) & (cp == 1)
+    out.update(job_masks(profile, model, training, c))
     return out
 
 
@@ -180,7 +182,8 @@ def model_problems(profile: FrameworkProfile, model: ModelSpec, training: Traini
     """What in the model or the training the framework cannot build at all, in words ([] if
     nothing): attention kind, position embedding, activation, norm, dtype, an FP8 precision its
     FP8 library does not run, Megatron-Core's MoE dispatchers and EP overlap outside Megatron
-    profiles, a RoPE base that must be an integer."""
+    profiles and what Megatron-Core refuses in them (job_rules.job_problems), a RoPE base that
+    must be an integer."""
     r, d = profile.rules, profile.display
     problems = []
     for what, have, allowed in (("attention", model.attention_kind, r.attention),
@@ -198,13 +201,7 @@ def model_problems(profile: FrameworkProfile, model: ModelSpec, training: Traini
     elif training.precision == "fp8-blockwise" and library == "torchao":
         problems.append(f"{d} (torchao) has no 1x128 / 128x128 block-scaled FP8 recipe; use fp8 "
                         "(float8 rowwise) or mxfp8")
-    if model.moe is not None and profile.export != "megatron":  # Megatron-Core's MoE job settings
-        if training.moe_dispatcher != "alltoall":
-            problems.append(f"{d} dispatches tokens with all-to-all, not Megatron-Core's "
-                            f"{training.moe_dispatcher} dispatcher (moe_dispatcher, --moe-dispatcher)")
-        if training.moe_a2a_overlap:
-            problems.append(f"{d} has no Megatron-Core EP communication overlap "
-                            "(moe_a2a_overlap, --moe-a2a-overlap)")
+    problems += job_problems(profile, model, training)  # the MoE job settings
     theta = model.rope_theta
     if r.integer_rope_base and model.position_embedding == "rope" and theta is not None \
             and not float(theta).is_integer():
