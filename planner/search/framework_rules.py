@@ -16,6 +16,7 @@ from ..errors import UsageError
 from ..framework_spec import FrameworkProfile
 from ..layout import RECOMPUTE_CODES
 from ..specs import ModelSpec, TrainingSpec
+from .fp8_rules import fp8_masks
 from .job_rules import job_masks, job_problems
 
 # The framework each export target runs (plan3d export --to TARGET checks that framework's rules).
@@ -94,6 +95,7 @@ def framework_masks(profile: FrameworkProfile, model: ModelSpec, training: Train
     if model.mtp_layers and not r.mtp_with_pp_or_cp:
         out[f"{d}: multi-token prediction (MTP) layers need pp = 1 and cp = 1"] = (pp == 1) & (cp == 1)
     out.update(job_masks(profile, model, training, c))
+    out.update(fp8_masks(profile, model, training, c))
     return out
 
 
