@@ -204,7 +204,11 @@ class Memory(_Facts):
     and pp > 1 the stage's bf16 parameters stay gathered from forward to backward (FSDP2's
     reshard_after_forward off under PP), 2 B per parameter; ``loss_bytes_per_logit``: bytes
     per logit (per token, on the vocabulary shard) the output layer and loss hold at the start
-    of the backward (formulas.md 3.6)."""
+    of the backward (formulas.md 3.6); ``loss_chunks``: the sequence is split into that many
+    chunks for the output layer and the loss, each chunk's logits made, its loss taken and its
+    backward run before the next (torchtitan's ChunkedLossWrapper), so the per-logit bytes
+    are held for 1/loss_chunks of the tokens, beside an fp32 gradient accumulator of the
+    hidden states (1 = the whole sequence at once)."""
 
     gradients: dict[Literal["bf16", "fp16"], GradDtype]
     param_bytes: Literal[2, 4]
@@ -212,6 +216,9 @@ class Memory(_Facts):
     fp32_grad_partition: bool
     pp_unsharded_params: bool
     loss_bytes_per_logit: float = Field(gt=0, le=64)
+    loss_chunks: int = Field(default=1, ge=1, le=1024)
+    DEFAULT_SOURCES: ClassVar[dict[str, str]] = {
+        "loss_chunks": "the output layer and the loss run on the whole sequence at once"}
 
     @model_validator(mode="after")
     def _both_dtypes(self) -> "Memory":

@@ -69,7 +69,8 @@ def test_a_profile_of_foreign_model_code_cannot_refuse_a_model_feature(tmp_path)
 def test_every_shipped_profile_says_whose_model_code_it_runs():
     expected = {"megatron-core": "framework", "megatron-lm-2021": "framework",
                 "megatron-lm-2022": "framework", "llm-foundry": "framework",
-                "deepspeed": "any", "deepspeed-2021": "any", "torchtitan": "any"}
+                "deepspeed": "any", "deepspeed-2021": "any", "torchtitan": "any",
+                "torchtitan-2024": "any"}
     profiles = catalog.framework_profiles()
     assert {n: p.rules.model_code for n, p in profiles.items()} == expected
 
