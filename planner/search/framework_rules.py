@@ -44,7 +44,9 @@ def profile_for(training: TrainingSpec, given: FrameworkProfile | None = None) -
 def framework_masks(profile: FrameworkProfile, model: ModelSpec, training: TrainingSpec,
                     c) -> dict[str, np.ndarray]:
     """{rule name: bool mask (True = allowed)} of the framework's layout rules (Rules in
-    planner.framework_spec), for candidates ``c`` (Candidates or a broadcast grid block)."""
+    planner.framework_spec), of the job settings against the layout (job_rules.job_masks) and
+    of the FP8 GEMM shapes (fp8_rules.fp8_masks), for candidates ``c`` (Candidates or a
+    broadcast grid block)."""
     r, d = profile.rules, profile.display
     m = np.asarray(c.num_microbatches(training.global_batch_size), dtype=np.float64)
     tp, pp, vpp, cp = (np.asarray(x) for x in (c.tp, c.pp, c.vpp, c.cp))
