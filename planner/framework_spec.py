@@ -24,6 +24,7 @@ source). planner.frameworks.profile resolves a TrainingSpec from a profile; SI u
 
 from __future__ import annotations
 
+import typing
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
@@ -48,6 +49,8 @@ MOE_DISPATCHERS = ("alltoall", "allgather", "deepep", "hybridep")
 # dropless MoE; --cuda-graph-impl transformer_engine); full_iteration (the whole step,
 # --cuda-graph-impl full_iteration; transformer_config.py L1075-1088, L2795-2975)
 CUDA_GRAPHS = ("none", "layers", "full_iteration")
+# The Rules lists of model features (what the model code builds, not how the framework runs it)
+MODEL_FEATURES = ("attention", "position_embedding", "activation", "norm")
 
 
 class _Facts(_Strict):
@@ -97,8 +100,12 @@ class Rules(_Facts):
     - ``zero_stages``: the ZeRO stages it offers (1 = Megatron's distributed optimizer where
       that is the mechanism); ``max_zero_stage_with_pp``: the highest stage allowed with pp > 1;
       ``max_zero_stage_with_moe``: the highest stage allowed for a model with MoE layers (3, the
-      default: no limit known);
+      default: no limit known); ``moe_zero3_model_parallel``: an MoE model at ZeRO-3 may use
+      tp > 1 or etp > 1 (DeepSpeed's ZeRO-3 MoE path, AutoEP, takes tp = etp = 1);
       ``distributed_optimizer``: Megatron's --use-distributed-optimizer exists.
+    - ``optimizer_offload_with_fp8_param_gather``: optimizer CPU offload may run beside FP8
+      parameter gathering; ``precision_aware_optimizer_sharded``: optimizer CPU offload and
+      16-bit Adam moments need a sharded optimizer (ZeRO >= 1) (job_rules.job_masks).
     - ``recompute``: the recomputation modes plan3d can cost that it offers;
       ``recompute_num_layers``: full recompute of only the first N layers of each model chunk
       (Megatron's block method; Layout.recompute_num_layers > 0); ``offload``: the
@@ -116,10 +123,15 @@ class Rules(_Facts):
       ``moe_a2a_overlap``: Megatron-Core's EP communication overlap (combined 1F1B).
     - ``moe_token_drop``: a capacity factor with padding (drop-and-pad token dropping).
     - ``cuda_graphs``: the CUDA-graph scopes it captures (CUDA_GRAPHS).
+    - ``mtp_with_pp_or_cp``: a model with multi-token-prediction layers may use pp > 1 or cp > 1.
     Model rules (checked before a search; planner.frameworks.rules.model_problems):
     ``attention``, ``position_embedding``, ``activation``, ``norm``: the kinds it builds;
     ``dtypes``: the training dtypes; ``integer_rope_base``: the RoPE base must be an integer
-    (Megatron-LM's --rotary-base is argparse type=int).
+    (Megatron-LM's --rotary-base is argparse type=int). ``model_code``: whose code builds the
+    model: ``framework`` (Megatron-LM, llm-foundry: the framework's own model code, whose
+    missing kinds are refused) or ``any`` (DeepSpeed, torchtitan: the model module the user
+    brings; a rule may only name what the framework cannot run, so every model-feature list
+    must then hold every kind: ValueError otherwise).
     """
 
     tensor_parallel: bool
@@ -135,17 +147,27 @@ class Rules(_Facts):
     zero_stages: list[Literal[0, 1, 2, 3]] = Field(min_length=1)
     max_zero_stage_with_pp: Literal[0, 1, 2, 3]
     max_zero_stage_with_moe: Literal[0, 1, 2, 3] = 3
+    moe_zero3_model_parallel: bool = True
     DEFAULT_SOURCES: ClassVar[dict[str, str]] = {
         "max_zero_stage_with_moe": "no ZeRO stage limit for MoE layers is known in this framework",
         "tp_comm_overlap": "no TP communication overlap is known in this framework",
         "moe_dispatchers": "its MoE layers dispatch tokens with an all-to-all",
         "moe_a2a_overlap": "no EP communication overlap is known in this framework",
         "moe_token_drop": "its MoE layers are dropless (no capacity factor plan3d costs)",
-        "cuda_graphs": "no CUDA-graph capture is known in this framework"}
+        "cuda_graphs": "no CUDA-graph capture is known in this framework",
+        "model_code": "the framework builds the model from its own model code",
+        "mtp_with_pp_or_cp": "no limit on MTP layers with pipeline or context parallelism is known",
+        "moe_zero3_model_parallel": "no limit on TP or ETP for MoE layers under ZeRO-3 is known",
+        "optimizer_offload_with_fp8_param_gather": "no limit on optimizer offload with FP8 "
+                                                   "parameter gathering is known",
+        "precision_aware_optimizer_sharded": "no sharding is known to be needed for optimizer "
+                                             "offload or 16-bit optimizer moments"}
     distributed_optimizer: bool
     recompute: list[Recompute] = Field(min_length=1)
     recompute_num_layers: bool
     offload: list[Literal["activations", "optimizer", "parameters"]]
+    optimizer_offload_with_fp8_param_gather: bool = True
+    precision_aware_optimizer_sharded: bool = False
     expert_parallel: bool
     expert_tensor_parallel: bool
     expert_ranks: Literal["expert_mesh", "data", "fsdp_cp_tp"]
@@ -155,12 +177,30 @@ class Rules(_Facts):
     moe_a2a_overlap: bool = False
     moe_token_drop: bool = False
     cuda_graphs: list[Literal[CUDA_GRAPHS]] = Field(default=["none"], min_length=1)
+    mtp_with_pp_or_cp: bool = True
     attention: list[Literal["mha", "gqa", "mla"]] = Field(min_length=1)
     position_embedding: list[Literal["learned", "rope", "alibi"]] = Field(min_length=1)
     activation: list[Literal["gelu", "swiglu"]] = Field(min_length=1)
     norm: list[Literal["layernorm", "rmsnorm"]] = Field(min_length=1)
     dtypes: list[Literal["bf16", "fp16"]] = Field(min_length=1)
     integer_rope_base: bool
+    model_code: Literal["framework", "any"] = "framework"
+
+    @model_validator(mode="after")
+    def _no_model_feature_of_foreign_code(self) -> "Rules":
+        """A framework that runs the user's model code (``model_code: any``) cannot refuse a
+        model feature: each model-feature list holds every kind of its schema."""
+        if self.model_code != "any":
+            return self
+        for name in MODEL_FEATURES:
+            kinds = list(typing.get_args(typing.get_args(type(self).model_fields[name].annotation)[0]))
+            missing = [k for k in kinds if k not in getattr(self, name)]
+            if missing:
+                raise ValueError(
+                    f"{name}: this framework runs the model code it is given (model_code: any), so "
+                    f"it cannot refuse {', '.join(missing)}: a rule names what the framework cannot "
+                    f"run; list every kind ({', '.join(kinds)})")
+        return self
 
 
 class Runtime(_Facts):
@@ -189,7 +229,11 @@ class Memory(_Facts):
     and pp > 1 the stage's bf16 parameters stay gathered from forward to backward (FSDP2's
     reshard_after_forward off under PP), 2 B per parameter; ``loss_bytes_per_logit``: bytes
     per logit (per token, on the vocabulary shard) the output layer and loss hold at the start
-    of the backward (formulas.md 3.6)."""
+    of the backward (formulas.md 3.6); ``loss_chunks``: the sequence is split into that many
+    chunks for the output layer and the loss, each chunk's logits made, its loss taken and its
+    backward run before the next (torchtitan's ChunkedLossWrapper), so the per-logit bytes
+    are held for 1/loss_chunks of the tokens, beside an fp32 gradient accumulator of the
+    hidden states (1 = the whole sequence at once)."""
 
     gradients: dict[Literal["bf16", "fp16"], GradDtype]
     param_bytes: Literal[2, 4]
@@ -197,6 +241,9 @@ class Memory(_Facts):
     fp32_grad_partition: bool
     pp_unsharded_params: bool
     loss_bytes_per_logit: float = Field(gt=0, le=64)
+    loss_chunks: int = Field(default=1, ge=1, le=1024)
+    DEFAULT_SOURCES: ClassVar[dict[str, str]] = {
+        "loss_chunks": "the output layer and the loss run on the whole sequence at once"}
 
     @model_validator(mode="after")
     def _both_dtypes(self) -> "Memory":

@@ -254,6 +254,9 @@ class TrainingSpec(_Strict):
     # vocab-parallel cross entropy); 12 in torchtitan (fp32 log-softmax output, its gradient
     # and the input gradient, framework_profiles/torchtitan.yaml).
     loss_bytes_per_logit: float = Field(default=6.0, gt=0, le=64)
+    # The output layer and loss in that many chunks of the sequence, one after the other with
+    # their backward (torchtitan's ChunkedLossWrapper: 8), 1 = at once (Megatron)
+    loss_chunks: int = Field(default=1, ge=1, le=1024)
     reserve_runtime: float = Field(default=float(2**30), ge=0)  # bytes
     reserve_per_communicator: float = Field(default=float(600 * 2**20), ge=0)  # bytes
     reserve_allocator: float = Field(default=0.2, ge=0.0, le=2.0)

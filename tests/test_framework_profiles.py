@@ -29,7 +29,7 @@ GIB = 2.0**30
 MIB = 2.0**20
 DATA = Path(__file__).parent / "data"
 SHIPPED = ("megatron-core", "megatron-lm-2021", "megatron-lm-2022", "deepspeed", "deepspeed-2021",
-           "torchtitan", "llm-foundry")
+           "torchtitan", "torchtitan-2024", "llm-foundry")
 
 
 def cli(*args, cwd=None):

@@ -193,13 +193,27 @@ def test_torchtitan_expert_parallel_and_refusals():
                             micro_batch_size=1, sequence_parallel=True), "torchtitan")
 
 
-def test_deepspeed_moe_is_a_note_with_the_layer_arguments():
-    # DeepSpeed's MoE is model code (deepspeed.moe.layer.MoE): the export names its arguments
-    exp = export_plan(plan_of("mixtral-8x7b", 8, gbs=64, tp=1, pp=1, dp=8, ep=8, zero_stage=1,
-                              micro_batch_size=1), "deepspeed")
+def test_deepspeed_moe_is_autoep_in_the_config_or_the_layer_arguments():
+    # DeepSpeed @edaa72212672 reads MoE from ds_config's expert_parallel (AutoEP; runtime/
+    # config.py EXPERT_PARALLEL, module_inject/auto_ep_config.py parse_autoep_config) at tp =
+    # etp = 1, the only MoE path at ZeRO-3 (runtime/engine.py L1872-1915)
+    for zero in (1, 3):
+        exp = export_plan(plan_of("mixtral-8x7b", 8, gbs=64, tp=1, pp=1, dp=8, ep=8, zero_stage=zero,
+                                  micro_batch_size=1), "deepspeed")
+        cfg = json.loads(exp.text)
+        assert cfg["expert_parallel"] == {"enabled": True, "autoep_size": 8}
+        assert cfg["zero_optimization"]["stage"] == zero
+        note = next(n for n in exp.notes if n.startswith("experts:"))
+        assert "preset_model" in note
+        # the optimizer's MoE parameter groups (zero/stage_1_and_2.py L779-780 asserts them)
+        assert "split_params_into_different_moe_groups_for_optimizer" in note
+    # expert TP is the model code's deepspeed.moe.layer.MoE (AutoEP refuses it): its arguments
+    exp = export_plan(plan_of("mixtral-8x7b", 16, gbs=64, tp=1, pp=1, dp=16, ep=8, etp=2,
+                              zero_stage=1, micro_batch_size=1), "deepspeed")
+    assert "expert_parallel" not in json.loads(exp.text)
     note = next(n for n in exp.notes if n.startswith("experts:"))
-    assert "num_experts=8, k=2, ep_size=8" in note and "drop_tokens=False" in note
-    assert "moe" not in exp.text.lower()  # no ds_config key for it
+    assert "num_experts=8, k=2, ep_size=8, enable_expert_tensor_parallelism=True" in note
+    assert "drop_tokens=False" in note and "split_params_into_different_moe_groups" in note
     # its expert groups are carved from the data-parallel ranks: ep must divide dp
     with pytest.raises(UsageError, match="ep divides the data-parallel size"):
         export_plan(plan_of("mixtral-8x7b", 8, gbs=64, tp=2, pp=1, dp=4, ep=8, etp=1,
@@ -265,7 +279,7 @@ def test_every_model_field_is_written_or_named(name, layout, gpus):
     # torchtitan and DeepSpeed run ZeRO-3 without PP (their rules): the same model as FSDP
     fsdp = plan_of(name, gpus, gbs=gpus * 8, **{**layout, "zero_stage": 3, "pp": 1,
                                                "dp": layout["dp"] * layout["pp"]})
-    # DeepSpeed: no SP, and ZeRO-2 for MoE models (its engine asserts "MoE not supported with Stage 3")
+    # DeepSpeed: no SP, and ZeRO-2 for MoE models (ZeRO-3 MoE runs AutoEP at tp = etp = 1 only)
     no_sp = plan_of(name, gpus, gbs=gpus * 8, **{**layout, "zero_stage": 2 if model.moe else 3, "pp": 1,
                                                 "dp": layout["dp"] * layout["pp"],
                                                 "sequence_parallel": False})

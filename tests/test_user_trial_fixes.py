@@ -434,21 +434,24 @@ def test_moe_exports_name_the_same_unmodelled_routing_fields(tmp_path):
     assert "moe_layer_freq: [0, 0, 0, 1, 1" in nemo  # on one (wrapped) line, not 61 "- 1" lines
 
 
-def test_deepspeed_moe_plans_stop_at_zero_2():
-    # DeepSpeed's engine asserts "MoE not supported with Stage 3" (runtime/engine.py
-    # _configure_zero_optimizer): the deepspeed profile's search never proposes ZeRO-3 for an MoE
-    # model (its winner was zero=3, whose config died at deepspeed.initialize), and a pin says why
+def test_deepspeed_moe_plans_run_zero_3_through_autoep_only_at_tp_1():
+    # DeepSpeed @edaa72212672 runs MoE at ZeRO-3 through its AutoEP layers
+    # (runtime/engine.py L1872-1915 _validate_zero3_moe_compatibility), which refuse AutoTP, TP
+    # from the model code (L587-590) and expert TP: ZeRO-3 is searched at tp = etp = 1 only
     res = runner.invoke(app, ["search", "--model", "qwen3-30b-a3b", "--gpus", "16", "--framework",
-                              "deepspeed", "--top", "20", "--json"])
+                              "deepspeed", "--zero-stage", "3", "--top", "20", "--json"])
     assert res.exit_code == 0, res.stderr
-    stages = {row["layout"]["zero_stage"] for row in json.loads(res.stdout)}
-    assert stages and max(stages) <= 2
+    rows = json.loads(res.stdout)
+    assert rows and all(r["layout"]["zero_stage"] == 3 and r["layout"]["tp"] == 1 and
+                        r["layout"]["etp"] == 1 for r in rows)
     line = one_line_error(["search", "--model", "qwen3-30b-a3b", "--gpus", "16", "--framework",
-                           "deepspeed", "--zero-stage", "3"])
-    assert "DeepSpeed: MoE layers need ZeRO stage 2 or lower" in line
-    # a dense model keeps ZeRO-3 on DeepSpeed
+                           "deepspeed", "--zero-stage", "3", "--etp", "2"])
+    assert "DeepSpeed: MoE layers with ZeRO-3 need tp = 1 and etp = 1" in line
+    assert runner.invoke(app, ["search", "--model", "qwen3-30b-a3b", "--gpus", "16", "--framework",
+                               "deepspeed", "--zero-stage", "2", "--etp", "2"]).exit_code == 0
+    # a dense model keeps ZeRO-3 at any tp on DeepSpeed
     dense = runner.invoke(app, ["search", "--model", "llama3-8b", "--gpus", "16", "--framework",
-                                "deepspeed", "--zero-stage", "3", "--json"])
+                                "deepspeed", "--zero-stage", "3", "--tp", "2", "--json"])
     assert dense.exit_code == 0 and json.loads(dense.stdout)[0]["layout"]["zero_stage"] == 3
 
 

@@ -24,7 +24,7 @@ from . import model_counts as mc
 from .model_counts import ATTENTION, MLP, MOE, WINDOW
 from . import model_flops as mf
 from . import precision
-from .per_op_checkpoint import per_op_modelled, per_op_saved_per_token
+from .per_op_checkpoint import per_op_saved_per_token
 
 ROUTER_BYTES_PER_SCORE = 12.0  # fp32 logits, scores, probs + routing map per (token, expert): moe.md 5.2 estimate
 MAP_BYTES_PER_ROW = 12.0  # fp32 permuted prob + int64 row index per routed row (moe.md 5.2)
@@ -309,10 +309,10 @@ def activation_bytes_per_token(model: ModelSpec, training: TrainingSpec, c, reco
     """
     h, tp, sp = model.hidden_size, np.asarray(c.tp, dtype=np.float64), c.sp_divisor
     rc = np.asarray(recompute)
-    if training.selective_recompute == "per_op" and per_op_modelled(model) and np.any(rc == 1):
+    if training.selective_recompute == "per_op" and np.any(rc == 1):
         plain = activation_bytes_per_token(model, training.model_copy(
             update={"selective_recompute": "core_attention"}), c, np.where(rc == 1, 0, rc))
-        per_op = per_op_saved_per_token(model, c)
+        per_op = per_op_saved_per_token(model, training, c)
         return {k: np.where(rc == 1, per_op.get(k, v), v) for k, v in plain.items()}
     light = rc == 3  # layernorm, moe_act, mla_up_proj dropped
     core = rc == 1

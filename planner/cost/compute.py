@@ -18,7 +18,7 @@ import numpy as np
 
 from ..specs import HardwareProfile, ModelSpec, TrainingSpec
 from . import blocks, precision
-from .per_op_checkpoint import per_op_modelled, per_op_recomputed_gemm_share
+from .per_op_checkpoint import per_op_recomputed_gemm_share
 from . import model_counts as mc
 from . import model_flops as mf
 
@@ -81,9 +81,13 @@ def block_times(model: ModelSpec, training: TrainingSpec, hw: HardwareProfile, c
             shared = tokens * flops_per_token - router
             t_router = router / (precision.dtype_peak(hw, training) * precision.gemm_efficiency(router, hw))
             t_shared = shared / (peak * precision.linear_efficiency(np.maximum(shared / 2, 1.0), hw, training))
-            t_gemm = t_router + t_shared + blocks.routed_factor(training) * routed / (peak * precision.linear_efficiency(
+            t_routed = blocks.routed_factor(training) * routed / (peak * precision.linear_efficiency(
                 _expert_gemm_flops(model, c, training), hw, training))
-            out[kind] = LayerTimes(t_gemm, zero, zero, t_mem, _shared_fc1_share(model, t_shared, t_gemm), t_mem)
+            t_gemm = t_router + t_shared + t_routed
+            selective = None if training.selective_recompute != "per_op" else \
+                t_router + t_routed + t_shared * per_op_recomputed_gemm_share(model, kind, c.tp) + t_mem
+            out[kind] = LayerTimes(t_gemm, zero, zero, t_mem, _shared_fc1_share(model, t_shared, t_gemm),
+                                   t_mem, selective)
             continue
         gemm = tokens * flops_per_token
         t_gemm = gemm / (peak * precision.linear_efficiency(gemm / 2, hw, training))
@@ -93,8 +97,8 @@ def block_times(model: ModelSpec, training: TrainingSpec, hw: HardwareProfile, c
             t_f, t_b = _attention_core_times(model, training, hw, c, kind == blocks.WINDOW)
             light = t_mem + t_gemm * blocks.mla_up_share(model)
         selective = None
-        if training.selective_recompute == "per_op" and per_op_modelled(model):
-            selective = t_gemm * per_op_recomputed_gemm_share(model, kind) + t_mem
+        if training.selective_recompute == "per_op":
+            selective = t_gemm * per_op_recomputed_gemm_share(model, kind, c.tp) + t_mem
         out[kind] = LayerTimes(t_gemm, t_f, t_b, t_mem, share, light, selective)
     return out
 

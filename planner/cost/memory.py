@@ -17,7 +17,6 @@ from . import pipeline, precision
 from .model_flops import vocab_per_rank
 from . import blocks
 from .blocks import block_kinds
-from .per_op_checkpoint import per_op_modelled
 
 OPTIMIZER_BYTES_PER_PARAM = 12.0  # fp32 master weights + Adam m + v (ZeRO paper K = 12)
 MASTER_BYTES = 4.0  # a separate fp32 master copy of a 16-bit parameter
@@ -204,8 +203,8 @@ def activation_bytes_by_stage(model: ModelSpec, training: TrainingSpec, c,
     token (/sp), and the loss's bytes per logit x V_p/t per token: the framework's
     loss_bytes_per_logit (6 = bf16 logits 2*V_p/t and fp32 softmax 4*V_p/t in Megatron; 12 in
     torchtitan's fp32 loss), or 2 (the bf16 logits alone) with training.cross_entropy_in_place
-    (once per output head: the MTP modules add theirs). Per-layer terms shared by the ranks are
-    computed once.
+    (once per output head: the MTP modules add theirs), for a chunk of the tokens where the loss
+    is chunked (loss_edge_bytes). Per-layer terms shared by the ranks are computed once.
     """
     h = model.hidden_size
     tokens = c.tokens_per_microbatch(training.seq_length)
@@ -213,8 +212,7 @@ def activation_bytes_by_stage(model: ModelSpec, training: TrainingSpec, c,
     uniform = block_kinds(model) == ("attention", "mlp")
     per_layer = activation_per_layer(model, training, c) if uniform else None
     sp_div = c.sp_divisor
-    per_logit = 2.0 if training.cross_entropy_in_place else training.loss_bytes_per_logit
-    last_edge = tokens * (4.0 * h / sp_div + per_logit * vocab_per_rank(model, c.tp)) * (1 + model.mtp_layers)
+    last_edge = loss_edge_bytes(model, training, c)
     out = {}
     targets = ranks if ranks is not None else {kind: rank_index(c, kind) for kind in kinds}
     block = np.any(np.asarray(c.recompute_num_layers) > 0)
@@ -223,7 +221,7 @@ def activation_bytes_by_stage(model: ModelSpec, training: TrainingSpec, c,
         layer = per_layer if uniform else activation_per_layer(model, training, c, rank=rank)
         stored = activation_per_layer(model, training, c, np.zeros_like(c.recompute),
                                       None if uniform else rank)
-        per_op = training.selective_recompute == "per_op" and per_op_modelled(model)
+        per_op = training.selective_recompute == "per_op"
         working = np.where((c.recompute == 2) | ((c.recompute == 1) & per_op), stored, 0.0)
         if block:  # full recompute of the first N layers of each chunk: the rest store theirs
             layer, full_working = block_recompute_layer(c, model.num_layers, rank, layer, stored)
@@ -238,6 +236,24 @@ def activation_bytes_by_stage(model: ModelSpec, training: TrainingSpec, c,
         is_last = rank == np.asarray(c.pp) - 1
         out[kind] = total + np.where(is_first, first_edge, 0.0) + np.where(is_last, last_edge, 0.0)
     return out
+
+
+def loss_edge_bytes(model: ModelSpec, training: TrainingSpec, c) -> np.ndarray:
+    """Bytes the last pipeline rank holds for the output layer and the loss of the micro-batch
+    in its backward (formulas.md 3.6), per head (1 + MTP layers): tokens x (the final norm's
+    and the output layer's inputs 4h/sp + p x V_p/t / N), p the framework's bytes per logit
+    (2 with training.cross_entropy_in_place), N = training.loss_chunks: torchtitan's
+    ChunkedLossWrapper (components/loss.py L501-720 @b5bcd76c66d0) makes one chunk's logits at a
+    time and runs its backward at once, and keeps an fp32 gradient accumulator of the hidden
+    states beside (GradAccumulator, dtype float32: + 4h per token where N > 1). MTP's loss is
+    not chunked there (models/deepseek_v3/MTP.md TODO 3: N = 1 with MTP layers). Broadcast
+    array, bytes."""
+    h = model.hidden_size
+    per_logit = 2.0 if training.cross_entropy_in_place else training.loss_bytes_per_logit
+    chunks = 1 if model.mtp_layers else training.loss_chunks
+    accumulator = 4.0 * h if chunks > 1 else 0.0
+    per_token = 4.0 * h / c.sp_divisor + per_logit * vocab_per_rank(model, c.tp) / chunks + accumulator
+    return c.tokens_per_microbatch(training.seq_length) * per_token * (1 + model.mtp_layers)
 
 
 def block_recompute_layer(c, num_layers: int, rank, layer, stored) -> tuple[np.ndarray, np.ndarray]:

@@ -15,10 +15,13 @@ Megatron-DeepSpeed's ``--tensor-model-parallel-size``). Those go to ``Export.not
 since JSON has no comments. What DeepSpeed cannot run (ZeRO-2/3 with PP, interleaving, ring CP,
 an uneven split) is refused before this module runs, by the deepspeed framework profile's rules
 (planner.frameworks.rules.check_plan), the same rules ``--framework deepspeed`` searches with.
-DeepSpeed's MoE is a layer of the model code, not a ds_config key: a note gives the arguments
-of ``deepspeed.moe.layer.MoE`` for the plan (num_experts, k, ep_size, expert tensor parallelism,
-dropless routing; deepspeedai/DeepSpeed @639460ab deepspeed/moe/layer.py), where its expert
-groups come from the data-parallel ranks (the deepspeed profile's rule: ep divides dp).
+MoE: where AutoEP can run the plan (tp = etp = 1; the only path at ZeRO-3) the ds_config gets
+``expert_parallel`` {enabled, autoep_size = ep} (deepspeedai/DeepSpeed @edaa72212672
+runtime/config.py EXPERT_PARALLEL, module_inject/auto_ep_config.py parse_autoep_config); else a
+note gives the arguments of the model code's ``deepspeed.moe.layer.MoE`` (num_experts, k,
+ep_size, expert tensor parallelism, dropless routing; deepspeed/moe/layer.py). Either way the
+expert groups come from the data-parallel ranks (the deepspeed profile's rule: ep divides dp)
+and a note says how the optimizer gets the MoE parameter groups DeepSpeed requires.
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ def ds_config(plan: Plan) -> dict:
                               "overlap_comm": tr.overlap_grad_reduce},
     }
     cfg["bf16" if tr.dtype == "bf16" else "fp16"] = {"enabled": True}
+    if autoep(plan):
+        cfg["expert_parallel"] = {"enabled": True, "autoep_size": int(lay.ep)}
     if lay.recompute == "full":  # every layer (the profile's rules refuse recompute_num_layers)
         # deepspeed/runtime/activation_checkpointing/config.py keys: no partitioning or CPU
         # copies of the checkpoints (plan3d costs neither); number_checkpoints = the
@@ -112,11 +117,32 @@ def export_deepspeed(plan: Plan) -> Export:
     return Export("deepspeed", text, notes=notes, keys=_flatten(cfg))
 
 
+AUTOEP = "DeepSpeed @edaa72212672 docs/_pages/config-json.md (Expert Parallel (AutoEP))"
+
+
+def autoep(plan: Plan) -> bool:
+    """Whether the plan's experts run as DeepSpeed's AutoEP layers: an MoE model at tp = etp = 1
+    (AutoEP refuses TP from the model code, AutoTP and expert TP: runtime/engine.py L587-590,
+    L1894-1915), the only MoE path DeepSpeed runs at ZeRO-3."""
+    return plan.model.moe is not None and plan.layout.tp == 1 and plan.layout.etp == 1
+
+
 def moe_note(plan: Plan) -> str:
-    """The DeepSpeed-MoE layer arguments for the plan's experts (model code, not ds_config)."""
+    """How DeepSpeed runs the plan's experts: AutoEP from the ds_config, else the model code's
+    deepspeed.moe.layer.MoE arguments; and the optimizer's MoE parameter groups."""
     moe, lay = plan.model.moe, plan.layout
-    return (f"experts: build each MoE layer as deepspeed.moe.layer.MoE(num_experts="
-            f"{moe.num_experts}, k={moe.router_topk}, ep_size={lay.ep}, "
-            f"enable_expert_tensor_parallelism={lay.etp > 1}, drop_tokens=False) in the model "
-            f"code; ds_config has no MoE key. The estimate assumed Megatron-Core's dropless "
-            f"routing and grouped GEMMs; DeepSpeed's gate and per-expert loop may be slower")
+    if autoep(plan):
+        how = (f"experts: expert_parallel (AutoEP, autoep_size {lay.ep}) replaces the model's MoE "
+               "layers; set expert_parallel.preset_model for your model (mixtral, qwen3_moe, "
+               f"deepseek_v2, deepseek_v3) or its *_pattern keys ({AUTOEP})")
+    else:
+        how = (f"experts: AutoEP runs tp = etp = 1 only, so build each MoE layer as "
+               f"deepspeed.moe.layer.MoE(num_experts={moe.num_experts}, k={moe.router_topk}, "
+               f"ep_size={lay.ep}, enable_expert_tensor_parallelism={lay.etp > 1}, "
+               "drop_tokens=False) in the model code (ZeRO 0-2 only)")
+    return (f"{how}. The optimizer needs the experts in their own parameter groups: an optimizer "
+            "section in ds_config makes the engine build them (runtime/engine.py L2026-2030); "
+            "your own optimizer takes deepspeed.moe.utils."
+            "split_params_into_different_moe_groups_for_optimizer(...) (ZeRO-1/2 assert it, "
+            "zero/stage_1_and_2.py L779-780). The estimate assumed Megatron-Core's dropless "
+            "routing and grouped GEMMs")

@@ -70,6 +70,8 @@ from .common import (RANK_ORDER_NOTE, Export, comment_lines, describe, interval_
 from .megatron_model import CROSS_ENTROPY_NOTE, model_args
 from ..cost.checkpoint import MEGATRON_FSDP_STRATEGY, megatron_ckpt_format
 from ..search.framework_rules import check_plan
+from ..cost.precision import blackwell
+from .megatron_model import ep_overlap
 
 SOURCE = "NVIDIA/Megatron-LM commit d98e8a64ddf3 (2026-08-22), megatron/training/arguments.py"
 POSITION = {"rope": "rope", "learned": "learned_absolute"}
@@ -187,8 +189,6 @@ def connections(plan: Plan) -> Connections:
     (L1477-1479) unless beside FSDP or EP overlap, where it only warns that they want
     different values (L1453-1475); EP overlap wants more than 1 (megatron/core/transformer/
     moe/README.md L437). Blackwell: cost.precision.blackwell (the profile has an MXFP8 peak)."""
-    from ..cost.precision import blackwell
-    from .megatron_model import ep_overlap
     lay = plan.layout
     fsdp, overlap = lay.zero_stage in MEGATRON_FSDP_STRATEGY, ep_overlap(plan)
     tp_cp = (lay.tp > 1 or lay.cp > 1) and not blackwell(plan.hardware)

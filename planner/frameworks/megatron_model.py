@@ -62,12 +62,13 @@ The job settings of the TrainingSpec (job_args; written for MoE models where MoE
                                     --cross-entropy-loss-fusion with --cross-entropy-fusion-impl
                                     te (arguments.py L1697-1702, "stability issues"); a comment
                                     and a note say so (Megatron-Bridge writes it)
-Refused (UsageError): the flex dispatcher's DeepEP backend with etp x ep = 1 (token_dispatcher.py
-L1836: "DeepEP dispatcher requires TPxEP > 1"); EP overlap with the allgather dispatcher or more
-than one MTP layer
-(transformer_config.py L3016-3019, L3042-3046); optimizer CPU offload beside FP8 parameter
-gathering (arguments.py L1888-1891); fine-grained beside whole-layer activation offloading
-(transformer_config.py L2127-2130); E not divisible by ep (arguments.py L1655-1658); biases in MoE with
+Refused by the plan's rules before the export runs (search.job_rules): EP overlap with the
+allgather dispatcher or more than one MTP layer (transformer_config.py L3016-3019, L3042-3046);
+optimizer CPU offload beside FP8 parameter gathering (arguments.py L1888-1891); fine-grained
+beside whole-layer activation offloading (transformer_config.py L2127-2130). Refused
+(UsageError): the flex dispatcher's DeepEP backend with etp x ep = 1 (token_dispatcher.py
+L1836: "DeepEP dispatcher requires TPxEP > 1"); E not divisible by ep (arguments.py
+L1655-1658); biases in MoE with
 etp > 1 (transformer_config.py L2612-2615); attention TP > 1 without sequence parallelism in an
 MoE model (moe/moe_layer.py L636-640 raises in training).
 """
@@ -81,7 +82,6 @@ from ..errors import UsageError
 from ..inputs import flag
 from ..plan import Plan
 from ..cost.comm import a2a_overlap_applies
-from ..cost.precision import fp8_param_gather
 
 # Megatron-Core TransformerConfig routing fields plan3d's model schema does not hold (a group is
 # set together); both exports name them for the user to set from the model card
@@ -182,24 +182,19 @@ def check_flex(plan: Plan) -> str:
 def ep_overlap(plan: Plan) -> bool:
     """Whether Megatron-Core runs the plan's EP communication overlap: moe_a2a_overlap on an MoE
     model with ep > 1, no full recompute and pp = 1 or interleaving (the cost model's condition,
-    cost.comm). UsageError where Megatron-Core refuses the overlap outright: the allgather
-    dispatcher, more than one MTP layer (transformer_config.py L3016-3019, L3042-3046)."""
+    cost.comm). What Megatron-Core refuses outright (the allgather dispatcher, more than one MTP
+    layer) is a rule every consumer checks first (search.job_rules.job_problems)."""
     tr, lay, model = plan.training, plan.layout, plan.model
     if not tr.moe_a2a_overlap or model.moe is None:
         return False
-    if tr.moe_dispatcher == "allgather":
-        raise UsageError("Megatron-Core overlaps EP communication (moe_a2a_overlap) only with the "
-                         "alltoall or flex dispatcher; the plan has moe_dispatcher allgather")
-    if model.mtp_layers > 1:
-        raise UsageError(f"Megatron-Core's EP overlap (moe_a2a_overlap) supports at most one MTP "
-                         f"layer; {model.name} has {model.mtp_layers}")
     return bool(a2a_overlap_applies(lay))
 
 
 def job_args(plan: Plan) -> tuple[Args, list[str]]:
     """(flags, comments) of the plan's job settings (module docstring): EP overlap, optimizer
-    CPU offload, MoE activation offload; the in-place cross entropy as a comment. UsageError
-    where Megatron-LM refuses them (ep_overlap; offload beside FP8 parameter gathering)."""
+    CPU offload, MoE activation offload; the in-place cross entropy as a comment. What
+    Megatron-LM refuses in them (offload beside FP8 parameter gathering, fine-grained beside
+    whole-layer offload, ...) the plan's rules refuse before (search.job_rules)."""
     tr, lay, model = plan.training, plan.layout, plan.model
     args: Args = []
     comments: list[str] = []
@@ -214,10 +209,6 @@ def job_args(plan: Plan) -> tuple[Args, list[str]]:
                         f"vpp={lay.vpp} recompute={lay.recompute}): not written, and the "
                         "estimate did not overlap it")
     if tr.optimizer_offload_fraction > 0:
-        if tr.precision != "bf16" and fp8_param_gather(tr) and lay.sharding_stage >= 1:
-            raise UsageError("Megatron-LM's optimizer CPU offload cannot be used with FP8 parameter "
-                             f"gathering (arguments.py L1888-1891), which precision {tr.precision} "
-                             "with a sharded optimizer exports")
         args += [("--optimizer-cpu-offload", None),
                  ("--optimizer-offload-fraction", f"{tr.optimizer_offload_fraction:g}")]
     if tr.optimizer_offload_fraction > 0 or tr.optimizer_moment_bytes == 2:
@@ -225,8 +216,7 @@ def job_args(plan: Plan) -> tuple[Args, list[str]]:
     if tr.optimizer_moment_bytes == 2:  # bf16 Adam moments (optimizer_config.py L476-477: only
         # with the precision-aware optimizer)
         args += [("--exp-avg-dtype", "bf16"), ("--exp-avg-sq-dtype", "bf16")]
-    if tr.moe_activation_offload and model.moe is not None:  # not with whole-layer offload:
-        # a framework rule (search.framework_rules) that check_plan applies before any export
+    if tr.moe_activation_offload and model.moe is not None:
         args += [("--fine-grained-activation-offloading", None),
                  ("--offload-modules", "expert_fc1 moe_act")]
         comments.append("activation offload: with Transformer Engine >= 2.10 set "

@@ -25,7 +25,7 @@ RUNTIME_FACTS = ("flash_attention", "tp_backward_overlap", "overlap_grad_reduce"
 # TrainingSpec fields a profile sets (resolve_training); the rest are the job's
 FRAMEWORK_FACTS = RUNTIME_FACTS + ("framework", "grad_bytes", "param_bytes", "master_weights",
                                    "fp32_grad_partition", "pp_unsharded_params", "loss_bytes_per_logit",
-                                   "reserve_runtime",
+                                   "loss_chunks", "reserve_runtime",
                                    "reserve_per_communicator", "reserve_allocator")
 
 
@@ -80,7 +80,7 @@ def resolve_training(job: TrainingSpec | dict[str, Any], profile: FrameworkProfi
         framework=profile.name, grad_bytes=GRAD_BYTES[grad_dtype(profile, dtype, overrides)],
         param_bytes=mem.param_bytes, master_weights=mem.master_weights,
         fp32_grad_partition=mem.fp32_grad_partition, pp_unsharded_params=mem.pp_unsharded_params,
-        loss_bytes_per_logit=mem.loss_bytes_per_logit,
+        loss_bytes_per_logit=mem.loss_bytes_per_logit, loss_chunks=mem.loss_chunks,
         reserve_runtime=res.runtime, reserve_per_communicator=res.per_communicator,
         reserve_allocator=res.allocator)
     if overrides.flash_attention is not None:

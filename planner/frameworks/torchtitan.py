@@ -58,6 +58,7 @@ from .common import (Export, comment_lines, describe, interval_note, layers_per_
                      microbatches, no_connections_requirement, rope_note, save_interval,
                      unwritten_note)
 from ..cost.memory import state_bytes
+from ..search.framework_rules import profile_for
 
 RELEASE = {"overrides": "0.3.0", "toml": "0.2.2"}  # the torchtitan release each format targets
 SOURCE_03 = ("torchtitan 0.3.0 (PyPI) torchtitan/config/configs.py, trainer.py Trainer.Config, "
@@ -110,7 +111,6 @@ def _bf16_gradients(plan: Plan, notes: list[str]) -> None:
     Literal["float32"] in 0.2.2 job_config.py and 0.3.0 configs.py): UsageError for a plan
     costed for torchtitan with bf16 gradients (--grad-dtype bf16); a note for a plan of
     another framework's runtime (whose re-plan note export_plan adds)."""
-    from ..search.framework_rules import profile_for
     if profile_for(plan.training, plan.framework).export == "torchtitan":
         raise UsageError("torchtitan reduces gradients in float32 only (training."
                          "mixed_precision_reduce is Literal['float32'] in 0.2.2 job_config.py "

@@ -94,10 +94,17 @@ class LayoutDegrees:
     def communicators(self):
         """NCCL communicators one rank uses (formulas.md 3.10): TP (tp > 1), CP (cp > 1), PP
         (pp > 1: the p2p of batched send/recv), the gradient group dp*cp (> 1), and the
-        model-parallel group tp*pp (> 1) that reduces the gradient norm and the loss. Int array."""
+        model-parallel group tp*pp (> 1) that reduces the gradient norm and the loss; with an
+        expert mesh (ep*etp > 1, an MoE layout) also the EP group of the token all-to-all
+        (ep > 1), the expert-data-parallel group that reduces the experts' gradients (edp > 1)
+        and the expert-TP group where it is not the TP group (etp > 1, etp != tp; Megatron-Core
+        parallel_state.py builds them beside the dense groups, moe.md 3.2). Int array."""
         tp, cp, pp = np.asarray(self.tp), np.asarray(self.cp), np.asarray(self.pp)
+        ep, etp = np.asarray(self.ep), np.asarray(self.etp)
+        experts = (ep * etp) > 1
         return ((tp > 1).astype(np.int64) + (cp > 1) + (pp > 1) + (np.asarray(self.grad_group) > 1)
-                + ((tp * pp) > 1))
+                + ((tp * pp) > 1) + (ep > 1)
+                + (experts & (np.asarray(self.edp) > 1)) + (experts & (etp > 1) & (etp != tp)))
 
     def num_microbatches(self, global_batch_size: int):
         """m = B / (dp * micro_batch_size): micro-batches per step on each pipeline (CP ranks

@@ -19,6 +19,7 @@ from ..layout import Candidates, Layout
 from ..layout.degrees import SPLIT_DEGREES, split_problem
 from ..layout.split import default_uneven_split, uneven_problem
 from ..specs import HardwareProfile, ModelSpec, TrainingSpec
+from .fp8_rules import FP8_SHAPE_TAG, fp8_hint
 from .framework_rules import check_model, profile_for
 from .rules import LAYERS_RULE, MOE_SP_RULE, TP_RULE, UNEVEN_RULE, constraint_masks, rules_broken
 
@@ -79,6 +80,8 @@ def check_layout(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, 
         rules = profile_for(training, framework)
         if MOE_SP_RULE in broken and not rules.rules.sequence_parallel:
             hint += f" ({rules.display} has no sequence parallelism: its MoE layouts need tp = 1)"
+        if any(FP8_SHAPE_TAG in rule for rule in broken):
+            hint += f" ({fp8_hint(model, training, Candidates.from_layouts([layout]))})"
         if UNEVEN_RULE in broken:
             hint += f" ({uneven_problem(model.num_layers, layout.pp, layout.first_stage_layers, layout.last_stage_layers, layout.vpp)})"
         raise UsageError(f"layout {layout.short()} breaks: {'; '.join(broken)}{hint}")

@@ -20,6 +20,8 @@ from .software_rules import software_masks
 from ..catalog import framework_profiles, resolve_framework
 from ..cost.offload import offload_allowed
 from ..layout import Candidates
+from .fp8_rules import fp8_masks
+from .job_rules import job_masks, job_problems
 
 # The framework each export target runs (plan3d export --to TARGET checks that framework's rules).
 TARGET_FRAMEWORK = {"megatron": "megatron-core", "nemo": "megatron-core", "deepspeed": "deepspeed",
@@ -45,7 +47,9 @@ def profile_for(training: TrainingSpec, given: FrameworkProfile | None = None) -
 def framework_masks(profile: FrameworkProfile, model: ModelSpec, training: TrainingSpec,
                     c) -> dict[str, np.ndarray]:
     """{rule name: bool mask (True = allowed)} of the framework's layout rules (Rules in
-    planner.framework_spec), for candidates ``c`` (Candidates or a broadcast grid block)."""
+    planner.framework_spec), of the job settings against the layout (job_rules.job_masks) and
+    of the FP8 GEMM shapes (fp8_rules.fp8_masks), for candidates ``c`` (Candidates or a
+    broadcast grid block)."""
     r, d = profile.rules, profile.display
     m = np.asarray(c.num_microbatches(training.global_batch_size), dtype=np.float64)
     tp, pp, vpp, cp = (np.asarray(x) for x in (c.tp, c.pp, c.vpp, c.cp))
@@ -83,8 +87,15 @@ def framework_masks(profile: FrameworkProfile, model: ModelSpec, training: Train
     if model.moe is not None and r.max_zero_stage_with_moe < 3:  # whatever ep is
         out[f"{d}: MoE layers need ZeRO stage {r.max_zero_stage_with_moe} or lower"] = \
             np.asarray(c.zero_stage) <= r.max_zero_stage_with_moe
+    if model.moe is not None and not r.moe_zero3_model_parallel:
+        out[f"{d}: MoE layers with ZeRO-3 need tp = 1 and etp = 1"] = \
+            (np.asarray(c.zero_stage) < 3) | ((tp == 1) & (np.asarray(c.etp) == 1))
     if model.tie_embeddings and not r.tied_embeddings_with_pp:
         out[f"{d}: tied embeddings need pp = 1"] = pp == 1
+    if model.mtp_layers and not r.mtp_with_pp_or_cp:
+        out[f"{d}: multi-token prediction (MTP) layers need pp = 1 and cp = 1"] = (pp == 1) & (cp == 1)
+    out.update(job_masks(profile, model, training, c))
+    out.update(fp8_masks(profile, model, training, c))
     return out
 
 
@@ -192,7 +203,8 @@ def model_problems(profile: FrameworkProfile, model: ModelSpec, training: Traini
     """What in the model or the training the framework cannot build at all, in words ([] if
     nothing): attention kind, position embedding, activation, norm, dtype, an FP8 precision its
     FP8 library does not run, Megatron-Core's MoE dispatchers and EP overlap outside Megatron
-    profiles, a RoPE base that must be an integer."""
+    profiles and what Megatron-Core refuses in them (job_rules.job_problems), a RoPE base that
+    must be an integer."""
     r, d = profile.rules, profile.display
     problems = []
     for what, have, allowed in (("attention", model.attention_kind, r.attention),
@@ -213,6 +225,7 @@ def model_problems(profile: FrameworkProfile, model: ModelSpec, training: Traini
     if training.moe_capacity_factor is not None and not r.moe_token_drop:
         problems.append(f"{d} has no token dropping with a capacity factor (moe_capacity_factor, "
                         "--moe-capacity-factor): its MoE layers are dropless")
+    problems += job_problems(profile, model, training)  # the MoE job settings
     theta = model.rope_theta
     if r.integer_rope_base and model.position_embedding == "rope" and theta is not None \
             and not float(theta).is_integer():

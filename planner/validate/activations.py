@@ -94,7 +94,8 @@ def megatron_loss(training):
     torchtitan plan's fp32 loss (12 B per logit) would otherwise be compared with it."""
     fields = TrainingSpec.model_fields
     return training.model_copy(update={k: fields[k].default for k in
-                                       ("loss_bytes_per_logit", "cross_entropy_in_place")})
+                                       ("loss_bytes_per_logit", "cross_entropy_in_place",
+                                        "loss_chunks")})
 
 
 def _dims(run) -> SimpleNamespace:
