@@ -57,12 +57,16 @@ class GPUSpec(_Strict):
     - ``peak_tflops``: dense (no 2:4 sparsity) tensor-core peak per dtype, TFLOP/s; bf16 is
       required. ``fp8`` is per-tensor/blockwise FP8, ``mxfp8`` MXFP8 (1x32 blocks with E8M0 scales,
       Blackwell only; it runs on the FP8 tensor cores, so NVIDIA's FP8 figure), ``fp4`` FP4/NVFP4.
+    - ``sm_count``: streaming multiprocessors (cudaDeviceProp.multiProcessorCount); what TP
+      communication overlap takes SMs from (cost.comm). None: unknown, and TP communication
+      overlap is then not offered (search.software_rules).
     """
 
     name: str
     hbm_capacity: Bytes
     hbm_bandwidth: Bandwidth
     peak_tflops: dict[PeakKey, float]
+    sm_count: int | None = Field(default=None, gt=0, le=10_000)
     source: str = Field(min_length=1)
 
     @model_validator(mode="after")

@@ -362,7 +362,7 @@ def _sample_layouts(model: str, gpus: int, batch: int, count: int, seed: int):
     m, hw = catalog.resolve_model(model), catalog.resolve_hardware("dgx-h100")
     tr = TrainingSpec(seq_length=m.training.seq_length, global_batch_size=batch)
     c = enumerate_space(m, hw, tr, gpus, SearchOptions(max_vpp=4, max_cp=2))
-    masks = constraint_masks(m, tr, 8, c)
+    masks = constraint_masks(m, tr, hw, c)
     generic = np.ones(len(c), dtype=bool)
     for rule, ok in masks.items():
         if ":" not in rule:  # framework rules are named "<framework>: ..."

@@ -117,7 +117,6 @@ def test_closest_miss_is_the_valid_layout_nearest_to_fitting():
     model-states floor before their memory is computed; the closest miss is still the valid
     layout of the least memory over the usable (the lowest grid index on a tie), as a brute
     force over every layout finds it."""
-    from planner.cost.collectives import nvlink_domain
     from planner.errors import NoFitError
     from planner.search.run import search
     from planner.search.rules import constraint_masks
@@ -128,7 +127,7 @@ def test_closest_miss_is_the_valid_layout_nearest_to_fitting():
     grid = build_grid(m, hw, tr, 8, SearchOptions())
     flat = grid.flat(np.arange(grid.size))
     valid = np.logical_and.reduce([np.broadcast_to(ok, (len(flat),)) for ok in
-                                   constraint_masks(m, tr, nvlink_domain(hw), flat).values()])
+                                   constraint_masks(m, tr, hw, flat).values()])
     # a layout with pp 1 and no recomputation is judged with the most activation offload its
     # limits allow (cost.offload, most=True): its least memory
     from planner.cost.estimate import memory_by_rank, rank_kinds

@@ -35,7 +35,7 @@ def _brute_force(m, hw, tr, gpus, opts=SearchOptions(), least_n=True):
     (``least_n`` False: full recompute of every layer, the memory the fit test reads)."""
     flat = enumerate_space(m, hw, tr, gpus, opts)
     ok = np.ones(len(flat), dtype=bool)
-    for mask in constraint_masks(m, tr, hw.gpus_per_node, flat).values():
+    for mask in constraint_masks(m, tr, hw, flat).values():
         ok &= mask
     every = evaluate(m, hw, tr, flat)
     fits = every.fits  # full recompute tested with every layer recomputed

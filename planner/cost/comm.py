@@ -35,7 +35,7 @@ from .memory import rank_index
 from .traffic import Collective, Elements
 from .volumes import block_collectives, dp_collectives, edge_collectives, p2p_collectives
 from ..layout import RECOMPUTE_CODES
-from .blocks import routed_factor
+from .blocks import MOE, routed_factor
 from .moe import dispatcher_is, flex_links, flex_shares
 
 
@@ -81,14 +81,17 @@ class BlockComm:
 
 
 def block_comm(model: ModelSpec, training: TrainingSpec, c, links: Links,
-               times: dict[str, LayerTimes], elem: Elements, link: bool = True) -> dict[str, BlockComm]:
+               times: dict[str, LayerTimes], elem: Elements, link: bool = True,
+               sm_count: int | None = None) -> dict[str, BlockComm]:
     """Time of volumes.block_collectives, per block kind: TP on the tp group (the backward's
-    hidden collectives under 2 x the block's column-parallel GEMM time), the CP ring between CP
+    hidden collectives under 2 x the block's column-parallel GEMM time; with TP communication
+    overlap as _tp_overlapped, on a GPU of ``sm_count`` SMs), the CP ring between CP
     neighbours, the expert dispatch on the EP group (ep ranks etp apart) and the expert-TP
     group (etp ranks), all-to-all and expert-TP times scaled by training.moe_imbalance (the busiest rank
     receives that much more, moe.md 4.2). ``link`` False: without the TP link seconds (no
     step time needs them). {kind: BlockComm}"""
     tp = _Timer(links, span(c, "tp", links.domain))
+    overlap = np.asarray(c.tp_comm_overlap, dtype=bool)
     out = {}
     for kind, colls in block_collectives(model, training, c, elem).items():
         layer = times[kind]
@@ -98,6 +101,10 @@ def block_comm(model: ModelSpec, training: TrainingSpec, c, links: Links,
         exposed = tp.total(tps, phase="forward") + tp.total(tps, phase="backward", overlap="") \
             + np.maximum(0.0, hidden - window)
         parts = dict(tp_exposed=exposed, tp_recompute=tp.total(tps, phase="recompute"))
+        if np.any(overlap) and kind != MOE:  # userbuffers cover no expert linear
+            f, r, b = _tp_overlapped(tp, tps, layer, sm_count)
+            parts = dict(tp_exposed=np.where(overlap, f + b + np.maximum(0.0, hidden - window), exposed),
+                         tp_recompute=np.where(overlap, r, parts["tp_recompute"]))
         if link:
             parts["tp_link"] = tp.total(tps)
         if any(x.group == "cp" for x in colls):
@@ -106,6 +113,38 @@ def block_comm(model: ModelSpec, training: TrainingSpec, c, links: Links,
             parts.update(_expert_times(model, training, c, links, colls, times))
         out[kind] = BlockComm(**parts)
     return out
+
+
+# Transformer Engine's userbuffers defaults (TE v2.9-v2.16 pytorch/module/base.py L271-328):
+# the row-parallel forward GEMM's reduce-scatter pipelined in 4 chunks on 16 SMs the GEMM
+# gives up (set_sm_margin: comm_gemm_overlap.cpp L98-100); the all-gathers before the column-
+# parallel forward GEMM and the row-parallel input-gradient GEMM by ring exchange on the copy
+# engines (1 SM, no margin); the backward's input-gradient reduce-scatter and the input's
+# re-gather in bulk beside the column-parallel dgrad and wgrad GEMMs (the window of
+# _backward_window, as without overlap).
+TP_OVERLAP_CHUNKS = 4
+TP_OVERLAP_SMS = 16
+
+
+def _tp_overlapped(tp: "_Timer", tps: list, layer: LayerTimes, sm_count: int | None) -> tuple:
+    """(forward, recompute, backward-gradient-gather) exposed TP seconds of a block with TP
+    communication overlap: each all-gather exposes what it takes beyond the GEMM it feeds
+    (the column-parallel forward GEMM; in backward the row-parallel input-gradient GEMM, as
+    long as the row-parallel forward one); the pipelined reduce-scatter its last chunk and
+    what the rest takes beyond the row-parallel GEMM, plus that GEMM's slowdown on sm_count -
+    TP_OVERLAP_SMS SMs. Broadcast arrays."""
+    col = layer.column_parallel_share * layer.gemm_forward
+    row = layer.gemm_forward - col
+    margin = row * TP_OVERLAP_SMS / max((sm_count or 0) - TP_OVERLAP_SMS, 1) if sm_count else 0.0
+
+    def forward(phase: str):
+        ag = tp.total(tps, phase=phase, kind="all_gather")
+        rs = tp.total(tps, phase=phase, kind="reduce_scatter")
+        last = rs / TP_OVERLAP_CHUNKS
+        return np.maximum(0.0, ag - col) + last + np.maximum(0.0, rs - last - row) + margin * (rs > 0)
+
+    gather = tp.total(tps, phase="backward", overlap="", kind="all_gather")
+    return forward("forward"), forward("recompute"), np.maximum(0.0, gather - row)
 
 
 def _backward_window(training: TrainingSpec, c, layer: LayerTimes):

@@ -166,7 +166,7 @@ def evaluate(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c,
     m = c.num_microbatches(training.global_batch_size)
     counts = {kind: rank_blocks(model, c, rank_index(c, kind)) for kind in RANK_KINDS}  # blocks per rank
     times = compute.block_times(model, training, hw, c)                  # kernels, per block
-    comms = block_comm(model, training, c, links, times, elem, not summary)  # TP, CP, EP per block
+    comms = block_comm(model, training, c, links, times, elem, not summary, hw.gpu.sm_count)  # TP, CP, EP per block
     costs = {k: block_cost(times[k], comms[k], c) for k in times}
     output = compute.output_layer_time(model, training, hw, c) * (1 + model.mtp_layers)
     output_gemm = compute.output_gemm_time(model, training, hw, c)

@@ -9,7 +9,6 @@ from typing import Any
 import numpy as np
 
 from ..files import validate
-from ..cost.collectives import nvlink_domain
 from ..cost.offload import check_host_memory
 from ..cost.precision import check_precision
 from ..errors import UsageError
@@ -64,7 +63,7 @@ def check_layout(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, 
     if layout.first_stage_layers and model.num_layers % (layout.pp * layout.vpp) == 0 and \
             layout.first_stage_layers == layout.last_stage_layers == per_stage:
         layout = layout.model_copy(update=dict(first_stage_layers=0, last_stage_layers=0))  # even
-    masks = constraint_masks(model, training, nvlink_domain(hw), Candidates.from_layouts([layout]),
+    masks = constraint_masks(model, training, hw, Candidates.from_layouts([layout]),
                              allow_cross_node_tp, framework)
     broken = rules_broken(masks)
     if broken:
@@ -92,6 +91,6 @@ def check_layout(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, 
 def _uneven_fits(model: ModelSpec, training: TrainingSpec, hw: HardwareProfile, layout: Layout,
                  framework: FrameworkProfile | None = None) -> bool:
     """Whether ``layout`` (with its uneven split filled in) passes every rule but the fit."""
-    masks = constraint_masks(model, training, nvlink_domain(hw), Candidates.from_layouts([layout]),
+    masks = constraint_masks(model, training, hw, Candidates.from_layouts([layout]),
                              True, framework)
     return all(bool(np.all(ok)) for ok in masks.values())

@@ -76,7 +76,6 @@ def framework_masks(profile: FrameworkProfile, model: ModelSpec, training: Train
     if len(codes) < len(RECOMPUTE_CODES):
         out[f"{d} offers recompute {' / '.join(r.recompute)}"] = np.isin(c.recompute, codes)
     out.update(_offload_masks(profile, model, training, c))
-    out.update(software_masks(profile, model, training, c))
     if not r.recompute_num_layers:
         out[f"{d} recomputes every layer in full (no recompute_num_layers N > 0)"] = \
             np.asarray(c.recompute_num_layers) == 0
@@ -240,10 +239,13 @@ def check_model(profile: FrameworkProfile, model: ModelSpec, training: TrainingS
         raise UsageError(f"{problems[0]}; choose another --framework (plan3d frameworks lists them)")
 
 
-def broken_rules(profile: FrameworkProfile, model: ModelSpec, training: TrainingSpec, layout) -> list[str]:
-    """The framework rules one ``layout`` (specs.Layout) breaks, model problems first."""
+def broken_rules(profile: FrameworkProfile, model: ModelSpec, training: TrainingSpec, layout,
+                 hw=None) -> list[str]:
+    """The framework rules one ``layout`` (specs.Layout) breaks, model problems first; with
+    ``hw`` (HardwareProfile) also those of its software switches on that hardware."""
     c = Candidates.from_layouts([layout])
     masks = framework_masks(profile, model, training, c)
+    masks.update(software_masks(profile, model, training, c, hw))
     return model_problems(profile, model, training) + \
         [rule for rule, ok in masks.items() if not bool(np.all(ok))]
 
@@ -252,7 +254,7 @@ def check_plan(target: str, plan) -> None:
     """UsageError when the framework that export ``target`` writes for cannot run ``plan``
     (specs.Plan): the rules it breaks, and how to get a plan it runs."""
     profile = resolve_framework(TARGET_FRAMEWORK[target])
-    broken = broken_rules(profile, plan.model, plan.training, plan.layout)
+    broken = broken_rules(profile, plan.model, plan.training, plan.layout, plan.hardware)
     if broken:
         remedy = ("export to another target" if model_problems(profile, plan.model, plan.training)
                   else f"search with --framework {profile.name} for a plan it runs")

@@ -1,5 +1,5 @@
 """What a framework refuses in a plan's job settings (TrainingSpec: optimizer CPU offload, FP8
-parameter gathering, Megatron-Core's EP overlap and fine-grained activation offload), as named
+parameter gathering and fine-grained activation offload), as named
 masks of the layout and as model problems: the rules search, estimate, ``--plan`` and every
 export share (framework_rules.framework_masks and model_problems call them), so no consumer
 prices a plan another refuses.
@@ -10,8 +10,8 @@ distributed optimizer); megatron/training/arguments.py L1888-1891 (optimizer
 CPU offload with --fp8-param-gather only under the delayed recipe; Megatron-Core's
 HybridDeviceOptimizer fails on FP8 parameters, NVIDIA/Megatron-LM#2407, #5083),
 megatron/core/transformer/transformer_config.py L2127-2130 (fine-grained activation offloading
-beside --cpu-offloading-num-layers), L3016-3019 and L3042-3046 (EP overlap needs the alltoall or
-flex dispatcher and at most one MTP layer).
+beside --cpu-offloading-num-layers). The dispatcher and EP overlap are layout axes, ruled in
+search.software_rules.
 """
 
 from __future__ import annotations
@@ -58,28 +58,9 @@ def job_masks(profile: FrameworkProfile, model: ModelSpec, training: TrainingSpe
 
 def job_problems(profile: FrameworkProfile, model: ModelSpec, training: TrainingSpec) -> list[str]:
     """What in the job settings the framework cannot run whatever the layout, in words ([] if
-    nothing): Megatron-Core's MoE job settings outside Megatron-Core (its dispatchers, EP
-    overlap, fine-grained activation offload); under Megatron-Core, EP overlap with the
-    allgather dispatcher or more than one MTP layer."""
-    if model.moe is None:
+    nothing): Megatron-Core's fine-grained MoE activation offload outside Megatron-Core. (The
+    dispatcher and EP overlap are layout axes: search.software_rules.)"""
+    if model.moe is None or megatron_core(profile) or not training.moe_activation_offload:
         return []
-    d, problems = profile.display, []
-    if not megatron_core(profile):
-        if training.moe_dispatcher != "alltoall":
-            problems.append(f"{d} dispatches tokens with all-to-all, not Megatron-Core's "
-                            f"{training.moe_dispatcher} dispatcher (moe_dispatcher, --moe-dispatcher)")
-        if training.moe_a2a_overlap:
-            problems.append(f"{d} has no Megatron-Core EP communication overlap "
-                            "(moe_a2a_overlap, --moe-a2a-overlap)")
-        if training.moe_activation_offload:
-            problems.append(f"{d} has no Megatron-Core fine-grained MoE activation offload "
-                            "(moe_activation_offload)")
-        return problems
-    if training.moe_a2a_overlap and training.moe_dispatcher == "allgather":
-        problems.append(f"{d} overlaps EP communication (moe_a2a_overlap) only with the alltoall "
-                        "or flex dispatcher, not allgather (transformer_config.py L3016-3019)")
-    if training.moe_a2a_overlap and model.mtp_layers > 1:
-        problems.append(f"{d}'s EP communication overlap (moe_a2a_overlap) supports at most one "
-                        f"MTP layer; {model.name} has {model.mtp_layers} (transformer_config.py "
-                        "L3042-3046)")
-    return problems
+    return [f"{profile.display} has no Megatron-Core fine-grained MoE activation offload "
+            "(moe_activation_offload)"]

@@ -12,11 +12,13 @@ import numpy as np
 
 from ..layout import BY_NAME, Candidates
 from ..layout.split import uneven_ok
-from ..specs import ModelSpec, TrainingSpec
+from ..cost.collectives import nvlink_domain
+from ..specs import HardwareProfile, ModelSpec, TrainingSpec
 
 
 from ..framework_spec import FrameworkProfile
 from .framework_rules import framework_masks, profile_for
+from .software_rules import software_masks
 
 # Every TP implementation splits whole attention heads over the tp ranks; what it does with the
 # KV heads (query groups) is the framework's rule (frameworks.rules, kv_heads_tp).
@@ -27,13 +29,13 @@ LAYERS_RULE = "layers divisible by pp*vpp"
 BATCH_RULE = "global batch divisible by dp*micro_batch_size"
 
 
-def constraint_masks(model: ModelSpec, training: TrainingSpec, nvlink_domain: int,
+def constraint_masks(model: ModelSpec, training: TrainingSpec, hw: HardwareProfile,
                      c: Candidates, allow_cross_node_tp: bool = False,
                      framework: "FrameworkProfile | None" = None) -> dict[str, np.ndarray]:
     """Named validity rules -> boolean arrays (True = the candidate passes that rule). Masks broadcast.
 
     The rules of every layout plan3d models: tp within the NVLink domain (GPUs on one NVLink
-    fabric, ``nvlink_domain``) unless ``allow_cross_node_tp``; attention heads divisible by tp;
+    fabric, hardware ``hw``'s nvlink_domain) unless ``allow_cross_node_tp``; attention heads divisible by tp;
     the FFN width divisible by tp (its column/row-parallel linear layers divide their
     output/input size); layers divisible by pp*vpp (or an uneven split); the global batch
     divisible by dp*micro_batch_size; SP needs tp > 1 and each CP rank's share of the sequence,
@@ -42,14 +44,15 @@ def constraint_masks(model: ModelSpec, training: TrainingSpec, nvlink_domain: in
     goes with zero_stage 0; an uneven split of the shape plan3d models; recompute_num_layers
     only with full recompute and at most a chunk's layers. Then the rules of the
     training framework (``framework``, default: the profile named by ``training.framework``;
-    frameworks.rules.framework_masks): KV heads against tp, interleaving and micro-batches,
-    uneven split forms, ZeRO stages, recomputation, ...
+    framework_rules.framework_masks): KV heads against tp, interleaving and micro-batches,
+    uneven split forms, ZeRO stages, recomputation, ...; and of its software switches on
+    ``hw`` (software_rules.software_masks).
     """
     a, L = model.num_attention_heads, model.num_layers
     B, s = training.global_batch_size, training.seq_length
     tp, pp, vpp, cp = c.tp, c.pp, c.vpp, c.cp
     masks = {
-        TP_RULE: (tp <= nvlink_domain) | allow_cross_node_tp,
+        TP_RULE: (tp <= nvlink_domain(hw)) | allow_cross_node_tp,
         HEADS_RULE: a % tp == 0,
         "ffn_hidden_size divisible by tp": model.ffn % tp == 0,
         LAYERS_RULE: (L % (pp * vpp) == 0) | (c.first_stage_layers > 0),
@@ -65,7 +68,9 @@ def constraint_masks(model: ModelSpec, training: TrainingSpec, nvlink_domain: in
         RECOMPUTE_LAYERS_RULE: _recompute_layers_ok(L, c),
         **expert_rules(model, c),
     }
-    masks.update(framework_masks(profile_for(training, framework), model, training, c))
+    profile = profile_for(training, framework)
+    masks.update(framework_masks(profile, model, training, c))
+    masks.update(software_masks(profile, model, training, c, hw))
     return masks
 
 

@@ -26,7 +26,7 @@ from ..cost import evaluate
 from ..cost.estimate import states_floor
 from ..cost.estimate import memory_by_rank, rank_kinds
 from ..cost.offload import offload_candidates, offload_runs, uses_host_memory
-from .least_layers import (offers_offload, offers_recompute_layers, record_least_layers,
+from .least_layers import (as_scanned, offers_offload, offers_recompute_layers, record_least_layers,
                            record_least_offload, with_scanned_layers)
 from .options import SearchOptions
 from .state import FIT_RULE, Scan
@@ -34,7 +34,6 @@ from .software_rules import software_masks
 from .framework_rules import profile_for
 from ..layout import Candidates
 from dataclasses import fields as dataclass_fields
-from ..cost.collectives import nvlink_domain
 from ..layout.axes import KNOB_FIELDS
 from .grid import Grid, full
 from .rules import constraint_masks
@@ -79,6 +78,7 @@ def scan(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, grid: Gr
         out.miss_index, out.miss_over = probe.miss_index, probe.miss_over
         out.miss_layers = probe.layers_at(probe.miss_index)
     step_pass(model, hw, training, grid, opts, tokens, state, boxes, out)
+    refine_software(model, hw, training, grid, opts, tokens, out)
     out.pruned.setdefault(FIT_RULE, 0)
     return out
 
@@ -114,15 +114,62 @@ def step_pass(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gri
         index = grid.index_of(rows, values)
         sub = grid.take(rows, values)
         c = with_scanned_layers(sub.candidates(), out, index, sub.shape)  # least N (memory_pass)
-        step, chosen = software_step(model, hw, training, profile, c, grid.software)
+        chosen = preferred_software(profile, hw, model, training, c, grid.software) if grid.software else {}
+        step = evaluate(model, hw, training, c.replace(**chosen), summary=True).time["step"]
         tokens_per_s = training.global_batch_size * training.seq_length / step
         score, wall = objective.layout_scores(model, hw, training, c, step, tokens_per_s, opts, tokens)
         fit = np.flatnonzero(fits[index])
         for name, codes in chosen.items():
-            out.software[name].add(index[fit], full(codes + 1, sub.shape).ravel()[fit])
+            out.software[name].add(index[fit], full(codes.astype(np.int64) + 1, sub.shape).ravel()[fit])
         score = full(score, sub.shape).ravel()[fit]
         wall = None if opts.deadline_s is None else full(wall, sub.shape).ravel()[fit]
-        out.keep(score, index[fit], opts.keep, wall)
+        out.keep(score, index[fit], max(opts.keep, POOL), wall)
+
+
+# The step pass times each layout with the first combination of the software axes the rules
+# allow in this order, each axis's most capable value first (EP overlap on, a fused dispatcher,
+# layer CUDA graphs, TP overlap on): what NVIDIA's recipes run. The best REFINE of those are then
+# timed with every allowed combination (refine_software), which may rank them anew: a switch
+# can cost more than it saves (a host-bound dropless MoE with EP overlap; reference/
+# moe_performance.md 3.3), and a layout outside the best REFINE would have to gain more from
+# its software than the REFINE-th is behind the best to be missed (tests/test_software_search.py
+# checks the two against timing every combination).
+PREFERENCE = ("moe_a2a_overlap", "moe_dispatcher", "cuda_graphs", "tp_comm_overlap")
+REFINE = 256  # layouts timed with every software combination, at least 8 x keep
+POOL = 32  # layouts kept per sub-grid, at least keep: the pool refine_software draws on
+
+
+def _widened(c, software: dict) -> tuple:
+    """(candidates ``c`` with the ``software`` axes ({axis: codes}) as trailing broadcast
+    dimensions, c's broadcast shape, the axes' sizes)."""
+    k = len(software)
+    fields = {f.name: np.asarray(getattr(c, f.name)) for f in dataclass_fields(c)}
+    base = np.broadcast_shapes(*(v.shape for v in fields.values()))
+    fields = {n: v.reshape(v.shape + (1,) * k) for n, v in fields.items()}
+    for j, (name, values) in enumerate(software.items()):
+        fields[name] = values.reshape((1,) * len(base) + tuple(-1 if i == j else 1 for i in range(k)))
+    return Candidates(**fields), base, tuple(v.size for v in software.values())
+
+
+def _allowed(profile, hw: HardwareProfile, model: ModelSpec, training: TrainingSpec, wide,
+             shape: tuple) -> np.ndarray:
+    """Where the software rules (search.software_rules) allow each combination: bool array of
+    ``shape`` (candidates' shape + the axes' sizes)."""
+    return np.logical_and.reduce([np.broadcast_to(m, shape) for m in
+                                  software_masks(profile, model, training, wide, hw).values()])
+
+
+def preferred_software(profile, hw: HardwareProfile, model: ModelSpec, training: TrainingSpec, c,
+                       software: dict) -> dict:
+    """{axis: codes of c's broadcast shape}: each candidate's first allowed combination of the
+    ``software`` axes ({axis: codes}, Grid.software) in PREFERENCE order (the axes' defaults,
+    which every framework runs, where none other is allowed)."""
+    order = {n: software[n][::-1] for n in PREFERENCE if n in software}
+    wide, base, sizes = _widened(c, order)
+    ok = _allowed(profile, hw, model, training, wide, base + sizes).reshape(base + (-1,))
+    first = np.where(ok.any(axis=-1), np.argmax(ok, axis=-1), ok.shape[-1] - 1)
+    picks = np.unravel_index(first, sizes)
+    return {name: values[picks[j]] for j, (name, values) in enumerate(order.items())}
 
 
 def software_step(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, profile, c,
@@ -135,22 +182,37 @@ def software_step(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec,
     first). Arrays of ``c``'s broadcast shape."""
     if not software:
         return evaluate(model, hw, training, c, summary=True).time["step"], {}
-    names, k = list(software), len(software)
-    fields = {f.name: np.asarray(getattr(c, f.name)) for f in dataclass_fields(c)}
-    base = np.broadcast_shapes(*(v.shape for v in fields.values()))
-    fields = {n: v.reshape(v.shape + (1,) * k) for n, v in fields.items()}
-    for j, name in enumerate(names):
-        fields[name] = software[name].reshape((1,) * len(base) + tuple(-1 if i == j else 1 for i in range(k)))
-    wide = Candidates(**fields)
-    sizes = tuple(software[n].size for n in names)
+    wide, base, sizes = _widened(c, software)
     step = np.broadcast_to(evaluate(model, hw, training, wide, summary=True).time["step"], base + sizes)
-    ok = np.logical_and.reduce([np.broadcast_to(m, base + sizes) for m in
-                                software_masks(profile, model, training, wide).values()])
+    ok = _allowed(profile, hw, model, training, wide, base + sizes)
     flat = np.where(ok, step, np.inf).reshape(base + (-1,))
     best = np.argmin(flat, axis=-1)
     picks = np.unravel_index(best, sizes)
     return np.take_along_axis(flat, best[..., None], -1)[..., 0], \
-        {name: software[name][picks[j]].astype(np.int64) for j, name in enumerate(names)}
+        {name: values[picks[j]].astype(np.int64) for j, (name, values) in enumerate(software.items())}
+
+
+def refine_software(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, grid: Grid,
+                    opts: SearchOptions, tokens: float | None, out: Scan) -> None:
+    """Time the pool's best max(REFINE, 8 x keep) layouts (and the exact ties at that cut) with
+    their fastest allowed software (software_step), and put them back in ``out``'s pool with
+    their new scores and software."""
+    if not grid.software or not out.pool_score:
+        return
+    scores, index = np.concatenate(out.pool_score), np.concatenate(out.pool_index)
+    n = min(max(REFINE, 8 * opts.keep), scores.size)
+    cut = np.partition(scores, scores.size - n)[scores.size - n]
+    top = scores >= cut
+    at = index[top]
+    c = as_scanned(grid, out, at)
+    step, chosen = software_step(model, hw, training, profile_for(training, opts.framework), c,
+                                 grid.software)
+    tokens_per_s = training.global_batch_size * training.seq_length / step
+    score, wall = objective.layout_scores(model, hw, training, c, step, tokens_per_s, opts, tokens)
+    for name, codes in chosen.items():
+        out.software[name].add(at, codes + 1)
+    out.pool_score, out.pool_index = [scores[~top]], [index[~top]]
+    out.keep(score, at, at.size, None if opts.deadline_s is None else wall)
 
 
 def rules_pass(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, grid: Grid,
@@ -172,7 +234,7 @@ def rules_pass(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gr
         alive, kept = np.ones(shape, dtype=bool), [np.ones((shape[0], n), dtype=bool) for n in shape[1:]]
         n_alive = alive.size
         c = grid.candidates(lo, hi)
-        for rule, ok in constraint_masks(model, training, nvlink_domain(hw), c,
+        for rule, ok in constraint_masks(model, training, hw, c,
                                          opts.allow_cross_node_tp, opts.framework).items():
             left = n_alive
             if not np.all(ok):  # most rules pass every layout: no pass over the block for them

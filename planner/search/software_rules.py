@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..cost.precision import blackwell
 from ..framework_spec import CUDA_GRAPHS, MOE_DISPATCHERS, FrameworkProfile
 from ..layout import RECOMPUTE_CODES
-from ..specs import ModelSpec, TrainingSpec
+from ..specs import HardwareProfile, ModelSpec, TrainingSpec
+from .job_rules import megatron_core
 
 TP_OVERLAP_RULE = "TP communication overlap needs sequence parallelism (tp > 1)"
+TP_OVERLAP_HOST_RULE = "TP communication overlap needs the TP group within one host"
 
 
 def _code(c, name: str) -> np.ndarray:
@@ -22,18 +25,38 @@ def _code(c, name: str) -> np.ndarray:
 
 
 def software_masks(profile: FrameworkProfile, model: ModelSpec, training: TrainingSpec,
-                   c) -> dict[str, np.ndarray]:
-    """{rule: bool mask} of the software axes of candidates ``c`` under ``profile``."""
-    r, d = profile.rules, profile.display
+                   c, hw: HardwareProfile | None = None) -> dict[str, np.ndarray]:
+    """{rule: bool mask} of the software axes of candidates ``c`` under ``profile``; with
+    ``hw`` also what the hardware decides (the host's GPUs, the GPU's SMs, Blackwell)."""
     tp_ovl = _code(c, "tp_comm_overlap").astype(bool)
-    out: dict[str, np.ndarray] = {
-        # ARGS L1431-1442: --tp-comm-overlap asserts --sequence-parallel (forced off at tp 1)
-        TP_OVERLAP_RULE: ~tp_ovl | (np.asarray(c.sequence_parallel) & (np.asarray(c.tp) > 1))}
+    out = _tp_overlap_masks(profile, model, c, tp_ovl, hw)
+    out.update(_dispatcher_masks(profile, model, c))
+    out.update(_a2a_overlap_masks(profile, model, c, tp_ovl, hw))
+    out.update(_graph_masks(profile, model, training, c))
+    return out
+
+
+def _tp_overlap_masks(profile: FrameworkProfile, model: ModelSpec, c, tp_ovl, hw) -> dict:
+    """TP communication overlap: offered; ARGS L1431-1442: --tp-comm-overlap asserts
+    --sequence-parallel (forced off at tp 1); Transformer Engine's userbuffers map the TP
+    group's buffers with CUDA multicast / IPC handles, within one host (TE examples/pytorch/
+    comm_gemm_overlap/README.md L3-11, NVIDIA/TransformerEngine#1071); Megatron-Core gives
+    userbuffers only to the linears named qkv, proj, fc1 and fc2, and the first other name
+    (MLA's q_down_proj, ...) turns the overlap off on the shared config (extensions/
+    transformer_engine.py L1176-1186): refused for MLA rather than costed as running; the
+    SM margin it is costed with needs the GPU's SM count."""
+    if not np.any(tp_ovl):
+        return {TP_OVERLAP_RULE: ~tp_ovl}
+    r, d = profile.rules, profile.display
+    out = {TP_OVERLAP_RULE: ~tp_ovl | (np.asarray(c.sequence_parallel) & (np.asarray(c.tp) > 1))}
     if not r.tp_comm_overlap:
         out[f"{d} has no TP communication overlap"] = ~tp_ovl
-    out.update(_dispatcher_masks(profile, model, c))
-    out.update(_a2a_overlap_masks(profile, model, c, tp_ovl))
-    out.update(_graph_masks(profile, model, training, c))
+    if megatron_core(profile) and model.attention_kind == "mla":
+        out[f"{d}: TP communication overlap covers no MLA linear (qkv, proj, fc1, fc2 only)"] = ~tp_ovl
+    if hw is not None:
+        out[TP_OVERLAP_HOST_RULE] = ~tp_ovl | (np.asarray(c.tp) <= hw.gpus_per_node)
+        if hw.gpu.sm_count is None:
+            out["TP communication overlap needs the GPU's SM count (gpu.sm_count)"] = ~tp_ovl
     return out
 
 
@@ -55,11 +78,12 @@ def _dispatcher_masks(profile: FrameworkProfile, model: ModelSpec, c) -> dict[st
     return out
 
 
-def _a2a_overlap_masks(profile: FrameworkProfile, model: ModelSpec, c, tp_ovl) -> dict:
+def _a2a_overlap_masks(profile: FrameworkProfile, model: ModelSpec, c, tp_ovl, hw) -> dict:
     """Megatron-Core's EP overlap: offered at all; TC L3002-3072: EP > 1, VPP with PP > 1, the
     alltoall or flex dispatcher, no full recomputation and no recompute_num_layers, at most one
     MTP layer; beside TP communication overlap it needs CUDA_DEVICE_MAX_CONNECTIONS > 1 where
-    TE userbuffers need 1 before Blackwell (ARGS L1466-1479, moe/README.md L437): not both."""
+    TE userbuffers need 1 before Blackwell (ARGS L1466-1479, moe/README.md L437): not both
+    there (without ``hw``, nowhere)."""
     r, d = profile.rules, profile.display
     on = _code(c, "moe_a2a_overlap").astype(bool)
     if not np.any(on):
@@ -70,10 +94,12 @@ def _a2a_overlap_masks(profile: FrameworkProfile, model: ModelSpec, c, tp_ovl) -
         (np.asarray(c.recompute) != RECOMPUTE_CODES["full"]) & \
         (_code(c, "moe_dispatcher") != MOE_DISPATCHERS.index("allgather")) & \
         (model.mtp_layers <= 1)
-    return {f"{d}: EP overlap needs ep > 1, vpp > 1 with pp > 1, no full recompute, the alltoall "
-            "or a fused dispatcher and at most one MTP layer": ~on | ok,
-            f"{d}: EP overlap and TP communication overlap need opposite "
-            "CUDA_DEVICE_MAX_CONNECTIONS": ~(on & tp_ovl)}
+    out = {f"{d}: EP overlap needs ep > 1, vpp > 1 with pp > 1, no full recompute, the alltoall "
+           "or a fused dispatcher and at most one MTP layer": ~on | ok}
+    if hw is None or not blackwell(hw):
+        out[f"{d}: EP overlap and TP communication overlap need opposite "
+            "CUDA_DEVICE_MAX_CONNECTIONS before Blackwell"] = ~(on & tp_ovl)
+    return out
 
 
 def _graph_masks(profile: FrameworkProfile, model: ModelSpec, training: TrainingSpec, c) -> dict:

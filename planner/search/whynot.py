@@ -18,7 +18,6 @@ from ..explain import term_deltas
 from .options import SearchOptions
 from .grid import build_grid
 from .run import search
-from ..cost.collectives import nvlink_domain
 from .. import fmt
 from .refusal import no_split_reason
 from ..layout.split import (MAX_EDGE_SHORTFALL, default_uneven_split, uneven_problem, uneven_vpp_options)
@@ -68,7 +67,7 @@ def broken_rules(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, 
         if free != opts and build_grid(model, hw, training, gpus, free).size:
             return [_split_reason(model, opts)]
         return [no_split_reason(model, hw, gpus, opts)]
-    masks = constraint_masks(model, training, nvlink_domain(hw), grid.candidates(),
+    masks = constraint_masks(model, training, hw, grid.candidates(),
                              opts.allow_cross_node_tp, opts.framework)
     broken = [rule for rule, ok in masks.items() if not np.any(ok)]
     if broken:
