@@ -204,7 +204,12 @@ class Rules(_Facts):
 
 
 class Runtime(_Facts):
-    """How the framework runs a layout (each a TrainingSpec field of the same name)."""
+    """How the framework runs a layout (each a TrainingSpec field of the same name).
+
+    ``moe_unfused_bias_glu``: routed experts with biases or a clamped SwiGLU (GPT-OSS) run
+    those as separate elementwise passes over the routed rows (Megatron-Core's TEGroupedMLP
+    without the Transformer Engine op fuser: the clamp and a concatenation before the fused
+    activation, fc2's bias added per local expert in a Python loop; cost.blocks)."""
 
     flash_attention: bool
     tp_backward_overlap: bool
@@ -215,6 +220,10 @@ class Runtime(_Facts):
     zero3_throughput: Bandwidth | None = Field(default=None, gt=0)
     fp8_library: Literal["transformer-engine", "torchao", "none"]
     selective_recompute: Literal["core_attention", "per_op"]
+    moe_unfused_bias_glu: bool = False
+    DEFAULT_SOURCES: ClassVar[dict[str, str]] = {
+        "moe_unfused_bias_glu": "no unfused expert-bias or clamped-GLU pass is known in this "
+                                "framework"}
 
 
 class Memory(_Facts):

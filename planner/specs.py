@@ -66,6 +66,8 @@ class ModelSpec(_Strict):
       projections, n*d and g*d (OLMoE, HF ``q_norm`` = RMSNorm(n*d), ``k_norm`` = RMSNorm(g*d)).
     - ``attention_sinks``: one learned sink logit per head per layer (GPT-OSS, HF ``sinks``,
       shape num_attention_heads; Megatron ``softmax_type="learnable"``).
+    - ``swiglu_limit``: a clamped SwiGLU (GPT-OSS: HF GptOssConfig ``swiglu_limit`` 7.0): the
+      gate clamped to at most it and the linear half to [-limit, limit] before the activation.
     - ``bias`` with ``moe``: experts (2F + h each for swiglu, F + h for gelu) and the router (E)
       have biases too, as GPT-OSS (HF ``gate_up_proj_bias``, ``down_proj_bias``, router bias).
     - ``qkv_bias``: only the Q, K, V projections have biases ((a + 2g)*d per layer) while
@@ -103,6 +105,7 @@ class ModelSpec(_Strict):
     window_layers: WindowLayers | None = None
     qk_norm: Literal["none", "per_head", "full"] = "none"
     attention_sinks: bool = False
+    swiglu_limit: float | None = Field(default=None, gt=0)
     qkv_bias: bool = False
     norm_epsilon: float | None = Field(default=None, gt=0, lt=1)
     training: TrainingDefaults
@@ -128,6 +131,9 @@ class ModelSpec(_Strict):
         if self.rotary_percent != 1.0 and self.position_embedding != "rope":
             raise ValueError(f"rotary_percent is {self.rotary_percent:g} but position_embedding is "
                              f"{self.position_embedding}, not rope; remove rotary_percent")
+        if self.swiglu_limit is not None and self.activation != "swiglu":
+            raise ValueError(f"swiglu_limit clamps a SwiGLU, but the activation is "
+                             f"{self.activation}; remove swiglu_limit")
         return self
 
     @property
@@ -192,6 +198,9 @@ class TrainingSpec(_Strict):
     # Overlap of the backward TP collectives with the weight-gradient GEMMs (Megatron's async
     # tensor-parallel all-reduce / SP all-gather); off for the synchronous f/g of 2019-21 Megatron.
     tp_backward_overlap: bool = True
+    # Expert biases and a clamped SwiGLU as separate elementwise passes over the routed rows
+    # (framework_spec.Runtime.moe_unfused_bias_glu; cost.blocks.elementwise_bytes_per_token).
+    moe_unfused_bias_glu: bool = False
     # The library that runs FP8 in this framework: Transformer Engine (FP8 weight copies, FP8
     # inputs saved for backward, FP8 parameter all-gather), torchao (casts each step, saves the
     # 16-bit inputs), or none (no FP8 training).

@@ -259,8 +259,9 @@ def elementwise_bytes_per_token(model: ModelSpec, c, training: TrainingSpec) -> 
     mask h) = 11h per block, split by SP; QK norms read and write their inputs, 4*d*(n + g')/t
     (qk_norm_elements); the activation function 4f (GeLU) or 6f (SwiGLU: read
     gate and up, write the product) /t; MoE: the router's softmax and top-k on E scores per
-    token, the permutation of the routed rows (PERMUTE_BYTES_PER_ROW_H x h each) and the
-    activation on them, on the SP shard."""
+    token, the permutation of the routed rows (PERMUTE_BYTES_PER_ROW_H x h each), the
+    activation on them and their unfused bias and clamp passes (unfused_expert_bytes), on the
+    SP shard."""
     tp = np.asarray(c.tp, dtype=np.float64)
     h = model.hidden_size
     sp = c.sp_divisor
@@ -275,9 +276,24 @@ def elementwise_bytes_per_token(model: ModelSpec, c, training: TrainingSpec) -> 
         m = model.moe
         rows = routed_factor(training) * m.router_topk / tp
         out[MOE] = (11.0 * h / sp + ROUTER_BYTES_PER_SCORE * m.num_experts / tp
-                    + rows * (PERMUTE_BYTES_PER_ROW_H * h + act * m.ffn_hidden_size)
+                    + rows * (PERMUTE_BYTES_PER_ROW_H * h + act * m.ffn_hidden_size
+                              + unfused_expert_bytes(model, training))
                     + act * m.shared_experts * m.shared_ffn / tp)
     return out
+
+
+def unfused_expert_bytes(model: ModelSpec, training: TrainingSpec) -> float:
+    """Forward-equivalent HBM bytes per routed row of the separate expert-bias and clamped-GLU
+    passes where the framework runs them unfused (training.moe_unfused_bias_glu; reference/
+    moe_performance.md 2.3, bf16): the clamp of each GLU half and their concatenation, 16F
+    forward and 20F backward; fc2's bias times the routing probability, added and
+    concatenated per local expert, 12h forward and 12h backward. As the other elementwise
+    terms count the backward as twice the forward, (36F + 24h) / 3 here; 0 without them."""
+    if not training.moe_unfused_bias_glu or model.moe is None:
+        return 0.0
+    clamp = 36.0 * model.moe.ffn_hidden_size if model.swiglu_limit is not None else 0.0
+    bias = 24.0 * model.hidden_size if model.bias else 0.0
+    return (clamp + bias) / 3.0
 
 
 # ----------------------------------------------------------------------------- activations

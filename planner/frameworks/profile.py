@@ -21,7 +21,7 @@ JOB_FIELDS = ("seq_length", "global_batch_size", "tokens", "dtype")
 GRAD_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 RUNTIME_FACTS = ("flash_attention", "tp_backward_overlap", "overlap_grad_reduce", "overlap_p2p_comm",
                  "p2p_scatter_gather", "zero3_gather_unit", "zero3_throughput", "fp8_library",
-                 "selective_recompute")
+                 "selective_recompute", "moe_unfused_bias_glu")
 # TrainingSpec fields a profile sets (resolve_training); the rest are the job's
 FRAMEWORK_FACTS = RUNTIME_FACTS + ("framework", "grad_bytes", "param_bytes", "master_weights",
                                    "fp32_grad_partition", "pp_unsharded_params", "loss_bytes_per_logit",
