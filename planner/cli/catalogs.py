@@ -35,10 +35,8 @@ def models(json_out: bool = JSON,
     """List the model catalog: total and active parameters (MoE: router_topk experts, both
     embedding matrices counted), layers, widths, attention and MLP."""
     if show is not None:
-        import sys
-        import yaml
-        data = _model_dict(catalog.resolve_model(show))
-        sys.stdout.write(yaml.safe_dump(data, sort_keys=False, width=70, allow_unicode=True))
+        from ..render.catalog import show_yaml
+        show_yaml(_model_dict(catalog.resolve_model(show)))
         return
     entries = catalog.models().values()
     if json_out:  # every field of the schema in every row, null where a model has none
@@ -67,13 +65,12 @@ def frameworks(json_out: bool = JSON,
                                                   "(name or YAML) with every fact and its source.")) -> None:
     """List the framework profiles (--framework): what each can run and how it runs it."""
     if show is not None:
-        import sys
-        import yaml
+        from ..render.catalog import show_yaml
         data = catalog.resolve_framework(show).model_dump(mode="json", exclude_none=True)
         for block in data.values():  # each block's facts first, their sources after them
             if isinstance(block, dict) and "sources" in block:
                 block["sources"] = block.pop("sources")
-        sys.stdout.write(yaml.safe_dump(data, sort_keys=False, width=70, allow_unicode=True))
+        show_yaml(data)
         return
     entries = catalog.framework_profiles().values()
     if json_out:
