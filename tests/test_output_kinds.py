@@ -27,6 +27,33 @@ def _ok(args: list[str]) -> str:
     return res.stdout
 
 
+# ------------------------------------------------------------------ a column beside "step"
+
+def test_bubble_beside_the_step_is_a_share_of_the_step():
+    # GPT-3 175B on 512 GPUs with a batch of 7: at most 7 micro-batches for 32 stages, so the
+    # bubble over the busiest stage's work, (pp - 1)/m = 31/7 for equal stages, is over 400%.
+    # Beside the step it is a share of the step: bubble / step <= (pp-1)/(m+pp-1) with vpp 1
+    # (the step is at least (m + pp - 1) micro-batch times, the bubble (pp - 1) of them).
+    args = ["search", "--model", "175b", "--gpus", "512", "--global-batch-size", "7", "--top", "3"]
+    entries = json.loads(_ok(args + ["--json"]))
+    text = _ok(args)
+    for e in entries:
+        t, lay = e["time"], e["layout"]
+        m = 7 // (lay["dp"] * lay["micro_batch_size"])
+        assert t["bubble_share"] == pytest.approx(t["bubble"] / t["step"], rel=1e-12)
+        assert 0 <= t["bubble_share"] <= 1
+        if lay["vpp"] == 1:
+            assert t["bubble_share"] <= (lay["pp"] - 1) / (m + lay["pp"] - 1) + 1e-9
+        assert t["bubble_fraction"] > 1  # the old meaning, kept under its key, is not a share
+        assert fmt.percent(t["bubble_share"]) in text
+    shown = [float(x) for x in re.findall(r"│\s+([\d.]+)% │\s+[\d,]+ │", text)]
+    assert len(shown) == len(entries) and all(v <= 100 for v in shown)
+    # estimate says which is which
+    est = _ok(["estimate", "--model", "175b", "--gpus", "512", "--tp", "8", "--pp", "32", "--cp", "2",
+               "--zero-stage", "1", "--sequence-parallel", "--global-batch-size", "7"])
+    assert re.search(r"bubble [\d.]+% of the step \([\d.]+% of the busiest stage's work\)", est)
+
+
 # ------------------------------------------------------------------ rule names
 
 def test_every_rule_is_named_after_its_own_framework_or_none():

@@ -103,7 +103,8 @@ def estimate_report(est, stages=None, to_fit=None, recompute=None) -> None:
     if th.get("mfu_fp8_peak") is not None:
         out.print(f"MFU and HFU are on the dense BF16 peak, comparable across precisions; on the "
                   f"FP8 peak MFU is {fmt.percent(th['mfu_fp8_peak'])}", markup=False)
-    out.print(f"bubble {fmt.percent(tm['bubble_fraction'])} of the busiest stage's work")
+    out.print(f"bubble {fmt.percent(tm['bubble_share'])} of the step "
+              f"({fmt.percent(tm['bubble_fraction'])} of the busiest stage's work)")
     if recompute is not None and recompute["mode"] != "none":
         out.print(recompute_line(recompute), markup=False)
 

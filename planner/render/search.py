@@ -69,6 +69,7 @@ class _Rows:
         self.show_cost = "cost" in th
         self.show_ties = any(g.count > 1 for g in groups)
         self.capacity = fmt.capacity(est.memory["capacity"][0])
+        self.bubble = est.bubble_share()  # of the step: the column sits beside it
 
     def figures(self, i: int) -> dict[str, str]:
         """Formatted figures of ranked layout i."""
@@ -77,7 +78,7 @@ class _Rows:
                  "step": fmt.seconds(float(est.time["step"][i])),
                  "tokens/s": fmt.tokens_per_s(th["tokens_per_s"][i]),
                  "TFLOP/s": fmt.tflops(th["model_tflops_per_gpu"][i] * 1e12),
-                 "MFU": fmt.percent(th["mfu"][i]), "bubble": fmt.percent(est.time["bubble_fraction"][i])}
+                 "MFU": fmt.percent(th["mfu"][i]), "bubble": fmt.percent(self.bubble[i])}
         cells["GPUs"] = fmt.count(self.est.candidates.layout(i).gpus)
         if self.show_train:
             cells["train"] = fmt.seconds(float(th["time_to_train_s"][i]))
