@@ -9,6 +9,7 @@ import json
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -80,3 +81,44 @@ def test_every_rule_is_named_after_its_own_framework_or_none():
                     assert all(p.display.startswith(d) for d in named), (p.name, name)
                 else:
                     assert not named, (p.name, name)
+
+
+# ------------------------------------------------------------------ units on one screen
+
+def test_sizes_are_binary_and_each_duration_column_has_one_unit():
+    # GPT-3 175B at tp=8 pp=8, dp*cp = 8: the checkpoint is 14 B x 174,615,846,912 =
+    # 2,444,621,856,768 B = 2.223 TiB; TP rank 0 of pipeline rank 0 writes 4,939,780,608 B =
+    # 4.601 GiB (tests/test_checkpoint.py derives both)
+    text = _ok(["estimate", "--model", "175b", "--gpus", "512", "--tp", "8", "--pp", "8",
+                "--zero-stage", "1", "--sequence-parallel", "--recompute", "selective", "--vpp", "3"])
+    assert "2.223 TiB in all" in text and "4.601 GiB from the GPU" in text
+    assert not re.search(r"\d (kB|MB|GB|TB|PB)(?!/s)\b", text)  # decimal only for bandwidths
+    # the sweep's train column: 8 to 4,096 GPUs on 3e12 tokens spans 2.5 years to a few weeks
+    args = ["sweep", "--model", "175b", "--gpus", "64:4096", "--tokens", "3e12"]
+    rows = [r for r in json.loads(_ok(args + ["--json"])) if not r.get("error")]
+    text = _ok(args)
+    days = [r["time_to_train_s"] / 86400 for r in rows]
+    assert max(days) > 365 and min(days) < 100  # years and days would both read best
+    for d in days:
+        assert f"{d:,.1f} days" in text
+    assert "years" not in text
+    # the winner's step bars: one unit
+    bars = _ok(["search", "--model", "175b", "--gpus", "512", "--top", "1"]).split(
+        "Winner's step time")[1].split("Winner's memory")[0]
+    units = set(re.findall(r"│\s+[\d,.]+ (ms|s|h|days) │", bars))
+    assert len(units) == 1, bars
+    assert fmt.duration_unit([2000 * 86400, 5 * 86400]) == ("days", 1)
+    assert fmt.duration_unit([0.0153, 12.3]) == ("s", 3)  # 0.015 s keeps two digits
+
+
+def test_mfu_of_an_fp8_run_says_which_peak():
+    args = ["search", "--model", "llama3-8b", "--gpus", "8", "--top", "1"]
+    assert "BF16 peak" not in _ok(args)
+    text = _ok(args + ["--precision", "fp8"])
+    assert "MFU is against the dense BF16 peak (989 TFLOP/s per GPU)" in " ".join(text.split())
+
+
+def test_no_decimal_size_left_in_the_formatters():
+    assert not hasattr(fmt, "decimal_bytes")
+    assert fmt.binary_bytes(2_444_621_856_768) == "2.223 TiB"
+    assert np.isclose(2_444_621_856_768 / 2**40, 2.2234, atol=1e-4)

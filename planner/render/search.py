@@ -29,6 +29,10 @@ def header(model, hw, training, gpus, batch: str | None = None) -> None:
     line = f"{what}, {job}"  # one line where it fits, else broken after the hardware
     out.print(line if len(line) <= out.width else f"{what},\n{job}", markup=False)
     out.print(framework_line(training), markup=False)
+    if training.precision != "bf16":  # MFU's peak is not the precision's
+        out.print(f"MFU is against the dense BF16 peak ({fmt.tflops(hw.gpu.peak_tflops['bf16'] * 1e12)} "
+                  f"TFLOP/s per GPU), not the {training.precision} peak, so it compares across "
+                  "precisions", markup=False)
     if model.moe is not None and (training.moe_dispatcher != "alltoall" or training.moe_a2a_overlap):
         overlap = ", EP communication overlapped where the layout allows it (ep > 1, no full " \
             "recompute, vpp > 1 with pp > 1)" if training.moe_a2a_overlap else ""
@@ -70,18 +74,22 @@ class _Rows:
         self.show_ties = any(g.count > 1 for g in groups)
         self.capacity = fmt.capacity(est.memory["capacity"][0])
         self.bubble = est.bubble_share()  # of the step: the column sits beside it
+        # one unit per column: of the rows shown
+        self.units = {k: fmt.duration_unit([float(v[i]) for i in self.index]) for k, v in
+                      (("step", est.time["step"]), ("train", th.get("time_to_train_s", [])))
+                      if len(v)}
 
     def figures(self, i: int) -> dict[str, str]:
         """Formatted figures of ranked layout i."""
         est, th = self.est, self.est.throughput
         cells = {"mem/GPU": f"{fmt.gib_value(est.memory['total'][i])}/{self.capacity} GiB",
-                 "step": fmt.seconds(float(est.time["step"][i])),
+                 "step": fmt.seconds_in(float(est.time["step"][i]), self.units["step"]),
                  "tokens/s": fmt.tokens_per_s(th["tokens_per_s"][i]),
                  "TFLOP/s": fmt.tflops(th["model_tflops_per_gpu"][i] * 1e12),
                  "MFU": fmt.percent(th["mfu"][i]), "bubble": fmt.percent(self.bubble[i])}
         cells["GPUs"] = fmt.count(self.est.candidates.layout(i).gpus)
         if self.show_train:
-            cells["train"] = fmt.seconds(float(th["time_to_train_s"][i]))
+            cells["train"] = fmt.seconds_in(float(th["time_to_train_s"][i]), self.units["train"])
         if self.show_cost:
             cells["cost"] = fmt.money(float(th["cost"][i]), self.currency)
         return cells
