@@ -138,3 +138,19 @@ def test_no_line_ends_in_whitespace_in_a_terminal():
     assert "\x1b[" in text
     _ends_clean(text)
     assert strip_line_ends("a  \x1b[0m \x1b[1m\nb \n") == "a\x1b[0m\x1b[1m\nb\n"
+
+
+# ------------------------------------------------------------------ plot axes
+
+def test_sweep_plot_axes_read_as_counts():
+    pytest.importorskip("matplotlib")
+    from planner.render.plot import scaling_figure
+    rows = [{"gpus": n, "global_batch_size": 1536, "tokens_per_s": 30_000.0 * n / 64 * (1 - n / 8192),
+             "mfu": 0.5 - n / 20_000} for n in (64, 128, 256, 512, 1024)]
+    fig = scaling_figure(rows, "t")
+    fig.canvas.draw()
+    ax, ax_mfu = fig.axes
+    assert [t.get_text() for t in ax_mfu.get_xticklabels()] == ["64", "128", "256", "512", "1,024"]
+    ylabels = [t.get_text() for t in ax.get_yticklabels() if t.get_text()]
+    assert ylabels and all(re.fullmatch(r"[\d,]+", y) for y in ylabels), ylabels
+    assert "BF16" in ax_mfu.get_ylabel()
