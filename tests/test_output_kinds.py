@@ -118,6 +118,28 @@ def test_mfu_of_an_fp8_run_says_which_peak():
     assert "MFU is against the dense BF16 peak (989 TFLOP/s per GPU)" in " ".join(text.split())
 
 
+# ------------------------------------------------------------------ regress --update
+
+def test_a_new_baseline_has_new_entries_not_changed_ones(tmp_path):
+    from planner.regress import baseline_diff
+    old = {"a": {"status": "ok", "x": 1.0, "gone": 2.0}, "b": {"status": "ok"}}
+    new = {"a": {"status": "ok", "x": 1.5, "added": 3.0}, "c": {"status": "ok", "y": 1.0}}
+    d = baseline_diff(old, new)
+    # a: x changed, gone removed, added new; b removed (its status entry); c new (2 entries)
+    assert (d.new, d.changed, d.removed) == (3, 1, 2)
+    assert (d.cases_new, d.cases_changed, d.cases_removed) == (1, 1, 1)
+    cases = tmp_path / "cases.yaml"
+    cases.write_text("- name: a\n  model: llama3-8b\n  gpus: 8\n"
+                     "  layout: {tp: 1, pp: 1, zero_stage: 1, micro_batch_size: 1}\n")
+    base = tmp_path / "base.yaml"
+    first = _ok(["regress", str(cases), "--baseline", str(base), "--update"])
+    entries = len([line for line in base.read_text().splitlines() if line.startswith("    ")])
+    assert f"entries: {entries} new, 0 changed, 0 removed" in " ".join(first.split())
+    assert "cases: 1 new, 0 changed, 0 removed" in " ".join(first.split())
+    again = json.loads(_ok(["regress", str(cases), "--baseline", str(base), "--update", "--json"]))
+    assert again["entries"] == {"new": 0, "changed": 0, "removed": 0} and again["entries_changed"] == 0
+
+
 def test_no_decimal_size_left_in_the_formatters():
     assert not hasattr(fmt, "decimal_bytes")
     assert fmt.binary_bytes(2_444_621_856_768) == "2.223 TiB"
