@@ -140,6 +140,30 @@ def test_a_new_baseline_has_new_entries_not_changed_ones(tmp_path):
     assert again["entries"] == {"new": 0, "changed": 0, "removed": 0} and again["entries_changed"] == 0
 
 
+# ------------------------------------------------------------------ tied rows
+
+def test_a_tied_row_lists_the_layouts_it_stands_for():
+    args = ["search", "--model", "llama3-8b", "--gpus", "8", "--top", "6"]
+    entries = json.loads(_ok(args + ["--json"]))
+    text = " ".join(_ok(args).split())
+    tied = [(n, e) for n, e in enumerate(entries, start=1) if e["ties"]["count"] > 1]
+    assert tied
+    for n, e in tied:
+        assert f"#{n} ×{e['ties']['count']}" in text
+        for other in e["ties"]["layouts"][:3]:
+            assert Layout(**other).short() in text
+
+
+def test_a_tie_group_beyond_three_layouts_says_how_many_more():
+    from planner.explain import TieGroup
+    from planner.render.search import _ties_text
+    c = Candidates.from_layouts([Layout(tp=1, pp=1, dp=8 // k, cp=k, zero_stage=1,
+                                        micro_batch_size=k) for k in (1, 2, 4, 8)] * 2)
+    lines = _ties_text([TieGroup(tuple(range(7)), ("cp", "dp", "micro_batch_size"))], c)
+    assert "and 3 more (--json lists them all)" in lines[1]  # 6 others, 3 listed
+    assert lines[1].count("tp=1") == 3
+
+
 def test_no_decimal_size_left_in_the_formatters():
     assert not hasattr(fmt, "decimal_bytes")
     assert fmt.binary_bytes(2_444_621_856_768) == "2.223 TiB"
