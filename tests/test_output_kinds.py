@@ -164,6 +164,34 @@ def test_a_tie_group_beyond_three_layouts_says_how_many_more():
     assert lines[1].count("tp=1") == 3
 
 
+# ------------------------------------------------------------------ --json carries the table
+
+def test_models_json_has_the_parameter_counts_the_table_prints():
+    entries = {m["name"]: m for m in json.loads(_ok(["models", "--json"]))}
+    # published: DeepSeek-V3 671B total / 37B active; Mixtral 8x7B 46.7B / 12.9B (both
+    # embedding matrices counted)
+    assert entries["deepseek-v3"]["total_params"] == 671_026_404_352
+    assert round(entries["deepseek-v3"]["active_params"] / 1e9) == 38
+    assert entries["mixtral-8x7b"]["total_params"] == 46_702_792_704
+    assert round(entries["mixtral-8x7b"]["active_params"] / 1e9, 1) == 12.9
+    dense = entries["llama3-8b"]
+    assert dense["total_params"] == dense["active_params"]
+    table = _ok(["models"])
+    for m in entries.values():
+        assert fmt.params(m["total_params"]) in table
+
+
+def test_search_json_has_every_figure_of_its_table():
+    entry = json.loads(_ok(["search", "--model", "llama3-8b", "--gpus", "8", "--top", "1",
+                            "--tokens", "1e12", "--json"]))[0]
+    figures = {"mem/GPU": entry["memory"]["total"], "step": entry["time"]["step"],
+               "bubble": entry["time"]["bubble_share"], "MFU": entry["throughput"]["mfu"],
+               "tokens/s": entry["throughput"]["tokens_per_s"],
+               "TFLOP/s": entry["throughput"]["model_tflops_per_gpu"],
+               "train": entry["throughput"]["time_to_train_s"], "GPUs": entry["gpus"]}
+    assert all(isinstance(v, (int, float)) for v in figures.values()), figures
+
+
 def test_no_decimal_size_left_in_the_formatters():
     assert not hasattr(fmt, "decimal_bytes")
     assert fmt.binary_bytes(2_444_621_856_768) == "2.223 TiB"

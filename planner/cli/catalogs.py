@@ -39,8 +39,11 @@ def models(json_out: bool = JSON,
         show_yaml(_model_dict(catalog.resolve_model(show)))
         return
     entries = catalog.models().values()
-    if json_out:  # every field of the schema in every row, null where a model has none
-        console.print_json([m.model_dump(mode="json") for m in entries])
+    if json_out:  # every field of the schema in every row, null where a model has none, and
+        # the parameter counts the table prints (MoE: active = router_topk experts)
+        from ..cost.model_counts import active_params, total_params
+        console.print_json([{**m.model_dump(mode="json"), "total_params": int(total_params(m)),
+                             "active_params": int(active_params(m))} for m in entries])
         return
     from ..render.catalog import models_table
     models_table(entries)
