@@ -72,11 +72,69 @@ def seconds(s: float) -> str:
 
 
 YEAR_S = 365.25 * 86400  # a Julian year, seconds
+# the units ``seconds`` picks from, with their length in seconds and the decimals shown
+DURATION_UNITS = {"ms": (1e-3, 1), "s": (1.0, 2), "h": (3600.0, 1), "days": (86400.0, 1),
+                  "years": (YEAR_S, 1)}
+NEVER_S = 10_000 * YEAR_S  # from here a duration prints as a bound: "> 10,000 years"
 
 
-def signed_seconds(s: float) -> str:
-    """A difference of durations with its sign: "+2.09 s", "−253.4 ms" (U+2212 minus)."""
-    return ("+" if s >= 0 else MINUS) + seconds(abs(s))
+def _unit_of(s: float) -> str:
+    """The unit ``seconds`` writes ``s`` (>= 0) in."""
+    if s < 1:
+        return "ms"
+    if s < 3600:
+        return "s"
+    if s < 86400:
+        return "h"
+    return "days" if s < 1000 * 86400 else "years"
+
+
+def duration_unit(values) -> tuple[str, int]:
+    """(unit, decimals) of a column of durations (seconds), one for the whole column: the unit
+    ``seconds`` gives its largest value (years only when every value is 1,000 days or more:
+    "24.6 days" beside "1,160.9 days", never "0.067 years"), with up to two decimals more than
+    that unit's own so its smallest positive value keeps two significant digits ("12.327 s"
+    beside "0.015 s"). ("ms", 1) for a column with no positive value."""
+    shown = [abs(float(v)) for v in values if v is not None and math.isfinite(v) and v != 0]
+    if not shown:
+        return "ms", 1
+    unit = _unit_of(max(shown))
+    if unit == "years" and min(shown) < 1000 * 86400:
+        unit = "days"
+    scale, digits = DURATION_UNITS[unit]
+    smallest = min(shown) / scale
+    needed = 1 - math.floor(math.log10(smallest)) if smallest < 10 ** (1 - digits) else digits
+    return unit, min(max(digits, needed), digits + 2)
+
+
+def seconds_in(s: float, unit: tuple[str, int]) -> str:
+    """A duration in ``unit`` (unit, decimals) as duration_unit gives it, with thousands
+    separators: 12.3273 in ("s", 3) -> "12.327 s", 86400 * 1200 in ("days", 1) ->
+    "1,200.0 days"; "never" for an infinite or undefined time, "> N unit" from NEVER_S.
+    Negative durations keep their sign."""
+    if s != s or s in (float("inf"), float("-inf")):
+        return "never"
+    if s < 0:
+        return "-" + seconds_in(-s, unit)
+    name, digits = unit
+    scale = DURATION_UNITS[name][0]
+    if s >= NEVER_S:
+        return f"> {NEVER_S / scale:,.0f} {name}"
+    return f"{s / scale:,.{digits}f} {name}"
+
+
+def seconds_column(values) -> list[str]:
+    """Durations of one table column, all in one unit (duration_unit): "13.580 s" over
+    "0.432 s" rather than "13.58 s" over "432.2 ms"."""
+    unit = duration_unit(values)
+    return [seconds_in(float(v), unit) for v in values]
+
+
+def signed_seconds(s: float, unit: tuple[str, int] | None = None) -> str:
+    """A difference of durations with its sign: "+2.09 s", "−253.4 ms" (U+2212 minus);
+    ``unit``: in that unit (seconds_in) rather than the one that reads best."""
+    shown = seconds(abs(s)) if unit is None else seconds_in(abs(s), unit)
+    return ("+" if s >= 0 else MINUS) + shown
 
 
 def gib(n_bytes: float, digits: int = 1) -> str:
@@ -99,16 +157,6 @@ def binary_bytes(n_bytes: float, significant: int = 4) -> str:
     """Bytes in the binary unit that reads best: "512 B", "3.000 MiB", "61.60 GiB"."""
     value = float(n_bytes)
     for unit, scale in (("TiB", 2.0**40), ("GiB", GIB), ("MiB", MIB), ("KiB", 2.0**10)):
-        if abs(value) >= scale:
-            return f"{number(value / scale, significant)} {unit}"
-    return f"{value:,.0f} B"
-
-
-def decimal_bytes(n_bytes: float, significant: int = 4) -> str:
-    """Bytes in the decimal unit that reads best, as storage is sold and its bandwidth given:
-    2444621856768 -> "2.445 TB", 4939780608 -> "4.940 GB", 512 -> "512 B"."""
-    value = float(n_bytes)
-    for unit, scale in (("PB", 1e15), ("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if abs(value) >= scale:
             return f"{number(value / scale, significant)} {unit}"
     return f"{value:,.0f} B"

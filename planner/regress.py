@@ -300,14 +300,50 @@ def _as_str(v: object) -> str | None:
     return None if v is None else str(v)
 
 
+@dataclass(frozen=True)
+class BaselineDiff:
+    """What rewriting a baseline changes, entry by entry (an entry: one term of one case, as the
+    file writes it): ``new`` (only in the new baseline), ``changed`` (in both, written
+    differently after canonical rounding) and ``removed`` (only in the old one); and the cases:
+    ``cases_new`` / ``cases_removed`` (a whole case only in one of them) and ``cases_changed``
+    (in both, with an entry new, changed or removed)."""
+
+    new: int = 0
+    changed: int = 0
+    removed: int = 0
+    cases_new: int = 0
+    cases_changed: int = 0
+    cases_removed: int = 0
+
+    @property
+    def entries(self) -> int:
+        """Entries that differ at all (new + changed + removed)."""
+        return self.new + self.changed + self.removed
+
+
+def baseline_diff(old: Results, new: Results) -> BaselineDiff:
+    """How ``new`` differs from ``old`` (BaselineDiff); a case only in ``new`` counts its
+    entries as new, one only in ``old`` its entries as removed."""
+    counts = dict.fromkeys(("new", "changed", "removed", "cases_new", "cases_changed",
+                            "cases_removed"), 0)
+    for case in set(old) | set(new):
+        a, b = old.get(case, {}), new.get(case, {})
+        added, removed = len(set(b) - set(a)), len(set(a) - set(b))
+        changed = sum(1 for t in set(a) & set(b) if bl.format_value(a[t]) != bl.format_value(b[t]))
+        counts["new"] += added
+        counts["removed"] += removed
+        counts["changed"] += changed
+        if case not in old:
+            counts["cases_new"] += 1
+        elif case not in new:
+            counts["cases_removed"] += 1
+        elif added or removed or changed:
+            counts["cases_changed"] += 1
+    return BaselineDiff(**counts)
+
+
 def count_changed(old: Results, new: Results) -> tuple[int, int]:
     """(entries, cases) that differ at all between two baselines: a term added, removed or with a
     different written value (exact, after canonical rounding) counts as one entry."""
-    entries, cases = 0, 0
-    for case in set(old) | set(new):
-        a, b = old.get(case, {}), new.get(case, {})
-        n = sum(1 for t in set(a) | set(b)
-                if t not in a or t not in b or bl.format_value(a[t]) != bl.format_value(b[t]))
-        entries += n
-        cases += n > 0
-    return entries, cases
+    d = baseline_diff(old, new)
+    return d.entries, d.cases_new + d.cases_changed + d.cases_removed

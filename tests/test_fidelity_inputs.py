@@ -149,7 +149,7 @@ def test_calibrate_reports_unused_runs_and_a_weak_fit(tmp_path):
                                       "--hardware", "dgx-a100-80g", "-o", str(out), "--no-loo",
                                       "--exclude", "*-excluded"])
     assert result.exit_code == 0, result.output
-    err = result.stderr
+    err = " ".join(result.stderr.split())  # notes wrap at 80 columns
     assert "note: 1 of 4 runs usable to calibrate dgx-a100-80g; not used:" in err
     assert "other hardware (dgx-h100): mine-h100" in err
     assert "without a FLOP convention (tag the notes [flops=narayanan|korthikanti|mosaic]): mine-mfu" in err

@@ -35,14 +35,15 @@ def models(json_out: bool = JSON,
     """List the model catalog: total and active parameters (MoE: router_topk experts, both
     embedding matrices counted), layers, widths, attention and MLP."""
     if show is not None:
-        import sys
-        import yaml
-        data = _model_dict(catalog.resolve_model(show))
-        sys.stdout.write(yaml.safe_dump(data, sort_keys=False, width=70, allow_unicode=True))
+        from ..render.catalog import show_yaml
+        show_yaml(_model_dict(catalog.resolve_model(show)))
         return
     entries = catalog.models().values()
-    if json_out:  # every field of the schema in every row, null where a model has none
-        console.print_json([m.model_dump(mode="json") for m in entries])
+    if json_out:  # every field of the schema in every row, null where a model has none, and
+        # the parameter counts the table prints (MoE: active = router_topk experts)
+        from ..cost.model_counts import active_params, total_params
+        console.print_json([{**m.model_dump(mode="json"), "total_params": int(total_params(m)),
+                             "active_params": int(active_params(m))} for m in entries])
         return
     from ..render.catalog import models_table
     models_table(entries)
@@ -67,13 +68,12 @@ def frameworks(json_out: bool = JSON,
                                                   "(name or YAML) with every fact and its source.")) -> None:
     """List the framework profiles (--framework): what each can run and how it runs it."""
     if show is not None:
-        import sys
-        import yaml
+        from ..render.catalog import show_yaml
         data = catalog.resolve_framework(show).model_dump(mode="json", exclude_none=True)
         for block in data.values():  # each block's facts first, their sources after them
             if isinstance(block, dict) and "sources" in block:
                 block["sources"] = block.pop("sources")
-        sys.stdout.write(yaml.safe_dump(data, sort_keys=False, width=70, allow_unicode=True))
+        show_yaml(data)
         return
     entries = catalog.framework_profiles().values()
     if json_out:

@@ -49,7 +49,7 @@ def run(cases_path: Path, baseline_path: Path, rtol: float, update: bool, json_o
         max_rows: int = 100) -> int:
     """The whole command; returns the exit code (0 clean/updated, 1 drift). UsageError on bad input."""
     from .. import baseline as bl
-    from ..regress import compare, count_changed, evaluate_cases, load_cases
+    from ..regress import baseline_diff, compare, evaluate_cases, load_cases
     from ..render import console, regress as show
     if not (rtol >= 0 and math.isfinite(rtol)):
         raise UsageError(f"--rtol must be a finite number >= 0, got {rtol}")
@@ -66,21 +66,25 @@ def run(cases_path: Path, baseline_path: Path, rtol: float, update: bool, json_o
         current = evaluate_cases(cases, lambda name: status.update(f"Evaluating {name}..."))
     failing = {k: v for k, v in current.items() if v.get("status") != "ok"}
     if update:
-        entries, changed_cases = count_changed(old or {}, current)
+        diff = baseline_diff(old or {}, current)
         from ..outputs import is_stdout, report_to_stderr, write
         if is_stdout(baseline_path):  # the new baseline alone on stdout, the report on stderr
             write(baseline_path, bl.dumps(current), force=True)
             with report_to_stderr(True):
-                show.updated("Wrote", "stdout", len(current), entries, changed_cases, failing)
+                show.updated("Wrote", "stdout", len(current), diff, failing)
             return 0
         bl.write(baseline_path, current)
         if json_out:
             console.print_json({"updated": str(baseline_path), "cases": len(current),
-                                "entries_changed": entries, "cases_changed": changed_cases,
+                                "entries_changed": diff.entries,
+                                "cases_changed": diff.cases_new + diff.cases_changed + diff.cases_removed,
+                                "entries": {"new": diff.new, "changed": diff.changed, "removed": diff.removed},
+                                "cases_by_kind": {"new": diff.cases_new, "changed": diff.cases_changed,
+                                                  "removed": diff.cases_removed},
                                 "not_ok": {k: v.get("status") for k, v in failing.items()}})
         else:
             show.updated("Wrote" if old is None else "Updated", baseline_path, len(current),
-                         entries, changed_cases, failing)
+                         diff, failing)
         return 0
     changes = compare(old, current, rtol)
     terms = sum(len(v) for v in current.values())

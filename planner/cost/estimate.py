@@ -35,7 +35,9 @@ class Estimate:
     time}}: memory per rank kind and the forward+backward seconds of one micro-batch on it.
     time (seconds): step and its terms (sum of TIME_TERMS == step), plus bubble_fraction: the
     bubble over the busiest stage's work in the step (m x its per-micro-batch compute,
-    recomputation and exposed communication), Narayanan's (pp-1)/(vpp*m) for equal stages.
+    recomputation and exposed communication), Narayanan's (pp-1)/(vpp*m) for equal stages, which
+    exceeds 1 when there are fewer micro-batches than stages (``bubble_share``: the bubble as a
+    share of the step, at most 1, what tables print beside the step).
     ``link`` (seconds per step on the busiest stage): time the collectives of each group
     (tp, cp, ep with expert-TP, pp, dp with edp) spend on their links, overlapped or not; time[X_comm] is what is exposed.
     throughput: tokens_per_s, model_tflops_per_gpu, mfu, hfu (fractions of the dense peak).
@@ -58,6 +60,12 @@ class Estimate:
         if "total" not in self.memory:
             raise ValueError("a summary estimate has no memory; use cost.memory_total")
         return self.memory["total"] <= self.memory["capacity"]
+
+    def bubble_share(self) -> np.ndarray:
+        """The pipeline bubble as a share of the step time, (N,) in [0, 1]: the bubble is one of
+        the step's terms, so it is at most the whole step (bubble_fraction, over the busiest
+        stage's work alone, reaches (pp-1)/m: 4.4 for 7 micro-batches on 32 stages)."""
+        return self.time["bubble"] / np.maximum(self.time["step"], 1e-30)
 
     def take(self, index: np.ndarray) -> "Estimate":
         def sub(d: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -86,6 +94,8 @@ class Estimate:
         out = {"layout": self.candidates.layout(i).model_dump(), "memory": mem,
                "time": {k: value(v) for k, v in self.time.items()},
                "throughput": {k: value(v) for k, v in self.throughput.items()}}
+        if not raw:  # derived from two recorded terms: not a regression term of its own
+            out["time"]["bubble_share"] = value(self.bubble_share())
         if self.link:
             out["time"]["link"] = {k: value(v) for k, v in self.link.items()}
         if self.stages:

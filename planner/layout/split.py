@@ -26,17 +26,12 @@ def divisors(n: int) -> np.ndarray:
     return np.unique(np.concatenate([small, n // small]))
 
 
-def uneven_ok(num_layers: int, c) -> np.ndarray:
-    """True for an even split, or an uneven one Megatron-Core accepts and plan3d models: first
+def uneven_shape_ok(num_layers: int, c) -> np.ndarray:
+    """True for an even split, or an uneven one of the shape plan3d models (any framework): first
     and last stage at least one layer, the rest L - first - last divided equally among the
     pp - 2 middle stages, at least as many layers as either edge stage (pp = 2: first + last = L).
-    With interleaving (vpp > 1) one of Megatron-Core's two ways must hold:
-    (a) ``--decoder-first/last-pipeline-num-layers``: each stage's layers divisible by vpp, pp > 2
-        (get_transformer_layer_offset's interleaved branch divides by the middle stages' count);
-    (b) ``--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split``: the
-        embedding and the loss count as one layer each (LayoutDegrees.embedding_loss_split).
-    ``c``: Candidates (or any object with pp, vpp, first/last_stage_layers arrays). Bool array."""
-    f, la, pp, v = c.first_stage_layers, c.last_stage_layers, c.pp, c.vpp
+    ``c``: Candidates (or any object with pp, first/last_stage_layers arrays). Bool array."""
+    f, la, pp = c.first_stage_layers, c.last_stage_layers, c.pp
     if not np.any((f > 0) | (la > 0)):
         return np.ones(np.shape(f), dtype=bool)
     rest = num_layers - f - la
@@ -44,10 +39,30 @@ def uneven_ok(num_layers: int, c) -> np.ndarray:
     shape_ok = (f >= 1) & (la >= 1) & (pp >= 2) & \
         np.where(pp > 2, (rest > 0) & (rest % np.maximum(pp - 2, 1) == 0) & (mid >= f) & (mid >= la),
                  rest == 0)
+    return ((f == 0) & (la == 0)) | shape_ok
+
+
+def uneven_interleave_ok(num_layers: int, c) -> np.ndarray:
+    """True unless an uneven split is interleaved (vpp > 1) in neither of Megatron-Core's two ways:
+    (a) ``--decoder-first/last-pipeline-num-layers``: each stage's layers divisible by vpp, pp > 2
+        (get_transformer_layer_offset's interleaved branch divides by the middle stages' count);
+    (b) ``--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split``: the
+        embedding and the loss count as one layer each (LayoutDegrees.embedding_loss_split).
+    Bool array (of a split of the shape uneven_shape_ok checks)."""
+    f, la, pp, v = c.first_stage_layers, c.last_stage_layers, c.pp, c.vpp
+    if not np.any((f > 0) | (la > 0)):
+        return np.ones(np.broadcast_shapes(np.shape(f), np.shape(v)), dtype=bool)
+    mid = np.where(pp > 2, (num_layers - f - la) // np.maximum(pp - 2, 1), 0)
     # (a) needs middle stages: Megatron-Core's interleaved layer offset divides by their count
     per_stage = (f % v == 0) & (la % v == 0) & (pp > 2) & (mid % v == 0)
-    valid = shape_ok & ((v == 1) | per_stage | LayoutDegrees.embedding_loss_split(c, num_layers))
-    return ((f == 0) & (la == 0)) | valid
+    return ((f == 0) & (la == 0)) | (v == 1) | per_stage | LayoutDegrees.embedding_loss_split(c, num_layers)
+
+
+def uneven_ok(num_layers: int, c) -> np.ndarray:
+    """True for an even split, or an uneven one Megatron-Core accepts and plan3d models: the
+    shape (uneven_shape_ok) and, interleaved, one of Megatron-Core's two forms
+    (uneven_interleave_ok). For messages and the vpp values the search tries. Bool array."""
+    return uneven_shape_ok(num_layers, c) & uneven_interleave_ok(num_layers, c)
 
 
 def split_of(num_layers: int, pp, first, last, vpp) -> SimpleNamespace:

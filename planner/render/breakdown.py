@@ -52,7 +52,9 @@ def breakdown_report(result) -> None:
     """The winner's step time and memory as bars (the runner-up is in the explanation)."""
     est = result.ranked
     step = float(est.time["step"][0])
-    rows = [(TIME_LABELS[t], v, fmt.seconds(v)) for t, v in explain.time_breakdown(est, 0)]
+    terms = explain.time_breakdown(est, 0)
+    rows = [(TIME_LABELS[t], v, shown) for (t, v), shown in
+            zip(terms, fmt.seconds_column([v for _, v in terms]))]
     tables.show(_bars(f"Winner's step time ({fmt.seconds(step)})", rows, step), out)
     cap = float(est.memory["capacity"][0])
     free = max(cap - float(est.memory["total"][0]), 0.0)
@@ -94,9 +96,10 @@ def estimate_report(est, stages=None, to_fit=None, recompute=None) -> None:
     tables.text_column(t, "term")
     tables.number_column(t, "time")
     tables.number_column(t, "share")
+    shown = dict(zip([*TIME_TERMS, "step"], fmt.seconds_column([tm[k] for k in (*TIME_TERMS, "step")])))
     for k in TIME_TERMS:
-        t.add_row(TIME_LABELS[k], fmt.seconds(tm[k]), fmt.percent(tm[k] / tm["step"]))
-    t.add_row("[bold]step[/]", f"[bold]{fmt.seconds(tm['step'])}[/]", "")
+        t.add_row(TIME_LABELS[k], shown[k], fmt.percent(tm[k] / tm["step"]))
+    t.add_row("[bold]step[/]", f"[bold]{shown['step']}[/]", "")
     tables.show(t, out)
     th = d["throughput"]
     out.print(f"tokens/s {fmt.tokens_per_s(th['tokens_per_s'])}  |  MFU {fmt.percent(th['mfu'])}  |  "
@@ -105,7 +108,8 @@ def estimate_report(est, stages=None, to_fit=None, recompute=None) -> None:
     if th.get("mfu_fp8_peak") is not None:
         out.print(f"MFU and HFU are on the dense BF16 peak, comparable across precisions; on the "
                   f"FP8 peak MFU is {fmt.percent(th['mfu_fp8_peak'])}", markup=False)
-    out.print(f"bubble {fmt.percent(tm['bubble_fraction'])} of the busiest stage's work")
+    out.print(f"bubble {fmt.percent(tm['bubble_share'])} of the step "
+              f"({fmt.percent(tm['bubble_fraction'])} of the busiest stage's work)")
     if recompute is not None and recompute["mode"] != "none":
         out.print(recompute_line(recompute), markup=False)
 
@@ -182,6 +186,7 @@ def stage_report(stages) -> None:
     tables.number_column(t, "GiB")
     tables.number_column(t, "time")
     tables.code_column(t, "")
+    unit = fmt.duration_unit([float(x) for x in stages.time])
     for lo, hi in _stage_groups(stages):
         mem = stages.memory[lo:hi + 1]
         shown = fmt.gib_value(mem.max(), 2) if mem.max() - mem.min() < 0.005 * fmt.GIB else \
@@ -189,7 +194,7 @@ def stage_report(stages) -> None:
         marks = [w for w, r in (("binds memory", stages.binding), ("slowest", stages.slowest))
                  if lo <= r <= hi]
         t.add_row(stages.kind[lo], str(lo) if lo == hi else f"{lo}-{hi}", shown,
-                  fmt.seconds(float(stages.time[lo])), ", ".join(marks))
+                  fmt.seconds_in(float(stages.time[lo]), unit), ", ".join(marks))
     tables.show(t, out)
     out.print(f"stage imbalance: the slowest stage ({stages.kind[stages.slowest]}, rank "
               f"{stages.slowest}) takes {stages.imbalance:.3f}x the mean micro-batch time over "

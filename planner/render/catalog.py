@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import yaml
 from rich.markup import escape
 
 from .. import fmt
 from . import tables
-from .console import out
+from .console import out, write_stdout
 from ..cost.model_counts import active_params, total_params
 
 
@@ -105,3 +106,35 @@ def frameworks_table(profiles) -> None:
                                   f.memory.gradients["bf16"]]),
                   fmt.percent(f.reserve.allocator, 0))
     tables.show(t, out)
+
+
+class _WrappingDumper(yaml.SafeDumper):
+    """PyYAML's safe dumper with every line within ``width`` columns where the words allow it.
+
+    PyYAML breaks a long string at the first space past its ``width``, so a line runs over by the
+    word that crossed it; here each string is written with the width lowered by its longest word
+    (and its quotes), so the word that crosses still ends within ``width``. The breaks are
+    YAML's own line folding: the document reads back to the same values."""
+
+    def process_scalar(self):
+        full = self.best_width
+        words = str(self.event.value).split()
+        longest = max((len(w) + w.count("'") for w in words), default=0)
+        self.best_width = max(full - longest - 3, 2 * self.best_indent + 1)
+        try:
+            super().process_scalar()
+        finally:
+            self.best_width = full
+
+
+def yaml_text(data, width: int) -> str:
+    """``data`` as a YAML document in block style, keys in their order, lines within ``width``
+    columns where no single word is longer (safe_load reads back ``data``)."""
+    return yaml.dump(data, Dumper=_WrappingDumper, sort_keys=False, width=width,
+                     allow_unicode=True, default_flow_style=False)
+
+
+def show_yaml(data) -> None:
+    """``data`` (a model or framework profile as its YAML schema writes it) as YAML on stdout,
+    wrapped at stdout's width (80 columns in a pipe, or $COLUMNS when set wider)."""
+    write_stdout(yaml_text(data, out.width))

@@ -23,8 +23,8 @@ def rows(d: dict, pp: int, gpus: int) -> list[tuple[str, str]]:
     """(label, text) of the section, from a checkpoint object (CheckpointEstimate.to_dict)."""
     host = "*" if "storage.per_host" in d["placeholders"] else ""
     star = "*" if "storage.aggregate" in d["placeholders"] else ""
-    size = (f"{fmt.decimal_bytes(d['total_bytes'])} in all ({fmt.significant(d['bytes_per_param'])} "
-            f"B/param); {fmt.decimal_bytes(d['largest_rank_bytes'])} from the GPU that writes the "
+    size = (f"{fmt.binary_bytes(d['total_bytes'])} in all ({fmt.significant(d['bytes_per_param'])} "
+            f"B/param); {fmt.binary_bytes(d['largest_rank_bytes'])} from the GPU that writes the "
             f"most (TP rank 0 of {_stage(d['largest_stage'], pp)})")
     links = (f"a host's link {fmt.bandwidth(d['write_bytes_per_s_per_gpu'])}{host} per GPU, file system "
              f"{fmt.bandwidth(d['aggregate_write_bytes_per_s'])}{star}")

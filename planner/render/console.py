@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from typing import NoReturn
 
@@ -37,7 +38,26 @@ def stdout_closed() -> NoReturn:
     raise SystemExit(EXIT_BROKEN_PIPE)
 
 
-class PipeConsole(Console):
+# a run of blanks (and the colour codes among them) that ends a line
+_LINE_END_BLANKS = re.compile(r"(?:[ \t]|\x1b\[[0-9;]*m)+(?=\n)")
+_SGR = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def strip_line_ends(text: str) -> str:
+    """``text`` with the spaces and tabs that end each of its lines removed (colour codes among
+    them kept): rich pads every cell of a table's last column and leaves the space at which it
+    wraps a long line; no line plan3d prints ends in whitespace, piped or not."""
+    return _LINE_END_BLANKS.sub(lambda m: "".join(_SGR.findall(m.group())), text)
+
+
+class PlainEndConsole(Console):
+    """rich Console whose lines never end in whitespace (strip_line_ends on what it writes)."""
+
+    def _render_buffer(self, buffer) -> str:  # rich's one exit for everything it writes
+        return strip_line_ends(super()._render_buffer(buffer))
+
+
+class PipeConsole(PlainEndConsole):
     """rich Console whose broken pipe exits 141 (rich's default: SystemExit(1))."""
 
     def on_broken_pipe(self) -> None:
@@ -59,7 +79,7 @@ def layout_width(stream) -> int | None:
 
 # emoji off: rich would print "--gpus 8:100: ..." as "--gpus 8💯 ..." (its :name: codes)
 out = PipeConsole(highlight=False, emoji=False, width=layout_width(sys.stdout))
-err = Console(stderr=True, highlight=False, emoji=False, width=layout_width(sys.stderr))
+err = PlainEndConsole(stderr=True, highlight=False, emoji=False, width=layout_width(sys.stderr))
 
 
 def error(message: str) -> None:
@@ -69,9 +89,9 @@ def error(message: str) -> None:
 
 
 def note(message: str) -> None:
-    """A note on stderr, printed literally: one line however long when stderr is not a terminal
-    (a log, a test), wrapped at spaces to the terminal's width when it is."""
-    err.print(message, soft_wrap=not err.is_terminal, markup=False)
+    """A note or warning on stderr, printed literally and wrapped at spaces to stderr's width: a
+    terminal's, else $COLUMNS when set wider than 80, else 80 (errors stay one line: ``error``)."""
+    err.print(message, markup=False)
 
 
 def print_json(data: object) -> None:

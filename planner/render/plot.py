@@ -26,8 +26,9 @@ def _pyplot():
 
 def scaling_figure(rows: list[dict], title: str):
     """A matplotlib Figure of planner.sweep rows (rows with ``error`` are left out): axes[0]
-    tokens/s against GPUs (both log scale; per batch the measured line and, dotted, the ideal
-    line with gid IDEAL_GID), axes[1] MFU in % against GPUs (log x, linear 0-100)."""
+    tokens/s against GPUs (both log scale, GPUs ticked at the swept counts as numbers; per batch
+    the measured line and, dotted, the ideal line with gid IDEAL_GID), axes[1] MFU in % of the
+    dense BF16 peak against GPUs (log x, linear 0-100)."""
     plt = _pyplot()
     ok = [r for r in rows if not r.get("error")]
     fig, (ax, ax_mfu) = plt.subplots(2, 1, sharex=True, figsize=(7, 6.5),
@@ -43,17 +44,39 @@ def scaling_figure(rows: list[dict], title: str):
         ax_mfu.plot(gpus, [r["mfu"] * 100 for r in series], "s--", color=line.get_color(),
                     label=f"MFU, batch {b}")
     ax.set_xscale("log", base=2)
+    _gpu_ticks(ax, sorted({r["gpus"] for r in ok}))
     ax.set_yscale("log")
+    _count_ticks(ax.yaxis)
     ax.set_ylabel("tokens/s (log scale)")
     ax.set_title(title)
     ax.legend(loc="upper left", fontsize="small")
     ax.grid(True, which="both", alpha=0.3)
     ax_mfu.set_xlabel("GPUs (log scale)")
-    ax_mfu.set_ylabel("MFU (%)")
+    ax_mfu.set_ylabel("MFU (% of BF16 peak)")
     ax_mfu.set_ylim(0, 100)
     ax_mfu.grid(True, alpha=0.3)
     fig.tight_layout()
     return fig
+
+
+def _gpu_ticks(ax, counts: list[int]) -> None:
+    """The GPU axis (log 2) ticked at the swept counts, written as counts ("64", "1,024"), not
+    as powers ("2^6"); no minor ticks between them."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+    if not counts:
+        return
+    ax.xaxis.set_major_locator(FixedLocator(counts))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _pos: f"{x:,.0f}"))
+    ax.xaxis.set_minor_locator(NullLocator())
+
+
+def _count_ticks(axis) -> None:
+    """A log-10 axis of counts ticked at 1, 2 and 5 per decade and written as numbers
+    ("200,000", "1,000,000"), not as powers ("10^5")."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(FuncFormatter(lambda y, _pos: f"{y:,.0f}"))
+    axis.set_minor_formatter(NullFormatter())
 
 
 def save_scaling_plot(rows: list[dict], path, title: str) -> None:

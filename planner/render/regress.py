@@ -92,13 +92,21 @@ def changes_table(changes: list, max_rows: int) -> None:
                   "--json gives them to machines)")
 
 
-def updated(verb: str, path, cases: int, entries: int, changed_cases: int, failing: dict) -> None:
-    """The line after ``--update``, and a note per case recorded as not ok."""
-    out.print(f"{verb} {path}: {_cases(cases)}; {fmt.count(entries)} entries changed in "
-              f"{changed_cases} case{'s' if changed_cases != 1 else ''}.", markup=False)
+def updated(verb: str, path, cases: int, diff, failing: dict) -> None:
+    """The line after ``--update`` (what the rewrite changed: entries new, changed and removed,
+    in which cases; regress.BaselineDiff), and a note per case recorded as not ok."""
+    out.print(f"{verb} {path}: {_cases(cases)}; {diff_text(diff)}.", markup=False)
     for name, v in failing.items():
         out.print(f"  note: case {name} is recorded as {v.get('status')}: {v.get('message')}",
                   markup=False)
+
+
+def diff_text(d) -> str:
+    """'entries: 40 new, 12 changed, 3 removed; cases: 1 new, 2 changed, 0 removed': new,
+    changed and removed apart (an entry of a new case is new, not changed)."""
+    c = fmt.count
+    return (f"entries: {c(d.new)} new, {c(d.changed)} changed, {c(d.removed)} removed; "
+            f"cases: {c(d.cases_new)} new, {c(d.cases_changed)} changed, {c(d.cases_removed)} removed")
 
 
 def clean(cases: int, terms: int, path, rtol: float) -> None:

@@ -30,6 +30,10 @@ def header(model, hw, training, gpus, batch: str | None = None) -> None:
     line = f"{what}, {job}"  # one line where it fits, else broken after the hardware
     out.print(line if len(line) <= out.width else f"{what},\n{job}", markup=False)
     out.print(framework_line(training), markup=False)
+    if training.precision != "bf16":  # MFU's peak is not the precision's
+        out.print(f"MFU is against the dense BF16 peak ({fmt.tflops(hw.gpu.peak_tflops['bf16'] * 1e12)} "
+                  f"TFLOP/s per GPU), not the {training.precision} peak, so it compares across "
+                  "precisions", markup=False)
     if model.moe is not None and training.moe_capacity_factor is not None:
         out.print(f"MoE: tokens dropped beyond capacity factor {training.moe_capacity_factor:g}, "
                   "padded to it", markup=False)
@@ -68,18 +72,23 @@ class _Rows:
         self.show_cost = "cost" in th
         self.show_ties = any(g.count > 1 for g in groups)
         self.capacity = fmt.capacity(est.memory["capacity"][0])
+        self.bubble = est.bubble_share()  # of the step: the column sits beside it
+        # one unit per column: of the rows shown
+        self.units = {k: fmt.duration_unit([float(v[i]) for i in self.index]) for k, v in
+                      (("step", est.time["step"]), ("train", th.get("time_to_train_s", [])))
+                      if len(v)}
 
     def figures(self, i: int) -> dict[str, str]:
         """Formatted figures of ranked layout i."""
         est, th = self.est, self.est.throughput
         cells = {"mem/GPU": f"{fmt.gib_value(est.memory['total'][i])}/{self.capacity} GiB",
-                 "step": fmt.seconds(float(est.time["step"][i])),
+                 "step": fmt.seconds_in(float(est.time["step"][i]), self.units["step"]),
                  "tokens/s": fmt.tokens_per_s(th["tokens_per_s"][i]),
                  "TFLOP/s": fmt.tflops(th["model_tflops_per_gpu"][i] * 1e12),
-                 "MFU": fmt.percent(th["mfu"][i]), "bubble": fmt.percent(est.time["bubble_fraction"][i])}
+                 "MFU": fmt.percent(th["mfu"][i]), "bubble": fmt.percent(self.bubble[i])}
         cells["GPUs"] = fmt.count(self.est.candidates.layout(i).gpus)
         if self.show_train:
-            cells["train"] = fmt.seconds(float(th["time_to_train_s"][i]))
+            cells["train"] = fmt.seconds_in(float(th["time_to_train_s"][i]), self.units["train"])
         if self.show_cost:
             cells["cost"] = fmt.money(float(th["cost"][i]), self.currency)
         return cells
@@ -146,7 +155,7 @@ def search_table(result, explanation: ex.SearchExplanation, top: int, currency: 
     ``currency``: the code shown with costs."""
     rows = _Rows(result, explanation.groups[:top], currency, gpus_searched)
     out.print(tables.pick([lambda: _wide(rows), lambda: _narrow(rows)], out))
-    out.print(explain_text(explanation, rows.capacity, top))
+    out.print(explain_text(explanation, rows.capacity, top, result.ranked.candidates), markup=False)
 
 
 def _ordered(fields) -> list:
@@ -166,25 +175,37 @@ def _differs(differs) -> str:
     return ", ".join(f"{_title(k)} {a} -> {b}" for k, a, b in _ordered(differs))
 
 
-def _ties_text(groups: list[ex.TieGroup]) -> list[str]:
+MAX_TIE_LAYOUTS = 3  # layouts listed per tied row before "and N more"
+
+
+def _ties_text(groups: list[ex.TieGroup], candidates) -> list[str]:
+    """A line per row that stands for tied layouts: which fields vary and the other layouts it
+    stands for, in their short form (at most MAX_TIE_LAYOUTS, then how many more)."""
     tied = [(n, g) for n, g in enumerate(groups, start=1) if g.count > 1]
     if not tied:
         return []
-    rows = "; ".join(f"#{n} ×{g.count} ({', '.join(_title(k) for k in _ordered(g.varying))}"
-                     " vary)" for n, g in tied)
-    return [f"Rows that stand for several layouts with the same predicted step time and memory: "
-            f"{rows}."]
+    lines = ["Rows that stand for several layouts with the same predicted step time and memory:"]
+    for n, g in tied:
+        others = [candidates.layout(i).short() for i in g.members[1:]]
+        listed = "; ".join(others[:MAX_TIE_LAYOUTS])
+        more = len(others) - MAX_TIE_LAYOUTS
+        if more > 0:
+            listed += f"; and {fmt.count(more)} more (--json lists them all)"
+        varying = ", ".join(_title(k) for k in _ordered(g.varying))
+        lines.append(f"#{n} ×{g.count} ({varying} vary) also stands for {listed}.")
+    return lines
 
 
-def explain_text(e: ex.SearchExplanation, capacity: str, top: int) -> str:
-    """Why the winner wins, which of the ``top`` rows stand for tied layouts, what the runner-up
-    loses, and what was pruned, in a few plain lines. ``capacity``: GiB per GPU as shown."""
+def explain_text(e: ex.SearchExplanation, capacity: str, top: int, candidates) -> str:
+    """Why the winner wins, which of the ``top`` rows stand for tied layouts (and the layouts
+    each stands for, from the ranked ``candidates``), what the runner-up loses, and what was
+    pruned, in a few plain lines. ``capacity``: GiB per GPU as shown."""
     w = e.winner
     overhead = (f"the largest overhead is {TIME_LABELS[w.largest.term]} "
                 f"({fmt.percent(w.largest.share)})" if w.largest else "overheads are under 0.1% each")
     lines = [f"Winner: {w.layout.short()}: compute is {fmt.percent(w.compute_share, 0)} of its "
              f"{fmt.seconds(w.step_s)} step; {overhead}."]
-    lines += _ties_text(e.groups[:top])
+    lines += _ties_text(e.groups[:top], candidates)
     r = e.runner_up
     if r is not None and r.ties_on_time:
         more = r.extra_memory / fmt.GIB

@@ -21,15 +21,21 @@ def progress():
 FIGURES = ("tokens/s", "MFU", "step", "mem/GPU", "scaling eff.", "train", "goodput")
 
 
-def _cells(r: dict) -> dict[str, str]:
+def _units(rows: list[dict]) -> dict[str, tuple[str, int]]:
+    """The one duration unit (and decimals) of the step and train columns (fmt.duration_unit)."""
+    return {k: fmt.duration_unit([r[key] for r in rows if r.get(key) is not None and not r.get("error")])
+            for k, key in (("step", "step_s"), ("train", "time_to_train_s"))}
+
+
+def _cells(r: dict, units: dict[str, tuple[str, int]]) -> dict[str, str]:
     if r.get("error"):
         return {k: "-" for k in FIGURES}
     eff = r["scaling_efficiency"]
     train = r.get("time_to_train_s")
     return {"tokens/s": fmt.tokens_per_s(r["tokens_per_s"]), "MFU": fmt.percent(r["mfu"]),
-            "step": fmt.seconds(r["step_s"]), "mem/GPU": fmt.gib(r["memory_bytes"]),
+            "step": fmt.seconds_in(r["step_s"], units["step"]), "mem/GPU": fmt.gib(r["memory_bytes"]),
             "scaling eff.": fmt.percent(eff, 0) if eff is not None else "-",
-            "train": fmt.seconds(train) if train is not None else "-",
+            "train": fmt.seconds_in(train, units["train"]) if train is not None else "-",
             "goodput": fmt.percent(r["goodput"], 2) if r.get("goodput") is not None else "-"}
 
 
@@ -46,8 +52,9 @@ def _table(rows: list[dict], stacks: list[list[str]], header_break: bool) -> Tab
     for stack in stacks:
         header = tables.stacked(stack)
         tables.number_column(t, header.replace(" ", "\n") if header_break else header)
+    units = _units(rows)
     for r in rows:
-        cells = _cells(r)
+        cells = _cells(r, units)
         lead = (fmt.count(r["global_batch_size"]),) * batches + (fmt.count(r["gpus"]),)
         t.add_row(*lead, _layout(r), *(tables.stacked(cells[k] for k in s) for s in stacks))
     return t

@@ -14,8 +14,9 @@ from . import tables
 from .console import out
 
 
-def value_text(name: str, value) -> str:
-    """One measured or predicted value of check ``name`` as printed; None -> "-"."""
+def value_text(name: str, value, time_unit: tuple[str, int] | None = None) -> str:
+    """One measured or predicted value of check ``name`` as printed; None -> "-"; times in
+    ``time_unit`` (one for the table: fmt.duration_unit), else the unit that reads best."""
     if value is None:
         return "-"
     if isinstance(value, list):  # [calls, payload bytes] of a collective
@@ -25,7 +26,7 @@ def value_text(name: str, value) -> str:
     if name.startswith("loss"):
         return fmt.loss(value)
     if "time" in name:
-        return fmt.seconds(float(value))
+        return fmt.seconds(float(value)) if time_unit is None else fmt.seconds_in(float(value), time_unit)
     if "bytes" in name or "peak" in name:
         return f"{value:,.0f} B"
     return fmt.number(value, 6)
@@ -44,13 +45,16 @@ def render(result: dict, path: str | None) -> None:
     tables.text_column(table, "check")
     for col in ("measured", "predicted", "ok"):
         tables.number_column(table, col)
+    rows = result["checks"] + result["reported"]
+    unit = fmt.duration_unit([r[k] for r in rows for k in ("measured", "predicted")
+                              if "time" in r["name"] and isinstance(r[k], (int, float))])
     for c in result["checks"]:
-        table.add_row(escape(c["name"]), value_text(c["name"], c["measured"]),
-                      value_text(c["name"], c["predicted"]),
+        table.add_row(escape(c["name"]), value_text(c["name"], c["measured"], unit),
+                      value_text(c["name"], c["predicted"], unit),
                       "[green]yes[/]" if c["passed"] else "[red]NO[/]")
     for r in result["reported"]:
-        table.add_row(f"[dim]{escape(r['name'])}[/]", value_text(r["name"], r["measured"]),
-                      value_text(r["name"], r["predicted"]), "[dim]info[/]")
+        table.add_row(f"[dim]{escape(r['name'])}[/]", value_text(r["name"], r["measured"], unit),
+                      value_text(r["name"], r["predicted"], unit), "[dim]info[/]")
     tables.show(table, out)
     for note in result.get("notes", []):
         out.print(f"note: {note}", markup=False)

@@ -30,9 +30,12 @@ def why_not_report(verdict) -> None:
     tables.text_column(t, "term")
     for col in ("yours", "winner", "difference"):
         tables.number_column(t, col)
-    for term, d in verdict.deltas:
-        t.add_row(TIME_LABELS[term], fmt.seconds(float(mine.time[term][0])),
-                  fmt.seconds(float(verdict.winner.time[term][0])), fmt.signed_seconds(d))
+    values = [(float(mine.time[term][0]), float(verdict.winner.time[term][0]), d)
+              for term, d in verdict.deltas]
+    unit = fmt.duration_unit([v for row in values for v in row])  # one unit for the three columns
+    for (term, _), (yours, best, d) in zip(verdict.deltas, values):
+        t.add_row(TIME_LABELS[term], fmt.seconds_in(yours, unit), fmt.seconds_in(best, unit),
+                  fmt.signed_seconds(d, unit))
     tables.show(t, out)
 
 

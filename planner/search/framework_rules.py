@@ -15,6 +15,7 @@ import numpy as np
 from ..errors import UsageError
 from ..framework_spec import FrameworkProfile
 from ..layout import RECOMPUTE_CODES
+from ..layout.split import uneven_interleave_ok
 from ..specs import ModelSpec, TrainingSpec
 from .software_rules import software_masks
 from ..catalog import framework_profiles, resolve_framework
@@ -22,6 +23,10 @@ from ..cost.offload import offload_allowed
 from ..layout import Candidates
 from .fp8_rules import fp8_masks
 from .job_rules import job_masks, job_problems
+
+# Megatron-Core's interleaved uneven split (layout.split.uneven_interleave_ok), after its name
+UNEVEN_INTERLEAVE_RULE = ("an interleaved uneven pipeline split needs every stage's layers "
+                          "divisible by vpp (pp > 2) or the embedding-and-loss form")
 
 # The framework each export target runs (plan3d export --to TARGET checks that framework's rules).
 TARGET_FRAMEWORK = {"megatron": "megatron-core", "nemo": "megatron-core", "deepspeed": "deepspeed",
@@ -141,6 +146,9 @@ def _pipeline_masks(profile: FrameworkProfile, model: ModelSpec, c, m, pp, vpp) 
     uneven = np.asarray(c.first_stage_layers) > 0
     if r.uneven_split == "none":
         out[f"{d} splits the pipeline evenly only"] = ~uneven
+    elif r.uneven_split == "megatron":
+        out[f"{d}: {UNEVEN_INTERLEAVE_RULE}"] = ~uneven | flat | \
+            uneven_interleave_ok(model.num_layers, c)
     elif r.uneven_split == "edge_stages":
         out[f"{d}: an interleaved uneven split only as one layer less on the first and last "
             "stage (embedding and loss)"] = ~uneven | flat | c.embedding_loss_split(model.num_layers)

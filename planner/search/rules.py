@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..layout import BY_NAME, Candidates
-from ..layout.split import uneven_ok
+from ..layout.split import uneven_shape_ok
 from ..cost.collectives import nvlink_domain
 from ..specs import HardwareProfile, ModelSpec, TrainingSpec
 
@@ -24,7 +24,9 @@ from .software_rules import software_masks
 # KV heads (query groups) is the framework's rule (frameworks.rules, kv_heads_tp).
 HEADS_RULE = "attention heads divisible by tp"
 TP_RULE = "tp within the NVLink domain"
-UNEVEN_RULE = "uneven pipeline split: edge stages of 1..middle layers, interleaved as Megatron-Core allows"
+# framework-neutral: the shape plan3d models; how a framework interleaves an uneven split is its
+# own rule (framework_rules: Megatron-Core's two forms, torchtitan's embedding-and-loss form)
+UNEVEN_RULE = "uneven pipeline split: edge stages of 1..middle layers, equal middle stages"
 LAYERS_RULE = "layers divisible by pp*vpp"
 BATCH_RULE = "global batch divisible by dp*micro_batch_size"
 
@@ -41,7 +43,8 @@ def constraint_masks(model: ModelSpec, training: TrainingSpec, hw: HardwareProfi
     divisible by dp*micro_batch_size; SP needs tp > 1 and each CP rank's share of the sequence,
     seq_length/cp, divisible by tp; CP needs seq_length divisible by 2*cp (its causal load
     balance cuts every sequence into 2*cp chunks) and flash attention; the distributed optimizer
-    goes with zero_stage 0; an uneven split of the shape plan3d models; recompute_num_layers
+    goes with zero_stage 0; an uneven split of the shape plan3d models (its interleaved forms are
+    the framework's rule); recompute_num_layers
     only with full recompute and at most a chunk's layers. Then the rules of the
     training framework (``framework``, default: the profile named by ``training.framework``;
     framework_rules.framework_masks): KV heads against tp, interleaving and micro-batches,
@@ -63,7 +66,7 @@ def constraint_masks(model: ModelSpec, training: TrainingSpec, hw: HardwareProfi
         "context parallel needs flash attention": (cp == 1) | training.flash_attention,
         "distributed optimizer replaces ZeRO (zero_stage 0 only)":
             ~c.distributed_optimizer | (c.zero_stage == 0),
-        UNEVEN_RULE: uneven_ok(L, c),
+        UNEVEN_RULE: uneven_shape_ok(L, c),
         SCHEDULE_RULE: schedule_ok(c),
         RECOMPUTE_LAYERS_RULE: _recompute_layers_ok(L, c),
         **expert_rules(model, c),

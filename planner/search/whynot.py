@@ -21,6 +21,7 @@ from .run import search
 from .. import fmt
 from .refusal import no_split_reason
 from ..layout.split import (MAX_EDGE_SHORTFALL, default_uneven_split, uneven_problem, uneven_vpp_options)
+from .framework_rules import UNEVEN_INTERLEAVE_RULE
 from .rules import UNEVEN_RULE, constraint_masks
 from ..layout import BY_NAME
 from ..layout.parse import key_of, parse_layout, pin_flag, printed_defaults
@@ -199,7 +200,7 @@ def why_not(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus:
 def _uneven_detail(model: ModelSpec, opts: SearchOptions, rule: str) -> str:
     """``rule``, with the split and the vpp values that work when it is the uneven-split rule
     and pp is pinned."""
-    if rule != UNEVEN_RULE or not opts.pp:
+    if not (rule == UNEVEN_RULE or rule.endswith(UNEVEN_INTERLEAVE_RULE)) or not opts.pp:
         return rule
     if opts.first_stage_layers is not None and opts.last_stage_layers is not None:
         problem = uneven_problem(model.num_layers, opts.pp, opts.first_stage_layers,
