@@ -58,6 +58,50 @@ def uneven_interleave_ok(num_layers: int, c) -> np.ndarray:
     return ((f == 0) & (la == 0)) | (v == 1) | per_stage | LayoutDegrees.embedding_loss_split(c, num_layers)
 
 
+def uneven_layout_ok(num_layers: int, c) -> np.ndarray:
+    """True unless an uneven interleaved split leaves a model chunk without a layer: Megatron-
+    Core's --pipeline-model-parallel-layout places any count of layers in each of the pp x vpp
+    chunks (pipeline_layout), and an empty one is reported to deadlock (NVIDIA/Megatron-LM
+    #1852). Bool array."""
+    f, la, pp, v = c.first_stage_layers, c.last_stage_layers, c.pp, c.vpp
+    mid = np.where(pp > 2, (num_layers - f - la) // np.maximum(pp - 2, 1), v)
+    return ((f == 0) & (la == 0)) | (v == 1) | ((f >= v) & (la >= v) & (mid >= v))
+
+
+def pipeline_layout(num_layers: int, pp: int, vpp: int, first: int, last: int,
+                    mtp_layers: int = 0) -> str:
+    """Megatron-Core's --pipeline-model-parallel-layout of the split first+..+last (0, 0: even)
+    of ``num_layers`` decoder layers on ``pp`` ranks of ``vpp`` chunks each: the pp x vpp
+    stages in layer order (stage s = chunk s // pp of rank s mod pp), "|" between them, each
+    its decoder layers "t" (a rank's layers spread over its chunks; where they do not divide
+    the first rank's later chunks and the other ranks' earlier chunks take one more, so the
+    embedding's and the loss's chunks hold fewer), "E" (the embedding) before the first and the MTP
+    layers "m" and the loss "L" after the last (megatron/core/transformer/
+    pipeline_parallel_layer_layout.py @d98e8a64: E first, L last, decoder layers before the
+    MTP layers). A run of n > 1 equal letters is written "t*n", as Megatron's parser reads it.
+    DeepSeek-V3's 61 layers on pp 8, vpp 4, 7+..+6: "Et|t*2|...|t*2|tmL"."""
+    if first == 0 and last == 0:
+        first = last = num_layers // pp
+    middle = (num_layers - first - last) // max(pp - 2, 1) if pp > 2 else 0
+    ranks = [first] + [middle] * max(pp - 2, 0) + ([last] if pp > 1 else [])
+    if pp == 1:
+        ranks = [num_layers]
+    stages = []
+    for s in range(pp * vpp):
+        chunk, rank = divmod(s, pp)
+        rem = ranks[rank] % vpp  # the embedding's chunk (rank 0's first) takes one fewer
+        n = ranks[rank] // vpp + (chunk >= vpp - rem if rank == 0 else chunk < rem)
+        text = ("E" if s == 0 else "") + _run("t", n)
+        if s == pp * vpp - 1:
+            text += _run("m", mtp_layers) + "L"
+        stages.append(text)
+    return "|".join(stages)
+
+
+def _run(letter: str, n: int) -> str:
+    return "" if n == 0 else letter if n == 1 else f"{letter}*{n}"
+
+
 def uneven_ok(num_layers: int, c) -> np.ndarray:
     """True for an even split, or an uneven one Megatron-Core accepts and plan3d models: the
     shape (uneven_shape_ok) and, interleaved, one of Megatron-Core's two forms

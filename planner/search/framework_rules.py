@@ -15,7 +15,7 @@ import numpy as np
 from ..errors import UsageError
 from ..framework_spec import FrameworkProfile
 from ..layout import RECOMPUTE_CODES
-from ..layout.split import uneven_interleave_ok
+from ..layout.split import uneven_interleave_ok, uneven_layout_ok
 from ..specs import ModelSpec, TrainingSpec
 from .software_rules import software_masks
 from ..catalog import framework_profiles, resolve_framework
@@ -27,6 +27,10 @@ from .job_rules import job_masks, job_problems
 # Megatron-Core's interleaved uneven split (layout.split.uneven_interleave_ok), after its name
 UNEVEN_INTERLEAVE_RULE = ("an interleaved uneven pipeline split needs every stage's layers "
                           "divisible by vpp (pp > 2) or the embedding-and-loss form")
+
+# Megatron-Core's --pipeline-model-parallel-layout (layout.split.uneven_layout_ok)
+UNEVEN_LAYOUT_RULE = ("an interleaved uneven pipeline split needs a layer in every model chunk "
+                      "(at least vpp layers per stage)")
 
 # The framework each export target runs (plan3d export --to TARGET checks that framework's rules).
 TARGET_FRAMEWORK = {"megatron": "megatron-core", "nemo": "megatron-core", "deepspeed": "deepspeed",
@@ -149,6 +153,9 @@ def _pipeline_masks(profile: FrameworkProfile, model: ModelSpec, c, m, pp, vpp) 
     elif r.uneven_split == "megatron":
         out[f"{d}: {UNEVEN_INTERLEAVE_RULE}"] = ~uneven | flat | \
             uneven_interleave_ok(model.num_layers, c)
+    elif r.uneven_split == "layout":
+        out[f"{d}: {UNEVEN_LAYOUT_RULE}"] = ~uneven | flat | \
+            uneven_layout_ok(model.num_layers, c)
     elif r.uneven_split == "edge_stages":
         out[f"{d}: an interleaved uneven split only as one layer less on the first and last "
             "stage (embedding and loss)"] = ~uneven | flat | c.embedding_loss_split(model.num_layers)
