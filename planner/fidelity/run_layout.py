@@ -135,7 +135,8 @@ def layout_of(gpus: int, lay: dict, facts: RunFacts, model: ModelSpec,
         assume(f"pipeline split {first}{'+' if pp == 2 else '+..+'}{last} (pp={pp} does not "
                f"divide {model.num_layers} layers)")
         unknown.append("split")
-    software = _software(model, tp, ep * int(value["etp"]), ep, facts, unknown, assume)
+    mesh = 0 if "etp" in unknown else ep * int(value["etp"])  # 0: a search may widen it
+    software = _software(model, tp, mesh, ep, facts, unknown, assume)
     layout = validate(Layout, dict(
         tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=int(value["etp"]), zero_stage=int(value["zero_stage"]),
         distributed_optimizer=bool(value["distributed_optimizer"]),
@@ -169,10 +170,11 @@ def _moot(key: str, model: ModelSpec, tp: int, experts_mesh: int, ep: int) -> bo
 def _software(model: ModelSpec, tp: int, experts_mesh: int, ep: int, facts: RunFacts,
               unknown: list[str], assume) -> dict[str, Any]:
     """The software switches of a run: as its facts state them; else the one value its
-    framework runs (a framework without TP overlap runs none: nothing unknown); else
-    SOFTWARE_DEFAULTS (added to ``unknown``; listed through ``assume`` unless moot: the
-    dispatcher without an expert mesh (ep*etp = 1), the EP overlap with ep = 1, TP overlap with
-    tp = 1, both without experts)."""
+    framework runs (a framework without TP overlap runs none: nothing unknown); else, where
+    the switch is moot (the dispatcher without an expert mesh, ep*etp = 1 with etp stated; the
+    EP overlap with ep = 1; both without experts; TP overlap with tp = 1: the degrees a search
+    keeps as the run states them), its SOFTWARE_DEFAULTS value; else that value added to
+    ``unknown`` and listed through ``assume``."""
     profile = resolve_framework(facts.framework or "megatron-core")
     out = {}
     for key, default in SOFTWARE_DEFAULTS.items():
@@ -185,8 +187,8 @@ def _software(model: ModelSpec, tp: int, experts_mesh: int, ep: int, facts: RunF
             out[key] = runs[0]
             continue
         out[key] = default
-        unknown.append(key)
         if not _moot(key, model, tp, experts_mesh, ep):
+            unknown.append(key)
             assume(f"{key}={default}")
     return out
 
