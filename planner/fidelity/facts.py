@@ -41,7 +41,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from ..files import read_yaml, validate
 from ..errors import UsageError
@@ -80,6 +80,15 @@ class LayoutFacts(_Strict):
     moe_dispatcher: Literal[MOE_DISPATCHERS] | None = None
     moe_a2a_overlap: bool | None = None
     cuda_graphs: Literal[CUDA_GRAPHS] | None = None
+
+    @field_validator("moe_dispatcher", mode="before")
+    @classmethod
+    def _no_flex(cls, value):
+        """Megatron-Core's flex dispatcher is named by its backend (--moe-flex-dispatcher-backend)."""
+        if value == "flex":
+            raise ValueError("flex is Megatron-Core's fused dispatcher: name its backend, deepep or "
+                             "hybridep (--moe-flex-dispatcher-backend)")
+        return value
 
 
 class TrainingFacts(_Strict):
