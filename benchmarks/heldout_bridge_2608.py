@@ -5,8 +5,10 @@ DGX-GB200, MXFP8, force-balanced dropless MoE routing) measured four MoE layouts
 holds from earlier releases: DeepSeek-V3 (256 GPUs, PP4 VP4 EP64), GPT-OSS-120B (64, EP64, MBS 4),
 Qwen3-30B-A3B (8, EP8, MBS 4) and Qwen3-235B-A22B (256, PP8 VP3 EP32). This script copies the
 dataset's row of the same layout, puts the 26.08 tokens/s/GPU in it, takes the facts of those rows
-(the Megatron-Bridge-wide and per-model entries of benchmarks/modern_runs_facts.yaml: dispatcher,
-recomputation, gradient dtype, split) and runs
+(the Megatron-Bridge-wide and per-model entries of benchmarks/modern_runs_facts.yaml:
+recomputation, gradient dtype, split; the training software is stated per release and row there,
+so the 26.08 rows' dispatcher, EP overlap, TP overlap and CUDA graphs are left to the search) and
+runs
 ``plan3d accuracy --resolve search`` on them. Nothing is fitted to these rows; it writes only to a
 temporary directory.
 

@@ -7,10 +7,12 @@ routing), rows of DGX-H100, DGX-B200 and DGX-GB200 for the four MoE models of th
 (DeepSeek-V3, GPT-OSS-120B, Qwen3-30B-A3B, Qwen3-235B-A22B) in BF16, FP8 and MXFP8, less the 13 rows
 that benchmarks/modern_runs.yaml holds: 29 rows, ROWS below as the tables print them. Each row
 gets the facts the dataset's rows of its model get from benchmarks/modern_runs_facts.yaml (its
-per-model and Megatron-Bridge-wide entries: recomputation per release, gradient dtype,
-dispatcher, cross entropy), its hardware profile, precision and catalog model, and DeepSeek-V3's
+per-model and Megatron-Bridge-wide entries: recomputation per release, gradient dtype, cross
+entropy; the training software where a release-wide entry states it, as 25.11's and 26.02's
+GPT-OSS), its hardware profile, precision and catalog model, and DeepSeek-V3's
 pipeline split from the recipe's layout map (pp 4 x vp 4: 16 + .. + 13 layers; pp 16: 4 + .. + 1);
-what the table leaves unknown (EP overlap, Qwen3-235B's uneven split) is resolved by the search,
+what the table leaves unknown (the dispatcher, EP overlap, TP overlap and CUDA graphs of the other
+rows, Qwen3-235B's uneven split) is resolved by the search,
 as for the dataset. Nothing is fitted to these rows; the script writes only to a temporary
 directory and prints ``plan3d accuracy --resolve search`` on them, then the error table by GPU and
 precision and by release.

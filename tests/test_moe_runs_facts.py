@@ -4,8 +4,10 @@ pipeline layout the search cannot enumerate."""
 from __future__ import annotations
 
 from planner.cost.step import estimate_layout
-from planner.fidelity.resolve import RECOMPUTE_CHOICES, resolve
+from planner.fidelity.resolve import RECOMPUTE_CHOICES, _options, resolve
 from planner.fidelity.runs import load_datasets
+
+SWITCHES = ("moe_dispatcher", "moe_a2a_overlap", "tp_comm_overlap", "cuda_graphs")
 
 
 def _cases(*ids):
@@ -17,12 +19,14 @@ def test_dispatcher_and_overlap_facts_follow_the_bridge_configs():
                    "mbridge2511-b200-fp8mx-deepseekv3-256gpu", "mbridge2511-gb200-bf16-deepseekv3-256gpu")
     # Bridge 5acef9309 (26.04.01 B200 MXFP8) and run_script.py @fa0315ae (25.09 H100): DeepEP + 1F1B overlap
     for rid in ("mbridge260401-b200-mxfp8-deepseekv3-256gpu", "mbridge2509-h100-fp8-deepseekv3-1024gpu"):
-        t = cases[rid].training
-        assert (t.moe_dispatcher, t.moe_a2a_overlap) == ("flex", True)
+        lay = cases[rid].layout
+        assert (lay.moe_dispatcher, lay.moe_a2a_overlap) == ("deepep", True)
     # @5776a6d9: B200 has no flex backend, GB200 hybridep; neither overlaps
-    assert cases["mbridge2511-b200-fp8mx-deepseekv3-256gpu"].training.moe_dispatcher == "alltoall"
-    assert cases["mbridge2511-gb200-bf16-deepseekv3-256gpu"].training.moe_dispatcher == "flex"
-    assert not cases["mbridge2511-gb200-bf16-deepseekv3-256gpu"].training.moe_a2a_overlap
+    assert cases["mbridge2511-b200-fp8mx-deepseekv3-256gpu"].layout.moe_dispatcher == "alltoall"
+    assert cases["mbridge2511-gb200-bf16-deepseekv3-256gpu"].layout.moe_dispatcher == "hybridep"
+    assert not cases["mbridge2511-gb200-bf16-deepseekv3-256gpu"].layout.moe_a2a_overlap
+    # the switches are layout axes the run states: not left to a search
+    assert not {"moe_dispatcher", "moe_a2a_overlap"} & set(cases["mbridge2511-gb200-bf16-deepseekv3-256gpu"].unknown)
     # every Bridge performance run computes the loss with Transformer Engine's cross entropy
     assert all(c.training.cross_entropy_in_place for c in cases.values())
 
@@ -65,3 +69,61 @@ def test_gpt_oss_recompute_and_expert_parallelism_follow_each_release():
     assert b200.layout.ep == 64 and "ep=64 (facts) for the row's 8" in b200.assumptions
     # at EP 64 each GPU holds 2 of the 128 experts: it fits the 179 GiB of a B200 (it ran)
     assert bool(estimate_layout(b200.model, b200.hardware, b200.training, b200.layout).fits[0])
+
+
+def test_every_moe_run_of_the_bridge_tables_states_its_software():
+    # the dispatcher, EP overlap, TP overlap and CUDA graphs of each Megatron-Bridge MoE row come
+    # from its release tag's performance config; the one left unknown is the 26.02 H100
+    # Qwen3-30B row, whose config names DeepEP in a container the release notes say lacks it
+    # (Bridge docs/releases/known-issues.md)
+    runs = [c for c in load_datasets(["modern"]) if c.id.startswith("mbridge") and not c.skipped
+            and c.model.moe is not None]
+    assert runs and all(c.group.startswith("Megatron-Bridge") for c in runs)
+    unknown = {c.id: [k for k in SWITCHES if k in c.unknown] for c in runs}
+    assert {rid: keys for rid, keys in unknown.items() if keys} == \
+        {"mbridge2602-h100-fp8-qwen3-30b-16gpu": ["moe_dispatcher"]}
+    left = next(c for c in runs if c.id == "mbridge2602-h100-fp8-qwen3-30b-16gpu")
+    assert any("DeepEP is not supported" in s for s in left.sources)
+    # the fused dispatchers the tags name: DeepEP on the 25.09 H100 and 26.04.01 B200 DeepSeek-V3,
+    # HybridEP on every GB200 Qwen3 and DeepSeek-V3 config
+    fused = {c.id: c.layout.moe_dispatcher for c in runs if c.layout.moe_dispatcher in ("deepep", "hybridep")}
+    assert fused["mbridge2509-h100-fp8-deepseekv3-1024gpu"] == fused["mbridge260401-b200-mxfp8-deepseekv3-256gpu"] == "deepep"
+    assert all(d == "hybridep" for rid, d in fused.items() if "-gb200-" in rid)
+    assert all(c.layout.moe_dispatcher == "alltoall" for c in runs if "gptoss" in c.id)
+
+
+def test_the_26_02_01_qwen3_30b_row_runs_its_release_config():
+    # Bridge v0.3.1's only H100 FP8 Qwen3-30B config is EP16 with no pipeline and HybridEP; the
+    # table reprints 26.02's PP2 VP12 EP8 (reference/moe_performance.md 3.1): the facts correct
+    # the layout, and the run lists each degree it overrides
+    rid = "mbridge260201-h100-fp8-qwen3-30b-16gpu"
+    case = _cases(rid)[rid]
+    lay = case.layout
+    assert (lay.tp, lay.pp, lay.dp, lay.ep, lay.vpp) == (1, 1, 16, 16, 1)
+    assert (lay.moe_dispatcher, lay.moe_a2a_overlap, lay.cuda_graphs) == ("hybridep", False, "none")
+    for note in ("pp=1 (facts) for the row's 2", "dp=16 (facts) for the row's 8",
+                 "ep=16 (facts) for the row's 8", "vpp=1 (facts) for the row's 12"):
+        assert note in case.assumptions
+    assert not set(SWITCHES) & set(case.unknown)
+
+
+def test_the_26_04_01_gb200_gpt_oss_row_is_all_to_all_with_ep_overlap():
+    # at v0.4.2 the GB200 V2 config has moe_a2a_overlap and no flex backend (HybridEP, still at
+    # main 74695a06, was removed on the release branch): NCCL's all-to-all with the EP overlap
+    rid = "mbridge260401-gb200-bf16-gptoss120b-64gpu"
+    lay = _cases(rid)[rid].layout
+    assert (lay.moe_dispatcher, lay.moe_a2a_overlap) == ("alltoall", True)
+
+
+def test_resolve_search_chooses_an_unknown_switch_and_pins_the_stated_ones():
+    rid = "mbridge2602-h100-fp8-qwen3-30b-16gpu"
+    case = _cases(rid)[rid]
+    opts = _options(case)
+    # stated: EP overlap on, no CUDA graphs, no TP overlap (tp 1); unknown: the dispatcher
+    assert (opts.moe_a2a_overlap, opts.cuda_graphs, opts.tp_comm_overlap) == (True, "none", False)
+    assert opts.moe_dispatcher is None
+    assert resolve(case).status == "resolved"
+    assert case.layout.moe_a2a_overlap and case.layout.cuda_graphs == "none"
+    note = next(a for a in case.assumptions if a.startswith("resolved by search:"))
+    assert f"moe_dispatcher={case.layout.moe_dispatcher}" in note
+    assert "moe_dispatcher=alltoall" not in [a for a in case.assumptions if a != note]

@@ -248,3 +248,25 @@ def test_calibrate_exclude_that_matches_nothing_is_refused(tmp_path, monkeypatch
     line = one_line_error(["calibrate", "runs.yaml", "--hardware", "dgx-h100", "-o", "x.yaml",
                            "--exclude", "nomatch*"])
     assert "--exclude 'nomatch*' matches no run id of runs.yaml" in line
+
+
+def test_own_run_facts_state_the_software_and_token_dropping(tmp_path, monkeypatch):
+    # the training software's switches are layout facts (layout axes), flex named by its backend;
+    # a capacity factor is a training fact
+    from planner.fidelity.runs import load_runs
+    row = _llama_row(model={"catalog": "mixtral-8x7b", "name": "mixtral", "seq_len": 4096},
+                     layout={"ep": 8, "global_batch": 512})
+    _write(tmp_path, monkeypatch, row, [{"runs": "mylab-*", "source": "s", "layout": {"moe_dispatcher": "flex"}}])
+    line = one_line_error(["accuracy", "runs.yaml"])
+    assert "layout.moe_dispatcher: flex is Megatron-Core's fused dispatcher: name its backend, deepep or hybridep" in line
+    _write(tmp_path, monkeypatch, row, [{"runs": "mylab-*", "source": "s", "training": {"moe_dispatcher": "alltoall"}}])
+    assert "moe_dispatcher: unknown field" in one_line_error(["accuracy", "runs.yaml"])
+    _write(tmp_path, monkeypatch, row, [{"runs": "mylab-*", "source": "my launch script",
+                                         "layout": {"moe_dispatcher": "deepep", "cuda_graphs": "layers"},
+                                         "training": {"moe_capacity_factor": 1.25}}])
+    case = load_runs(tmp_path / "runs.yaml")[0]
+    assert (case.layout.moe_dispatcher, case.layout.cuda_graphs) == ("deepep", "layers")
+    assert case.training.moe_capacity_factor == 1.25
+    # what the facts leave out is unknown, at the axis default, and listed
+    assert "moe_a2a_overlap" in case.unknown and "moe_a2a_overlap=False" in case.assumptions
+    assert "moe_dispatcher" not in case.unknown and "tp_comm_overlap" not in case.unknown  # tp 1

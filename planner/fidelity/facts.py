@@ -16,10 +16,13 @@ entry by entry, each with its source:
 - ``group`` (the name of its source in the tables), ``flops`` (the FLOP convention of its
   TFLOP/s and MFU), ``peak`` (the dense 16-bit peak its MFU divides by), ``memory_unit``;
 - ``layout``: settings of the layout the row leaves out (micro_batch, vpp, recompute,
-  zero_stage, distributed_optimizer, sequence_parallel, first/last_stage_layers, ep, etp), or
-  the sourced value of one it misprints (listed in the run's assumptions as overriding the row);
-- ``training``: settings of the job (moe_a2a_overlap, moe_dispatcher, moe_imbalance,
-  overlap_grad_reduce, tp_backward_overlap, optimizer_moment_bytes, optimizer_offload_fraction,
+  zero_stage, distributed_optimizer, sequence_parallel, first/last_stage_layers, ep, etp, and
+  the training software's switches, layout axes: tp_comm_overlap, moe_dispatcher alltoall |
+  allgather | deepep | hybridep, moe_a2a_overlap, cuda_graphs none | layers | full_iteration),
+  or the sourced value of one it misprints, a degree (tp, pp, cp, dp) included (listed in the
+  run's assumptions as overriding the row);
+- ``training``: settings of the job (moe_imbalance, moe_capacity_factor, overlap_grad_reduce,
+  tp_backward_overlap, optimizer_moment_bytes, optimizer_offload_fraction,
   moe_activation_offload, cross_entropy_in_place);
 - ``approximations``: how plan3d costs a stated setting it cannot express exactly (listed in
   the run's assumptions).
@@ -38,13 +41,13 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from ..files import read_yaml, validate
 from ..errors import UsageError
 from ..frameworks.profile import Overrides
 from ..quantities import _Strict
-from ..framework_spec import Recompute
+from ..framework_spec import CUDA_GRAPHS, MOE_DISPATCHERS, Recompute
 from ..catalog import is_bare_name, resolve_framework, resolve_hardware, resolve_model
 
 REPO_BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
@@ -55,8 +58,13 @@ Convention = Literal["narayanan", "korthikanti", "mosaic", "megatron", "palm", "
 
 
 class LayoutFacts(_Strict):
-    """Layout settings a source states (or its published configuration sets) beyond the row."""
+    """Layout settings a source states (or its published configuration sets) beyond the row,
+    the training software's switches (layout.axes role "software") among them."""
 
+    tp: int | None = Field(default=None, gt=0)
+    pp: int | None = Field(default=None, gt=0)
+    cp: int | None = Field(default=None, gt=0)
+    dp: int | None = Field(default=None, gt=0)
     micro_batch: int | None = Field(default=None, gt=0)
     vpp: int | None = Field(default=None, gt=0)
     recompute: Recompute | None = None
@@ -68,14 +76,26 @@ class LayoutFacts(_Strict):
     ep: int | None = Field(default=None, gt=0)
     etp: int | None = Field(default=None, gt=0)
     global_batch: int | None = Field(default=None, gt=0)
+    tp_comm_overlap: bool | None = None
+    moe_dispatcher: Literal[MOE_DISPATCHERS] | None = None
+    moe_a2a_overlap: bool | None = None
+    cuda_graphs: Literal[CUDA_GRAPHS] | None = None
+
+    @field_validator("moe_dispatcher", mode="before")
+    @classmethod
+    def _no_flex(cls, value):
+        """Megatron-Core's flex dispatcher is named by its backend (--moe-flex-dispatcher-backend)."""
+        if value == "flex":
+            raise ValueError("flex is Megatron-Core's fused dispatcher: name its backend, deepep or "
+                             "hybridep (--moe-flex-dispatcher-backend)")
+        return value
 
 
 class TrainingFacts(_Strict):
     """Settings of the job a source states: TrainingSpec fields (planner.specs)."""
 
-    moe_a2a_overlap: bool | None = None
-    moe_dispatcher: Literal["alltoall", "allgather", "flex"] | None = None
     moe_imbalance: float | None = Field(default=None, ge=1.0, le=64.0)
+    moe_capacity_factor: float | None = Field(default=None, gt=0, le=64)
     overlap_grad_reduce: bool | None = None
     tp_backward_overlap: bool | None = None
     optimizer_moment_bytes: Literal[2, 4] | None = None

@@ -11,10 +11,16 @@ layout consistent with what is stated, planner.fidelity.resolve):
   one DGX node of TP, as every PTD-P layout of its Table 1 from 18B up);
 - a pipeline that pp does not divide: space.default_uneven_split (the middle stages one layer
   more than the edges, as Llama 3's);
+- the training software's switches (layout.axes role "software": tp_comm_overlap,
+  moe_dispatcher, moe_a2a_overlap, cuda_graphs): the one value the framework profile runs
+  where it runs one (not unknown), else the axis's default (off, alltoall, off, none:
+  Megatron-Core's defaults);
 - training: the framework profile's facts (planner.frameworks.profile) with the facts'
-  overrides; precision bf16; moe_a2a_overlap off (Megatron-Core's default).
+  overrides; precision bf16.
 A default that cannot change the prediction (vpp with pp = 1, ZeRO with one data-parallel
-rank, etp without experts) is not listed.
+rank, etp without experts, a dispatcher or EP overlap without expert parallelism, TP overlap
+without TP) is not listed. A degree the facts state (tp, pp, cp, dp) replaces the row's
+(listed as overriding it).
 """
 
 from __future__ import annotations
@@ -24,9 +30,11 @@ from typing import Any
 from ..catalog import resolve_framework
 from ..files import validate
 from ..errors import UsageError
+from ..framework_spec import FrameworkProfile
 from ..frameworks.profile import gradient_dtype_name, resolve_training
 from ..inputs import check_integers, field_of, training_spec
 from ..layout import Layout
+from ..layout.axes import BY_NAME, SOFTWARE_FIELDS
 from ..specs import ModelSpec, TrainingSpec
 from .facts import RunFacts
 from ..layout.split import default_uneven_split
@@ -36,7 +44,9 @@ from ..search.rules import moe_needs_sp
 LAYOUT_DEFAULTS: dict[str, Any] = {"micro_batch": 1, "vpp": 1, "recompute": "none",
                                    "sequence_parallel": False, "zero_stage": 0,
                                    "distributed_optimizer": False, "etp": 1}
-TRAINING_DEFAULTS: dict[str, Any] = {"moe_a2a_overlap": False}
+# The training software's switches (layout axes), each unknown one at the axis's default.
+SOFTWARE_DEFAULTS: dict[str, Any] = {name: BY_NAME[name].default for name in SOFTWARE_FIELDS}
+DEGREES = ("tp", "pp", "cp", "dp")
 
 
 def _stated(lay: dict, facts: RunFacts, key: str, assume=None) -> Any:
@@ -90,6 +100,8 @@ def layout_of(gpus: int, lay: dict, facts: RunFacts, model: ModelSpec,
               convention: str, assume) -> tuple[Layout, list[str]]:
     """(Layout of the run, the settings it leaves unknown). Each unknown setting takes its
     LAYOUT_DEFAULTS value, listed through ``assume`` unless it cannot change the prediction."""
+    lay = {**lay, **{k: _stated(lay, facts, k, assume) for k in DEGREES
+                     if facts.layout is not None and getattr(facts.layout, k) is not None}}
     tp, pp, cp, dp = split_degrees(gpus, lay, assume)
     ep = _stated(lay, facts, "ep", assume)
     if ep is None and model.moe is not None:
@@ -123,13 +135,62 @@ def layout_of(gpus: int, lay: dict, facts: RunFacts, model: ModelSpec,
         assume(f"pipeline split {first}{'+' if pp == 2 else '+..+'}{last} (pp={pp} does not "
                f"divide {model.num_layers} layers)")
         unknown.append("split")
+    mesh = 0 if "etp" in unknown else ep * int(value["etp"])  # 0: a search may widen it
+    software = _software(model, tp, mesh, ep, facts, unknown, assume)
     layout = validate(Layout, dict(
         tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=int(value["etp"]), zero_stage=int(value["zero_stage"]),
         distributed_optimizer=bool(value["distributed_optimizer"]),
         micro_batch_size=int(value["micro_batch"]), recompute=value["recompute"],
         sequence_parallel=bool(value["sequence_parallel"]) and tp > 1, vpp=int(value["vpp"]),
-        first_stage_layers=int(first or 0), last_stage_layers=int(last or 0)), "layout")
+        first_stage_layers=int(first or 0), last_stage_layers=int(last or 0), **software), "layout")
     return layout, unknown
+
+
+def moot_software(model: ModelSpec, layout: Layout, key: str) -> bool:
+    """Whether software switch ``key`` cannot change a prediction of ``layout``: the dispatcher
+    without an expert mesh (ep*etp = 1), the EP overlap with ep = 1, either without experts,
+    TP overlap with tp = 1. False for any other key."""
+    return _moot(key, model, layout.tp, layout.ep * layout.etp, layout.ep)
+
+
+def offered(profile: FrameworkProfile, key: str) -> tuple:
+    """The values of software switch ``key`` the framework runs (framework_spec.Rules:
+    tp_comm_overlap, moe_a2a_overlap on/off; its moe_dispatchers, its cuda_graphs)."""
+    rule = {"moe_dispatcher": "moe_dispatchers"}.get(key, key)
+    value = getattr(profile.rules, rule)
+    return tuple(value) if isinstance(value, list) else ((False, True) if value else (False,))
+
+
+def _moot(key: str, model: ModelSpec, tp: int, experts_mesh: int, ep: int) -> bool:
+    return (key == "moe_dispatcher" and (model.moe is None or experts_mesh == 1)) \
+        or (key == "moe_a2a_overlap" and (model.moe is None or ep == 1)) \
+        or (key == "tp_comm_overlap" and tp == 1)
+
+
+def _software(model: ModelSpec, tp: int, experts_mesh: int, ep: int, facts: RunFacts,
+              unknown: list[str], assume) -> dict[str, Any]:
+    """The software switches of a run: as its facts state them; else the one value its
+    framework runs (a framework without TP overlap runs none: nothing unknown); else, where
+    the switch is moot (the dispatcher without an expert mesh, ep*etp = 1 with etp stated; the
+    EP overlap with ep = 1; both without experts; TP overlap with tp = 1: the degrees a search
+    keeps as the run states them), its SOFTWARE_DEFAULTS value; else that value added to
+    ``unknown`` and listed through ``assume``."""
+    profile = resolve_framework(facts.framework or "megatron-core")
+    out = {}
+    for key, default in SOFTWARE_DEFAULTS.items():
+        stated = getattr(facts.layout, key, None) if facts.layout is not None else None
+        if stated is not None:
+            out[key] = stated
+            continue
+        runs = offered(profile, key)
+        if len(runs) == 1:
+            out[key] = runs[0]
+            continue
+        out[key] = default
+        if not _moot(key, model, tp, experts_mesh, ep):
+            unknown.append(key)
+            assume(f"{key}={default}")
+    return out
 
 
 def training_of(model: ModelSpec, seq: int, batch: int, facts: RunFacts,
@@ -147,11 +208,9 @@ def training_of(model: ModelSpec, seq: int, batch: int, facts: RunFacts,
                         field_of("training"), "training")
     training = resolve_training(job, resolve_framework(framework), facts.overrides())
     given = facts.training.model_dump(exclude_none=True) if facts.training is not None else {}
-    unknown = [k for k in TRAINING_DEFAULTS if k not in given] if model.moe is not None else []
-    for key in unknown:
-        assume(f"{key}={TRAINING_DEFAULTS[key]}")
+    unknown = []
     if facts.grad_dtype is None:  # the profile's default, not a statement of the source
         unknown.append("grad_dtype")
         assume(f"grad_dtype={gradient_dtype_name(training)} ({framework} default)")
-    data = {**training.model_dump(mode="json"), **TRAINING_DEFAULTS, **given, "precision": precision}
+    data = {**training.model_dump(mode="json"), **given, "precision": precision}
     return validate(TrainingSpec, data, "training"), unknown
