@@ -223,7 +223,10 @@ class Efficiency(_Strict):
     - ``nvlink``, ``network``: achieved bus bandwidth (nccl-tests busbw) / link bandwidth.
     - ``a2a_nvlink``, ``a2a_network``: the same for the MoE token all-to-all (NCCL
       all_to_all_single, one rank per NIC rail), measured apart from the dense collectives the
-      two factors above were fitted on (None: those factors).
+      two factors above were fitted on (None: those factors); ``a2a_fused_nvlink``: the
+      fused dispatchers' (DeepEP, HybridEP) NVLink bandwidth over its line rate, on the bytes
+      they move after deduplicating a token's copies per rank (cost.moe.flex_shares; None:
+      a2a_nvlink).
     - ``step_overhead``: T_misc, fixed seconds per optimizer step beyond the modelled kernels
       (data loading, grad-norm and clipping, loss all-reduces, logging, launch gaps; formulas.md
       7.1 "calibrate as a constant"). 0 unless fitted by ``plan3d calibrate``.
@@ -238,14 +241,16 @@ class Efficiency(_Strict):
     network: Fraction
     a2a_nvlink: Fraction | None = None
     a2a_network: Fraction | None = None
+    a2a_fused_nvlink: Fraction | None = None
     step_overhead: Seconds = 0.0
     source: str = Field(min_length=1)
     a2a_source: str = ""
 
     @model_validator(mode="after")
     def _a2a_sourced(self) -> "Efficiency":
-        if (self.a2a_nvlink is not None or self.a2a_network is not None) and not self.a2a_source.strip():
-            raise ValueError("a2a_nvlink / a2a_network need a2a_source: where the all-to-all "
+        if (self.a2a_nvlink is not None or self.a2a_network is not None
+                or self.a2a_fused_nvlink is not None) and not self.a2a_source.strip():
+            raise ValueError("a2a_nvlink / a2a_network / a2a_fused_nvlink need a2a_source: where the all-to-all "
                              "bandwidth was measured")
         return self
 

@@ -30,6 +30,7 @@ class Links:
     inter_peak: float = 0.0  # NIC bandwidth per GPU, one direction, before efficiency
     a2a_intra_bw: float = 0.0  # the MoE token all-to-all's NVLink bandwidth (0: intra_bw)
     a2a_inter_bw: float = 0.0  # its NIC bandwidth (0: inter_bw)
+    fused_intra_bw: float = 0.0  # the fused dispatchers' NVLink bandwidth (0: a2a_intra_bw)
 
     @classmethod
     def of(cls, hw: HardwareProfile) -> "Links":
@@ -39,7 +40,8 @@ class Links:
                    intra_latency=hw.intra_node.latency, inter_latency=hw.inter_node.latency,
                    domain=nvlink_domain(hw), inter_peak=nic,
                    a2a_intra_bw=nvl * (eff.a2a_nvlink or eff.nvlink),
-                   a2a_inter_bw=nic * (eff.a2a_network or eff.network))
+                   a2a_inter_bw=nic * (eff.a2a_network or eff.network),
+                   fused_intra_bw=nvl * (eff.a2a_fused_nvlink or eff.a2a_nvlink or eff.nvlink))
 
     def a2a(self) -> "Links":
         """These links with the MoE token all-to-all's own bandwidths (Efficiency.a2a_nvlink,

@@ -145,8 +145,11 @@ def flex_shares(model: ModelSpec, n_local, n_nodes) -> tuple[np.ndarray, np.ndar
 def flex_links(links):
     """``links`` with the NIC bandwidth of the fused dispatchers' RDMA transfers (DeepEP,
     HybridEP), FLEX_NIC_EFFICIENCY x the line rate (links.inter_peak; unchanged when that is
-    unknown, 0), and the all-to-all's NVLink bandwidth (Links.a2a)."""
+    unknown, 0), and their own NVLink bandwidth (Efficiency.a2a_fused_nvlink; else the
+    all-to-all's, Links.a2a)."""
     links = links.a2a()
+    if links.fused_intra_bw:
+        links = replace(links, intra_bw=links.fused_intra_bw)
     if not links.inter_peak:
         return links
     return replace(links, inter_bw=links.inter_peak * FLEX_NIC_EFFICIENCY)
