@@ -36,8 +36,8 @@ def tuple_type(text: str) -> tuple[int, ...]:
 
 
 # options that take several values (nargs='+'): --offload-modules (transformer_config.py
-# offload_modules: list[str]), --recompute-modules
-NARGS = {"offload_modules", "recompute_modules"}
+# offload_modules: list[str]), --recompute-modules, --cuda-graph-modules (arguments.py L2050)
+NARGS = {"offload_modules", "recompute_modules", "cuda_graph_modules"}
 
 
 def parse(text: str) -> dict[str, object]:
@@ -176,6 +176,8 @@ def _job_rules(a: dict, pp: int, ep: int) -> None:
             _fail("transformer_config.py L3039-3041", "EP overlap with moe_shared_expert_overlap")
         if int(a.get("mtp_num_layers", 0) or 0) > 1:
             _fail("transformer_config.py L3042-3046", "EP overlap with more than one MTP layer")
+    if a.get("delay_wgrad_compute") and not a.get("overlap_moe_expert_parallel_comm"):
+        _fail("transformer_config.py L3074-3077", "--delay-wgrad-compute needs the EP overlap")
     if a.get("optimizer_cpu_offload"):  # arguments.py L1884-1891
         if not a.get("use_precision_aware_optimizer"):
             _fail("arguments.py L1885", "optimizer CPU offload needs --use-precision-aware-optimizer")
@@ -199,10 +201,94 @@ def _job_rules(a: dict, pp: int, ep: int) -> None:
         _fail("arguments.py L1697-1702", "TE cross entropy loss fusion is disabled")
 
 
+# the parser's choices (arguments.py: --cuda-graph-impl from transformer_config.py L1075;
+# --cuda-graph-modules through _parse_cuda_graph_modules_arg, L256-260: CudaGraphModule names,
+# core/transformer/enums.py)
+GRAPH_IMPLS = {"none", "local", "transformer_engine", "full_iteration"}
+GRAPH_MODULES = {"attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba"}
+
+
+def _all_moe(a: dict) -> bool:
+    """Every layer MoE: --moe-layer-freq 1 (the default) or a list without a 0."""
+    freq = a.get("moe_layer_freq", 1)
+    return freq == 1 or (isinstance(freq, list) and 0 not in freq)
+
+
+def _software_rules(a: dict) -> None:
+    """TP communication overlap, token dropping, the flex backend and CUDA graphs."""
+    tp = _int(a, "tensor_model_parallel_size", 1)
+    if a.get("tp_comm_overlap") and not (a.get("sequence_parallel") and tp > 1):
+        _fail("arguments.py L1441-1442", "--tp-comm-overlap needs sequence parallelism (off at tp 1)")
+    cf = a.get("moe_expert_capacity_factor")
+    pad = bool(a.get("moe_pad_expert_input_to_capacity"))
+    if pad and cf is None:
+        _fail("transformer_config.py L1862-1866", "padding to capacity needs a capacity factor")
+    if cf is not None and a.get("moe_router_load_balancing_type", "aux_loss") not in (
+            "aux_loss", "seq_aux_loss", "global_aux_loss", "none"):
+        _fail("transformer_config.py L1836-1860", "capacity factor with this load balancing")
+    if a.get("moe_token_drop_policy", "probs") not in ("probs", "position"):
+        _fail("arguments.py", "--moe-token-drop-policy is not a choice")
+    flex = a.get("moe_token_dispatcher_type") == "flex"
+    if flex and pad and a.get("moe_flex_dispatcher_backend", "deepep") == "deepep":
+        _fail("transformer_config.py L1754-1761", "DeepEP does not pad to capacity")
+    impl = a.get("cuda_graph_impl", "none")
+    modules = a.get("cuda_graph_modules") or []
+    if impl not in GRAPH_IMPLS:
+        _fail("arguments.py", f"--cuda-graph-impl {impl} is not a choice")
+    if set(modules) - GRAPH_MODULES:
+        _fail("arguments.py L256-260", f"--cuda-graph-modules {modules}")
+    if impl == "none":
+        return
+    if impl == "full_iteration":
+        if modules:
+            _fail("arguments.py L1969-1971", "full_iteration graphs take no modules")
+        if not a.get("no_check_for_nan_in_loss_and_grad"):
+            _fail("arguments.py L1235-1237", "full_iteration needs --no-check-for-nan-in-loss-and-grad")
+    if a.get("cpu_offloading_num_layers") and impl != "full_iteration":
+        _fail("transformer_config.py L2800-2801", "CUDA graphs with CPU offloading")
+    per_layer = impl in ("local", "transformer_engine")
+    experts = a.get("num_experts")
+    if per_layer:
+        if "moe" in modules and "moe_router" in modules:
+            _fail("transformer_config.py L2817-2820", "moe and moe_router graphs together")
+        if "moe_preprocess" in modules and "moe_router" not in modules:
+            _fail("transformer_config.py L2821-2824", "moe_preprocess without moe_router")
+        if experts is None and {"moe", "moe_router"} & set(modules):
+            _fail("transformer_config.py L2825-2829", "moe graphs without experts")
+        if experts is not None and _all_moe(a) and "mlp" in modules:
+            _fail("transformer_config.py L2831-2836", "mlp graphs without a dense layer")
+        if experts is not None and (cf is None or not pad):
+            if "moe" in modules:
+                _fail("transformer_config.py L2838-2844", "moe graphs need drop-and-pad")
+            if a.get("moe_token_dispatcher_type", "allgather") == "alltoall" and cf is not None \
+                    and "moe_preprocess" in modules:
+                _fail("transformer_config.py L2845-2851", "moe_preprocess graphs with a host sync")
+    granularity = a.get("recompute_granularity")
+    if granularity == "full" and impl != "full_iteration":
+        _fail("transformer_config.py L2855-2858", "full recompute needs full_iteration graphs")
+    if granularity == "selective" and float(a.get("attention_dropout", 0.1)) != 0.0:
+        whole = impl == "full_iteration" or not modules
+        if (whole or "attn" in modules) and "core_attn" in (a.get("recompute_modules") or ["core_attn"]):
+            _fail("transformer_config.py L2878-2885", "attention dropout with graphed attention recompute")
+    if a.get("overlap_moe_expert_parallel_comm") and impl == "transformer_engine" and \
+            {"moe", "mlp"} & set(modules):
+        _fail("transformer_config.py L3063-3071", "EP overlap with moe or mlp graphs")
+    if a.get("overlap_moe_expert_parallel_comm") and a.get("use_megatron_fsdp") and per_layer:
+        _fail("core/distributed/fsdp/mcore_fsdp_adapter.py L182-187", "EP overlap, FSDP, layer graphs")
+    if a.get("delay_wgrad_compute") and "attn" in modules:
+        if a.get("no_gradient_accumulation_fusion"):
+            _fail("arguments.py L1919-1923", "graphed delayed wgrad needs gradient accumulation fusion")
+        if not a.get("disable_bias_linear") or a.get("add_qkv_bias"):
+            _fail("arguments.py L1924-1927", "graphed delayed wgrad with attention bias")
+    if a.get("fine_grained_activation_offloading") and "moe" in modules:
+        _fail("transformer_config.py L2960-2962", "token-drop MoE graphs with activation offloading")
+
+
 def validate(args: dict, world: int) -> None:
     """Raise MegatronRejects if Megatron-LM (d98e8a64) refuses ``args`` on ``world`` GPUs."""
     _tp, pp, _cp, ep, etp = _parallel_rules(args, world)
     _job_rules(args, pp, ep)
+    _software_rules(args)
     layers = _int(args, "num_layers", 0)
     if "decoder_first_pipeline_num_layers" not in args and not args.get(
             "account_for_embedding_in_pipeline_split") and layers % pp:

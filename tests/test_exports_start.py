@@ -26,6 +26,7 @@ from planner import __version__, catalog, outputs
 from planner.cost import precision
 from planner.errors import UsageError
 from planner.frameworks import TARGETS, export_plan
+from planner.frameworks.megatron_software import check_deepep
 from planner.frameworks.profile import resolve_training
 from planner.layout import Layout
 from planner.plan import Plan
@@ -129,7 +130,7 @@ def test_environment_of_ep_overlap_beside_tp_names_the_conflict():
     # EP overlap wants CUDA_DEVICE_MAX_CONNECTIONS > 1 (MLM megatron/core/transformer/moe/
     # README.md L437); beside TP before Blackwell Megatron-LM only warns (arguments.py
     # L1466-1475: "1 or 32")
-    plan = make("mixtral-8x7b", 16, training={"moe_a2a_overlap": True}, tp=2, pp=1, dp=8, ep=8,
+    plan = make("mixtral-8x7b", 16, tp=2, pp=1, dp=8, ep=8, moe_a2a_overlap=True,
                 etp=1, zero_stage=1, micro_batch_size=1, sequence_parallel=True)
     text = comments(export_plan(plan, "megatron").text)
     assert "environment: export CUDA_DEVICE_MAX_CONNECTIONS=32" in text
@@ -239,11 +240,11 @@ COLUMNS = 80
 WIDE_PLANS = [  # long comments: Megatron-FSDP, MoE with every job setting, MLA, windows, sinks
     make("llama3-70b", 64, zero_stage=2, first_stage_layers=18, last_stage_layers=20,
          **dict(FSDP, pp=4)),
-    make("deepseek-v3", 1024, training={"moe_dispatcher": "flex", "moe_a2a_overlap": True,
-                                        "cross_entropy_in_place": True,
+    make("deepseek-v3", 1024, training={"cross_entropy_in_place": True,
                                         "moe_activation_offload": True},
          tp=2, pp=8, dp=64, ep=64, etp=1, vpp=2, zero_stage=1, micro_batch_size=1,
-         sequence_parallel=True, recompute="selective+"),
+         sequence_parallel=True, recompute="selective+", moe_dispatcher="deepep",
+         moe_a2a_overlap=True, cuda_graphs="layers"),
     make("gpt-oss-20b", 16, tp=1, pp=1, dp=16, ep=8, zero_stage=1, micro_batch_size=1),
     make("bloom-176b", 64, tp=8, dp=8, sequence_parallel=True, **ZERO3),
 ] + TITAN_PLANS
@@ -333,22 +334,25 @@ def test_a_refusal_of_the_plans_own_framework_does_not_advise_it():
 def test_flex_deepep_over_one_expert_rank_is_refused_with_megatrons_assertion():
     # MLM megatron/core/transformer/moe/token_dispatcher.py L1836: MoEFlexTokenDispatcher with
     # the deepep backend asserts tp_size * ep_size > 1, "DeepEP dispatcher requires TPxEP > 1",
-    # where tp_size is the expert TP group's (pg_collection.expt_tp, L86-89); plan3d writes
-    # deepep where the NVLink domain is one host (DGX H100)
-    flex = {"moe_dispatcher": "flex"}
-    single = make("olmoe-1b-7b", 8, training=flex, tp=1, pp=1, dp=8, ep=1, etp=1, zero_stage=1,
-                  micro_batch_size=1)
+    # where tp_size is the expert TP group's (pg_collection.expt_tp, L86-89); the software
+    # rules the search applies refuse it too
+    deepep = {"moe_dispatcher": "deepep"}
+    single = make("olmoe-1b-7b", 8, tp=1, pp=1, dp=8, ep=1, etp=1, zero_stage=1,
+                  micro_batch_size=1, **deepep)
     for target in ("megatron", "nemo"):
-        with pytest.raises(UsageError, match=r'"DeepEP dispatcher requires TPxEP > 1"'):
+        with pytest.raises(UsageError, match="DeepEP dispatcher needs etp\\*ep > 1"):
             export_plan(single, target)
+    # the exporter's own check, where a caller skips the rules (Megatron's words)
+    with pytest.raises(UsageError, match=r'"DeepEP dispatcher requires TPxEP > 1"'):
+        check_deepep(single)
     # attention TP does not count: the assertion is on the expert TP (etp = 1 here)
-    tp2 = make("olmoe-1b-7b", 8, training=flex, tp=2, pp=1, dp=4, ep=1, etp=1, zero_stage=1,
-               micro_batch_size=1, sequence_parallel=True)
-    with pytest.raises(UsageError, match="TPxEP > 1"):
+    tp2 = make("olmoe-1b-7b", 8, tp=2, pp=1, dp=4, ep=1, etp=1, zero_stage=1,
+               micro_batch_size=1, sequence_parallel=True, **deepep)
+    with pytest.raises(UsageError, match="etp\\*ep > 1"):
         export_plan(tp2, "megatron")
     # etp x ep = 2: DeepEP runs
-    ep2 = make("olmoe-1b-7b", 8, training=flex, tp=1, pp=1, dp=8, ep=2, etp=1, zero_stage=1,
-               micro_batch_size=1)
+    ep2 = make("olmoe-1b-7b", 8, tp=1, pp=1, dp=8, ep=2, etp=1, zero_stage=1,
+               micro_batch_size=1, **deepep)
     args = rules.parse(export_plan(ep2, "megatron").text)
     assert (args["moe_token_dispatcher_type"], args["moe_flex_dispatcher_backend"]) == \
         ("flex", "deepep")

@@ -202,8 +202,9 @@ def test_the_export_only_refusals_are_rules_too(tmp_path):
     # L3016-3019) and fine-grained beside whole-layer activation offload (L2127-2130)
     from tests.test_framework_profiles import cli
     moe = dict(model="qwen3-30b-a3b", gpus=8, ep=8)
-    cases = [({"moe_a2a_overlap": True, "moe_dispatcher": "allgather"}, {},
-              "overlaps EP communication (moe_a2a_overlap) only with the alltoall or flex dispatcher"),
+    cases = [({}, {"moe_a2a_overlap": True, "moe_dispatcher": "allgather", "recompute": "none"},
+              "EP overlap needs ep > 1, vpp > 1 with pp > 1, no full recompute, the alltoall or a "
+              "fused dispatcher"),
              ({"moe_activation_offload": True}, {"offload_layers": 2, "recompute": "none"},
               "fine-grained MoE activation offload excludes whole-layer offloading"),
              ({"moe_activation_offload": True, "framework": "torchtitan"}, {"zero_stage": 3},

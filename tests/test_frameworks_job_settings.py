@@ -1,8 +1,8 @@
-"""Exports of the job settings a plan's TrainingSpec holds: the MoE token dispatcher, the EP
-communication overlap, optimizer CPU offload, MoE activation offload and the in-place cross
-entropy (Megatron-LM flags and Megatron-Bridge fields; each flag in the parser's option list,
-each field in the Bridge field list, and the arguments through the ported validation of
-NVIDIA/Megatron-LM @ d98e8a64, tests/megatron_rules.py)."""
+"""Exports of the job settings a plan's TrainingSpec holds (optimizer CPU offload, MoE activation
+offload, the in-place cross entropy) beside the layout's MoE token dispatcher and EP
+communication overlap (Megatron-LM flags and Megatron-Bridge fields; each flag in the parser's
+option list, each field in the Bridge field list, and the arguments through the ported
+validation of NVIDIA/Megatron-LM @ d98e8a64, tests/megatron_rules.py)."""
 
 from __future__ import annotations
 
@@ -19,21 +19,24 @@ from tests import megatron_rules as rules
 from tests.test_frameworks import BRIDGE, MEGATRON, flatten
 from tests.test_frameworks_moe import DSV3, DSV3_PP1
 
-ALL_ON = dict(moe_dispatcher="flex", moe_a2a_overlap=True, optimizer_offload_fraction=0.5,
-              moe_activation_offload=True, cross_entropy_in_place=True, optimizer_moment_bytes=2)
+ALL_ON = dict(optimizer_offload_fraction=0.5, moe_activation_offload=True,
+              cross_entropy_in_place=True, optimizer_moment_bytes=2)
+# the layout's software: DeepEP with the EP overlap
+SOFTWARE_ON = dict(moe_dispatcher="deepep", moe_a2a_overlap=True)
 
 
 def plan_with(training: dict, hw: str = "dgx-h100", gpus: int = 128, **layout) -> Plan:
     m = catalog.resolve_model("deepseek-v3")
     tr = TrainingSpec(seq_length=4096, global_batch_size=m.training.global_batch_size, **training)
+    software = {k: layout.pop(k) for k in list(layout) if k in SOFTWARE_ON}
     return Plan(plan3d_version=__version__, model=m, hardware=catalog.resolve_hardware(hw),
-                gpus=gpus, training=tr, layout=Layout(**(layout or DSV3_PP1)))
+                gpus=gpus, training=tr, layout=Layout(**(layout or DSV3_PP1), **software))
 
 
 def test_megatron_writes_the_job_settings():
     # DeepSeek-V3 tp=2 dp=64 ep=64 pp=1 on 128 GPUs: EP overlap allowed (ep > 1, no full
     # recompute, pp = 1), flex with DeepEP (DGX H100: an NVLink domain is one host)
-    exp = export_plan(plan_with(ALL_ON), "megatron")
+    exp = export_plan(plan_with(ALL_ON, **SOFTWARE_ON), "megatron")
     args = rules.parse(exp.text)
     assert {"--" + k.replace("_", "-") for k in args} <= MEGATRON
     rules.validate(args, world=128)
@@ -57,28 +60,30 @@ def test_defaults_write_alltoall_and_nothing_else():
     for k in ("overlap_moe_expert_parallel_comm", "delay_wgrad_compute", "optimizer_cpu_offload",
               "fine_grained_activation_offloading", "offload_modules"):
         assert k not in args
-    args = rules.parse(export_plan(plan_with({"moe_dispatcher": "allgather"}), "megatron").text)
+    args = rules.parse(export_plan(plan_with({}, **DSV3_PP1, moe_dispatcher="allgather"),
+                                   "megatron").text)
     assert args["moe_token_dispatcher_type"] == "allgather"
 
 
-def test_gb200_flex_uses_hybridep():
-    # GB200 NVL72: the NVLink domain (72) spans 18 hosts of 4, as Bridge's GB200 recipes use HybridEP
-    args = rules.parse(export_plan(plan_with({"moe_dispatcher": "flex"}, hw="gb200-nvl72"), "megatron").text)
-    assert args["moe_flex_dispatcher_backend"] == "hybridep"
+def test_gb200_hybridep():
+    # HybridEP is the flex dispatcher's hybridep backend (transformer_config.py L891-902), the
+    # one of the flex backends that handles GB200 NVL72's multi-node NVLink (L898-902)
+    args = rules.parse(export_plan(plan_with({}, hw="gb200-nvl72", **DSV3_PP1,
+                                             moe_dispatcher="hybridep"), "megatron").text)
+    assert (args["moe_token_dispatcher_type"], args["moe_flex_dispatcher_backend"]) == \
+        ("flex", "hybridep")
 
 
-def test_overlap_left_out_where_the_layout_cannot_overlap():
+def test_overlap_refused_where_the_layout_cannot_overlap():
     # pp = 8 without interleaving: Megatron-Core needs vpp for the overlap (transformer_config.py
-    # L3007-3011) and the cost model did not overlap: no flag, a comment says why
-    exp = export_plan(plan_with({"moe_a2a_overlap": True}, gpus=1024, **DSV3), "megatron")
-    args = rules.parse(exp.text)
-    rules.validate(args, world=1024)
-    assert "overlap_moe_expert_parallel_comm" not in args
-    assert "# moe_a2a_overlap is set, but Megatron-Core cannot overlap" in exp.text
+    # L3007-3011); the layout axis is refused by the software rules the search applies
+    with pytest.raises(UsageError, match="EP overlap needs ep > 1, vpp > 1 with pp > 1"):
+        export_plan(plan_with({}, gpus=1024, **DSV3, moe_a2a_overlap=True), "megatron")
 
 
 @pytest.mark.parametrize("training, layout, match", [
-    ({"moe_a2a_overlap": True, "moe_dispatcher": "allgather"}, {}, "alltoall or flex"),
+    ({}, {**DSV3_PP1, "moe_a2a_overlap": True, "moe_dispatcher": "allgather"},
+     "the alltoall or a fused dispatcher"),
     # FP8 per-tensor with the distributed optimizer exports --fp8-param-gather
     ({"optimizer_offload_fraction": 1.0, "precision": "fp8"},
      {**DSV3_PP1, "zero_stage": 0, "distributed_optimizer": True}, "FP8 parameter gathering"),
@@ -100,7 +105,7 @@ def test_refused_as_megatron_refuses(training, layout, match):
     ({"pipeline_model_parallel_size": "2"}, "L3007-3011"),
 ])
 def test_the_ported_job_rules_find_errors(change, rule):
-    args = rules.parse(export_plan(plan_with(ALL_ON), "megatron").text)
+    args = rules.parse(export_plan(plan_with(ALL_ON, **SOFTWARE_ON), "megatron").text)
     for k, v in change.items():
         if v is None:
             args.pop(k)
@@ -111,7 +116,7 @@ def test_the_ported_job_rules_find_errors(change, rule):
 
 
 def test_bridge_fields_of_the_job_settings():
-    exp = export_plan(plan_with(ALL_ON), "nemo")
+    exp = export_plan(plan_with(ALL_ON, **SOFTWARE_ON), "nemo")
     body = yaml.safe_load(exp.text)
     fields = flatten(body)
     assert set(fields) <= BRIDGE, set(fields) - BRIDGE
@@ -131,5 +136,7 @@ def test_bridge_fields_of_the_job_settings():
     assert "comm_overlap.overlap_moe_expert_parallel_comm=true" in exp.text  # the Hydra overrides
     plain = flatten(yaml.safe_load(export_plan(plan_with({}), "nemo").text))
     assert plain["model.moe_token_dispatcher_type"] == "alltoall"
-    assert not any(k.startswith("comm_overlap.") for k in plain)
+    # the switches are written off, over whatever the recipe sets
+    assert plain["comm_overlap.overlap_moe_expert_parallel_comm"] is False
+    assert plain["comm_overlap.delay_wgrad_compute"] is False
     assert "optimizer.optimizer_cpu_offload" not in plain and "model.offload_modules" not in plain

@@ -19,9 +19,10 @@ from planner.specs import TrainingSpec
 def _ep_link(ep: int, etp: int, gamma: float, dispatcher: str = "alltoall") -> float:
     m = models()["qwen3-30b-a3b"]
     hw = resolve_hardware("dgx-h100")
-    t = TrainingSpec(seq_length=4096, global_batch_size=64, moe_imbalance=gamma, moe_dispatcher=dispatcher)
+    t = TrainingSpec(seq_length=4096, global_batch_size=64, moe_imbalance=gamma)
     c = Candidates.from_layouts([Layout(tp=2, pp=1, dp=4, ep=ep, etp=etp, zero_stage=1,
-                                        micro_batch_size=1, sequence_parallel=True)])
+                                        micro_batch_size=1, sequence_parallel=True,
+                                        moe_dispatcher=dispatcher)])
     times = compute.block_times(m, t, hw, c)
     comm = block_comm(m, t, c, Links.of(hw), times, Elements.of(t))["moe"]
     return float(np.asarray(comm.ep_link).ravel()[0])

@@ -17,7 +17,9 @@ def _cases(*ids):
 def test_dispatcher_and_overlap_facts_follow_the_bridge_configs():
     cases = _cases("mbridge260401-b200-mxfp8-deepseekv3-256gpu", "mbridge2509-h100-fp8-deepseekv3-1024gpu",
                    "mbridge2511-b200-fp8mx-deepseekv3-256gpu", "mbridge2511-gb200-bf16-deepseekv3-256gpu")
-    # Bridge 5acef9309 (26.04.01 B200 MXFP8) and run_script.py @fa0315ae (25.09 H100): DeepEP + 1F1B overlap
+    # the dispatcher and the EP overlap are layout axes (layout.axes): a run states them there.
+    # Bridge 5acef9309 (26.04.01 B200 MXFP8) and run_script.py @fa0315ae (25.09 H100): the flex
+    # dispatcher's DeepEP backend + 1F1B overlap
     for rid in ("mbridge260401-b200-mxfp8-deepseekv3-256gpu", "mbridge2509-h100-fp8-deepseekv3-1024gpu"):
         lay = cases[rid].layout
         assert (lay.moe_dispatcher, lay.moe_a2a_overlap) == ("deepep", True)

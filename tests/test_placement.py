@@ -109,10 +109,9 @@ def test_cli_placement(tmp_path):
 
 def moe_plan(model, gpus, hw="dgx-h100", dispatcher="alltoall", **layout) -> Plan:
     m = catalog.resolve_model(model)
-    tr = TrainingSpec(seq_length=4096, global_batch_size=m.training.global_batch_size,
-                      moe_dispatcher=dispatcher)
+    tr = TrainingSpec(seq_length=4096, global_batch_size=m.training.global_batch_size)
     layout = {"zero_stage": 1, "micro_batch_size": 1, "sequence_parallel": layout.get("tp", 1) > 1,
-              **layout}
+              "moe_dispatcher": dispatcher, **layout}
     return Plan(plan3d_version=__version__, model=m, hardware=catalog.resolve_hardware(hw),
                 gpus=gpus, training=tr, layout=Layout(**layout))
 
@@ -216,7 +215,7 @@ def test_nvl72_ep64_spans_nodes_inside_one_domain():
 @given(tp=st.sampled_from([1, 2, 4, 8]), dp=st.sampled_from([1, 2, 4, 8, 16, 32]),
        pp=st.sampled_from([1, 2, 4]), ep=st.sampled_from([1, 2, 4, 8, 16, 32, 64]),
        etp=st.sampled_from([1, 2, 4]), hw=st.sampled_from(["dgx-h100", "gb200-nvl72"]),
-       dispatcher=st.sampled_from(["alltoall", "allgather", "flex"]))
+       dispatcher=st.sampled_from(["alltoall", "allgather", "deepep", "hybridep"]))
 def test_ep_span_is_what_the_cost_model_times(tp, dp, pp, ep, etp, hw, dispatcher):
     # The all-to-all is timed on group_span(ep_group) (cost.comm): its domain count decides
     # NVLink vs network. The enumerated EP groups must span that many domains, and one of them
@@ -229,7 +228,7 @@ def test_ep_span_is_what_the_cost_model_times(tp, dp, pp, ep, etp, hw, dispatche
                     ep=ep, etp=etp)
     s = summary(plan)
     links = Links.of(plan.hardware)
-    n_local, n_nodes = (int(x) for x in span(plan.layout, ep_group(plan.training), links.domain))
+    n_local, n_nodes = (int(x) for x in span(plan.layout, ep_group(plan.layout), links.domain))
     check = s["cost_model"]["ep"]
     assert check["agrees"]
     assert check["assumed_nodes"] == n_nodes

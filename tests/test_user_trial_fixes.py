@@ -143,15 +143,14 @@ def test_price_alone_prices_the_run():
     assert "needs a token budget" in line and "--tokens" in line
 
 
-def test_ep_overlap_that_cannot_run_is_noted():
+def test_ep_overlap_that_cannot_run_is_refused():
     # pp 2 without interleaving: Megatron-Core's combined 1F1B cannot pair micro-batches
+    # (transformer_config.py L3007-3011); the EP overlap is a layout axis, refused by its rule
     base = ["estimate", "-m", "qwen3-30b-a3b", "-g", "16", "--pp", "2", "--ep", "8", "--moe-a2a-overlap"]
-    res = runner.invoke(app, base)
-    assert res.exit_code == 0, res.stderr  # the layout fits
-    assert "(moe_a2a_overlap) does not apply to this layout" in " ".join(res.stderr.split())
+    line = one_line_error(base)
+    assert "EP overlap needs ep > 1, vpp > 1 with pp > 1" in line
     res = runner.invoke(app, [*base, "--vpp", "2"])
     assert res.exit_code == 0, res.stderr
-    assert "does not apply" not in res.stderr
 
 
 def test_split_label_of_two_stages():
@@ -637,10 +636,11 @@ def test_sweep_cell_of_a_count_without_a_fit_is_brief():
 
 
 def test_a_dispatcher_without_an_expert_group_is_noted():
-    res = runner.invoke(app, ["search", "-m", "qwen3-30b-a3b", "-g", "64", "--moe-dispatcher", "flex",
-                              "--ep", "1", "--top", "1"])
+    # (HybridEP: DeepEP over one expert rank is refused, token_dispatcher.py L1836)
+    res = runner.invoke(app, ["search", "-m", "qwen3-30b-a3b", "-g", "64", "--moe-dispatcher",
+                              "hybridep", "--ep", "1", "--top", "1"])
     assert res.exit_code == 0, res.stderr
-    assert "the flex token dispatcher has nothing to move on this layout (ep = etp = 1" in \
+    assert "the hybridep token dispatcher has nothing to move on this layout (ep = etp = 1" in \
         " ".join(res.stderr.split())  # the note wraps at 80 columns
 
 

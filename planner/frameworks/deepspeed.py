@@ -22,12 +22,19 @@ note gives the arguments of the model code's ``deepspeed.moe.layer.MoE`` (num_ex
 ep_size, expert tensor parallelism, dropless routing; deepspeed/moe/layer.py). Either way the
 expert groups come from the data-parallel ranks (the deepspeed profile's rule: ep divides dp)
 and a note says how the optimizer gets the MoE parameter groups DeepSpeed requires.
+Software switches (layout software axes): DeepSpeed's only token dispatch is its all-to-all
+(deepspeed/moe/sharded_moe.py; AutoEP's all_to_all_single, module_inject/auto_ep_layer.py
+L95-130 @edaa72212672); it has no GEMM-level TP communication overlap (Domino is a model
+implementation, not a ds_config switch), no Megatron-Core EP overlap and no CUDA graphs the
+deepspeed profile offers: a plan with any of them is refused (check_software; the deepspeed
+profile's rules refuse them first, search.software_rules).
 """
 
 from __future__ import annotations
 
 import json
 
+from ..errors import UsageError
 from ..plan import Plan
 from .common import (RANK_ORDER_NOTE, Export, describe, interval_note, microbatches,
                      no_connections_requirement, rope_note, save_interval, unwritten_note)
@@ -35,8 +42,24 @@ from .common import (RANK_ORDER_NOTE, Export, describe, interval_note, microbatc
 SOURCE = "deepspeedai/DeepSpeed @088be892c749 deepspeed/runtime/constants.py, runtime/zero/config.py"
 
 
+def check_software(plan: Plan) -> None:
+    """UsageError naming the layout's software switches DeepSpeed lacks (module docstring)."""
+    lay = plan.layout
+    lacks = [what for on, what in (
+        (lay.tp_comm_overlap, "TP communication overlap (--no-tp-comm-overlap)"),
+        (plan.model.moe is not None and lay.moe_dispatcher != "alltoall",
+         f"{lay.moe_dispatcher} token dispatcher: its MoE layers dispatch with an all-to-all "
+         "(--moe-dispatcher alltoall)"),
+        (lay.moe_a2a_overlap, "EP communication overlap (--no-moe-a2a-overlap)"),
+        (lay.cuda_graphs != "none", "CUDA graphs (--cuda-graphs none)")) if on]
+    if lacks:
+        raise UsageError(f"DeepSpeed has no {'; no '.join(lacks)}; search with --framework "
+                         "deepspeed for a plan it runs")
+
+
 def ds_config(plan: Plan) -> dict:
     """The ds_config dictionary for ``plan`` (one the deepspeed profile's rules accept)."""
+    check_software(plan)
     lay, tr = plan.layout, plan.training
     m = microbatches(plan)
     cfg: dict = {

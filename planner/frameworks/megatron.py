@@ -20,8 +20,10 @@ Mapping (plan field -> flag):
                          --no-gradient-accumulation-fusion (Megatron-FSDP v1 as Megatron-LM's
                          examples start it, fsdp_args; plain pretrain_gpt DDP has no ZeRO-2/3)
   environment            a comment: CUDA_DEVICE_MAX_CONNECTIONS unset for Megatron-FSDP, 1 for
-                         TP/CP before Blackwell, 32 for EP overlap, and any conflict
-                         (connections, arguments.py L1166-1167, L1453-1479)
+                         TP/CP (and TE userbuffers) before Blackwell, 32 for EP overlap, and
+                         any conflict (connections, arguments.py L1166-1167, L1453-1479)
+  software switches      TP communication overlap, EP overlap, CUDA graphs, token dropping,
+                         the MoE dispatcher: megatron_software (flags: megatron_model)
   recompute full         --recompute-granularity full --recompute-method uniform --recompute-num-layers 1
   recompute full, N      --recompute-granularity full --recompute-method block --recompute-num-layers N
                          (layout recompute_num_layers N: the first N layers of each model chunk)
@@ -71,7 +73,7 @@ from .megatron_model import CROSS_ENTROPY_NOTE, model_args
 from ..cost.checkpoint import MEGATRON_FSDP_STRATEGY, megatron_ckpt_format
 from ..search.framework_rules import check_plan
 from ..cost.precision import blackwell
-from .megatron_model import ep_overlap
+from .megatron_software import ep_overlap
 
 SOURCE = "NVIDIA/Megatron-LM commit d98e8a64ddf3 (2026-08-22), megatron/training/arguments.py"
 POSITION = {"rope": "rope", "learned": "learned_absolute"}
@@ -182,24 +184,33 @@ class Connections:
     why: list[str]
 
 
+# What Transformer Engine's userbuffers (--tp-comm-overlap) want of CUDA_DEVICE_MAX_CONNECTIONS
+# (NVIDIA/TransformerEngine v2.14 examples/pytorch/comm_gemm_overlap/README.md L3-11: 1)
+UB_CONNECTIONS = ("; Transformer Engine's userbuffers for --tp-comm-overlap want 1 too: "
+                  "TransformerEngine v2.14 examples/pytorch/comm_gemm_overlap/README.md L3-11")
+
+
 def connections(plan: Plan) -> Connections:
     """What Megatron-LM's validate_args (NVIDIA/Megatron-LM @d98e8a64ddf3
     megatron/training/arguments.py) requires of CUDA_DEVICE_MAX_CONNECTIONS for ``plan``:
     Megatron-FSDP asserts it is not 1 (L1166-1167); TP or CP before Blackwell asserts 1
     (L1477-1479) unless beside FSDP or EP overlap, where it only warns that they want
     different values (L1453-1475); EP overlap wants more than 1 (megatron/core/transformer/
-    moe/README.md L437). Blackwell: cost.precision.blackwell (the profile has an MXFP8 peak)."""
+    moe/README.md L437); Transformer Engine's userbuffers (TP communication overlap) want 1
+    before Blackwell (UB_CONNECTIONS; beside the EP overlap the software rules refuse them).
+    Blackwell: cost.precision.blackwell (the profile has an MXFP8 peak)."""
     lay = plan.layout
     fsdp, overlap = lay.zero_stage in MEGATRON_FSDP_STRATEGY, ep_overlap(plan)
     tp_cp = (lay.tp > 1 or lay.cp > 1) and not blackwell(plan.hardware)
     what = f"tp={lay.tp} cp={lay.cp} on {plan.hardware.gpu.name}"
     unset = "unset CUDA_DEVICE_MAX_CONNECTIONS"
+    ub = UB_CONNECTIONS if lay.tp_comm_overlap and tp_cp else ""
     if fsdp:
         why = ["Megatron-FSDP asserts it is not 1 (arguments.py L1166-1167)"]
         if tp_cp:
             why.append(f"environment conflict: {what} wants 1 (Megatron-LM asserts it for "
                        "TP/CP before Blackwell, and only warns beside FSDP: arguments.py "
-                       "L1453-1465); "
+                       f"L1453-1465{ub}); "
                        "unset, the TP backward communication is not queued ahead of the "
                        "weight-gradient GEMM, so the TP overlap the estimate assumed may fall "
                        "short")
@@ -216,7 +227,7 @@ def connections(plan: Plan) -> Connections:
     if tp_cp:
         return Connections("1", "export CUDA_DEVICE_MAX_CONNECTIONS=1",
                            [f"Megatron-LM asserts it for {what} (TP or CP before Blackwell: "
-                            "arguments.py L1477-1479)"])
+                            f"arguments.py L1477-1479{ub})"])
     return Connections(None, "", [])
 
 

@@ -18,13 +18,10 @@ Mapping (ModelSpec / Layout field -> flag):
                                     layer_freq (layers k-1, 2k-1, ... after the dense lead), so
                                     every other pattern is written as a list
   (plan)                            --moe-grouped-gemm
-  training.moe_dispatcher           --moe-token-dispatcher-type alltoall | allgather | flex;
-                                    flex with --moe-flex-dispatcher-backend deepep, or hybridep
-                                    where the NVLink domain spans hosts (GB200 NVL72, as
-                                    Megatron-Bridge's GB200 DeepSeek-V3 recipes set it:
-                                    perf_recipes/deepseek/common.py @067f987df03b L56-57);
-                                    --moe-enable-deepep is deprecated at this commit
-                                    (transformer_config.py L1743-1752)
+  layout moe_dispatcher             --moe-token-dispatcher-type alltoall | allgather, or flex
+                                    with --moe-flex-dispatcher-backend deepep | hybridep
+                                    (megatron_software; --moe-enable-deepep is deprecated at
+                                    this commit, transformer_config.py L1743-1752)
   layout ep, etp                    --expert-model-parallel-size, --expert-tensor-parallel-size
                                     (always written: Megatron silently sets etp = tp otherwise,
                                     arguments.py L587-588)
@@ -46,11 +43,15 @@ Mapping (ModelSpec / Layout field -> flag):
   attention_sinks                   --softmax-type learnable
   qkv_bias                          --add-qkv-bias
   norm_epsilon                      --norm-epsilon (None: a comment that 1e-5 applies)
+The software switches (software_args; megatron_software has the mapping and its sources):
+  layout tp_comm_overlap            --tp-comm-overlap
+  layout moe_a2a_overlap            --overlap-moe-expert-parallel-comm --delay-wgrad-compute
+  layout cuda_graphs                --cuda-graph-impl transformer_engine --cuda-graph-modules
+                                    ... | --cuda-graph-impl full_iteration
+                                    --no-check-for-nan-in-loss-and-grad; --te-rng-tracker
+  training moe_capacity_factor      --moe-expert-capacity-factor F
+                                    --moe-pad-expert-input-to-capacity --moe-token-drop-policy probs
 The job settings of the TrainingSpec (job_args; written for MoE models where MoE-only):
-  moe_a2a_overlap                   --overlap-moe-expert-parallel-comm --delay-wgrad-compute,
-                                    where the layout lets Megatron-Core overlap (ep > 1, no full
-                                    recompute, pp = 1 or interleaved: transformer_config.py
-                                    L3002-3050, the cost model's condition); else a comment
   optimizer_moment_bytes 2          --use-precision-aware-optimizer --exp-avg-dtype bf16
                                     --exp-avg-sq-dtype bf16 (optimizer_config.py L476-477)
   optimizer_offload_fraction f > 0  --optimizer-cpu-offload --optimizer-offload-fraction f
@@ -62,13 +63,12 @@ The job settings of the TrainingSpec (job_args; written for MoE models where MoE
                                     --cross-entropy-loss-fusion with --cross-entropy-fusion-impl
                                     te (arguments.py L1697-1702, "stability issues"); a comment
                                     and a note say so (Megatron-Bridge writes it)
-Refused by the plan's rules before the export runs (search.job_rules): EP overlap with the
-allgather dispatcher or more than one MTP layer (transformer_config.py L3016-3019, L3042-3046);
-optimizer CPU offload beside FP8 parameter gathering (arguments.py L1888-1891); fine-grained
-beside whole-layer activation offloading (transformer_config.py L2127-2130). Refused
-(UsageError): the flex dispatcher's DeepEP backend with etp x ep = 1 (token_dispatcher.py
-L1836: "DeepEP dispatcher requires TPxEP > 1"); E not divisible by ep (arguments.py
-L1655-1658); biases in MoE with
+Refused by the plan's rules before the export runs (search.job_rules, search.software_rules):
+EP overlap with the allgather dispatcher or more than one MTP layer (transformer_config.py
+L3016-3019, L3042-3046); optimizer CPU offload beside FP8 parameter gathering (arguments.py
+L1888-1891); fine-grained beside whole-layer activation offloading (transformer_config.py
+L2127-2130). Refused (UsageError): what megatron_software refuses (DeepEP over one expert rank
+or padded to capacity, ...); E not divisible by ep (arguments.py L1655-1658); biases in MoE with
 etp > 1 (transformer_config.py L2612-2615); attention TP > 1 without sequence parallelism in an
 MoE model (moe/moe_layer.py L636-640 raises in training).
 """
@@ -81,7 +81,7 @@ from ..cost.model_counts import has_dense_mlp, moe_layer_mask, window_layer_mask
 from ..errors import UsageError
 from ..inputs import flag
 from ..plan import Plan
-from ..cost.comm import a2a_overlap_applies
+from .megatron_software import Software, megatron_software
 
 # Megatron-Core TransformerConfig routing fields plan3d's model schema does not hold (a group is
 # set together); both exports name them for the user to set from the model card
@@ -141,14 +141,16 @@ def moe_args(plan: Plan) -> tuple[Args, list[str]]:
                   ("--moe-ffn-hidden-size", str(moe.ffn_hidden_size)), ("--moe-layer-freq", freq)]
     if moe.shared_experts:
         args.append(("--moe-shared-expert-intermediate-size", str(moe.shared_experts * moe.shared_ffn)))
-    args += [("--moe-grouped-gemm", None), ("--moe-token-dispatcher-type", plan.training.moe_dispatcher)]
-    if plan.training.moe_dispatcher == "flex":
-        args.append(("--moe-flex-dispatcher-backend", check_flex(plan)))
+    sw = megatron_software(plan)
+    args += [("--moe-grouped-gemm", None), ("--moe-token-dispatcher-type", sw.dispatcher_type)]
+    if sw.flex_backend is not None:
+        args.append(("--moe-flex-dispatcher-backend", sw.flex_backend))
     args += [("--expert-model-parallel-size", str(lay.ep)),
              ("--expert-tensor-parallel-size", str(lay.etp))]
     comments = [
-        f"experts: {moe.num_experts} over ep={lay.ep} x etp={lay.etp} (edp={lay.edp}); dropless "
-        f"{plan.training.moe_dispatcher} dispatch with grouped GEMM, as the estimate assumed",
+        f"experts: {moe.num_experts} over ep={lay.ep} x etp={lay.etp} (edp={lay.edp}); "
+        f"{'dropless' if sw.capacity_factor is None else 'drop-and-pad'} {lay.moe_dispatcher} "
+        "dispatch with grouped GEMM, as the estimate assumed",
         "routing not in plan3d's model schema, set from the model card: " + unmodelled_routing(flag)]
     if moe.router_topk == 1:
         args.append(("--moe-router-pre-softmax", None))
@@ -157,57 +159,36 @@ def moe_args(plan: Plan) -> tuple[Args, list[str]]:
     return args, comments
 
 
-def flex_backend(plan: Plan) -> str:
-    """The flex dispatcher's backend: hybridep where the NVLink domain spans more than one host
-    (GB200 NVL72), deepep otherwise (Megatron-Core's default backend)."""
-    hw = plan.hardware
-    return "hybridep" if (hw.nvlink_domain or hw.gpus_per_node) > hw.gpus_per_node else "deepep"
-
-
-def check_flex(plan: Plan) -> str:
-    """The flex dispatcher's backend (flex_backend), or UsageError where Megatron-Core refuses
-    it: DeepEP over a single rank. MoEFlexTokenDispatcher asserts "DeepEP dispatcher requires
-    TPxEP > 1" (NVIDIA/Megatron-LM @d98e8a64ddf3 megatron/core/transformer/moe/
-    token_dispatcher.py L1836), where TP is the expert tensor-parallel group (expt_tp, L86-89):
-    etp x ep must exceed 1. HybridEP has no such assertion (L1845-1851)."""
-    backend, lay = flex_backend(plan), plan.layout
-    if backend == "deepep" and lay.etp * lay.ep == 1:
-        raise UsageError("Megatron-Core refuses the flex dispatcher's DeepEP backend here: "
-                         "\"DeepEP dispatcher requires TPxEP > 1\" (token_dispatcher.py L1836, TP "
-                         f"being the expert TP); the plan has etp={lay.etp} ep={lay.ep}: plan "
-                         "with --moe-dispatcher alltoall, or a layout with ep > 1")
-    return backend
-
-
-def ep_overlap(plan: Plan) -> bool:
-    """Whether Megatron-Core runs the plan's EP communication overlap: moe_a2a_overlap on an MoE
-    model with ep > 1, no full recompute and pp = 1 or interleaving (the cost model's condition,
-    cost.comm). What Megatron-Core refuses outright (the allgather dispatcher, more than one MTP
-    layer) is a rule every consumer checks first (search.job_rules.job_problems)."""
-    tr, lay, model = plan.training, plan.layout, plan.model
-    if not tr.moe_a2a_overlap or model.moe is None:
-        return False
-    return bool(a2a_overlap_applies(lay))
+def software_args(plan: Plan, sw: Software | None = None) -> tuple[Args, list[str]]:
+    """(flags, comments) of the plan's software switches but the dispatcher (moe_args):
+    megatron_software's description as Megatron-LM flags (its docstring has the mapping)."""
+    sw = sw or megatron_software(plan)
+    args: Args = []
+    if sw.tp_comm_overlap:
+        args.append(("--tp-comm-overlap", None))
+    if sw.a2a_overlap:
+        args += [("--overlap-moe-expert-parallel-comm", None), ("--delay-wgrad-compute", None)]
+    if sw.graph_impl != "none":
+        args.append(("--cuda-graph-impl", sw.graph_impl))
+        if sw.graph_modules:
+            args.append(("--cuda-graph-modules", " ".join(sw.graph_modules)))
+        if sw.graph_impl == "full_iteration":
+            args.append(("--no-check-for-nan-in-loss-and-grad", None))
+        args.append(("--te-rng-tracker", None))
+    if sw.capacity_factor is not None:
+        args += [("--moe-expert-capacity-factor", f"{sw.capacity_factor:g}"),
+                 ("--moe-pad-expert-input-to-capacity", None), ("--moe-token-drop-policy", "probs")]
+    return args, list(sw.comments)
 
 
 def job_args(plan: Plan) -> tuple[Args, list[str]]:
-    """(flags, comments) of the plan's job settings (module docstring): EP overlap, optimizer
-    CPU offload, MoE activation offload; the in-place cross entropy as a comment. What
+    """(flags, comments) of the plan's job settings (module docstring): optimizer CPU offload,
+    16-bit optimizer moments, MoE activation offload; the in-place cross entropy as a comment. What
     Megatron-LM refuses in them (offload beside FP8 parameter gathering, fine-grained beside
     whole-layer offload, ...) the plan's rules refuse before (search.job_rules)."""
-    tr, lay, model = plan.training, plan.layout, plan.model
+    tr, model = plan.training, plan.model
     args: Args = []
     comments: list[str] = []
-    if ep_overlap(plan):
-        args += [("--overlap-moe-expert-parallel-comm", None), ("--delay-wgrad-compute", None)]
-        comments.append("EP overlap: --delay-wgrad-compute needs Transformer Engine (>= 2.8 with "
-                        "--overlap-grad-reduce; arguments.py L1903-1908)")
-    elif tr.moe_a2a_overlap and model.moe is not None:
-        comments.append(f"moe_a2a_overlap is set, but Megatron-Core cannot overlap EP "
-                        f"communication on this layout (it needs ep > 1, no full recompute and, "
-                        f"with pp > 1, interleaving; the plan has ep={lay.ep} pp={lay.pp} "
-                        f"vpp={lay.vpp} recompute={lay.recompute}): not written, and the "
-                        "estimate did not overlap it")
     if tr.optimizer_offload_fraction > 0:
         args += [("--optimizer-cpu-offload", None),
                  ("--optimizer-offload-fraction", f"{tr.optimizer_offload_fraction:g}")]
@@ -289,14 +270,15 @@ def model_args(plan: Plan) -> tuple[Args, list[str]]:
     a1, c1 = attention_args(plan)
     a2, c2 = moe_args(plan)
     a3, c3 = job_args(plan)
+    a4, c4 = software_args(plan)
     args: Args = []
-    for option, value in a1 + a2 + a3:
+    for option, value in a1 + a2 + a4 + a3:
         if all(option != f for f, _ in args):
             args.append((option, value))
     eps = plan.model.norm_epsilon
     if eps is not None:
         args.append(("--norm-epsilon", f"{eps:g}"))
-    comments = c1 + c2 + c3
+    comments = c1 + c2 + c4 + c3
     unused = unused_dense_ffn(plan.model, "--ffn-hidden-size")
     if unused:
         comments.append(unused)

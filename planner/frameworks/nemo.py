@@ -39,7 +39,8 @@ from .common import (ARCHITECTURE_FIELDS, RANK_ORDER_NOTE, Export, comment_lines
                      unwritten_note)
 from .megatron import connections, environment_comments, pipeline_split
 from .megatron_model import moe_args
-from .nemo_model import job_fields, model_comments, model_fields
+from .megatron_software import megatron_software
+from .nemo_model import job_fields, model_comments, model_fields, software_fields
 
 SOURCE = ("NVIDIA-NeMo/Megatron-Bridge docs/megatron-lm-to-megatron-bridge.md @167ba2ad3210, "
           "src/megatron/bridge/recipes/llama/llama3.py @6f6f95e09fc9; model provider fields: "
@@ -103,6 +104,7 @@ def nemo_fields(plan: Plan, ck: dict | None = None) -> dict[str, dict[str, objec
                  else ("full", "uniform", 1, None)}[lay.recompute]
     fsdp = lay.zero_stage in MEGATRON_FSDP_STRATEGY
     job = job_fields(plan)
+    software = software_fields(plan)
     return {
         "model": {
             "tensor_model_parallel_size": lay.tp,
@@ -118,6 +120,7 @@ def nemo_fields(plan: Plan, ck: dict | None = None) -> dict[str, dict[str, objec
             "recompute_modules": recompute[3],
             **_offload_fields(lay.offload_layers),
             **model_fields(plan, int(padded_vocab(plan.model.vocab_size, lay.tp))),
+            **software["model"],
             **job.get("model", {}),
             **({"gradient_accumulation_fusion": False} if fsdp else {}),
         },
@@ -135,7 +138,8 @@ def nemo_fields(plan: Plan, ck: dict | None = None) -> dict[str, dict[str, objec
         },
         "optimizer": {"use_distributed_optimizer": bool(lay.sharding_stage >= 1),
                       **job.get("optimizer", {})},
-        **({"comm_overlap": job["comm_overlap"]} if "comm_overlap" in job else {}),
+        "comm_overlap": software["comm_overlap"],
+        **{k: software[k] for k in ("rng", "rerun_state_machine") if k in software},
         "mixed_precision": mixed_precision_preset(tr),
         **({"checkpoint": checkpoint_fields(plan, ck)} if ck is not None else {}),
         **env_fields(plan),
@@ -250,7 +254,7 @@ def export_nemo(plan: Plan) -> Export:
     if plan.model.position_embedding == "rope" and (theta is None or not float(theta).is_integer()):
         comments.append(rope_note(plan, "the recipe's model provider (rotary_base is an int "
                                   "field)", "the provider's rotary base"))
-    comments += model_comments(plan)
+    comments += model_comments(plan) + megatron_software(plan, "nemo").comments
     skipped = {"max_position_embeddings"} | ({"activation"} if plan.model.activation == "swiglu"
                                              else set()) | ({"qk_norm"} if plan.model.qk_norm == "full" else set())
     table = "; the learned position table has seq_length rows" \

@@ -16,13 +16,22 @@ apply_rope_fusion; gpt_oss/gpt_oss_bridge.py: softmax_type "learnable", window_s
 (w - 1, 0), window_attn_skip_freq 2), with Megatron-Core's layer-pattern semantics
 (megatron_model's docstring). Layout: expert_model_parallel_size, expert_tensor_parallel_size.
 
+The software switches (software_fields: megatron_software's description as Bridge fields; its
+docstring has the mapping and the sources): model.moe_token_dispatcher_type (+
+model.moe_flex_dispatcher_backend for flex), comm_overlap.tp_comm_overlap (always written: a
+recipe may turn it on; CommOverlapConfig.tp_comm_overlap has no default, training/
+comm_overlap.py L384 @ 067f987df03b), comm_overlap.overlap_moe_expert_parallel_comm and
+comm_overlap.delay_wgrad_compute (with model.moe_shared_expert_overlap false when on),
+model.cuda_graph_impl (with graphs: model.cuda_graph_modules, model.cuda_graph_scope null and
+rng.te_rng_tracker; rerun_state_machine.check_for_nan_in_loss false for a full-iteration graph),
+model.moe_expert_capacity_factor, model.moe_pad_expert_input_to_capacity,
+model.moe_token_drop_policy. Every switch is written whether on or off, so a recipe's own
+setting (Llama 3 70B's userbuffers, Qwen3-235B's EP overlap, DeepSeek-V3's graphs) does not
+stay in force unseen.
 The job settings of the TrainingSpec (job_fields), as Megatron-Bridge's performance recipes set
 them (NVIDIA-NeMo/Megatron-Bridge @ 067f987df03b src/megatron/bridge/perf_recipes/deepseek/
-common.py, b200/deepseek_v3.py, gb200/deepseek_v3.py, gb200/deepseek_v4.py; training/
-comm_overlap.py L372-373): moe_dispatcher -> model.moe_token_dispatcher_type (+
-model.moe_flex_dispatcher_backend for flex, megatron_model.flex_backend); moe_a2a_overlap ->
-comm_overlap.overlap_moe_expert_parallel_comm and comm_overlap.delay_wgrad_compute (where
-megatron_model.ep_overlap); optimizer_offload_fraction -> optimizer.optimizer_cpu_offload,
+common.py, b200/deepseek_v3.py, gb200/deepseek_v3.py, gb200/deepseek_v4.py):
+optimizer_offload_fraction -> optimizer.optimizer_cpu_offload,
 optimizer.optimizer_offload_fraction, optimizer.use_precision_aware_optimizer (Megatron-Core
 OptimizerConfig, optimizer_config.py L187, L347-350 @ d98e8a64ddf3); moe_activation_offload ->
 model.fine_grained_activation_offloading, model.offload_modules [expert_fc1, moe_act];
@@ -40,7 +49,8 @@ from __future__ import annotations
 
 from ..cost.model_counts import has_dense_mlp, moe_layer_mask, window_layer_mask
 from ..plan import Plan
-from .megatron_model import check_flex, ep_overlap, unmodelled_routing, unused_dense_ffn
+from .megatron_model import unmodelled_routing, unused_dense_ffn
+from .megatron_software import Software, megatron_software
 
 POSITION = {"rope": "rope", "learned": "learned_absolute"}
 
@@ -57,9 +67,7 @@ def _moe_fields(plan: Plan) -> dict[str, object]:
                 "moe_layer_freq": 1 if mask.all() else [int(b) for b in mask],
                 "moe_shared_expert_intermediate_size":
                     moe.shared_experts * moe.shared_ffn if moe.shared_experts else None,
-                "moe_grouped_gemm": True, "moe_token_dispatcher_type": plan.training.moe_dispatcher})
-    if plan.training.moe_dispatcher == "flex":
-        out["moe_flex_dispatcher_backend"] = check_flex(plan)
+                "moe_grouped_gemm": True})
     if moe.router_topk == 1:
         out["moe_router_pre_softmax"] = True
     return out
@@ -117,14 +125,38 @@ def model_fields(plan: Plan, vocab: int) -> dict[str, object]:
     return out
 
 
+def software_fields(plan: Plan, sw: Software | None = None) -> dict[str, dict[str, object]]:
+    """{section: {field: value}} of the plan's software switches (module docstring):
+    ``model``, ``comm_overlap``, ``rng`` and ``rerun_state_machine`` entries. UsageError where
+    Megatron-Core refuses them (megatron_software)."""
+    sw = sw or megatron_software(plan)
+    model: dict[str, object] = {}
+    overlap: dict[str, object] = {"tp_comm_overlap": sw.tp_comm_overlap}
+    out: dict[str, dict[str, object]] = {"model": model, "comm_overlap": overlap}
+    if sw.dispatcher_type is not None:  # an MoE model
+        model["moe_token_dispatcher_type"] = sw.dispatcher_type
+        if sw.flex_backend is not None:
+            model["moe_flex_dispatcher_backend"] = sw.flex_backend
+        overlap.update(overlap_moe_expert_parallel_comm=sw.a2a_overlap, delay_wgrad_compute=sw.a2a_overlap)
+        if sw.a2a_overlap:
+            model["moe_shared_expert_overlap"] = False
+        dropping = sw.capacity_factor is not None
+        model.update(moe_expert_capacity_factor=sw.capacity_factor,
+                     moe_pad_expert_input_to_capacity=dropping, moe_token_drop_policy="probs")
+    model["cuda_graph_impl"] = sw.graph_impl  # none: Bridge clears the modules itself
+    if sw.graph_impl != "none":  # (utils/cuda_graph.py validate_cuda_graph_configuration)
+        model.update(cuda_graph_modules=list(sw.graph_modules), cuda_graph_scope=None)
+        out["rng"] = {"te_rng_tracker": True}
+    if sw.graph_impl == "full_iteration":
+        out["rerun_state_machine"] = {"check_for_nan_in_loss": False}
+    return out
+
+
 def job_fields(plan: Plan) -> dict[str, dict[str, object]]:
-    """{section: {field: value}} of the plan's job settings (module docstring): ``model``,
-    ``comm_overlap`` and ``optimizer`` entries, only those that are set. UsageError where
-    Megatron-Core refuses them (megatron_model.ep_overlap)."""
+    """{section: {field: value}} of the plan's job settings (module docstring): ``model`` and
+    ``optimizer`` entries, only those that are set."""
     tr, moe = plan.training, plan.model.moe is not None
-    out: dict[str, dict[str, object]] = {"model": {}, "comm_overlap": {}, "optimizer": {}}
-    if ep_overlap(plan):
-        out["comm_overlap"].update(overlap_moe_expert_parallel_comm=True, delay_wgrad_compute=True)
+    out: dict[str, dict[str, object]] = {"model": {}, "optimizer": {}}
     if tr.optimizer_offload_fraction > 0:
         out["optimizer"].update(optimizer_cpu_offload=True, use_precision_aware_optimizer=True,
                                 optimizer_offload_fraction=float(tr.optimizer_offload_fraction))

@@ -43,6 +43,27 @@ is refused before this module runs, by the torchtitan framework profile's rules
 Experts: ep -> expert_parallel_degree, where torchtitan's mesh can hold it (expert_parallel).
 The architecture comes from the model flavour (--module/--config): no option sets it, so a
 comment names every model field with this plan's value.
+The software switches (layout software axes; _software):
+  tp_comm_overlap  async TP: 0.3.0 --compile.enable --compile.components model,loss
+                   --compile.enable_async_tensor_parallel (configs.py L291-312: CompileConfig
+                   raises without compile.enable and "model" in compile.components); 0.2.2
+                   parallelism.enable_async_tensor_parallel with [compile] enable and components
+                   (job_config.py L357, L721-727; distributed/tensor_parallel.py L16-23)
+  moe_dispatcher   alltoall = the "standard" all-to-all; 0.2.2 parallelism.
+                   expert_parallel_comm_backend "standard" | "deepep" (job_config.py L474-483;
+                   DeepEP needs ep > 1 and etp = 1: models/deepseek_v3/infra/parallelize.py
+                   L100-111), no HybridEP; 0.3.0 takes the backend in the model registry's
+                   Python (moe_comm_backend "standard" | "deepep" | "hybridep" |
+                   "minimal_async_ep": models/common/config_utils.py L362-425), not as an
+                   option: a note; no all-gather dispatcher in either (refused)
+  moe_a2a_overlap  none: Megatron-Core's combined 1F1B EP overlap is not torchtitan's (refused)
+  cuda_graphs      none: 0.3.0 captures each micro-batch's forward and backward by default
+                   (training.disable_cuda_graphs False, configs.py L66-77; trainer.py L179-210
+                   refuses it with pp > 1 and with an EP dispatcher that syncs the host), so
+                   --training.disable_cuda_graphs is written; full_iteration: 0.3.0's graph
+                   (forward and backward, no optimizer step, as Megatron-Core's full_iteration),
+                   refused with pp > 1 or ep > 1; 0.2.2 has no CUDA graphs; layers: neither
+                   release graphs single layers (refused)
 Checkpoints: checkpoint.enable, checkpoint.interval (common.save_interval, formulas.md 12) and
 checkpoint.async_mode "async" (DCP async_save) or "disabled", in both releases.
 torchtitan's DCP checkpoint of bf16 mixed-precision training holds fp32 parameters and Adam's
@@ -102,8 +123,93 @@ def torchtitan_settings(plan: Plan, fmt: str) -> tuple[dict[str, dict[str, objec
         notes.append(rope)
     notes += _model_notes(plan)
     notes.append(no_connections_requirement("torchtitan"))
-    return {"training": training, "parallelism": par, **_precision(plan, fmt, notes),
+    software = _software(plan, fmt, notes)
+    training.update(software.pop("training", {}))
+    par.update(software.pop("parallelism", {}))
+    return {"training": training, "parallelism": par, **software, **_precision(plan, fmt, notes),
             **_checkpoint(plan, fmt, notes), "activation_checkpoint": ac}, notes
+
+
+def _software(plan: Plan, fmt: str, notes: list[str]) -> dict[str, dict[str, object]]:
+    """The plan's software switches as torchtitan settings ({section: {field: value}}, the
+    training and parallelism entries merged by the caller; module docstring), notes into
+    ``notes``; UsageError for what the release lacks."""
+    lay, release, moe = plan.layout, RELEASE[fmt], plan.model.moe is not None
+    out: dict[str, dict[str, object]] = {"training": {}, "parallelism": {}}
+    if lay.moe_a2a_overlap:
+        raise UsageError(f"torchtitan {release} has no EP communication overlap (Megatron-Core's "
+                         "--overlap-moe-expert-parallel-comm); plan with --no-moe-a2a-overlap")
+    if lay.cuda_graphs == "layers":
+        raise UsageError(f"torchtitan {release} does not graph single layers (--cuda-graphs "
+                         "layers is Megatron-Core's); plan with --cuda-graphs none")
+    if lay.cuda_graphs == "full_iteration":
+        if fmt == "toml" or lay.pp > 1 or (moe and lay.ep > 1):
+            why = ("torchtitan 0.2.2 has no CUDA graphs" if fmt == "toml" else
+                   "torchtitan 0.3.0 refuses CUDA graphs with "
+                   + ("pipeline parallelism" if lay.pp > 1 else "an EP dispatcher that syncs the "
+                      "host (only HybridEP with a non-blocking capacity or MinimalAsyncEP)")
+                   + " (trainer.py L179-210)")
+            raise UsageError(f"{why}; plan with --cuda-graphs none")
+        out["training"]["disable_cuda_graphs"] = False
+        notes.append("CUDA graphs: torchtitan 0.3.0 captures each micro-batch's forward and "
+                     "backward in one graph (training.disable_cuda_graphs false), as the "
+                     "estimate's full_iteration graph")
+    elif fmt == "overrides":
+        out["training"]["disable_cuda_graphs"] = True
+        notes.append("CUDA graphs: off (--training.disable_cuda_graphs), as the estimate assumed; "
+                     "torchtitan 0.3.0 captures each micro-batch's forward and backward by "
+                     "default, and refuses that with pp > 1 or an EP dispatcher that syncs the "
+                     "host (configs.py L66-77, trainer.py L179-210)")
+    if lay.tp_comm_overlap:
+        out["compile"] = {"enable": True, "components": ["model", "loss"]}
+        if fmt == "overrides":
+            out["compile"]["enable_async_tensor_parallel"] = True
+        else:
+            out["parallelism"]["enable_async_tensor_parallel"] = True
+        notes.append("TP communication overlap: torchtitan's async TP, which needs torch.compile "
+                     "of the model (compile.enable, \"model\" in compile.components): Inductor "
+                     "fuses each TP all-gather with its matmuls and each matmul with its "
+                     "reduce-scatter; the estimate costed Transformer Engine's userbuffers "
+                     "overlap, and compiling also fuses the elementwise operations")
+    if moe:
+        out["parallelism"].update(_comm_backend(plan, fmt, notes))
+    return {k: v for k, v in out.items() if v}
+
+
+def _comm_backend(plan: Plan, fmt: str, notes: list[str]) -> dict[str, object]:
+    """The expert-parallel communication backend of the plan's token dispatcher (module
+    docstring): 0.2.2's parallelism field, or {} with a note for 0.3.0 (a model-registry
+    argument); UsageError for a dispatcher the release lacks."""
+    lay, name, release = plan.layout, plan.layout.moe_dispatcher, RELEASE[fmt]
+    backend = {"alltoall": "standard", "deepep": "deepep", "hybridep": "hybridep"}.get(name)
+    if backend is None:
+        raise UsageError(f"torchtitan {release} has no {name} token dispatcher (its expert-"
+                         "parallel backends: standard all-to-all, deepep, hybridep"
+                         + (" in 0.3.0" if fmt == "toml" else "")
+                         + "); plan with --moe-dispatcher alltoall")
+    if fmt == "toml":
+        if backend == "hybridep":
+            raise UsageError("torchtitan 0.2.2 has no HybridEP (parallelism."
+                             "expert_parallel_comm_backend is 'standard' | 'deepep', job_config.py "
+                             "L474-483); plan with --moe-dispatcher alltoall or deepep, or export "
+                             "for 0.3.0 (--torchtitan-format overrides)")
+        if backend == "deepep" and (lay.ep == 1 or lay.etp > 1):
+            raise UsageError("torchtitan 0.2.2 runs DeepEP with ep > 1 and etp = 1 only "
+                             "(models/deepseek_v3/infra/parallelize.py L100-111); the plan has "
+                             f"ep={lay.ep} etp={lay.etp}")
+        if backend == "deepep":
+            notes.append("dispatcher: DeepEP (expert_parallel_comm_backend \"deepep\"), which "
+                         "torchtitan 0.2.2's DeepSeek-V3 model code builds (models/deepseek_v3/"
+                         "model/args.py L116); another model module must build its MoE layers "
+                         "with models/moe build_moe(moe_impl=\"deepep\")")
+        return {"expert_parallel_comm_backend": backend}
+    if backend != "standard":
+        notes.append(f"dispatcher: {name} is set in Python, not by option: the model registry's "
+                     f"moe_comm_backend=\"{backend}\" (torchtitan 0.3.0 models/common/config_utils.py "
+                     "L362-425)"
+                     + ("; leave non_blocking_capacity_factor None (blocking and dropless, as "
+                        "the estimate assumed)" if backend == "hybridep" else ""))
+    return {}
 
 
 def _bf16_gradients(plan: Plan, notes: list[str]) -> None:
