@@ -158,8 +158,10 @@ def _job_rules(a: dict, pp: int, ep: int) -> None:
     if a.get("moe_enable_deepep") and dispatcher != "flex":
         _fail("transformer_config.py L1744-1745", "DeepEP needs the flex dispatcher")
     if a.get("overlap_moe_expert_parallel_comm"):  # transformer_config.py L3002-3046
+        layout = a.get("pipeline_model_parallel_layout")  # its stages / pp = vpp (arguments.py L950)
         if pp > 1 and "num_layers_per_virtual_pipeline_stage" not in a and \
-                "num_virtual_stages_per_pipeline_rank" not in a:
+                "num_virtual_stages_per_pipeline_rank" not in a and \
+                (layout is None or len(layout_stages(str(layout))) <= pp):
             _fail("transformer_config.py L3007-3011", "EP overlap with pp > 1 needs interleaving")
         if ep <= 1:
             _fail("transformer_config.py L3013-3015", "EP overlap needs expert parallelism")
@@ -284,14 +286,57 @@ def _software_rules(a: dict) -> None:
         _fail("transformer_config.py L2960-2962", "token-drop MoE graphs with activation offloading")
 
 
+def layout_stages(text: str) -> list[list[str]]:
+    """megatron/core/transformer/pipeline_parallel_layer_layout.py ``parse_str_to_list``: stages
+    split at "|", each a run of E / t / m / L letters, "x*n" repeating x n times, "(..)*n" a
+    group; letters lower-cased to LayerType names (E embedding, t decoder, m mtp, L loss)."""
+    while "(" in text:  # (tt|)*30 -> tt|tt|...
+        text = re.sub(r"\(([^()]*)\)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
+    text = re.sub(r"([EtmL])\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
+    if re.search(r"[^EtmL|]", text):
+        _fail("pipeline_parallel_layer_layout.py", f"not a layer type in {text!r}")
+    return [list(stage) for stage in text.split("|")]
+
+
+def _layout_rules(a: dict, pp: int, layers: int) -> None:
+    """arguments.py L927-951: at most one of the vpp arguments and the layout, the layout's
+    stage count divisible by pp; transformer_config.py L2242-2259: no other split argument
+    beside it; pipeline_parallel_layer_layout.py L86-151: the embedding first and once, the
+    loss last and once, num_layers decoder layers, mtp_num_layers MTP layers after them."""
+    given = [k for k in ("num_layers_per_virtual_pipeline_stage", "num_virtual_stages_per_pipeline_rank",
+                         "pipeline_model_parallel_layout") if k in a]
+    if len(given) > 1:
+        _fail("arguments.py L927-939", f"more than one of {given}")
+    text = a.get("pipeline_model_parallel_layout")
+    if text is None:
+        return
+    if any(k in a for k in ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
+                            "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split")):
+        _fail("transformer_config.py L2251-2259", "the layout with other pipeline layout arguments")
+    stages = layout_stages(str(text))
+    if len(stages) % pp:
+        _fail("arguments.py L945-949", f"{len(stages)} stages not divisible by pp={pp}")
+    flat = [x for s in stages for x in s]
+    mtp = _int(a, "mtp_num_layers", 0)
+    if flat[:1] != ["E"] or flat[-1:] != ["L"] or flat.count("E") != 1 or flat.count("L") != 1:
+        _fail("pipeline_parallel_layer_layout.py L96-113", "embedding first and loss last, once each")
+    if flat.count("t") != layers or flat.count("m") != mtp:
+        _fail("pipeline_parallel_layer_layout.py L107-118", f"{flat.count('t')} decoder and "
+              f"{flat.count('m')} MTP layers for {layers} and {mtp}")
+    if "m" in flat and "t" in flat[flat.index("m"):]:
+        _fail("pipeline_parallel_layer_layout.py L119-124", "decoder layers after an MTP layer")
+
+
 def validate(args: dict, world: int) -> None:
     """Raise MegatronRejects if Megatron-LM (d98e8a64) refuses ``args`` on ``world`` GPUs."""
     _tp, pp, _cp, ep, etp = _parallel_rules(args, world)
     _job_rules(args, pp, ep)
     _software_rules(args)
     layers = _int(args, "num_layers", 0)
+    _layout_rules(args, pp, layers)
     if "decoder_first_pipeline_num_layers" not in args and not args.get(
-            "account_for_embedding_in_pipeline_split") and layers % pp:
+            "account_for_embedding_in_pipeline_split") and \
+            "pipeline_model_parallel_layout" not in args and layers % pp:
         _fail("transformer_config.py", f"{layers} layers not divisible by pp={pp}")
     _moe_rules(args, etp, layers)
     _attention_rules(args, layers)

@@ -79,3 +79,41 @@ def test_deepseek_v3_interleaved_layouts_are_searched(pp, vpp):
     r = search(m, hw, tr, 1024, SearchOptions(pp=pp, vpp=vpp, keep=1, max_cp=1))
     lay = r.ranked.candidates.layout(0)
     assert (lay.pp, lay.vpp) == (pp, vpp) and lay.first_stage_layers > 0
+
+
+def test_deepseek_v3_pp8_vpp4_exports_a_layout_megatron_accepts():
+    """The issue's question: DeepSeek-V3 on 1,024 H100 with pp 8 and vpp 4 pinned finds a plan,
+    and its Megatron-LM export writes the pipeline layout (no vpp or split argument beside it)
+    that the ported argument and layout checks of Megatron-LM accept; Megatron-Bridge gets the
+    same string as model.pipeline_model_parallel_layout."""
+    import yaml
+
+    from planner import __version__
+    from planner.frameworks import export_plan
+    from planner.plan import Plan
+    from tests import megatron_rules as rules
+    m, hw = catalog.resolve_model("deepseek-v3"), catalog.resolve_hardware("dgx-h100")
+    tr = TrainingSpec(seq_length=4096, global_batch_size=8192)
+    lay = search(m, hw, tr, 1024, SearchOptions(pp=8, vpp=4, keep=1, max_cp=1)).ranked.candidates.layout(0)
+    plan = Plan(plan3d_version=__version__, model=m, hardware=hw, gpus=1024, training=tr, layout=lay)
+    args = rules.parse(export_plan(plan, "megatron").text)
+    rules.validate(args, world=1024)
+    stages = rules.layout_stages(args["pipeline_model_parallel_layout"])
+    assert len(stages) == 32 and "num_virtual_stages_per_pipeline_rank" not in args
+    bridge = yaml.safe_load(export_plan(plan, "nemo").text)["model"]
+    assert bridge["pipeline_model_parallel_layout"] == args["pipeline_model_parallel_layout"]
+    assert "num_layers_in_first_pipeline_stage" not in bridge
+
+
+def test_the_ported_layout_check_refuses_what_megatron_refuses():
+    """Megatron-Bridge's own DeepSeek-V3 string passes; a layout missing the loss, with a
+    decoder layer after the MTP layer, or beside --num-virtual-stages-per-pipeline-rank fails."""
+    from tests import megatron_rules as rules
+    base = {"num_layers": 61, "mtp_num_layers": 1, "pipeline_model_parallel_size": 8,
+            "tensor_model_parallel_size": 1}
+    rules.validate({**base, "pipeline_model_parallel_layout": "Et|(tt|)*30mL"}, world=8)
+    for bad in ({"pipeline_model_parallel_layout": "Et|(tt|)*30m"},
+                {"pipeline_model_parallel_layout": "Et|(tt|)*29tmtL"},
+                {"pipeline_model_parallel_layout": "Et|(tt|)*30mL", "num_virtual_stages_per_pipeline_rank": 4}):
+        with pytest.raises(rules.MegatronRejects):
+            rules.validate({**base, **bad}, world=8)

@@ -18,6 +18,8 @@ from planner.search.state import FIT_RULE
 from planner.search.options import SearchOptions
 from planner.search.grid import build_grid, enumerate_space
 from planner.search.run import search
+from planner.search.scan import software_step
+from planner.search.framework_rules import profile_for
 from planner.search.rules import constraint_masks
 from planner.specs import TrainingSpec
 
@@ -32,7 +34,9 @@ def gpt3_512(gpt3_h100):
 
 def _brute_force(m, hw, tr, gpus, opts=SearchOptions(), least_n=True):
     """Flat evaluation of every layout, then the same rules and fit test: the reference
-    (``least_n`` False: full recompute of every layer, the memory the fit test reads)."""
+    (``least_n`` False: full recompute of every layer, the memory the fit test reads). Each
+    layout is timed with its fastest allowed software (every combination of the grid's software
+    axes, search.scan.software_step), which does not change its memory."""
     flat = enumerate_space(m, hw, tr, gpus, opts)
     ok = np.ones(len(flat), dtype=bool)
     for mask in constraint_masks(m, tr, hw, flat).values():
@@ -47,7 +51,10 @@ def _brute_force(m, hw, tr, gpus, opts=SearchOptions(), least_n=True):
     capacity = float(hw.gpu.hbm_capacity)
     flat = least_recompute(m, hw, tr, flat, capacity)
     offload = np.where(fits, 0, least_offload_layers(m, hw, tr, flat, capacity))
-    est = evaluate(m, hw, tr, flat.replace(offload_layers=offload))
+    flat = flat.replace(offload_layers=offload)
+    _, chosen = software_step(m, hw, tr, profile_for(tr, opts.framework), flat,
+                              build_grid(m, hw, tr, gpus, opts).software)
+    est = evaluate(m, hw, tr, flat.replace(**chosen))
     return est, ok & (fits | (offload > 0))
 
 

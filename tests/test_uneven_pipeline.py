@@ -19,6 +19,17 @@ from planner.plan import Plan
 from planner.specs import TrainingSpec
 
 
+def _flag_forms():
+    """Megatron-Core's profile with only its two flag forms of an interleaved uneven split
+    (--decoder-first/last-pipeline-num-layers, --account-for-embedding/loss-in-pipeline-split):
+    a release before --pipeline-model-parallel-layout, or a user who does not write it."""
+    p = catalog.resolve_framework("megatron-core")
+    return p.model_copy(update={"rules": p.rules.model_copy(update={"uneven_split": "megatron"})})
+
+
+FLAGS = _flag_forms()
+
+
 def test_uneven_split_by_hand():
     # 126 layers (Llama-3 405B): middle stages ceil(126/pp), the rest halved between the edges
     # pp=16: 8 each, 126 - 14*8 = 14 -> 7 + 7 (Llama 3 paper §3.3.2: one layer fewer on each edge)
@@ -85,27 +96,27 @@ def test_rules_and_hints():
     m, hw = catalog.resolve_model("llama3-405b"), catalog.resolve_hardware("dgx-h100")
     tr = TrainingSpec(seq_length=8192, global_batch_size=2048)
     with pytest.raises(UsageError, match="--first-stage-layers 7 --last-stage-layers 7"):
-        check_layout(m, hw, tr, 16384, dict(tp=8, pp=16, zero_stage=1, micro_batch_size=1))
+        check_layout(m, hw, tr, 16384, dict(tp=8, pp=16, zero_stage=1, micro_batch_size=1), framework=FLAGS)
     for bad in (dict(first_stage_layers=5, last_stage_layers=7),  # 114 on 14 stages: not whole
                 # interleaved: 7 is not divisible by 3, nor is (126 + 2) by 16*3
                 dict(first_stage_layers=7, last_stage_layers=7, vpp=3)):
         with pytest.raises(UsageError, match="uneven pipeline split"):
-            check_layout(m, hw, tr, 16384, dict(tp=8, pp=16, zero_stage=1, micro_batch_size=1, **bad))
+            check_layout(m, hw, tr, 16384, dict(tp=8, pp=16, zero_stage=1, micro_batch_size=1, **bad), framework=FLAGS)
     # pp=64: 1 + 62*2 + 1; vpp=2 would leave the embedding's chunk without a transformer layer
     with pytest.raises(UsageError, match="uneven pipeline split"):
         check_layout(m, hw, tr, 16384, dict(tp=8, pp=64, zero_stage=1, micro_batch_size=1, vpp=2,
-                                            first_stage_layers=1, last_stage_layers=1))
+                                            first_stage_layers=1, last_stage_layers=1), framework=FLAGS)
     # embedding and loss counted as layers: (126 + 2)/16 = 8 per rank, 8/vpp per chunk; vpp 8
     # would leave the embedding alone in the first chunk
     for vpp in (2, 4):
         check_layout(m, hw, tr, 16384, dict(tp=8, pp=16, zero_stage=1, micro_batch_size=1, vpp=vpp,
-                                            first_stage_layers=7, last_stage_layers=7))
+                                            first_stage_layers=7, last_stage_layers=7), framework=FLAGS)
     with pytest.raises(UsageError, match="--first-stage-layers 7 --last-stage-layers 7"):
-        check_layout(m, hw, tr, 16384, dict(tp=8, pp=16, zero_stage=1, micro_batch_size=1, vpp=4))
+        check_layout(m, hw, tr, 16384, dict(tp=8, pp=16, zero_stage=1, micro_batch_size=1, vpp=4), framework=FLAGS)
     for vpp in (3, 8):  # no split helps
         with pytest.raises(UsageError, match=r"layers divisible by pp\*vpp$"):
-            check_layout(m, hw, tr, 16384, dict(tp=8, pp=16, zero_stage=1, micro_batch_size=1, vpp=vpp))
-    lay = search(m, hw, tr, 16384, SearchOptions(tp=8, pp=16, max_cp=1)).ranked.candidates.layout(0)
+            check_layout(m, hw, tr, 16384, dict(tp=8, pp=16, zero_stage=1, micro_batch_size=1, vpp=vpp), framework=FLAGS)
+    lay = search(m, hw, tr, 16384, SearchOptions(tp=8, pp=16, max_cp=1, framework=FLAGS)).ranked.candidates.layout(0)
     assert (lay.first_stage_layers, lay.last_stage_layers) == (7, 7)
 
 
@@ -175,9 +186,9 @@ def test_interleaved_uneven_split_each_stage_divisible_by_vpp():
     m, hw = _model(28), catalog.resolve_hardware("dgx-h100")
     tr = TrainingSpec(seq_length=4096, global_batch_size=64)
     base = dict(tp=1, pp=4, zero_stage=1, micro_batch_size=1, vpp=2)
-    check_layout(m, hw, tr, 8, dict(base, first_stage_layers=4, last_stage_layers=4))
+    check_layout(m, hw, tr, 8, dict(base, first_stage_layers=4, last_stage_layers=4), framework=FLAGS)
     with pytest.raises(UsageError, match="uneven pipeline split"):
-        check_layout(m, hw, tr, 8, dict(base, first_stage_layers=5, last_stage_layers=5))
+        check_layout(m, hw, tr, 8, dict(base, first_stage_layers=5, last_stage_layers=5), framework=FLAGS)
 
 
 def test_interleaved_uneven_bubble_follows_the_general_schedule():
@@ -233,7 +244,7 @@ def test_why_not_names_the_interleaving_that_works():
     from planner.search.whynot import why_not
     m, hw = catalog.resolve_model("llama3-405b"), catalog.resolve_hardware("dgx-h100")
     tr = TrainingSpec(seq_length=8192, global_batch_size=2048)
-    verdict = why_not(m, hw, tr, 16384, SearchOptions(), "tp=8 pp=16 vpp=8 cp=1")
+    verdict = why_not(m, hw, tr, 16384, SearchOptions(framework=FLAGS), "tp=8 pp=16 vpp=8 cp=1")
     # 8 layers' worth per rank (126 + 2 = 128 on 16 ranks): chunks of 8/vpp, at least 2 each
     assert verdict.status == "invalid"
     assert verdict.reasons[0].endswith("(126 layers on pp=16 split 7+..+7; vpp 1, 2, 4 would do)")
@@ -244,25 +255,25 @@ def test_uneven_split_messages_and_the_even_one():
     tr = TrainingSpec(seq_length=2048, global_batch_size=1536)
     base = dict(tp=8, pp=32, zero_stage=1, micro_batch_size=1)
     with pytest.raises(UsageError, match="needs both first_stage_layers and last_stage_layers"):
-        check_layout(m, hw, tr, 512, dict(base, first_stage_layers=1))
+        check_layout(m, hw, tr, 512, dict(base, first_stage_layers=1), framework=FLAGS)
     # 96 - 1 - 3 = 92 layers on 30 middle stages: 92 / 30 is not whole
     with pytest.raises(UsageError, match="the 92 layers left do not divide over the 30 middle stages"):
-        check_layout(m, hw, tr, 512, dict(base, first_stage_layers=1, last_stage_layers=3))
+        check_layout(m, hw, tr, 512, dict(base, first_stage_layers=1, last_stage_layers=3), framework=FLAGS)
     # 90 + 10 = 100 > 96 layers: nothing left for the 30 middle stages (was "the -4 layers left")
     with pytest.raises(UsageError, match=r"first \+ last stage layers 90 \+ 10 leave 0 of the 96 "
                                          r"layers for the 30 middle stages\)$"):
-        check_layout(m, hw, tr, 512, dict(base, first_stage_layers=90, last_stage_layers=10))
+        check_layout(m, hw, tr, 512, dict(base, first_stage_layers=90, last_stage_layers=10), framework=FLAGS)
     # 96 - 6 = 90 on 30: 3 each, less than the first stage's 4
     with pytest.raises(UsageError, match="an edge stage holds more than a middle stage's 3 layers"):
-        check_layout(m, hw, tr, 512, dict(base, first_stage_layers=4, last_stage_layers=2))
+        check_layout(m, hw, tr, 512, dict(base, first_stage_layers=4, last_stage_layers=2), framework=FLAGS)
     # 3 + 30 x 3 + 3 is the even split of 96 layers on 32 stages: taken as even
-    lay = check_layout(m, hw, tr, 512, dict(base, first_stage_layers=3, last_stage_layers=3))
+    lay = check_layout(m, hw, tr, 512, dict(base, first_stage_layers=3, last_stage_layers=3), framework=FLAGS)
     assert (lay.first_stage_layers, lay.last_stage_layers) == (0, 0) and "+..+" not in lay.short()
     llama = catalog.resolve_model("llama3-405b")
     with pytest.raises(UsageError, match="with vpp 8 neither .* vpp 2, 4 would do"):
         check_layout(llama, hw, TrainingSpec(seq_length=8192, global_batch_size=2048), 8192,
                      dict(tp=8, pp=16, zero_stage=1, micro_batch_size=1, vpp=8,
-                          first_stage_layers=7, last_stage_layers=7))
+                          first_stage_layers=7, last_stage_layers=7), framework=FLAGS)
 
 
 def test_search_reaches_the_vpp_an_uneven_split_allows():
@@ -271,11 +282,19 @@ def test_search_reaches_the_vpp_an_uneven_split_allows():
     # vpp 2 and wins the pinned search
     from planner.layout import BY_NAME
     m, hw = catalog.resolve_model("llama3-405b"), catalog.resolve_hardware("dgx-h100")
+    from types import SimpleNamespace
     vpp_values = BY_NAME["vpp"].values
-    assert 4 in vpp_values(m, None, np.array([16]), 16).tolist()
-    assert 4 not in vpp_values(m, None, np.array([14]), 16).tolist()  # 126 = 14 x 9: even split only
+    ctx = SimpleNamespace(model=m, framework=FLAGS, bound=16)
+    assert 4 in vpp_values(SimpleNamespace(**vars(ctx), pps=np.array([16]))).tolist()
+    # 126 = 14 x 9: the even split only
+    assert 4 not in vpp_values(SimpleNamespace(**vars(ctx), pps=np.array([14]))).tolist()
+    # in the layout form every vpp up to the edge stages' 7 layers interleaves 7+..+7
+    layout = SimpleNamespace(**{**vars(ctx), "framework": catalog.resolve_framework("megatron-core")},
+                             pps=np.array([16]))
+    assert set(range(1, 8)) <= set(vpp_values(layout).tolist())
     tr = TrainingSpec(seq_length=8192, global_batch_size=2048)
-    lay = search(m, hw, tr, 8192, SearchOptions(tp=8, pp=16, max_cp=1, recompute="full")).ranked.candidates.layout(0)
+    lay = search(m, hw, tr, 8192, SearchOptions(tp=8, pp=16, max_cp=1, recompute="full",
+                                                framework=FLAGS)).ranked.candidates.layout(0)
     assert (lay.vpp, lay.first_stage_layers, lay.last_stage_layers) == (4, 7, 7)
 
 
@@ -286,5 +305,24 @@ def test_interleaved_uneven_split_on_two_stages():
     tr = TrainingSpec(seq_length=4096, global_batch_size=64)
     base = dict(tp=1, pp=2, zero_stage=1, micro_batch_size=1, vpp=2)
     with pytest.raises(UsageError, match="interleaving an uneven split on pp=2 needs"):
-        check_layout(m, hw, tr, 8, dict(base, first_stage_layers=14, last_stage_layers=16))
-    check_layout(m, hw, tr, 8, dict(base, first_stage_layers=15, last_stage_layers=15))
+        check_layout(m, hw, tr, 8, dict(base, first_stage_layers=14, last_stage_layers=16), framework=FLAGS)
+    check_layout(m, hw, tr, 8, dict(base, first_stage_layers=15, last_stage_layers=15), framework=FLAGS)
+
+
+def test_the_layout_form_interleaves_what_the_flag_forms_cannot():
+    """Megatron-Core's profile writes --pipeline-model-parallel-layout: Llama 3 405B's 7+..+7 on
+    pp 16 interleaves with vpp 3 (7 and 8 are not divisible by 3, nor is 128 by 48: neither flag
+    form), every one of its 48 chunks holding 2 or 3 layers; vpp 8 would leave an edge stage's
+    7 layers short of a chunk."""
+    from planner.frameworks.megatron import megatron_args
+    m, hw = catalog.resolve_model("llama3-405b"), catalog.resolve_hardware("dgx-h100")
+    tr = TrainingSpec(seq_length=8192, global_batch_size=2048)
+    base = dict(tp=8, pp=16, zero_stage=1, micro_batch_size=1, first_stage_layers=7, last_stage_layers=7)
+    lay = check_layout(m, hw, tr, 16384, dict(base, vpp=3))
+    with pytest.raises(UsageError, match="with vpp 8 a stage of 7 layers leaves a model chunk without a "
+                                         "layer; vpp 2, 3, 4, 5, 6, 7 would do"):
+        check_layout(m, hw, tr, 16384, dict(base, vpp=8))
+    plan = Plan(plan3d_version=__version__, model=m, hardware=hw, gpus=16384, training=tr, layout=lay)
+    args = dict(megatron_args(plan))
+    text = args["--pipeline-model-parallel-layout"].strip("'")
+    assert len(text.split("|")) == 48 and "--num-virtual-stages-per-pipeline-rank" not in args

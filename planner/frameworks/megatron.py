@@ -8,7 +8,9 @@ Mapping (plan field -> flag):
   tp, pp                 --tensor-model-parallel-size, --pipeline-model-parallel-size
   vpp > 1                --num-layers-per-virtual-pipeline-stage L/(pp*vpp)
   cp                     --context-parallel-size cp
-  uneven pipeline split  --decoder-first-pipeline-num-layers, --decoder-last-pipeline-num-layers
+  uneven pipeline split  --decoder-first-pipeline-num-layers, --decoder-last-pipeline-num-layers;
+                         interleaved and not of those forms, --pipeline-model-parallel-layout
+                         (layout.split.pipeline_layout)
                          (with vpp > 1: --num-virtual-stages-per-pipeline-rank vpp; a split with
                          first = last = middle - 1 as --account-for-embedding-in-pipeline-split
                          --account-for-loss-in-pipeline-split, LayoutDegrees.embedding_loss_split)
@@ -65,6 +67,7 @@ from ..cost.model_counts import has_dense_mlp
 from ..cost.model_flops import padded_vocab
 from ..cost import precision
 from ..cost.pipeline import microbatch_group
+from ..layout.split import pipeline_layout, uneven_interleave_ok
 from ..plan import Plan
 from .common import (RANK_ORDER_NOTE, Export, comment_lines, describe, interval_note,
                      layers_per_virtual_stage, microbatches, recompute_modules, save_interval,
@@ -89,7 +92,9 @@ def megatron_args(plan: Plan) -> list[tuple[str, str | None]]:
         ("--pipeline-model-parallel-size", str(lay.pp)),
     ]
     split = pipeline_split(plan, int(m))
-    if split.form != "even" and lay.vpp > 1:  # chunks per rank; layers per chunk follow the split
+    if split.form == "layout":  # the layout string gives the chunks (arguments.py L927-951)
+        args.append(("--pipeline-model-parallel-layout", f"'{split.layout}'"))  # "|", "*": quoted
+    elif split.form != "even" and lay.vpp > 1:  # chunks per rank; layers per chunk follow the split
         args.append(("--num-virtual-stages-per-pipeline-rank", str(lay.vpp)))
     elif lay.vpp > 1:
         args.append(("--num-layers-per-virtual-pipeline-stage", str(layers_per_virtual_stage(plan))))
@@ -308,12 +313,17 @@ class PipelineSplit:
     under Megatron-LM's flags and Megatron-Bridge's model fields). ``form``: "even";
     "embedding_loss" (an interleaved uneven split of the first = last = middle - 1 form,
     account_for_embedding/loss_in_pipeline_split; only with vpp > 1, where the layer counts per
-    chunk cannot be given); "first_last" (any other uneven split: the first and last stages'
-    layer counts). ``microbatch_group``: the interleaved schedule's group when pp does not
-    divide the micro-batches (0 when not needed)."""
+    chunk cannot be given); "first_last" (an uneven split whose stages each divide by vpp, or
+    not interleaved: the first and last stages' layer counts); "layout" (any other interleaved
+    uneven split: ``layout``, the --pipeline-model-parallel-layout string of
+    layout.split.pipeline_layout, which sets the chunks itself and excludes the other split
+    and vpp arguments: arguments.py L927-951, transformer_config.py L2242-2290 @d98e8a64).
+    ``microbatch_group``: the interleaved schedule's group when pp does not divide the
+    micro-batches (0 when not needed)."""
 
     form: str
     microbatch_group: int
+    layout: str = ""
 
 
 def pipeline_split(plan: Plan, m: int) -> PipelineSplit:
@@ -323,9 +333,13 @@ def pipeline_split(plan: Plan, m: int) -> PipelineSplit:
         form = "even"
     elif lay.vpp > 1 and bool(lay.embedding_loss_split(plan.model.num_layers)):
         form = "embedding_loss"
+    elif lay.vpp > 1 and not bool(uneven_interleave_ok(plan.model.num_layers, lay)):
+        form = "layout"
     else:
         form = "first_last"
-    return PipelineSplit(form, microbatch_group(m, lay.pp) if lay.vpp > 1 and m % lay.pp else 0)
+    text = pipeline_layout(plan.model.num_layers, lay.pp, lay.vpp, lay.first_stage_layers,
+                           lay.last_stage_layers, plan.model.mtp_layers) if form == "layout" else ""
+    return PipelineSplit(form, microbatch_group(m, lay.pp) if lay.vpp > 1 and m % lay.pp else 0, text)
 
 
 def fsdp_comment(plan: Plan, ck: dict | None) -> str:

@@ -185,7 +185,8 @@ def _split_fields(plan: Plan, split) -> dict[str, object]:
     scripts/translate_mlm_to_bridge.py BRIDGE_TO_MLM_EXTRA: num_layers_in_first/last_pipeline_stage
     = --decoder-first/last-pipeline-num-layers, microbatch_group_size_per_vp_stage =
     --microbatch-group-size-per-virtual-pipeline-stage; account_for_embedding/loss_in_pipeline_split
-    as the Llama 3.1 405B recipe sets them, recipes/llama/llama3.py): what
+    as the Llama 3.1 405B recipe sets them, recipes/llama/llama3.py; pipeline_model_parallel_layout
+    as the DeepSeek-V3 recipe, recipes/deepseek/deepseek_v3.py): what
     megatron.pipeline_split says the Megatron-LM export writes as flags; none for an even split."""
     lay = plan.layout
     out: dict[str, object] = {}
@@ -196,6 +197,8 @@ def _split_fields(plan: Plan, split) -> dict[str, object]:
     elif split.form == "first_last":
         out.update(num_layers_in_first_pipeline_stage=lay.first_stage_layers,
                    num_layers_in_last_pipeline_stage=lay.last_stage_layers)
+    elif split.form == "layout":
+        out["pipeline_model_parallel_layout"] = split.layout
     return out
 
 
@@ -218,6 +221,8 @@ def _override(section: str, key: str, value: object) -> str:
     text = "null" if value is None else (
         str(value).lower() if isinstance(value, bool) else
         "[" + ",".join(str(x) for x in value) + "]" if isinstance(value, list) else str(value))
+    if any(ch in text for ch in "|*()[]{} "):  # shell metacharacters (a pipeline layout's "|", "*")
+        return f"'{section}.{key}={text}'"
     return f"{section}.{key}={text}"
 
 

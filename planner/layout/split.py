@@ -157,26 +157,49 @@ def default_uneven_split(num_layers: int, pp: int) -> tuple[int, int]:
     return (first, last) if pp >= 2 and first >= 1 and last <= k else (-1, -1)
 
 
-def uneven_vpp_options(num_layers: int, pp: int, first: int, last: int, upto: int = 16) -> list[int]:
+# How a framework interleaves an uneven split (framework_spec.Rules.uneven_split): "megatron"
+# (Megatron-Core's two flag forms, uneven_interleave_ok), "layout" (its pipeline layout string,
+# uneven_layout_ok), "edge_stages" (the embedding-and-loss form only), "none" (no uneven split).
+UNEVEN_FORMS = ("megatron", "layout", "edge_stages", "none")
+
+
+def uneven_form_ok(num_layers: int, c, form: str) -> np.ndarray:
+    """uneven_shape_ok and, interleaved, what ``form`` (UNEVEN_FORMS) accepts. Bool array."""
+    shape = uneven_shape_ok(num_layers, c)
+    if form == "layout":
+        return shape & uneven_layout_ok(num_layers, c)
+    if form == "edge_stages":
+        return shape & ((c.vpp == 1) | LayoutDegrees.embedding_loss_split(c, num_layers))
+    if form == "none":
+        return shape & (c.first_stage_layers == 0)
+    return shape & uneven_interleave_ok(num_layers, c)
+
+
+def uneven_vpp_options(num_layers: int, pp: int, first: int, last: int, upto: int = 16,
+                       form: str = "megatron") -> list[int]:
     """The vpp values in 1..``upto`` with which the uneven split first+..+last of ``num_layers``
-    layers on ``pp`` stages passes uneven_ok (for messages and the search's vpp axis). [] if
-    none does."""
+    layers on ``pp`` stages passes in ``form`` (uneven_form_ok; for messages and the search's
+    vpp axis). [] if none does."""
     vpp = np.arange(1, upto + 1)
-    ok = uneven_ok(num_layers, split_of(num_layers, np.full_like(vpp, pp), np.full_like(vpp, first),
-                                          np.full_like(vpp, last), vpp))
+    ok = uneven_form_ok(num_layers, split_of(num_layers, np.full_like(vpp, pp), np.full_like(vpp, first),
+                                             np.full_like(vpp, last), vpp), form)
     return [int(v) for v in vpp[ok]]
 
 
-def uneven_problem(num_layers: int, pp: int, first: int, last: int, vpp: int) -> str:
-    """Why the uneven split first+..+last of ``num_layers`` on ``pp`` stages fails uneven_ok, in
-    words (for error messages); "" if it passes."""
+def uneven_problem(num_layers: int, pp: int, first: int, last: int, vpp: int,
+                   form: str = "megatron") -> str:
+    """Why the uneven split first+..+last of ``num_layers`` on ``pp`` stages fails in ``form``
+    (uneven_form_ok), in words (for error messages); "" if it passes."""
     rest, middle = num_layers - first - last, max(pp - 2, 0)
     if pp < 2:
         return "an uneven split needs pp >= 2"
     if middle == 0:
         if rest != 0:
             return f"on pp=2 first + last must be the {num_layers} layers"
-        if vpp > 1 and vpp not in uneven_vpp_options(num_layers, pp, first, last, vpp):
+        if vpp > 1 and vpp not in uneven_vpp_options(num_layers, pp, first, last, vpp, form):
+            if form == "layout":
+                return (f"with vpp {vpp} a stage of {min(first, last)} layers leaves a model "
+                        "chunk without a layer")
             return ("interleaving an uneven split on pp=2 needs the embedding-and-loss form "
                     "(first = last, their layers + 1 divisible by vpp, at least 2 per chunk)")
     elif rest <= 0:
@@ -186,9 +209,13 @@ def uneven_problem(num_layers: int, pp: int, first: int, last: int, vpp: int) ->
         return f"the {rest} layers left do not divide over the {middle} middle stages"
     elif rest // middle < max(first, last):
         return f"an edge stage holds more than a middle stage's {rest // middle} layers"
-    works = uneven_vpp_options(num_layers, pp, first, last, max(vpp, 16))
+    works = uneven_vpp_options(num_layers, pp, first, last, max(vpp, 16), form)
     if vpp not in works:
         other = [v for v in works if v > 1]
+        would = (f"; vpp {', '.join(map(str, other))} would do" if other else "; only vpp 1 works")
+        if form == "layout":
+            return (f"with vpp {vpp} a stage of {min(first, last, rest // middle)} layers leaves a "
+                    f"model chunk without a layer" + would)
         return (f"with vpp {vpp} neither is every stage's layer count divisible by vpp nor is it the "
                 "embedding-and-loss split (first = last = middle - 1, at least 2 layers per chunk)"
                 + (f"; vpp {', '.join(map(str, other))} would do" if other else "; only vpp 1 works"))

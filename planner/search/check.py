@@ -19,7 +19,7 @@ from ..layout.degrees import SPLIT_DEGREES, split_problem
 from ..layout.split import default_uneven_split, uneven_problem
 from ..specs import HardwareProfile, ModelSpec, TrainingSpec
 from .fp8_rules import FP8_SHAPE_TAG, fp8_hint
-from .framework_rules import UNEVEN_INTERLEAVE_RULE, check_model, profile_for
+from .framework_rules import UNEVEN_INTERLEAVE_RULE, UNEVEN_LAYOUT_RULE, check_model, profile_for
 from .rules import LAYERS_RULE, MOE_SP_RULE, TP_RULE, UNEVEN_RULE, constraint_masks, rules_broken
 
 CROSS_NODE_HINT = "pass --allow-cross-node-tp to let tp span nodes"
@@ -81,8 +81,8 @@ def check_layout(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, 
             hint += f" ({rules.display} has no sequence parallelism: its MoE layouts need tp = 1)"
         if any(FP8_SHAPE_TAG in rule for rule in broken):
             hint += f" ({fp8_hint(model, training, Candidates.from_layouts([layout]))})"
-        if any(r == UNEVEN_RULE or r.endswith(UNEVEN_INTERLEAVE_RULE) for r in broken):
-            hint += f" ({uneven_problem(model.num_layers, layout.pp, layout.first_stage_layers, layout.last_stage_layers, layout.vpp)})"
+        if any(r == UNEVEN_RULE or r.endswith((UNEVEN_INTERLEAVE_RULE, UNEVEN_LAYOUT_RULE)) for r in broken):
+            hint += f" ({uneven_problem(model.num_layers, layout.pp, layout.first_stage_layers, layout.last_stage_layers, layout.vpp, rules.rules.uneven_split)})"
         raise UsageError(f"layout {layout.short()} breaks: {'; '.join(broken)}{hint}")
     check_host_memory(model, hw, training, Candidates.from_layouts([layout]))
     return layout

@@ -21,7 +21,7 @@ from .run import search
 from .. import fmt
 from .refusal import no_split_reason
 from ..layout.split import (MAX_EDGE_SHORTFALL, default_uneven_split, uneven_problem, uneven_vpp_options)
-from .framework_rules import UNEVEN_INTERLEAVE_RULE
+from .framework_rules import UNEVEN_INTERLEAVE_RULE, UNEVEN_LAYOUT_RULE, profile_for
 from .rules import UNEVEN_RULE, constraint_masks
 from ..layout import BY_NAME
 from ..layout.parse import key_of, parse_layout, pin_flag, printed_defaults
@@ -66,7 +66,7 @@ def broken_rules(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, 
     if grid.size == 0:
         free = replace(opts, first_stage_layers=None, last_stage_layers=None)
         if free != opts and build_grid(model, hw, training, gpus, free).size:
-            return [_split_reason(model, opts)]
+            return [_split_reason(model, training, opts)]
         return [no_split_reason(model, hw, gpus, opts)]
     masks = constraint_masks(model, training, hw, grid.candidates(),
                              opts.allow_cross_node_tp, opts.framework)
@@ -90,7 +90,7 @@ def broken_rules(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, 
     return []
 
 
-def _split_reason(model: ModelSpec, opts: SearchOptions) -> str:
+def _split_reason(model: ModelSpec, training: TrainingSpec, opts: SearchOptions) -> str:
     """Why no layout has the pinned pipeline split: on a pinned pp, space.uneven_problem's
     reason, else that the search does not try it (space.uneven_splits); without pp, that no pp
     the search tries splits the layers so."""
@@ -98,7 +98,8 @@ def _split_reason(model: ModelSpec, opts: SearchOptions) -> str:
     shown = f"split {first}{'+' if opts.pp == 2 else '+..+'}{last}"
     if not opts.pp:
         return f"{shown}: no pp the search tries splits the {model.num_layers} layers so"
-    problem = uneven_problem(model.num_layers, opts.pp, first, last, opts.vpp or 1)
+    problem = uneven_problem(model.num_layers, opts.pp, first, last, opts.vpp or 1,
+                             _form(training, opts))
     tried = (f"the two stages at most {MAX_EDGE_SHORTFALL} layers apart" if opts.pp == 2 else
              f"each edge stage at most {MAX_EDGE_SHORTFALL} layers lighter than a middle one")
     return f"{shown} on pp={opts.pp}: " + (problem or f"not among the splits the search tries ({tried})")
@@ -156,7 +157,7 @@ def why_not(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus:
     pinned = replace(opts, **pins)
     broken = broken_rules(model, hw, training, gpus, pinned)
     if broken:
-        return WhyNot(text, "invalid", [_uneven_detail(model, pinned, rule) for rule in broken])
+        return WhyNot(text, "invalid", [_uneven_detail(model, training, pinned, rule) for rule in broken])
     try:
         mine = search(model, hw, training, gpus, pinned).ranked.take(np.array([0]))
     except NoFitError as exc:
@@ -197,20 +198,27 @@ def why_not(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus:
                   term_deltas(mine, 0, best, 0))
 
 
-def _uneven_detail(model: ModelSpec, opts: SearchOptions, rule: str) -> str:
+def _form(training: TrainingSpec, opts: SearchOptions) -> str:
+    """How the framework interleaves an uneven split (layout.split.UNEVEN_FORMS)."""
+    return profile_for(training, opts.framework).rules.uneven_split
+
+
+def _uneven_detail(model: ModelSpec, training: TrainingSpec, opts: SearchOptions, rule: str) -> str:
     """``rule``, with the split and the vpp values that work when it is the uneven-split rule
     and pp is pinned."""
-    if not (rule == UNEVEN_RULE or rule.endswith(UNEVEN_INTERLEAVE_RULE)) or not opts.pp:
+    if not (rule == UNEVEN_RULE or rule.endswith((UNEVEN_INTERLEAVE_RULE, UNEVEN_LAYOUT_RULE))) \
+            or not opts.pp:
         return rule
+    form = _form(training, opts)
     if opts.first_stage_layers is not None and opts.last_stage_layers is not None:
         problem = uneven_problem(model.num_layers, opts.pp, opts.first_stage_layers,
-                                 opts.last_stage_layers, opts.vpp or 1)
+                                 opts.last_stage_layers, opts.vpp or 1, form)
         if problem:
             return f"{rule} ({problem})"
     first, last = default_uneven_split(model.num_layers, opts.pp)
     if first <= 0:
         return rule
-    works = uneven_vpp_options(model.num_layers, opts.pp, first, last, opts.max_vpp)
+    works = uneven_vpp_options(model.num_layers, opts.pp, first, last, opts.max_vpp or 16, form)
     return (f"{rule} ({model.num_layers} layers on pp={opts.pp} split {first}+..+{last}; "
             f"vpp {', '.join(map(str, works))} would do)")
 
