@@ -147,13 +147,14 @@ def _vpp_values(ctx) -> np.ndarray:
     """The divisors of the layer count (even splits), and every vpp with which an uneven split
     of a pp in ``ctx.pps`` interleaves in the framework's form (layout.split.uneven_vpp_options;
     e.g. Llama-3 405B, 126 layers, pp=16 as 7+..+7: vpp 2 and 4 in Megatron-Core's flag forms,
-    (126 + 2)/16 = 8 per rank; 1..7 in its layout form). Ascending int64."""
+    (126 + 2)/16 = 8 per rank; in its layout form those that divide the middle stages' 8 and
+    fit the edges' 7: 1, 2, 4). Ascending int64."""
     num_layers = ctx.model.num_layers
     values = set(divisors(num_layers).tolist())
     form = ctx.framework.rules.uneven_split
     for pp in np.asarray(ctx.pps).tolist():
         for f, la in uneven_splits(num_layers, pp):
-            values.update(uneven_vpp_options(num_layers, pp, f, la, ctx.bound or 16, form))
+            values.update(uneven_vpp_options(num_layers, pp, f, la, ctx.bound or 16, form, True))
     return np.array(sorted(values), dtype=np.int64)
 
 

@@ -176,13 +176,18 @@ def uneven_form_ok(num_layers: int, c, form: str) -> np.ndarray:
 
 
 def uneven_vpp_options(num_layers: int, pp: int, first: int, last: int, upto: int = 16,
-                       form: str = "megatron") -> list[int]:
+                       form: str = "megatron", even_middle: bool = False) -> list[int]:
     """The vpp values in 1..``upto`` with which the uneven split first+..+last of ``num_layers``
-    layers on ``pp`` stages passes in ``form`` (uneven_form_ok; for messages and the search's
-    vpp axis). [] if none does."""
+    layers on ``pp`` stages passes in ``form`` (uneven_form_ok; for messages); with
+    ``even_middle`` only those that also divide the middle stages' layers (the larger edge's
+    on pp 2) into equal chunks, the values the search tries (a layout string places any
+    count, but an uneven middle chunk only lengthens the slowest stage). [] if none does."""
     vpp = np.arange(1, upto + 1)
     ok = uneven_form_ok(num_layers, split_of(num_layers, np.full_like(vpp, pp), np.full_like(vpp, first),
                                              np.full_like(vpp, last), vpp), form)
+    if even_middle and form == "layout":
+        middle = (num_layers - first - last) // (pp - 2) if pp > 2 else max(first, last)
+        ok &= middle % vpp == 0
     return [int(v) for v in vpp[ok]]
 
 
