@@ -102,32 +102,52 @@ def has_sync(training: TrainingSpec, c) -> np.ndarray:
     return (training.moe_capacity_factor is None) & ~_graphs(c, "full_iteration")
 
 
-def rank_host_time(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c, costs: dict,
-                   times: dict, blocks: dict, overlap) -> np.ndarray:
-    """Exposed host seconds per micro-batch of one pipeline rank holding ``blocks`` ({kind:
-    count}, blocks.rank_blocks), given its blocks' GPU seconds (``costs``: step.LayerCost,
-    ``times``: compute.LayerTimes, split into forward and backward by their compute) and where
-    the EP overlap runs (``overlap``, bool array). 0 where the hardware profile states no host."""
+def block_host(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c,
+               costs: dict) -> dict | None:
+    """Per block kind of ``costs`` (step.LayerCost): (host seconds before the sync, after it,
+    backward; the block's host seconds in all; its GPU seconds without recomputation), once
+    per evaluation for rank_host_time. None where the hardware profile states no host."""
     if hw.host_cpu is None:
-        return 0.0
+        return None
     op = float(hw.host_cpu.op_time)
-    gpu_f, gpu_b, host = {}, {}, {}
-    for kind, n in blocks.items():
+    out = {}
+    for kind, cost in costs.items():
+        pre, post, back = block_ops(model, training, c, kind)
+        out[kind] = (op * pre, op * post, op * back, op * (pre + post + back), cost.total - cost.recompute)
+    return out
+
+
+def rank_host_time(model: ModelSpec, training: TrainingSpec, c, host: dict | None, times: dict,
+                   blocks: dict, overlap) -> np.ndarray:
+    """Exposed host seconds per micro-batch of one pipeline rank holding ``blocks`` ({kind:
+    count}, blocks.rank_blocks), given its blocks' host and GPU seconds (``host``: block_host;
+    the GPU's split into forward and backward by ``times``' compute, compute.LayerTimes) and
+    where the EP overlap runs (``overlap``, bool array). 0 where ``host`` is None."""
+    if host is None:
+        return 0.0
+    # without a sync the host runs ahead over the whole rank: only the totals matter
+    free = np.maximum(0.0, sum(blocks[k] * (host[k][3] - host[k][4]) for k in blocks))
+    n_moe = blocks.get(MOE, 0)
+    if model.moe is None or not np.any(n_moe) or not np.any(has_sync(training, c)):
+        return free
+    gpu_f, gpu_b = {}, {}
+    for kind in blocks:
         t = times[kind]
         share = t.forward / np.maximum(t.forward + t.backward, 1e-30)
-        gpu = costs[kind].total - costs[kind].recompute
-        gpu_f[kind], gpu_b[kind] = gpu * share, gpu * (1.0 - share)
-        pre, post, back = block_ops(model, training, c, kind)
-        host[kind] = (op * pre, op * post, op * back)
-    total = lambda d: sum(blocks[k] * d[k] for k in blocks)  # noqa: E731
-    h_f = sum(blocks[k] * (host[k][0] + host[k][1]) for k in blocks)
-    h_b = total({k: host[k][2] for k in blocks})
-    free = np.maximum(0.0, h_f + h_b - total(gpu_f) - total(gpu_b))  # the host runs ahead
-    n_moe = blocks.get(MOE, 0)
-    if model.moe is None or not np.any(n_moe):
-        return free
+        gpu_f[kind], gpu_b[kind] = host[kind][4] * share, host[kind][4] * (1.0 - share)
     return np.where(has_sync(training, c) & (np.asarray(n_moe) > 0),
-                    _synced(blocks, gpu_f, gpu_b, host, overlap), free)
+                    _synced(blocks, gpu_f, gpu_b, {k: host[k][:3] for k in blocks}, overlap), free)
+
+
+def _never_behind(blocks: dict, gpu_f: dict, gpu_b: dict, host: dict, g_af, g_ab, h_af, h_ab) -> bool:
+    """Whether no candidate's host falls behind in any segment of _synced: the most host time
+    of each segment (small arrays: host ops depend on few layout fields) within the least GPU
+    time of that segment. A shortcut that changes no value."""
+    worst = [(h_af + host[MOE][0], g_af), (host[MOE][1], gpu_f[MOE]), (h_ab, g_ab),
+             (h_ab + host[MOE][2], g_ab + gpu_b[MOE])]
+    if MLP in blocks:
+        worst += [(host[MLP][0], gpu_f[MLP]), (host[MLP][2], gpu_b[MLP])]
+    return all(float(np.max(h)) <= float(np.min(g)) for h, g in worst)
 
 
 def _synced(blocks: dict, gpu_f: dict, gpu_b: dict, host: dict, overlap) -> np.ndarray:
@@ -140,6 +160,8 @@ def _synced(blocks: dict, gpu_f: dict, gpu_b: dict, host: dict, overlap) -> np.n
     avg = lambda d, i=None: sum(blocks[k] * (d[k] if i is None else d[k][i]) for k in attn) / n_layers  # noqa: E731
     g_af, g_ab, h_af, h_ab = avg(gpu_f), avg(gpu_b), avg(host, 0), avg(host, 2)
     n_moe, n_dense = blocks[MOE], n_layers - blocks[MOE]
+    if _never_behind(blocks, gpu_f, gpu_b, host, g_af, g_ab, h_af, h_ab):
+        return 0.0
     pre = np.maximum(0.0, h_af + host[MOE][0] - g_af)
     post = np.maximum(0.0, host[MOE][1] - gpu_f[MOE])
     node = np.maximum(0.0, host[MOE][1] + h_ab + host[MOE][2] - gpu_f[MOE] - g_ab - gpu_b[MOE])

@@ -23,7 +23,7 @@ from . import model_flops as mf
 from .collectives import Links
 from .blocks import rank_blocks
 from .comm import BlockComm, RankComm, a2a_overlap_on, block_comm, rank_comm
-from .host import rank_host_time
+from .host import block_host, rank_host_time
 from .estimate import (LINK_GROUPS, MEMORY_TERMS, TIME_TERMS, Estimate, memory_by_rank,  # noqa: F401
                        memory_total, peak_memory, rank_kinds)
 from .memory import RANK_KINDS, rank_index, zero_divisors
@@ -175,8 +175,9 @@ def evaluate(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c,
     edges = {kind: np.where(ranks[kind].is_last, output, 0.0) for kind in RANK_KINDS}
     extra = {kind: rank_extra(kind, edges, ranks[kind]) for kind in RANK_KINDS}
     overlap = a2a_overlap_on(c) if model.moe is not None else False
-    for kind in RANK_KINDS:                                               # host (CPU) time
-        extra[kind]["host"] = rank_host_time(model, hw, training, c, costs, times, counts[kind], overlap)
+    host = block_host(model, hw, training, c, costs)                     # host (CPU) time
+    for kind in RANK_KINDS:
+        extra[kind]["host"] = rank_host_time(model, training, c, host, times, counts[kind], overlap)
     if np.any(uses_host_memory(c)):  # pp 1 only: every rank kind is rank 0
         stall = offload_stall(model, hw, training, c, times, counts["first"], rank_index(c, "first"))
         for kind in RANK_KINDS:

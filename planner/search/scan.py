@@ -163,8 +163,10 @@ def _allowed(profile, hw: HardwareProfile, model: ModelSpec, training: TrainingS
              shape: tuple) -> np.ndarray:
     """Where the software rules (search.software_rules) allow each combination: bool array of
     ``shape`` (candidates' shape + the axes' sizes)."""
-    return np.logical_and.reduce([np.broadcast_to(m, shape) for m in
-                                  software_masks(profile, model, training, wide, hw).values()])
+    ok = np.ones((), dtype=bool)
+    for mask in software_masks(profile, model, training, wide, hw).values():
+        ok = ok & mask  # each mask at its own fields' broadcast shape: no stacked copy
+    return np.broadcast_to(ok, shape)
 
 
 def preferred_software(profile, hw: HardwareProfile, model: ModelSpec, training: TrainingSpec, c,
