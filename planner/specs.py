@@ -200,7 +200,7 @@ class TrainingSpec(_Strict):
     tp_backward_overlap: bool = True
     # Expert biases and a clamped SwiGLU as separate elementwise passes over the routed rows
     # (framework_spec.Runtime.moe_unfused_bias_glu; cost.blocks.elementwise_bytes_per_token).
-    moe_unfused_bias_glu: bool = False
+    moe_unfused_bias_glu: bool = True
     # The library that runs FP8 in this framework: Transformer Engine (FP8 weight copies, FP8
     # inputs saved for backward, FP8 parameter all-gather), torchao (casts each step, saves the
     # 16-bit inputs), or none (no FP8 training).

@@ -100,6 +100,11 @@ def _layout_dict(short: str) -> dict:
             fields["sequence_parallel"] = True
         elif key == "offload":
             fields["offload_layers"] = int(value)
+        elif key in ("tpoverlap", "a2aoverlap"):  # software switches (layout.axes): on when named
+            fields["tp_comm_overlap" if key == "tpoverlap" else "moe_a2a_overlap"] = True
+        elif key in ("dispatcher", "graphs", "schedule"):
+            fields[{"dispatcher": "moe_dispatcher", "graphs": "cuda_graphs",
+                    "schedule": "pipeline_schedule"}[key]] = value
         elif key == "recompute":  # full:N = full recompute of N layers per chunk
             mode, _, n = value.partition(":")
             fields["recompute"], fields["recompute_num_layers"] = mode, int(n or 0)
@@ -175,7 +180,9 @@ def test_search_json_has_gpus_and_max_gpus_table_shows_them():
     head = next(line for line in out.splitlines() if line.lstrip().startswith("#"))
     cols = [c.strip() for c in head.split("┃")]
     assert cols[-1] == "GPUs"  # every shown layout uses 1,024: the column still says so
-    assert cols[1:4] == ["tp", "cp", "pp"]  # cp beside tp, as in "tp=2 cp=2 pp=16"
+    degrees = [c for c in cols if c in ("tp", "cp", "pp", "dp")]
+    assert cols[1:1 + len(degrees)] == degrees  # as in "tp=2 cp=2 pp=16": cp beside tp
+    assert degrees[:1] == ["tp"] and degrees[-1] == "dp"
     code, out, err = cli("search", "--model", "175b", "--max-gpus", "1024", "--top", "3")
     head = [line for line in out.splitlines() if "┃" in line][:3]  # 80 columns: stacked figures
     assert [c.strip() for c in head[2].split("┃")][2] == "GPUs"  # third line of the first stack
@@ -183,9 +190,10 @@ def test_search_json_has_gpus_and_max_gpus_table_shows_them():
 
 def test_top_beyond_the_kept_layouts_says_so():
     code, out, err = cli("search", "--model", "175b", "--gpus", "512", "--top", "100000", "--json")
-    assert code == 0 and len(json.loads(out)) == 256  # search.KEEP
-    assert re.fullmatch(r"note: --top 100,000 shows the best 256 of the [0-9,]+ layouts that fit "
-                        r"\(the search keeps 256\)", " ".join(err.split())), err  # wrapped at 80
+    rows = json.loads(out)  # a row stands for the layouts that tie with it exactly (ties)
+    shown = re.fullmatch(r"note: --top 100,000 shows the best ([0-9]+) rows \(256 layouts\) of the "
+                         r"[0-9,]+ layouts that fit \(the search keeps 256\)", " ".join(err.split()))
+    assert code == 0 and shown and int(shown.group(1)) == len(rows) <= 256, err  # search.KEEP
     code, out, err = cli("search", "--model", "175b", "--gpus", "512", "--top", "3", "--json")
     assert code == 0 and err == ""
 

@@ -24,14 +24,17 @@ def plan_file(tmp_path_factory):
 
 def _edited(plan_file, tmp_path, **layout):
     data = yaml.safe_load(plan_file.read_text())
-    data["layout"].update(layout)
+    lay = data["layout"]
+    lay.update({k: v(lay) if callable(v) else v for k, v in layout.items()})
     path = tmp_path / "edited.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
 
 
 @pytest.mark.parametrize("edit, rule", [
-    ({"tp": 1, "dp": 16, "sequence_parallel": True}, "sequence parallel needs tp > 1"),
+    # the winner's TP ranks moved to DP (the GPU count kept), SP left on
+    ({"dp": lambda lay: lay["dp"] * lay["tp"], "tp": 1, "sequence_parallel": True},
+     "sequence parallel needs tp > 1"),
     ({"vpp": 5}, "layers divisible by pp*vpp"),
 ])
 @pytest.mark.parametrize("command", [

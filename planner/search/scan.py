@@ -207,7 +207,20 @@ def refine_software(model: ModelSpec, hw: HardwareProfile, training: TrainingSpe
     """Time the pool's best max(REFINE, 8 x keep) layouts (and the exact ties at that cut) with
     their fastest allowed software (software_step), and put them back in ``out``'s pool with
     their new scores and software."""
-    if not grid.software or not out.pool_score:
+    if not grid.software:
+        return
+    profile = profile_for(training, opts.framework)
+    if out.fastest_index >= 0 and opts.deadline_s is not None:  # the fastest, named when none is in time
+        at = np.array([out.fastest_index])
+        c = as_scanned(grid, out, at)
+        step, chosen = software_step(model, hw, training, profile, c, grid.software)
+        _, wall = objective.layout_scores(model, hw, training, c, step,
+                                          training.global_batch_size * training.seq_length / step,
+                                          opts, tokens)
+        for name, codes in chosen.items():
+            out.software[name].add(at, codes + 1)
+        out.fastest_s = float(wall[0])
+    if not out.pool_score:
         return
     scores, index = np.concatenate(out.pool_score), np.concatenate(out.pool_index)
     n = min(max(REFINE, 8 * opts.keep), scores.size)
@@ -215,8 +228,7 @@ def refine_software(model: ModelSpec, hw: HardwareProfile, training: TrainingSpe
     top = scores >= cut
     at = index[top]
     c = as_scanned(grid, out, at)
-    step, chosen = software_step(model, hw, training, profile_for(training, opts.framework), c,
-                                 grid.software)
+    step, chosen = software_step(model, hw, training, profile, c, grid.software)
     tokens_per_s = training.global_batch_size * training.seq_length / step
     score, wall = objective.layout_scores(model, hw, training, c, step, tokens_per_s, opts, tokens)
     for name, codes in chosen.items():
