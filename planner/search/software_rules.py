@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..cost.offload import uses_host_memory
 from ..cost.precision import blackwell
 from ..framework_spec import CUDA_GRAPHS, MOE_DISPATCHERS, FrameworkProfile
 from ..layout import RECOMPUTE_CODES
@@ -116,7 +117,7 @@ def _graph_masks(profile: FrameworkProfile, model: ModelSpec, training: Training
     out = {f"{d} captures CUDA graphs {' / '.join(r.cuda_graphs)}": np.isin(graphs, offered),
            f"{d}: layer CUDA graphs neither with full recomputation nor with activation offload":
                (graphs != layers) | ((np.asarray(c.recompute) != RECOMPUTE_CODES["full"])
-                                     & (np.asarray(c.offload_layers) == 0))}
+                                     & ~uses_host_memory(c))}
     if model.moe is not None and training.moe_capacity_factor is None:
         out[f"{d}: a full-iteration CUDA graph of a dropless MoE needs a static capacity "
             "(--moe-capacity-factor)"] = graphs != full_iteration
