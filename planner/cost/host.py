@@ -80,19 +80,27 @@ def _moe_ops(model: ModelSpec, training: TrainingSpec, c) -> tuple:
 
 def block_ops(model: ModelSpec, training: TrainingSpec, c, kind: str) -> tuple:
     """(forward before the sync, forward after it, backward) host operations of one block of
-    ``kind`` per micro-batch, with the candidates' CUDA graphs: layers captures a dense block
-    (and a drop-and-pad MoE block) as one replay each way and a dropless MoE block's router
-    and preprocessing as one; full_iteration leaves none per layer. Broadcast float arrays."""
+    ``kind`` per micro-batch, with the candidates' CUDA graphs: layers captures an attention
+    block and a dense MLP (and a drop-and-pad MoE block) as one replay each way and a dropless
+    MoE block's router and preprocessing as one, but beside EP overlap neither an MLP nor an
+    MoE block (transformer_config.py L3063-3071 @d98e8a64: no mlp or moe graph modules with
+    --overlap-moe-expert-parallel-comm); full_iteration leaves none per layer. Broadcast float
+    arrays."""
     layers, whole = _graphs(c, "layers"), _graphs(c, "full_iteration")
+    if kind in (MLP, MOE) and model.moe is not None:
+        layers_ffn = layers & ~np.asarray(c.moe_a2a_overlap, dtype=bool)
+    else:
+        layers_ffn = layers
     if kind != MOE:
         f, b = _dense_ops(model, training, c, kind)
-        f, b = np.where(layers, 1.0, f), np.where(layers, 1.0, b)
+        captured = layers if kind != MLP else layers_ffn
+        f, b = np.where(captured, 1.0, f), np.where(captured, 1.0, b)
         return np.where(whole, 0.0, f), 0.0, np.where(whole, 0.0, b)
     f, b = _moe_ops(model, training, c)
     dropless = training.moe_capacity_factor is None
     pre = np.where(layers, 1.0, ROUTER_OPS)
-    post = np.where(layers & (not dropless), 0.0, f - ROUTER_OPS)
-    b = np.where(layers & (not dropless), 1.0, b)
+    post = np.where(layers_ffn & (not dropless), 0.0, f - ROUTER_OPS)
+    b = np.where(layers_ffn & (not dropless), 1.0, b)
     return np.where(whole, 0.0, pre), np.where(whole, 0.0, post), np.where(whole, 0.0, b)
 
 

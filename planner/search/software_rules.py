@@ -31,7 +31,7 @@ def software_masks(profile: FrameworkProfile, model: ModelSpec, training: Traini
     ``hw`` also what the hardware decides (the host's GPUs, the GPU's SMs, Blackwell)."""
     tp_ovl = _code(c, "tp_comm_overlap").astype(bool)
     out = _tp_overlap_masks(profile, model, c, tp_ovl, hw)
-    out.update(_dispatcher_masks(profile, model, c))
+    out.update(_dispatcher_masks(profile, model, training, c, hw))
     out.update(_a2a_overlap_masks(profile, model, c, tp_ovl, hw))
     out.update(_graph_masks(profile, model, training, c))
     return out
@@ -61,8 +61,11 @@ def _tp_overlap_masks(profile: FrameworkProfile, model: ModelSpec, c, tp_ovl, hw
     return out
 
 
-def _dispatcher_masks(profile: FrameworkProfile, model: ModelSpec, c) -> dict[str, np.ndarray]:
-    """The dispatcher the framework runs; without experts the default; DeepEP's assertion."""
+def _dispatcher_masks(profile: FrameworkProfile, model: ModelSpec, training: TrainingSpec, c,
+                      hw) -> dict[str, np.ndarray]:
+    """The dispatcher the framework runs and the cluster has (with ``hw``: its
+    moe_dispatch.backends); without experts the default; DeepEP's assertions: etp*ep > 1 and no
+    padding to capacity (TC L1754-1761, which a capacity factor means here)."""
     r, d = profile.rules, profile.display
     disp = _code(c, "moe_dispatcher")
     out: dict[str, np.ndarray] = {}
@@ -74,8 +77,15 @@ def _dispatcher_masks(profile: FrameworkProfile, model: ModelSpec, c) -> dict[st
     if len(offered) < len(MOE_DISPATCHERS):
         out[f"{d} dispatches tokens with {' / '.join(r.moe_dispatchers)}"] = np.isin(disp, offered)
     # TD L1836: "DeepEP dispatcher requires TPxEP > 1", TP being the expert TP group
-    out["the DeepEP dispatcher needs etp*ep > 1"] = \
-        (disp != MOE_DISPATCHERS.index("deepep")) | (np.asarray(c.etp) * np.asarray(c.ep) > 1)
+    deepep = disp == MOE_DISPATCHERS.index("deepep")
+    out["the DeepEP dispatcher needs etp*ep > 1"] = ~deepep | (np.asarray(c.etp) * np.asarray(c.ep) > 1)
+    if training.moe_capacity_factor is not None:
+        out["the DeepEP dispatcher does not pad to a capacity (--moe-capacity-factor)"] = ~deepep
+    if hw is not None:
+        have = {"alltoall", "allgather"} | set(getattr(hw.moe_dispatch, "backends", None) or [])
+        codes = [MOE_DISPATCHERS.index(x) for x in sorted(have)]
+        out[f"{hw.name} runs the dispatchers {' / '.join(sorted(have))} (its moe_dispatch)"] = \
+            np.isin(disp, codes)
     return out
 
 
@@ -97,6 +107,12 @@ def _a2a_overlap_masks(profile: FrameworkProfile, model: ModelSpec, c, tp_ovl, h
         (model.mtp_layers <= 1)
     out = {f"{d}: EP overlap needs ep > 1, vpp > 1 with pp > 1, no full recompute, the alltoall "
            "or a fused dispatcher and at most one MTP layer": ~on | ok}
+    graphs = _code(c, "cuda_graphs") == CUDA_GRAPHS.index("layers")
+    if model.bias or model.qkv_bias:  # ARGS L1924-1927: delayed wgrad beside graphed attention
+        out[f"{d}: EP overlap with layer CUDA graphs needs attention without biases"] = ~(on & graphs)
+    # Megatron-FSDP's adapter refuses EP overlap beside per-layer graphs
+    out[f"{d}: EP overlap with layer CUDA graphs not under Megatron-FSDP (ZeRO-2/3)"] = \
+        ~(on & graphs & (np.asarray(c.zero_stage) >= 2))
     if hw is None or not blackwell(hw):
         out[f"{d}: EP overlap and TP communication overlap need opposite "
             "CUDA_DEVICE_MAX_CONNECTIONS before Blackwell"] = ~(on & tp_ovl)
@@ -114,10 +130,14 @@ def _graph_masks(profile: FrameworkProfile, model: ModelSpec, training: Training
         return {}
     offered = [CUDA_GRAPHS.index(x) for x in r.cuda_graphs]
     layers, full_iteration = CUDA_GRAPHS.index("layers"), CUDA_GRAPHS.index("full_iteration")
-    out = {f"{d} captures CUDA graphs {' / '.join(r.cuda_graphs)}": np.isin(graphs, offered),
+    out = {(f"{d} captures CUDA graphs {' / '.join(r.cuda_graphs)}" if len(offered) > 1 else
+            f"{d} captures no CUDA graphs"): np.isin(graphs, offered),
            f"{d}: layer CUDA graphs neither with full recomputation nor with activation offload":
                (graphs != layers) | ((np.asarray(c.recompute) != RECOMPUTE_CODES["full"])
                                      & ~uses_host_memory(c))}
+    if model.dropout > 0:  # TC L2876-2885: attention dropout with graphed core-attention recompute
+        out[f"{d}: layer CUDA graphs with attention dropout not beside selective recompute"] = \
+            (graphs != layers) | (np.asarray(c.recompute) != RECOMPUTE_CODES["selective"])
     if model.moe is not None and training.moe_capacity_factor is None:
         out[f"{d}: a full-iteration CUDA graph of a dropless MoE needs a static capacity "
             "(--moe-capacity-factor)"] = graphs != full_iteration
