@@ -132,7 +132,8 @@ def _tp_overlapped(tp: "_Timer", tps: list, layer: LayerTimes, sm_count: int | N
     (the column-parallel forward GEMM; in backward the row-parallel input-gradient GEMM, as
     long as the row-parallel forward one); the pipelined reduce-scatter its last chunk and
     what the rest takes beyond the row-parallel GEMM, plus that GEMM's slowdown on sm_count -
-    TP_OVERLAP_SMS SMs. Broadcast arrays."""
+    TP_OVERLAP_SMS SMs; the backward's bulk overlaps slow the column-parallel dgrad and wgrad
+    GEMMs alike (TE's default set_sm_margin for both methods). Broadcast arrays."""
     col = layer.column_parallel_share * layer.gemm_forward
     row = layer.gemm_forward - col
     margin = row * TP_OVERLAP_SMS / max((sm_count or 0) - TP_OVERLAP_SMS, 1) if sm_count else 0.0
@@ -144,7 +145,10 @@ def _tp_overlapped(tp: "_Timer", tps: list, layer: LayerTimes, sm_count: int | N
         return np.maximum(0.0, ag - col) + last + np.maximum(0.0, rs - last - row) + margin * (rs > 0)
 
     gather = tp.total(tps, phase="backward", overlap="", kind="all_gather")
-    return forward("forward"), forward("recompute"), np.maximum(0.0, gather - row)
+    # the bulk overlaps beside the column-parallel dgrad and wgrad GEMMs take the same SMs
+    bulk = 2.0 * col * TP_OVERLAP_SMS / max((sm_count or 0) - TP_OVERLAP_SMS, 1) if sm_count else 0.0
+    bulk = bulk * (tp.total(tps, phase="backward", overlap="wgrad") > 0)
+    return forward("forward"), forward("recompute"), np.maximum(0.0, gather - row) + bulk
 
 
 def _backward_window(training: TrainingSpec, c, layer: LayerTimes):
