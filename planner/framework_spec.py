@@ -37,6 +37,10 @@ from .quantities import NAME_PATTERN, Bandwidth, Bytes, _Strict
 # selective+ = --recompute-modules layernorm moe_act mla_up_proj (the light modules that apply to
 # the model, as Megatron-Bridge's MoE recipes set them; moe.md 5.3).
 RECOMPUTE_MODES = ("none", "selective", "full", "selective+")
+# The pipeline schedules a framework may run (Rules.pipeline_schedules; the layout axis's values,
+# layout.axes, in this order: the first two are the ones vpp implies)
+PIPELINE_SCHEDULES = ("1f1b", "interleaved-1f1b", "gpipe", "looped-bfs", "interleaved-zero-bubble",
+                      "zbv", "dualpipev", "dualpipe")
 Recompute = Literal[RECOMPUTE_MODES]
 SELECTIVE_PLUS_MODULES = ("layernorm", "moe_act", "mla_up_proj")
 GradDtype = Literal["fp32", "bf16", "fp16"]
@@ -101,6 +105,10 @@ class Rules(_Facts):
       only: ep divides dp, DeepSpeed-MoE) or ``fsdp_cp_tp`` (torchtitan 0.3: ep divides
       FSDP degree x cp x tp, the FSDP degree being dp under ZeRO-3 and 1 under DDP).
     - ``tied_embeddings_with_pp``: a model with tied embeddings may use pp > 1.
+    - ``pipeline_schedules``: the pipeline schedules it runs (layout.axes.PIPELINE_SCHEDULES:
+      1f1b, interleaved-1f1b, gpipe, looped-bfs, interleaved-zero-bubble, zbv, dualpipev,
+      dualpipe; reference/pipeline_schedules.md framework support matrix); default the two
+      that vpp implies (interleaved 1F1B only where ``interleaving``).
     Model rules (checked before a search; planner.frameworks.rules.model_problems):
     ``attention``, ``position_embedding``, ``activation``, ``norm``: the kinds it builds;
     ``dtypes``: the training dtypes; ``integer_rope_base``: the RoPE base must be an integer
@@ -120,8 +128,12 @@ class Rules(_Facts):
     zero_stages: list[Literal[0, 1, 2, 3]] = Field(min_length=1)
     max_zero_stage_with_pp: Literal[0, 1, 2, 3]
     max_zero_stage_with_moe: Literal[0, 1, 2, 3] = 3
+    pipeline_schedules: list[Literal[PIPELINE_SCHEDULES]] = Field(
+        default=["1f1b", "interleaved-1f1b"], min_length=1)
     DEFAULT_SOURCES: ClassVar[dict[str, str]] = {
-        "max_zero_stage_with_moe": "no ZeRO stage limit for MoE layers is known in this framework"}
+        "max_zero_stage_with_moe": "no ZeRO stage limit for MoE layers is known in this framework",
+        "pipeline_schedules": "no schedule beyond the ones vpp implies (1F1B, interleaved 1F1B) is "
+                              "recorded for this framework"}
     distributed_optimizer: bool
     recompute: list[Recompute] = Field(min_length=1)
     recompute_num_layers: bool

@@ -22,6 +22,7 @@ from ..layout.axes import IMPLIED_FIELDS, KNOB_FIELDS, SOLVED_FIELDS, SPLIT_FIEL
 from ..layout.split import divisors, uneven_splits
 from ..specs import HardwareProfile, ModelSpec, TrainingSpec
 from .options import SearchOptions
+from .framework_rules import profile_for
 from .rules import folds
 
 
@@ -242,12 +243,16 @@ def build_grid(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gp
 def knob_values(model: ModelSpec, training: TrainingSpec, opts: SearchOptions, pps: np.ndarray,
                 name: str) -> np.ndarray:
     """The values knob axis ``name`` takes in the grid (layout.axes: its ``values`` within its
-    bound), or its pin alone; a choice as its code. Int64 (bool for a bool axis)."""
+    bound, or what the framework offers: ``offered`` of opts.framework's rules, else of the
+    profile the training names), or its pin alone; a choice as its code. Int64 (bool for a
+    bool axis)."""
     a = BY_NAME[name]
     pin = getattr(opts, name)
     dtype = bool if a.kind is bool else np.int64
     if pin is not None:
         return np.array([a.code(pin)], dtype=dtype)
+    if a.offered is not None:  # from the framework's rules (IMPLIED: what the others imply)
+        return np.asarray(a.offered(profile_for(training, opts.framework).rules), dtype=dtype)
     bound = getattr(opts, a.bound) if a.bound else None
     values = np.asarray(a.values(model, training, pps, bound))
     return (values if bound is None else values[values <= bound]).astype(dtype)

@@ -48,7 +48,8 @@ CALL_COST = 16_384
 # rarely doubles a box; then recomputation, ZeRO stage and micro-batch size (measured: about
 # half the sub-grids and a fifth fewer layouts than the grid's own axis order).
 SORT_AXES = tuple(KNOB_FIELDS.index(name) for name in (
-    "sequence_parallel", "vpp", "recompute", "zero_stage", "micro_batch_size", "distributed_optimizer"))
+    "sequence_parallel", "vpp", "pipeline_schedule", "recompute", "zero_stage", "micro_batch_size",
+    "distributed_optimizer"))
 
 Boxes = list  # per knob axis k, a (split rows, len(knob k)) bool array: the values a row keeps
 
