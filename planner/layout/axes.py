@@ -248,7 +248,7 @@ AXES: tuple[Axis, ...] = (
          help="pipeline schedule",
          keys=("schedule", "pipeline_schedule"), label=_schedule, printed=10.5,
          stated_text="1f1b, interleaved-1f1b with --vpp > 1", implied=_interleaved,
-         offered=_offered_schedules, title_text="pipeline schedule"),
+         offered=_offered_schedules, title_text="pipeline schedule", column="schedule"),
     Axis("offload_layers", int, default=0, minimum=0, role="solved", flag="--offload-layers",
          help="layers whose activations go to host memory over the host link (Megatron-Core "
               "--cpu-offloading-num-layers: pp 1, no recomputation)",

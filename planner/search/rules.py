@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..layout import BY_NAME, Candidates
+from ..cost.pipeline import schedule_chunks_ok
+from ..cost.pipeline import schedule_microbatches_ok as schedule_mb_ok
+from ..layout import Candidates
 from ..layout.split import uneven_ok
 from ..specs import ModelSpec, TrainingSpec
 
@@ -73,38 +75,18 @@ def constraint_masks(model: ModelSpec, training: TrainingSpec, nvlink_domain: in
 SCHEDULE_RULE = "pipeline schedule: its model chunks per rank (vpp) and pp > 1 beyond 1F1B"
 SCHEDULE_MB_RULE = ("pipeline schedule: the micro-batches its generator takes (DualPipe p, m even "
                     "and m >= 2p; DualPipeV m >= 2p; interleaved zero bubble PyTorch's rounds)")
-_CODE = {name: code for code, name in enumerate(BY_NAME["pipeline_schedule"].choices)}
 
 
 def schedule_ok(c) -> np.ndarray:
-    """The pipeline schedule against the virtual stages (model chunks per rank, vpp): 1F1B,
-    GPipe and DualPipe run one chunk per rank; interleaved 1F1B (Narayanan et al. 2021 Sec.
-    2.2), looped BFS and interleaved zero bubble vpp > 1; the V shapes ZB-V and DualPipeV exactly
-    two (PyTorch raises otherwise; reference/pipeline_schedules.md §8, §11); every schedule but
-    1F1B and interleaved 1F1B (the frameworks' own interleaving rules) needs pp > 1 (with pp = 1
-    there is no pipeline to schedule). Bool array."""
-    code, vpp, pp = np.asarray(c.pipeline_schedule), np.asarray(c.vpp), np.asarray(c.pp)
-    one = np.isin(code, [_CODE["1f1b"], _CODE["gpipe"], _CODE["dualpipe"]])
-    two = np.isin(code, [_CODE["zbv"], _CODE["dualpipev"]])
-    chunks = np.where(one, vpp == 1, np.where(two, vpp == 2, vpp > 1))
-    return chunks & ((pp > 1) | (code <= _CODE["interleaved-1f1b"]))
+    """The pipeline schedule against the model chunks per rank and pp (cost.pipeline.
+    schedule_chunks_ok: the generators' own constraints). Bool array."""
+    return schedule_chunks_ok(c.pipeline_schedule, c.vpp, c.pp)
 
 
 def schedule_microbatches_ok(c, m) -> np.ndarray:
-    """The micro-batches per step ``m`` each schedule's generator takes (planner.schedule.orders,
-    reference §9-§11): DualPipe p and m even and m >= 2p (deepseek-ai/DualPipe@3da1bbe
-    dualpipe.py L332-333); DualPipeV m >= 2p (dualpipev.py L318); interleaved zero bubble
-    m >= p and m a multiple of max(1, m // p) (PyTorch ScheduleInterleavedZeroBubble's rounds,
-    pytorch@00722e648b74 schedules.py; its step time is in closed form only for m >= p).
-    1F1B, interleaved 1F1B, GPipe, looped BFS and ZB-V: their frameworks' rules. Bool array."""
-    code, pp = np.asarray(c.pipeline_schedule), np.asarray(c.pp)
-    m = np.asarray(m)
-    dual = (pp % 2 == 0) & (m % 2 == 0) & (m >= 2 * pp)
-    rounds = np.maximum(1, m // np.maximum(pp, 1))
-    return np.where(code == _CODE["dualpipe"], dual,
-                    np.where(code == _CODE["dualpipev"], m >= 2 * pp,
-                             np.where(code == _CODE["interleaved-zero-bubble"],
-                                      (m >= pp) & (m % rounds == 0), True)))
+    """The micro-batches per step ``m`` the schedule's generator takes (cost.pipeline.
+    schedule_microbatches_ok). Bool array."""
+    return schedule_mb_ok(c.pipeline_schedule, c.pp, m)
 
 
 RECOMPUTE_LAYERS_RULE = "recompute_num_layers only with full recompute, at most a model chunk's layers"

@@ -110,7 +110,8 @@ def step_pass(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gri
         index = grid.index_of(rows, values)
         sub = grid.take(rows, values)
         c = with_scanned_layers(sub.candidates(), out, index, sub.shape)  # least N (memory_pass)
-        est = evaluate(model, hw, training, c, summary=True)
+        # the simulated pipeline schedules are simulated only where the layout fits
+        est = evaluate(model, hw, training, c, summary=True, where=fits[index].reshape(sub.shape))
         score, wall = objective.layout_scores(model, hw, training, c, est.time["step"],
                                               est.throughput["tokens_per_s"], opts, tokens)
         fit = np.flatnonzero(fits[index])
