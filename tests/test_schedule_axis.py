@@ -98,3 +98,38 @@ def test_megatron_and_deepspeed_refuse_what_they_do_not_run():
     assert _check("torchtitan", vpp=2, pipeline_schedule="zbv").pipeline_schedule == "zbv"
     with pytest.raises(UsageError, match="torchtitan runs the pipeline schedules"):
         _check("torchtitan", vpp=1, pipeline_schedule="dualpipe")
+
+
+def _plan(schedule: str, vpp: int):
+    from planner import __version__
+    from planner.plan import Plan
+    model, hw = catalog.resolve_model("llama3-8b"), catalog.resolve_hardware("dgx-h100")
+    return Plan(plan3d_version=__version__, model=model, hardware=hw, gpus=16,
+                training=TrainingSpec(seq_length=2048, global_batch_size=64, framework="torchtitan"),
+                layout=Layout(tp=1, pp=4, dp=4, zero_stage=3, micro_batch_size=1, vpp=vpp,
+                              pipeline_schedule=schedule),
+                framework=catalog.resolve_framework("torchtitan"))
+
+
+@pytest.mark.parametrize("schedule,vpp,name", [("zbv", 2, "ZBVZeroBubble"),
+                                               ("dualpipev", 2, "DualPipeV"),
+                                               ("interleaved-zero-bubble", 2, "InterleavedZeroBubble"),
+                                               ("gpipe", 1, "GPipe"), ("looped-bfs", 2, "LoopedBFS")])
+def test_torchtitan_exports_the_schedule_by_its_name(schedule, vpp, name):
+    # parallelism.pipeline_parallel_schedule, PyTorch's get_schedule_class names, in both formats
+    from planner.frameworks import export_plan
+    plan = _plan(schedule, vpp)
+    overrides = export_plan(plan, "torchtitan", "overrides")
+    toml = export_plan(plan, "torchtitan", "toml")
+    assert f"--parallelism.pipeline_parallel_schedule {name} \\" in overrides.text
+    assert f'pipeline_parallel_schedule = "{name}"' in toml.text
+    assert ("split" in overrides.text) == (schedule in ("zbv", "dualpipev", "interleaved-zero-bubble"))
+    # Llama 3 8B: 32 layers on 4 ranks x vpp stages each: 32 / (4 vpp) per stage
+    assert f"--parallelism.pipeline_parallel_layers_per_stage {32 // (4 * vpp)} \\" in overrides.text
+
+
+def test_megatron_export_refuses_a_schedule_it_lacks():
+    from planner.frameworks import export_plan
+    with pytest.raises(UsageError, match="Megatron-Core runs the pipeline schedules 1f1b, "
+                                         "interleaved-1f1b"):
+        export_plan(_plan("zbv", 2), "megatron")
