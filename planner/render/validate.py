@@ -24,6 +24,8 @@ def value_text(name: str, value) -> str:
         return value
     if name.startswith("loss"):
         return fmt.loss(value)
+    if name.startswith("schedule "):  # ops in the order / chunks in flight: counts
+        return f"{int(value):,} " + ("ops" if name.startswith("schedule order") else "chunks")
     if "time" in name:
         return fmt.seconds(float(value))
     if "bytes" in name or "peak" in name:
