@@ -138,15 +138,17 @@ def _pipeline_masks(profile: FrameworkProfile, model: ModelSpec, c, m, pp, vpp) 
 
 def schedule_masks(profile: FrameworkProfile, c) -> dict:
     """The pipeline schedules the framework runs (Rules.pipeline_schedules, with its source):
-    {rule: mask}, or {} where it runs every schedule plan3d knows. The schedule of a layout
-    with pp = 1 is 1F1B (search.rules.schedule_ok), which every framework runs."""
+    {rule: mask}, or {} where it runs every schedule plan3d knows. The two that vpp implies
+    (1F1B, interleaved 1F1B) are the interleaving rules' (_pipeline_masks), and the schedule of
+    a layout with pp = 1 is 1F1B, which every framework runs."""
     names = profile.rules.pipeline_schedules
     choices = BY_NAME["pipeline_schedule"].choices
     if set(choices) <= set(names):
         return {}
-    codes = [choices.index(name) for name in names]
+    code = np.asarray(c.pipeline_schedule)
+    implied = code <= choices.index("interleaved-1f1b")
     return {f"{profile.display} runs the pipeline schedules {', '.join(names)}":
-            np.isin(np.asarray(c.pipeline_schedule), codes) | (np.asarray(c.pp) == 1)}
+            np.isin(code, [choices.index(name) for name in names]) | implied | (np.asarray(c.pp) == 1)}
 
 
 def _expert_masks(profile: FrameworkProfile, c) -> dict:
