@@ -202,7 +202,10 @@ def holds_embedding(c, rank) -> np.ndarray:
     also rank pp-1, which holds stage 0 of the second direction (deepseek-ai/DualPipe@3da1bbe
     dualpipe.py L345-353). Bool array."""
     rank, pp = np.asarray(rank), np.asarray(c.pp)
-    return (rank == 0) | ((np.asarray(c.pipeline_schedule) == _DUALPIPE) & (rank == pp - 1))
+    dual = np.asarray(c.pipeline_schedule) == _DUALPIPE
+    if not np.any(dual):  # the common case keeps the small shape of rank
+        return rank == 0
+    return (rank == 0) | (dual & (rank == pp - 1))
 
 
 def holds_head(c, rank) -> np.ndarray:
@@ -211,6 +214,8 @@ def holds_head(c, rank) -> np.ndarray:
     with DualPipe ranks 0 and pp-1 (stage p-1 of one direction each) (reference §8, §10, §11;
     torchtitan pipeline_parallel.py L560-567). Bool array."""
     rank, pp, code = np.asarray(rank), np.asarray(c.pp), np.asarray(c.pipeline_schedule)
+    if not np.any(code >= SIMULATED):  # the common case keeps the small shape of rank and pp
+        return rank == pp - 1
     last = np.where(v_shaped(c), rank == 0, rank == pp - 1)
     return last | ((code == _DUALPIPE) & (rank == 0))
 
@@ -218,8 +223,10 @@ def holds_head(c, rank) -> np.ndarray:
 def param_copies(c) -> np.ndarray:
     """Copies of its stage's parameters a rank holds: 2 with DualPipe (stages r and p-1-r of the
     two directions, DeepSeek-V3 §3.2.1; their gradients summed across the mirrored ranks,
-    DualPipe examples/example_dualpipe.py L167-174), else 1. Float array."""
-    return np.where((np.asarray(c.pipeline_schedule) == _DUALPIPE) & (np.asarray(c.pp) > 1), 2.0, 1.0)
+    DualPipe examples/example_dualpipe.py L167-174), else 1. Float array (1.0 where no
+    candidate runs DualPipe)."""
+    dual = (np.asarray(c.pipeline_schedule) == _DUALPIPE) & (np.asarray(c.pp) > 1)
+    return np.where(dual, 2.0, 1.0) if np.any(dual) else 1.0
 
 
 def _groups(keys: list[np.ndarray]):

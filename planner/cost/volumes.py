@@ -165,9 +165,11 @@ def p2p_collectives(model: ModelSpec, training: TrainingSpec, c, rank, elem: Ele
     rank 0 and p-1 (pipeline.v_shaped). Timed by the schedule (cost.step). List of Collective."""
     rank = np.asarray(rank)
     pp = np.asarray(c.pp)
-    looped = 2.0 * np.asarray(c.vpp) - (rank == 0) - (rank == pp - 1)
-    v_shape = 2.0 * ((rank > 0).astype(float) + (rank < pp - 1))
-    calls = np.where(pipeline.v_shaped(c), v_shape, looped) * (pp > 1)
+    calls = 2.0 * np.asarray(c.vpp) - (rank == 0) - (rank == pp - 1)
+    v_shaped = pipeline.v_shaped(c)
+    if np.any(v_shaped):
+        calls = np.where(v_shaped, 2.0 * ((rank > 0).astype(float) + (rank < pp - 1)), calls)
+    calls = calls * (pp > 1)
     payload = p2p_payload(model, training, c, elem)
     return [Collective("pp", kind, "microbatch", "step", "schedule", calls, payload,
                        "activation forward, its gradient backward") for kind in ("send", "recv")]
