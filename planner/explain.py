@@ -247,6 +247,27 @@ def model_notes(model) -> list[str]:
     return [f"{model.name}: {n}" for n in out]
 
 
+def schedule_note(model, hw, training, est: Estimate, i: int = 0) -> str | None:
+    """One sentence where layout ``i`` of ``est`` runs a pipeline schedule beyond the one its vpp
+    implies (1F1B, interleaved 1F1B; layout.axes): which, and its step and memory against the
+    implied schedule's on the same layout (evaluated here: cost.step.estimate_layout), or that
+    the implied one does not fit. None otherwise."""
+    lay = est.candidates.layout(i)
+    implied = "interleaved-1f1b" if lay.vpp > 1 else "1f1b"
+    if lay.pp == 1 or lay.pipeline_schedule == implied:
+        return None
+    twin = estimate_layout(model, hw, training, lay.model_copy(update={"pipeline_schedule": implied}))
+    step, other = float(est.time["step"][i]), float(twin.time["step"][0])
+    memory = float(est.memory["total"][i] - twin.memory["total"][0]) / 2**30
+    text = f"the pipeline schedule {lay.pipeline_schedule} (not {implied}, which vpp={lay.vpp} implies)"
+    if not bool(twin.fits[0]):
+        return f"{text}: {implied} does not fit on this layout ({memory:+.1f} GiB beside it)"
+    faster = other - step
+    return (f"{text}: the step is {abs(faster) * 1e3:.1f} ms ({abs(faster) / other:.2%}) "
+            f"{'shorter' if faster >= 0 else 'longer'} than with {implied}, memory "
+            f"{memory:+.1f} GiB")
+
+
 def recompute_choice(model, est: Estimate, i: int = 0) -> dict:
     """Which recomputation layout ``i`` runs, as data for estimate's output and ``--json``:
     ``mode`` (none | selective | selective+ | full), ``method`` (Megatron's: ``uniform`` = every

@@ -38,6 +38,10 @@ from .quantities import NAME_PATTERN, Bandwidth, Bytes, _Strict
 # selective+ = --recompute-modules layernorm moe_act mla_up_proj (the light modules that apply to
 # the model, as Megatron-Bridge's MoE recipes set them; moe.md 5.3).
 RECOMPUTE_MODES = ("none", "selective", "full", "selective+")
+# The pipeline schedules a framework may run (Rules.pipeline_schedules; the layout axis's values,
+# layout.axes, in this order: the first two are the ones vpp implies)
+PIPELINE_SCHEDULES = ("1f1b", "interleaved-1f1b", "gpipe", "looped-bfs", "interleaved-zero-bubble",
+                      "zbv", "dualpipev", "dualpipe")
 Recompute = Literal[RECOMPUTE_MODES]
 SELECTIVE_PLUS_MODULES = ("layernorm", "moe_act", "mla_up_proj")
 GradDtype = Literal["fp32", "bf16", "fp16"]
@@ -124,6 +128,10 @@ class Rules(_Facts):
     - ``moe_token_drop``: a capacity factor with padding (drop-and-pad token dropping).
     - ``cuda_graphs``: the CUDA-graph scopes it captures (CUDA_GRAPHS).
     - ``mtp_with_pp_or_cp``: a model with multi-token-prediction layers may use pp > 1 or cp > 1.
+    - ``pipeline_schedules``: the pipeline schedules it runs (layout.axes.PIPELINE_SCHEDULES:
+      1f1b, interleaved-1f1b, gpipe, looped-bfs, interleaved-zero-bubble, zbv, dualpipev,
+      dualpipe; reference/pipeline_schedules.md framework support matrix); default the two
+      that vpp implies (interleaved 1F1B only where ``interleaving``).
     Model rules (checked before a search; planner.frameworks.rules.model_problems):
     ``attention``, ``position_embedding``, ``activation``, ``norm``: the kinds it builds;
     ``dtypes``: the training dtypes; ``integer_rope_base``: the RoPE base must be an integer
@@ -148,6 +156,8 @@ class Rules(_Facts):
     max_zero_stage_with_pp: Literal[0, 1, 2, 3]
     max_zero_stage_with_moe: Literal[0, 1, 2, 3] = 3
     moe_zero3_model_parallel: bool = True
+    pipeline_schedules: list[Literal[PIPELINE_SCHEDULES]] = Field(
+        default=["1f1b", "interleaved-1f1b"], min_length=1)
     DEFAULT_SOURCES: ClassVar[dict[str, str]] = {
         "max_zero_stage_with_moe": "no ZeRO stage limit for MoE layers is known in this framework",
         "tp_comm_overlap": "no TP communication overlap is known in this framework",
@@ -161,7 +171,9 @@ class Rules(_Facts):
         "optimizer_offload_with_fp8_param_gather": "no limit on optimizer offload with FP8 "
                                                    "parameter gathering is known",
         "precision_aware_optimizer_sharded": "no sharding is known to be needed for optimizer "
-                                             "offload or 16-bit optimizer moments"}
+                                             "offload or 16-bit optimizer moments",
+        "pipeline_schedules": "no schedule beyond the ones vpp implies (1F1B, interleaved 1F1B) is "
+                              "recorded for this framework"}
     distributed_optimizer: bool
     recompute: list[Recompute] = Field(min_length=1)
     recompute_num_layers: bool

@@ -82,13 +82,15 @@ def test_sub_grid_indices_are_the_grid_layouts():
     tr = TrainingSpec(seq_length=8192, global_batch_size=64)
     grid = build_grid(m, hw, tr, 16, SearchOptions(max_micro_batch_size=4, max_vpp=4))
     rows, values = np.array([1, 4, 5]), [np.array([0, 2]), np.array([1]), np.array([0, 3]),
-                                         np.array([1]), np.array([0, 1]), np.array([0])]
+                                         np.array([1]), np.array([0, 1]), np.array([0]),
+                                         np.array([0])]  # the pipeline schedule: IMPLIED
     sub = grid.take(rows, values)
     index = grid.index_of(rows, values)
-    assert isinstance(sub, Grid) and index.size == sub.size == 3 * 2 * 1 * 2 * 1 * 2 * 1
+    assert isinstance(sub, Grid) and index.size == sub.size == 3 * 2 * 1 * 2 * 1 * 2 * 1 * 1
     assert np.all(np.diff(index) > 0)
     flat, mine = grid.flat(index), sub.flat(np.arange(sub.size))
-    for name in ("tp", "pp", "dp", "zero_stage", "micro_batch_size", "recompute", "vpp"):
+    for name in ("tp", "pp", "dp", "zero_stage", "micro_batch_size", "recompute", "vpp",
+                 "pipeline_schedule"):
         assert np.array_equal(getattr(flat, name), getattr(mine, name)), name
 
 

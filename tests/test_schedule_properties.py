@@ -224,6 +224,14 @@ def test_latency_forms_agree():
     assert batch.t_sync.tolist() == [33, 37, 41]
 
 
+def test_per_case_latency_with_two_ranks():
+    # (K, 1) is one latency per case even where p - 1 = 1: interleaved on p = 2 crosses both
+    # boundaries (0 -> 1 and the wrap 1 -> 0), each at the case's c
+    sched = build_schedule("interleaved-1f1b", 2, 2, 2)
+    batch = simulate_batch(sched, F=0.5, B=1.0, c=np.array([[0.0], [0.25]]))
+    assert batch.t_sync.tolist() == [simulate(sched, F=0.5, B=1.0, c=c).t_sync for c in (0.0, 0.25)]
+
+
 # ---------------------------------------------------------------- errors
 
 def test_deadlock_is_one_value_error_line():

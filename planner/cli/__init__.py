@@ -4,7 +4,7 @@ Each module registers its commands on the one app; the planner's heavy parts are
 the commands, so start-up stays lean.
 """
 
-from . import plan, estimate, stack, fidelity, catalogs  # register the commands, in --help order  # noqa: I001
+from . import plan, estimate, stack, timeline, fidelity, catalogs  # register the commands, in --help order  # noqa: I001
 from .app import app, main
 
-__all__ = ["app", "main", "catalogs", "estimate", "fidelity", "plan", "stack"]
+__all__ = ["app", "main", "catalogs", "estimate", "fidelity", "plan", "stack", "timeline"]

@@ -71,7 +71,7 @@ HEADROOM = typer.Option(None, "--min-memory-headroom",
                         help="Memory to leave free per GPU beyond the framework's reserve: '4GiB' or '10%'.")
 EXPORT = typer.Option(None, "--export", help="Write the best layout as a plan YAML "
                       "(- for stdout; the table then goes to stderr).")
-FORCE = typer.Option(False, "--force", help="Overwrite an existing --export file.")
+FORCE = typer.Option(False, "--force", help="Overwrite an existing --export (or --timeline) file.")
 CURRENCY = typer.Option(None, "--currency", help="Currency of --price-per-gpu-hour, a three-letter "
                         "code such as EUR, printed as given (nothing is converted) [default: USD].")
 MAX_GPUS = typer.Option(None, "--max-gpus",

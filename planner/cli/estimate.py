@@ -25,7 +25,8 @@ from ..render.search import header
 from ..search.run import to_fit
 from .app import GBS, GPUS, JSON, MODEL, SEQ, _require, app, handle_errors
 from .options import JOB, stated_default, with_options
-from .plan import _inputs
+from .plan import TIMELINE, _inputs
+from .timeline import check_timeline, png_beside, write_timeline
 
 
 @app.command(short_help="Memory and step time of one layout.")
@@ -40,9 +41,15 @@ def estimate(
                                         "(alone: it cannot be combined with the other flags)."),
     allow_cross_node_tp: bool = typer.Option(False, "--allow-cross-node-tp",
                                              help="Let tp exceed one node's GPUs (a --plan may always)."),
-    json_out: bool = JSON, axes: dict | None = None, job: dict | None = None,
+    json_out: bool = JSON, timeline: Optional[Path] = TIMELINE,
+    force: bool = typer.Option(False, "--force", help="Overwrite existing --timeline files."),
+    axes: dict | None = None, job: dict | None = None,
 ) -> None:
     """Memory and step-time breakdown of one layout (from flags or --plan). Exits 1 if it does not fit."""
+    if timeline is not None:
+        check_timeline(timeline, png_beside(timeline), force, inputs=[plan] if plan else [])
+    elif force:
+        raise UsageError("--force lets --timeline overwrite its files; without it it does nothing")
     given = {"--model": model, "--gpus": gpus, "--hardware": hardware,
              "--global-batch-size": global_batch_size, "--seq-length": seq_length,
              "--allow-cross-node-tp": allow_cross_node_tp or None,
@@ -55,7 +62,12 @@ def estimate(
         inputs = dict(model=model, gpus=gpus, hardware=hardware, global_batch_size=global_batch_size,
                       seq_length=seq_length)
         m, hw, profile, training, n, layout = _from_flags(inputs, axes, job, allow_cross_node_tp)
-    _estimate_output(m, hw, training, n, layout, json_out, p, profile)
+    try:
+        _estimate_output(m, hw, training, n, layout, json_out, p, profile)
+    finally:  # drawn whether it fits or not
+        if timeline is not None:
+            write_timeline(m, hw, training, layout, timeline, png_beside(timeline), force,
+                           strip=not json_out)
 
 
 def _from_flags(inputs: dict, axes: dict, job: dict, allow_cross_node_tp: bool):

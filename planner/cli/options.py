@@ -37,22 +37,36 @@ def _type(axis: Axis) -> Any:
     return Optional[_CHOICES.get(axis.name, axis.kind)]
 
 
+# A choice axis whose values would not fit beside the option name at 80 columns is shown as
+# NAME, its values in the help instead
+_LONG_CHOICES = 40
+
+
+def _metavar(axis: Axis) -> str | None:
+    return "NAME" if len("|".join(axis.choices)) > _LONG_CHOICES else None
+
+
 def axis_help(axis: Axis, mode: str) -> str:
     """An axis option's help: search pins it ("Pin tensor-parallel size."; a solved axis is the
-    least N that fits unless pinned), estimate states it ("Tensor-parallel size [default: 1].")."""
+    least N that fits unless pinned), estimate states it ("Tensor-parallel size [default: 1]."); a
+    choice shown as NAME lists its values."""
     text = axis.help[0].upper() + axis.help[1:]
+    names = f" NAME: {axis.words}." if _metavar(axis) else ""
     if mode == "search":
         free = " [default: the least N that fits where a layout needs it; 0 = never]" \
             if axis.role == "solved" else ""
-        return f"Pin {axis.help}{free}."
-    return f"{text} [default: {axis.stated_words}]."
+        if axis.offered is not None:
+            free = " [default: any the framework runs]"
+        return f"Pin {axis.help}{free}.{names}"
+    return f"{text} [default: {axis.stated_words}].{names}"
 
 
 def axis_params(mode: str) -> list[inspect.Parameter]:
     """The typer parameters of the layout axes for ``mode`` (search | estimate), and with search
     the axis bounds (--max-tp ...)."""
     params = [inspect.Parameter(a.name, inspect.Parameter.KEYWORD_ONLY, annotation=_type(a),
-                                default=typer.Option(None, a.flag, help=axis_help(a, mode)))
+                                default=typer.Option(None, a.flag, help=axis_help(a, mode),
+                                                     metavar=_metavar(a)))
               for a in AXES if a.flag]
     if mode == "search":
         for a in AXES:
@@ -141,8 +155,8 @@ def _plain(value: Any) -> Any:
 
 def stated_default(axis: Axis) -> Any:
     """What a layout given by hand takes for ``axis`` when not stated: its Layout default, else
-    its ``stated`` value (None: derived, e.g. dp from the GPUs, or implied by the other axes,
-    e.g. the pipeline schedule by vpp)."""
+    its ``stated`` value (None: derived, e.g. dp from the GPUs, or the value the other axes
+    imply, e.g. the pipeline schedule from vpp: the Layout fills it)."""
     if axis.implied is not None:
         return None
     return axis.stated if axis.default is REQUIRED else axis.default

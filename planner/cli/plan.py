@@ -18,6 +18,11 @@ from ..search.run import search as run_search
 from .app import (CURRENCY, DEADLINE, EXPORT, FORCE, GBS, GPUS, HARDWARE, HEADROOM, JSON,
                   MAX_GPUS, MODEL, SEQ, WHY_NOT, _require, _training, app, handle_errors)
 from .options import with_options
+from .timeline import check_timeline, png_beside, write_timeline
+
+TIMELINE = typer.Option(None, "--timeline", help="Write the winner's step (estimate: the "
+                        "layout's) as a Chrome trace JSON here and its Gantt chart beside it "
+                        "(.png; extra 'plot'); --force overwrites them.")
 
 
 @app.command(short_help="Rank the layouts that fit by predicted speed.")
@@ -41,13 +46,19 @@ def search(
     allow_cross_node_tp: bool = typer.Option(False, "--allow-cross-node-tp",
                                              help="Let tp exceed one node's GPUs."),
     why_not: Optional[str] = WHY_NOT, deadline: Optional[str] = DEADLINE,
+    timeline: Optional[Path] = TIMELINE,
     axes: dict | None = None, job: dict | None = None,
 ) -> None:
     """Rank the layouts that fit, by predicted throughput (or --objective)."""
     tokens = parse_count(tokens, "--tokens")
     m, hw, profile, training = _inputs(model, hardware, global_batch_size, seq_length, job)
     check_numbers({"top": top})
-    _check_search_flags(export, force, why_not, gpus, max_gpus, json_out)
+    _check_search_flags(export, force, why_not, gpus, max_gpus, json_out, timeline)
+    if timeline is not None:
+        if why_not is not None:
+            raise UsageError("--timeline draws the search's winner and --why-not judges your "
+                             "layout instead: use one at a time")
+        check_timeline(timeline, png_beside(timeline), force, inputs=[export] if export else [])
     opts = search_options(hw, training, dict(
         axes, allow_cross_node_tp=allow_cross_node_tp, objective=objective, tokens=tokens,
         price_per_gpu_hour=price_per_gpu_hour, max_gpus=max_gpus,
@@ -61,6 +72,9 @@ def search(
         result = run_search(m, hw, training, gpus, opts)
     _export_and_show(m, hw, training, profile, result, export, force, lambda: _search_output(
         m, hw, training, n, result, top, json_out, money, max_gpus is not None, export))
+    if timeline is not None:  # the winner's step
+        write_timeline(m, hw, training, result.ranked.candidates.layout(0), timeline,
+                       png_beside(timeline), force, strip=not json_out)
 
 
 def _export_and_show(m, hw, training, profile, result, export, force, show) -> None:
@@ -77,7 +91,8 @@ def _export_and_show(m, hw, training, profile, result, export, force, show) -> N
 
 
 def _check_search_flags(export: Optional[Path], force: bool, why_not: Optional[str],
-                        gpus: Optional[int], max_gpus: Optional[int], json_out: bool) -> None:
+                        gpus: Optional[int], max_gpus: Optional[int], json_out: bool,
+                        timeline: Optional[Path] = None) -> None:
     """UsageError for flags that cannot go together (--export with --why-not, --gpus with
     --max-gpus, --export - with --json, --force without --export), neither --gpus nor
     --max-gpus, or an --export file that exists (no --force)."""
@@ -89,8 +104,9 @@ def _check_search_flags(export: Optional[Path], force: bool, why_not: Optional[s
     if export is not None:
         check_destination(export, force)
         refuse_json_too(export, "--export", json_out)
-    elif force:
-        raise UsageError("--force lets --export overwrite a file; without --export it does nothing")
+    elif force and timeline is None:
+        raise UsageError("--force lets --export (and --timeline) overwrite a file; without them "
+                         "it does nothing")
     if gpus is not None and max_gpus is not None:
         raise UsageError("give --gpus (a fixed count) or --max-gpus (a budget), not both")
     if max_gpus is None:
@@ -155,6 +171,10 @@ def _search_output(m, hw, training, n, result, top: int, json_out: bool, currenc
     overlap = a2a_overlap_note(training, best.candidates)
     if overlap:
         console.note(f"note: the winner: {overlap}")
+    from ..explain import schedule_note
+    schedule = schedule_note(m, hw, training, best)
+    if schedule:
+        console.note(f"note: the winner runs {schedule}")
     for line in model_notes(m):
         console.note(f"note: {line}")
     if export is not None:

@@ -52,24 +52,27 @@ def rank_params(model: ModelSpec, c, rank) -> dict[str, np.ndarray]:
     norm and the output layer V_p*h/tp, on the last rank (the output layer also for tied
     embeddings when pp > 1: Megatron keeps a copy, formulas.md 1.3), and the MTP modules'
     projection 2h*h/tp and norms (Megatron puts MTP on the last stage; their layers are blocks);
-    ``output``: the output layer's part of ``head`` (a copy of the embedding when tied).
+    ``output``: the output layer's part of ``head`` (a copy of the embedding when tied). The
+    pipeline schedule places them (pipeline.holds_embedding, holds_head: the V shapes put the
+    head on rank 0) and DualPipe doubles the blocks (pipeline.param_copies).
     """
     h = model.hidden_size
     rank = np.asarray(rank)
     counts = blocks.rank_blocks(model, c, rank)
     per_block = blocks.block_params(model, c)
-    dense = sum(counts[k] * (per_block[k][0] + per_block[k][1]) for k in counts)
-    experts = sum(counts[k] * per_block[k][2] for k in counts)
-    layers = c.rank_layers(model.num_layers, rank)
+    copies = pipeline.param_copies(c)  # DualPipe: two stages' parameters on every rank
+    dense = copies * sum(counts[k] * (per_block[k][0] + per_block[k][1]) for k in counts)
+    experts = copies * sum(counts[k] * per_block[k][2] for k in counts)
+    layers = copies * c.rank_layers(model.num_layers, rank)
     word = vocab_per_rank(model, c.tp) * h
     positions = float(mc.position_embedding_params(model))
-    last = rank == np.asarray(c.pp) - 1
+    last = pipeline.holds_head(c, rank)  # rank pp-1; rank 0 in the V shapes (ZB-V, DualPipeV)
     output = np.where((np.asarray(c.pp) > 1) | (not model.tie_embeddings), word, 0.0)
     mtp = model.mtp_layers * (mc.mtp_projection_params(model) / np.asarray(c.tp, dtype=np.float64)
                               + mc.mtp_norm_params(model))
     return {"dense": dense, "experts": experts, "layers": layers,
             "layer": dense / np.maximum(layers, 1),
-            "embedding": np.where(rank == 0, word + positions, 0.0),
+            "embedding": np.where(pipeline.holds_embedding(c, rank), word + positions, 0.0),
             "head": np.where(last, mc.norm_params(model) + output + mtp, 0.0),
             "output": np.where(last, output, 0.0)}
 
@@ -180,6 +183,23 @@ def _activation_per_layer(model: ModelSpec, training: TrainingSpec, c, recompute
     return tokens * sum(mix[k] * per_token[k] for k in per_token) / layers
 
 
+def deferred_w_fraction(model: ModelSpec, training: TrainingSpec, c) -> np.ndarray:
+    """gamma: the share of a chunk's saved activations still held between its input-gradient
+    backward (I) and its weight-gradient backward (W), for the zero-bubble schedules that defer
+    W (reference/pipeline_schedules.md §0.4): the bytes the weight-gradient GEMMs need, each
+    linear layer's input X and output gradient G at 2 B (blocks.linear_io_per_token; the ZB
+    authors' 32h of a GPT layer's 34h + 5as), over the bytes the layer saves for the backward
+    (blocks.activation_bytes_per_token at the layout's recompute mode), on the model's mean
+    layer; at most 1 (where recomputation saves less than W needs, W holds what the recompute
+    rebuilt). Broadcast array in [0, 1]."""
+    io = blocks.linear_io_per_token(model, c, training)
+    saved = blocks.activation_bytes_per_token(model, training, c, c.recompute)
+    mix = dict(zip((blocks.ATTENTION, blocks.WINDOW, blocks.MLP, blocks.MOE), _model_mix(model)))
+    need = sum(float(mix[k]) * 2.0 * io[k] for k in io)
+    held = sum(float(mix[k]) * saved[k] for k in saved)
+    return np.clip(need / np.maximum(held, 1e-30), 0.0, 1.0)
+
+
 def _model_mix(model: ModelSpec) -> tuple[int, int, int, int]:
     """(full-attention, windowed, dense-MLP, MoE) blocks among the model's decoder layers."""
     windowed = int(mc.window_layer_mask(model).sum())
@@ -215,6 +235,8 @@ def activation_bytes_by_stage(model: ModelSpec, training: TrainingSpec, c,
     last_edge = loss_edge_bytes(model, training, c)
     out = {}
     targets = ranks if ranks is not None else {kind: rank_index(c, kind) for kind in kinds}
+    scheduled = np.any(pipeline.simulated(c))  # peaks from the op order (pipeline.scheduled_inflight)
+    gamma = deferred_w_fraction(model, training, c) if scheduled else 0.0
     block = np.any(np.asarray(c.recompute_num_layers) > 0)
     offload = np.any(np.asarray(c.offload_layers) > 0)
     for kind, rank in targets.items():
@@ -227,13 +249,17 @@ def activation_bytes_by_stage(model: ModelSpec, training: TrainingSpec, c,
             layer, full_working = block_recompute_layer(c, model.num_layers, rank, layer, stored)
             working = np.where(c.recompute == 2, full_working, working)
         held = pipeline.inflight_layers(c, model.num_layers, m, rank)
+        if scheduled:
+            held = pipeline.scheduled_inflight(c, model.num_layers, m, rank, gamma, held)
         total = held * layer + working
         if offload:
             total = total + offloaded_bytes(c, held, layer)
         held_first = pipeline.inflight_first_chunk(c, m, rank)
+        if scheduled:  # GPipe, looped BFS: every micro-batch's ids and loss until the backward
+            held_first, last_edge = pipeline.edge_microbatches(c, m, held_first, last_edge)
         first_edge = held_first * tokens * (8.0 + (h / sp_div if model.dropout > 0 else 0.0))
-        is_first = rank == 0
-        is_last = rank == np.asarray(c.pp) - 1
+        is_first = pipeline.holds_embedding(c, rank)
+        is_last = pipeline.holds_head(c, rank)
         out[kind] = total + np.where(is_first, first_edge, 0.0) + np.where(is_last, last_edge, 0.0)
     return out
 

@@ -2,25 +2,20 @@
 
 1F1B (vpp = 1) and interleaved 1F1B (vpp > 1, micro-batches in groups of G: Megatron-Core's
 default G = pp, and when pp does not divide the m micro-batches the least G that works,
-microbatch_group). Arrays have shape (N,).
+microbatch_group) in closed form. The other schedules (GPipe, looped BFS, interleaved zero
+bubble, ZB-V, DualPipeV, DualPipe) take their peaks from their op orders (scheduled_inflight,
+cost.schedule_sim) and their step from the simulator (cost.schedules); which rank holds the
+embedding and the head, and DualPipe's two parameter copies, are theirs too (holds_embedding,
+holds_head, param_copies). Arrays have shape (N,).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from ..framework_spec import PIPELINE_SCHEDULES
 from ..layout.degrees import cached_per_candidates
-
-
-def microbatch_group(m: int, pp: int) -> int:
-    """Megatron-Core's micro-batch group G of the interleaved schedule for m micro-batches on pp
-    stages: pp when pp divides m, else the least G with pp <= G <= m and m mod G either 0 or
-    >= pp (megatron/core/pipeline_parallel/schedules.py L1160-1180). m = 10, pp = 4: 5;
-    m = 9, pp = 4: 5 (9 mod 5 = 4). ValueError if m < pp."""
-    for group in range(pp, m + 1):
-        if m % group == 0 or m % group >= pp:
-            return group
-    raise ValueError(f"{m} micro-batches cannot be interleaved on {pp} stages")
+from .schedule_sim import closed_peak_chunks, microbatch_group, peak_chunks  # noqa: F401
 
 
 def microbatch_groups(c, m) -> np.ndarray:
@@ -136,3 +131,159 @@ def even_pipeline_time(stage_middle: np.ndarray, extra_first: np.ndarray, extra_
 def bubble_fraction(pp: np.ndarray, vpp: np.ndarray, m: np.ndarray) -> np.ndarray:
     """Narayanan's bubble fraction for equal stages: (pp - 1) / (vpp * m). (N,)"""
     return (np.asarray(pp, dtype=np.float64) - 1) / (vpp * m)
+
+
+# ---------------------------------------------------------------- the simulated schedules
+
+# Schedule codes (layout.axes, framework_spec.PIPELINE_SCHEDULES): 0 1F1B and 1 interleaved 1F1B
+# keep the closed forms above; from SIMULATED on, the op order of planner.schedule decides the
+# step (cost.schedules) and the activation peaks (scheduled_inflight).
+SIMULATED = 2
+_NAMES = PIPELINE_SCHEDULES
+_V_SHAPE = (_NAMES.index("zbv"), _NAMES.index("dualpipev"))
+_DUALPIPE = _NAMES.index("dualpipe")
+
+
+_CODE = {name: code for code, name in enumerate(PIPELINE_SCHEDULES)}
+
+
+def schedule_chunks_ok(code, vpp, pp) -> np.ndarray:
+    """The pipeline schedule against the model chunks per rank (vpp) and pp: 1F1B, GPipe and
+    DualPipe run one chunk per rank; interleaved 1F1B (Narayanan et al. 2021 Sec. 2.2), looped
+    BFS and interleaved zero bubble vpp > 1; the V shapes ZB-V and DualPipeV exactly two
+    (PyTorch raises otherwise; reference/pipeline_schedules.md §8, §11); every schedule but
+    1F1B and interleaved 1F1B (the frameworks' own interleaving rules) needs pp > 1 (with
+    pp = 1 there is no pipeline to schedule). planner.schedule.orders' constraints, vectorized.
+    Bool array."""
+    code, vpp, pp = np.asarray(code), np.asarray(vpp), np.asarray(pp)
+    one = np.isin(code, [_CODE["1f1b"], _CODE["gpipe"], _CODE["dualpipe"]])
+    two = np.isin(code, [_CODE["zbv"], _CODE["dualpipev"]])
+    chunks = np.where(one, vpp == 1, np.where(two, vpp == 2, vpp > 1))
+    return chunks & ((pp > 1) | (code <= _CODE["interleaved-1f1b"]))
+
+
+def schedule_microbatches_ok(code, pp, m) -> np.ndarray:
+    """The micro-batches per step ``m`` each schedule's generator takes (planner.schedule.orders,
+    reference §9-§11): DualPipe p and m even and m >= 2p (deepseek-ai/DualPipe@3da1bbe
+    dualpipe.py L332-333); DualPipeV m >= 2p (dualpipev.py L318); interleaved zero bubble
+    m >= p and m a multiple of max(1, m // p) (PyTorch ScheduleInterleavedZeroBubble's rounds,
+    pytorch@00722e648b74 schedules.py; its step time is in closed form only for m >= p).
+    1F1B, interleaved 1F1B, GPipe, looped BFS and ZB-V: their frameworks' rules. Bool array."""
+    code, pp, m = np.asarray(code), np.asarray(pp), np.asarray(m)
+    dual = (pp % 2 == 0) & (m % 2 == 0) & (m >= 2 * pp)
+    rounds = np.maximum(1, m // np.maximum(pp, 1))
+    return np.where(code == _CODE["dualpipe"], dual,
+                    np.where(code == _CODE["dualpipev"], m >= 2 * pp,
+                             np.where(code == _CODE["interleaved-zero-bubble"],
+                                      (m >= pp) & (m % rounds == 0), True)))
+
+
+def schedule_runs(c, m) -> np.ndarray:
+    """Where the candidates' schedule generator takes their layout (schedule_chunks_ok and
+    schedule_microbatches_ok with ``m`` micro-batches). Bool array."""
+    code = c.pipeline_schedule
+    return schedule_chunks_ok(code, c.vpp, c.pp) & schedule_microbatches_ok(code, c.pp, np.rint(m))
+
+
+def simulated(c) -> np.ndarray:
+    """Where a candidate's pipeline schedule is one of the simulated ones (code >= SIMULATED)
+    and the pipeline has more than one rank. Bool array."""
+    return (np.asarray(c.pipeline_schedule) >= SIMULATED) & (np.asarray(c.pp) > 1)
+
+
+def v_shaped(c) -> np.ndarray:
+    """Where the schedule places stages in a V (ZB-V, DualPipeV: rank r holds stages r and
+    2p-1-r, reference §8, §11) on pp > 1 ranks. Bool array."""
+    return np.isin(np.asarray(c.pipeline_schedule), _V_SHAPE) & (np.asarray(c.pp) > 1)
+
+
+def holds_embedding(c, rank) -> np.ndarray:
+    """Whether pipeline rank ``rank`` holds the embedding (stage 0): rank 0, and with DualPipe
+    also rank pp-1, which holds stage 0 of the second direction (deepseek-ai/DualPipe@3da1bbe
+    dualpipe.py L345-353). Bool array."""
+    rank, pp = np.asarray(rank), np.asarray(c.pp)
+    dual = np.asarray(c.pipeline_schedule) == _DUALPIPE
+    if not np.any(dual):  # the common case keeps the small shape of rank
+        return rank == 0
+    return (rank == 0) | (dual & (rank == pp - 1))
+
+
+def holds_head(c, rank) -> np.ndarray:
+    """Whether pipeline rank ``rank`` holds the last stage (final norm, output layer, loss, MTP):
+    rank pp-1; in the V shapes (ZB-V, DualPipeV: rank r holds stages r and 2p-1-r) rank 0;
+    with DualPipe ranks 0 and pp-1 (stage p-1 of one direction each) (reference §8, §10, §11;
+    torchtitan pipeline_parallel.py L560-567). Bool array."""
+    rank, pp, code = np.asarray(rank), np.asarray(c.pp), np.asarray(c.pipeline_schedule)
+    if not np.any(code >= SIMULATED):  # the common case keeps the small shape of rank and pp
+        return rank == pp - 1
+    last = np.where(v_shaped(c), rank == 0, rank == pp - 1)
+    return last | ((code == _DUALPIPE) & (rank == 0))
+
+
+def param_copies(c) -> np.ndarray:
+    """Copies of its stage's parameters a rank holds: 2 with DualPipe (stages r and p-1-r of the
+    two directions, DeepSeek-V3 §3.2.1; their gradients summed across the mirrored ranks,
+    DualPipe examples/example_dualpipe.py L167-174), else 1. Float array (1.0 where no
+    candidate runs DualPipe)."""
+    dual = (np.asarray(c.pipeline_schedule) == _DUALPIPE) & (np.asarray(c.pp) > 1)
+    return np.where(dual, 2.0, 1.0) if np.any(dual) else 1.0
+
+
+def _groups(keys: list[np.ndarray]):
+    """(values, positions) per distinct row of the int ``keys`` (each (n,), non-negative):
+    one int64 key per row (mixed radix), so np.unique sorts a flat array."""
+    cols = [np.asarray(k, dtype=np.int64).reshape(-1) for k in keys]
+    key = np.zeros(cols[0].shape, dtype=np.int64)
+    for col in cols:
+        key = key * (int(col.max(initial=0)) + 1) + col
+    values, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    for j, at in enumerate(first.tolist()):
+        yield [int(col[at]) for col in cols], np.flatnonzero(inverse == j)
+
+
+def scheduled_peak_chunks(c, m, rank, gamma) -> np.ndarray:
+    """The activation peak of pipeline rank ``rank`` in chunks for candidates whose schedule is
+    simulated, in-flight plus ``gamma`` (the deferred-W share, memory.deferred_w_fraction) x
+    pending W, as the schedule's op order gives it: schedule_sim.closed_peak_chunks on the
+    broadcast arrays, and where it has none (ZB-V with m < 2p - 1) schedule_sim.peak_chunks per
+    distinct (schedule, pp, m, vpp, rank); infinite where the generator refuses the layout.
+    Broadcast float array (meaningful where simulated(c))."""
+    code, pp, vpp, m = c.pipeline_schedule, c.pp, c.vpp, np.rint(m)
+    runs = schedule_chunks_ok(code, vpp, pp) & schedule_microbatches_ok(code, pp, m)
+    out = np.where(runs, closed_peak_chunks(code, pp, m, vpp, rank, gamma), np.inf)
+    rest = np.isnan(out) & simulated(c)
+    if np.any(rest):
+        shape = out.shape
+        index = np.nonzero(np.broadcast_to(rest, shape))
+        pick = lambda a: np.broadcast_to(np.asarray(a), shape)[index]  # noqa: E731
+        keys = [pick(x) for x in (code, pp, m, vpp, rank)]
+        gam = pick(gamma).astype(np.float64)
+        values = np.zeros(gam.shape)
+        for (k, p, m_, v, r), sel in _groups(keys):
+            values[sel] = peak_chunks(_NAMES[k], p, m_, v, r, gam[sel])
+        out[index] = values
+    return out
+
+
+def edge_microbatches(c, m, first, last) -> tuple[np.ndarray, np.ndarray]:
+    """(micro-batches whose token ids rank 0 holds, the loss's buffers held) where all forwards
+    run before any backward (GPipe, looped BFS: all m micro-batches in flight on every rank,
+    reference §1, §5): ``first`` -> m and ``last`` (one micro-batch's loss buffers, bytes) x m;
+    unchanged elsewhere (1F1B-like orders run the loss's backward right after its forward).
+    Float arrays."""
+    code = np.asarray(c.pipeline_schedule)
+    all_forwards = np.isin(code, [_CODE["gpipe"], _CODE["looped-bfs"]]) & (np.asarray(c.pp) > 1)
+    m = np.asarray(m, dtype=np.float64)
+    return np.where(all_forwards, m, first), np.where(all_forwards, m * last, last)
+
+
+def scheduled_inflight(c, num_layers: int, m, rank, gamma, held) -> np.ndarray:
+    """``held`` (inflight_layers: layers' worth of activations at the peak of rank ``rank``) with
+    the simulated schedules' peaks in their place: peak chunks (scheduled_peak_chunks) x the
+    rank's layers per chunk (rank_layers / vpp). Unchanged where no candidate's schedule is
+    simulated. Float array."""
+    sim = simulated(c)
+    if not np.any(sim):
+        return held
+    chunks = scheduled_peak_chunks(c, m, rank, gamma)
+    return np.where(sim, chunks * c.rank_layers(num_layers, rank) / np.asarray(c.vpp), held)

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..specs import HardwareProfile, ModelSpec, TrainingSpec
 from ..layout import Layout
-from . import compute, pipeline, precision
+from . import compute, pipeline, precision, schedules
 from . import model_flops as mf
 from .collectives import Links
 from .blocks import rank_blocks
@@ -134,6 +134,26 @@ def pipeline_makespan(costs, counts: dict, extra: dict, c, m, uniform: bool, sha
     return t_pipe, bubble, totals
 
 
+def scheduled_makespan(model: ModelSpec, c, m, times, costs, counts, extra, shares, totals,
+                       t_pipe, bubble, fill, where=None, exact: bool = False,
+                       record: list | None = None) -> tuple:
+    """(pipeline time, bubble, p2p fill, work scale) with the schedules' beyond 1F1B and
+    interleaved 1F1B (cost.schedules.scheduled_makespan; with ``exact`` every schedule's
+    simulated) where a candidate runs one (pipeline.simulated), from its
+    rank kinds' terms: blocks and recompute as _stage_work sums them, kernels and
+    weight-gradient GEMMs from ``times``, extras from ``extra``. ``where`` (bool, broadcast
+    against ``c``; None: all): the layouts whose step is wanted, a simulated schedule is
+    simulated only there and infinite elsewhere (the search passes its fitting layouts);
+    ``exact``: every schedule simulated, the closed forms' uneven stages included (the step a
+    timeline draws); ``record``: a list that receives the simulated op times
+    (cost.schedules.simulate_steps). Seconds, broadcast arrays."""
+    work = {k: (_stage_work(costs, counts[k], None, _share(shares, k)),
+                _stage_work(costs, counts[k], "recompute", _share(shares, k))) for k in RANK_KINDS}
+    terms = schedules.kind_terms(times, counts, work, extra)
+    return schedules.scheduled_makespan(model.num_layers, c, m, terms, totals, t_pipe, bubble,
+                                        fill, where, exact, record)
+
+
 def optimizer_time(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c) -> np.ndarray:
     """The optimizer step on the rank with the most parameters (compute.optimizer_time): its
     optimizer shard is updated, its whole (ZeRO-1) or sharded (ZeRO-2/3) gradient buffer zeroed;
@@ -153,14 +173,16 @@ def optimizer_time(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec
 
 
 def evaluate(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c,
-             causal_flops: bool = True, summary: bool = False) -> Estimate:
+             causal_flops: bool = True, summary: bool = False, where=None,
+             exact: bool = False, record: list | None = None) -> Estimate:
     """Evaluate candidate layouts ``c`` (Candidates, (N,) or broadcast); returns an Estimate.
 
     ``causal_flops`` selects the model-FLOPs convention of MFU (causal attention, as Megatron-LM
     logs it since 2025-03); the compute time always uses what the kernels execute. Raises nothing
     for unfit layouts: ``fits`` says which do. ``summary=True`` (the search's bulk pass) returns
     only time step and tokens_per_s -- the same values -- and skips memory (memory_total) and the
-    breakdowns.
+    breakdowns. ``where``, ``exact``, ``record``: the pipeline schedules' options
+    (scheduled_makespan: where a step is wanted, every schedule simulated, its op times kept).
     """
     links, elem = Links.of(hw), Elements.of(training)
     m = c.num_microbatches(training.global_batch_size)
@@ -187,19 +209,23 @@ def evaluate(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c,
     t_pipe, bubble, totals = pipeline_makespan(costs, counts, extra, c, m, uniform, shares)
     dp_once = reduce(np.maximum, [ranks[k].dp_step_exposed for k in RANK_KINDS])  # slowest rank
     norm_once = reduce(np.maximum, [ranks[k].norm_exposed for k in RANK_KINDS])
-    p2p_fill = ranks["middle"].p2p_fill
+    p2p_fill, scale = ranks["middle"].p2p_fill, 1.0
+    if exact or np.any(pipeline.simulated(c)):  # GPipe, looped BFS, zero bubble, V, DualPipe
+        t_pipe, bubble, p2p_fill, scale = scheduled_makespan(
+            model, c, m, times, costs, counts, extra, shares, totals, t_pipe, bubble, p2p_fill,
+            where, exact, record)
     t_opt = optimizer_time(model, hw, training, c)
     step = t_pipe + (p2p_fill + dp_once + norm_once + t_opt)
     tokens = training.global_batch_size * training.seq_length
     if summary:
         return Estimate(c, {}, {"step": step}, {"tokens_per_s": tokens / step})
     slowest = _slowest(totals, c)
-    time = _breakdown(slowest, costs, counts, extra, m, shares)
+    time = {k: v * scale for k, v in _breakdown(slowest, costs, counts, extra, m, shares).items()}
     time["pp_comm"] = time["pp_comm"] + p2p_fill
     time["tp_comm"] = time["tp_comm"] + norm_once
     time["dp_comm"] = time["dp_comm"] + dp_once
     time["bubble"], time["optimizer"], time["step"] = bubble, t_opt, step
-    time["bubble_fraction"] = bubble / (m * np.maximum(_pick(slowest, totals), 1e-30))
+    time["bubble_fraction"] = bubble / (m * np.maximum(_pick(slowest, totals) * scale, 1e-30))
     link = {g: _pick(slowest, {k: ranks[k].link_per_step(g, comms, m) for k in RANK_KINDS})
             for g in LINK_GROUPS}
     per_rank = memory_by_rank(model, hw, training, c, RANK_KINDS)

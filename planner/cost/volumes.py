@@ -50,7 +50,7 @@ from .model_flops import vocab_per_rank
 from .context_parallel import kv_chunk_bytes
 from .memory import non_expert_params, rank_params
 from .traffic import Collective, Elements
-from . import blocks, moe
+from . import blocks, moe, pipeline
 from .blocks import rank_blocks
 
 GROUPS = ("tp", "cp", "pp", "dp", "embd")
@@ -160,10 +160,16 @@ def p2p_payload(model: ModelSpec, training: TrainingSpec, c, elem: Elements):
 def p2p_collectives(model: ModelSpec, training: TrainingSpec, c, rank, elem: Elements) -> list[Collective]:
     """Pipeline sends and receives per micro-batch on rank ``rank``: 2*vpp, less one on rank 0
     (its first chunk sends no gradient back) and one on the last rank (its last chunk sends no
-    activation on). Timed by the schedule (cost.step). List of Collective."""
+    activation on). In the V shapes (ZB-V, DualPipeV: stages r and 2p-1-r on rank r) the turn
+    from stage p-1 to p stays on rank p-1: 2 per neighbouring rank, 4 on a middle rank, 2 on
+    rank 0 and p-1 (pipeline.v_shaped). Timed by the schedule (cost.step). List of Collective."""
     rank = np.asarray(rank)
     pp = np.asarray(c.pp)
-    calls = (2.0 * np.asarray(c.vpp) - (rank == 0) - (rank == pp - 1)) * (pp > 1)
+    calls = 2.0 * np.asarray(c.vpp) - (rank == 0) - (rank == pp - 1)
+    v_shaped = pipeline.v_shaped(c)
+    if np.any(v_shaped):
+        calls = np.where(v_shaped, 2.0 * ((rank > 0).astype(float) + (rank < pp - 1)), calls)
+    calls = calls * (pp > 1)
     payload = p2p_payload(model, training, c, elem)
     return [Collective("pp", kind, "microbatch", "step", "schedule", calls, payload,
                        "activation forward, its gradient backward") for kind in ("send", "recv")]

@@ -15,8 +15,9 @@ Each format targets one torchtitan release on PyPI, named in the export's first 
              checks ("Invalid field names"). tests/data/torchtitan_0.2_toml_options.txt lists
              them.
 
-Mapping: tp -> tensor_parallel_degree; pp -> pipeline_parallel_degree with schedule 1F1B
-(vpp = 1) or Interleaved1F1B (vpp > 1) and L/(pp*vpp) layers per stage (first/last stage "less
+Mapping: tp -> tensor_parallel_degree; pp -> pipeline_parallel_degree with the plan's schedule
+under torchtitan's name (SCHEDULE_NAMES: 1F1B, Interleaved1F1B, GPipe, LoopedBFS,
+InterleavedZeroBubble, ZBVZeroBubble, DualPipeV) and L/(pp*vpp) layers per stage (first/last stage "less
 layers" set to 0, so stages = pp*vpp as in Megatron; an uneven split: the middle stages' count
 with the edge stages "less layers", interleaved only for the embedding-and-loss split, one layer
 less on the first and the last virtual stage); ZeRO-3 -> FSDP, data_parallel_shard_degree
@@ -91,8 +92,24 @@ ORDER_NOTE = ("rank order: torchtitan's ParallelDims mesh [pp, dp_replicate, dp_
 
 
 # plan3d's pipeline schedules by torchtitan's names (parallelism.pipeline_parallel_schedule,
-# torchtitan/distributed/pipeline_parallel.py at b5bcd76c: PyTorch's schedule classes by name)
-SCHEDULE_NAMES = {"1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B"}
+# torchtitan/distributed/pipeline_parallel.py at b5bcd76c: PyTorch's schedule classes by name,
+# pytorch@00722e648b74 schedules.py get_schedule_class); DualPipe (bidirectional) is not one
+SCHEDULE_NAMES = {"1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B", "gpipe": "GPipe",
+                  "looped-bfs": "LoopedBFS", "interleaved-zero-bubble": "InterleavedZeroBubble",
+                  "zbv": "ZBVZeroBubble", "dualpipev": "DualPipeV"}
+# What a zero-bubble or V schedule needs beyond its name (reference/pipeline_schedules.md §8,
+# §9, §11): split backward, no torch.compile of the stages, torchtitan's own CI of them off
+ZERO_BUBBLE_NOTE = (
+    "pipeline_parallel_schedule {name}: PyTorch splits each backward into input and weight "
+    "gradients (stage_backward_input / stage_backward_weight) and refuses torch.compile'd "
+    "stages (schedules.py _check_torch_compile_compatibility); torchtitan's integration tests "
+    "of the zero-bubble schedules are disabled at b5bcd76c (FlexAttention BlockMask in the "
+    "split backward, tests/integration_tests/features.py L129-164): check it runs with your "
+    "attention")
+DUALPIPEV_NOTE = (
+    "pipeline_parallel_schedule DualPipeV: PyTorch's ScheduleDualPipeV (pytorch PR #159591) "
+    "runs each overlapped F&B pair one after the other unless an overlap function is "
+    "registered, as the estimate assumed (t_FB = t_F + t_B)")
 
 
 def torchtitan_settings(plan: Plan, fmt: str) -> tuple[dict[str, dict[str, object]], list[str]]:
@@ -243,18 +260,31 @@ def _parallelism(plan: Plan, fmt: str, notes: list[str]) -> tuple[dict[str, obje
     par["data_parallel_replicate_degree"] = replicate
     par["data_parallel_shard_degree"] = shard
     par["pipeline_parallel_degree"] = lay.pp
-    local = _pipeline(plan, par) if lay.pp > 1 else lay.micro_batch_size
+    local = _pipeline(plan, par, notes) if lay.pp > 1 else lay.micro_batch_size
     par["context_parallel_degree"] = lay.cp
     if plan.model.moe is not None:
         par.update(expert_parallel(plan, fmt, shard))
     return par, local
 
 
-def _pipeline(plan: Plan, par: dict[str, object]) -> int:
-    """The pipeline fields of a plan with pp > 1 (into ``par``); returns the local batch: all
-    m micro-batches of a DP rank run in one pipeline step."""
+def _schedule_notes(schedule: str, notes: list[str]) -> None:
+    """The caveats of a zero-bubble or V schedule (ZERO_BUBBLE_NOTE, DUALPIPEV_NOTE) into
+    ``notes``."""
+    if schedule in ("interleaved-zero-bubble", "zbv", "dualpipev"):
+        notes.append(ZERO_BUBBLE_NOTE.format(name=SCHEDULE_NAMES[schedule]))
+    if schedule == "dualpipev":
+        notes.append(DUALPIPEV_NOTE)
+
+
+def _pipeline(plan: Plan, par: dict[str, object], notes: list[str]) -> int:
+    """The pipeline fields of a plan with pp > 1 (into ``par``, caveats into ``notes``); returns
+    the local batch: all m micro-batches of a DP rank run in one pipeline step. The schedule
+    under torchtitan's name (SCHEDULE_NAMES); its stages per rank are the plan's vpp (2 for
+    the V shapes, ZBVZeroBubble and DualPipeV, which torchtitan places r and 2p-1-r,
+    pipeline_parallel.py L558-567)."""
     lay = plan.layout
     par["pipeline_parallel_schedule"] = SCHEDULE_NAMES[lay.pipeline_schedule]
+    _schedule_notes(lay.pipeline_schedule, notes)
     if (lay.first_stage_layers or lay.last_stage_layers) and lay.vpp > 1:
         # torchtitan shortens only the first and the last virtual stage: the embedding-and-
         # loss split (first = last = middle - 1) is that, one layer each (the only

@@ -12,11 +12,15 @@ typer options of search and estimate (cli.axes). Adding an axis is one row here,
 
 A row's ``role`` says how the search covers it: ``split`` (the parallel split rows: tp, cp, pp,
 dp, the expert mesh and the pipeline split, built together by search.grid), ``knob`` (an axis of
-the grid of its own, values from ``values``), ``solved`` (not a grid axis: the scan solves the
-least value that fits, cost.recompute / cost.offload, unless pinned), ``implied`` (not a grid
-axis: the value the other axes imply, ``implied``, unless pinned) or ``software`` (a switch of the
-training software: not a grid axis of the rules and memory passes, which take its default; the
-step pass times every allowed value of each and keeps the fastest, search.scan).
+the grid of its own, values from ``values``, or from the framework's rules with ``offered``),
+``solved`` (not a grid axis: the scan solves the least value that fits, cost.recompute /
+cost.offload, unless pinned), ``implied`` (not a grid axis: the value the other axes imply,
+``implied``, unless pinned) or ``software`` (a switch of the training software: not a grid axis
+of the rules and memory passes, which take its default; the step pass times the allowed values
+and keeps the fastest, search.scan). A knob with ``implied`` may take IMPLIED (-1) as a grid
+value: each layout then holds the value its other axes imply (Candidates resolves it), so a grid
+axis of that one value does not grow the grid (the pipeline schedule: vpp implies 1F1B or
+interleaved 1F1B, and only what a framework runs beyond those adds values).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..framework_spec import CUDA_GRAPHS, MOE_DISPATCHERS, RECOMPUTE_MODES
+from ..framework_spec import CUDA_GRAPHS, MOE_DISPATCHERS, PIPELINE_SCHEDULES, RECOMPUTE_MODES
 from .split import divisors, uneven_splits, uneven_vpp_options
 
 RECOMPUTE_CODES: dict[str, int] = {name: code for code, name in enumerate(RECOMPUTE_MODES)}
@@ -65,6 +69,8 @@ class Axis:
     axis named in sentences (``title_text``, else its first key: zero, mbs, sp, ...).
     ``implied``: the value (a choice's code; arrays broadcast) a layout takes where the axis is
     not stated, from its other fields (an object with their attributes); None: ``default``.
+    ``offered``: a knob's search values from the framework's rules (framework_spec.Rules ->
+    codes; IMPLIED stands for the implied value), used instead of ``values``.
     """
 
     name: str
@@ -89,6 +95,7 @@ class Axis:
     stated_text: str = ""
     title_text: str = ""
     implied: Callable[[Any], Any] | None = None
+    offered: Callable[[Any], np.ndarray] | None = None
 
     @property
     def array_default(self) -> Any:
@@ -189,7 +196,19 @@ def _graph_scopes(ctx) -> np.ndarray:
                      if g in ctx.framework.rules.cuda_graphs])
 
 
-PIPELINE_SCHEDULES = ("1f1b", "interleaved-1f1b")
+
+# The pipeline schedules (framework_spec.PIPELINE_SCHEDULES; reference/pipeline_schedules.md
+# §1-§11; planner.schedule builds each op order). Codes 0 and 1 are the two that vpp implies; the
+# rest some frameworks run (Rules.pipeline_schedules), and the search offers them there.
+IMPLIED = -1  # a knob's grid value: the value the layout's other axes imply (module docstring)
+
+
+def _offered_schedules(rules) -> np.ndarray:
+    """The schedule axis's search values for a framework's rules: IMPLIED (1F1B or interleaved
+    1F1B, as vpp implies) and the codes of the other schedules it runs. Int64 array."""
+    extra = [PIPELINE_SCHEDULES.index(name) for name in rules.pipeline_schedules
+             if PIPELINE_SCHEDULES.index(name) > 1]
+    return np.array([IMPLIED] + extra, dtype=np.int64)
 
 
 def _interleaved(c) -> Any:
@@ -261,10 +280,12 @@ AXES: tuple[Axis, ...] = (
               "method; 0 = every layer)", keys=("recompute_num_layers",),
          title_text="recompute layers"),
     Axis("pipeline_schedule", str, default="1f1b", choices=PIPELINE_SCHEDULES,
-         words="1f1b or interleaved-1f1b", flag="--pipeline-schedule", help="pipeline schedule",
+         words=", ".join(PIPELINE_SCHEDULES[:-1]) + " or " + PIPELINE_SCHEDULES[-1],
+         flag="--pipeline-schedule",
+         help="pipeline schedule",
          keys=("schedule", "pipeline_schedule"), label=_schedule, printed=10.5,
          stated_text="1f1b, interleaved-1f1b with --vpp > 1", implied=_interleaved,
-         role="implied"),
+         offered=_offered_schedules, title_text="pipeline schedule", column="schedule"),
     Axis("tp_comm_overlap", bool, default=False, role="software", flag="--tp-comm-overlap/--no-tp-comm-overlap",
          help="TP communication overlapped with the GEMMs (Megatron-Core --tp-comm-overlap, "
               "Transformer Engine userbuffers; torchtitan async TP)",

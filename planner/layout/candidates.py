@@ -3,7 +3,8 @@
 Every field is an int64 (or bool) array of the same length N, or broadcast-shaped over a search
 grid (search.grid); the cost model evaluates all N at once. A choice axis (recompute) holds its
 code (axes.Axis.code: 0 none, 1 selective, 2 full, 3 selective+). A field not given takes the
-axis's default (cp, ep, etp 1; the even split; no offload; ...).
+axis's default (cp, ep, etp 1; the even split; no offload; ...), or the value the other fields
+imply (axes.Axis.implied: the pipeline schedule from vpp), as does a field given as IMPLIED.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from dataclasses import field, fields, make_dataclass
 
 import numpy as np
 
-from .axes import AXES, BY_NAME, REQUIRED
+from .axes import AXES, BY_NAME, IMPLIED, REQUIRED
 from .degrees import LayoutDegrees
 from .layout import Layout
 
@@ -20,7 +21,11 @@ from .layout import Layout
 def _post_init(self) -> None:
     shape = np.shape(self.tp)
     for axis in AXES:
-        if getattr(self, axis.name) is None and axis.implied is not None:
+        given = getattr(self, axis.name)
+        if given is not None and axis.implied is not None and np.any(np.asarray(given) == IMPLIED):
+            object.__setattr__(self, axis.name, np.where(np.asarray(given) == IMPLIED,
+                                                         axis.implied(self), given))
+        elif given is None and axis.implied is not None:
             object.__setattr__(self, axis.name, np.broadcast_to(
                 axis.implied(self), np.broadcast_shapes(shape, np.shape(axis.implied(self)))).copy())
         elif getattr(self, axis.name) is None:

@@ -219,3 +219,53 @@ def text_strip(result: SimResult, width: int = 80) -> list[str]:
     legend = (f"F fwd B bwd I in-grad W wt-grad X F&B . idle; col = {slot:.3g}, "
               f"step = {t_end:.4g}")
     return [pre + "".join(row) for pre, row in zip(prefix, rows)] + [legend[:width]]
+
+
+# ---------------------------------------------------------------- one step of a plan
+
+TAIL_NAMES = {"sync": "p2p fill + gradient sync", "optimizer": "optimizer step"}
+
+
+def step_labels(tl) -> TimelineLabels:
+    """The labels of a planner.timeline.StepTimeline: its layout, schedule and predicted step
+    (seconds)."""
+    return TimelineLabels(tl.layout.short(), tl.schedule, tl.step, "s", 1e6)
+
+
+def step_trace(tl) -> dict:
+    """chrome_trace of a StepTimeline's pipeline, then on every rank its once-per-step tail
+    (complete events "p2p fill + gradient sync" and "optimizer step" after the last op), so the
+    span is the predicted step; otherData adds ``tail`` (seconds by part) and ``fast_step``
+    (the search's and estimate's step)."""
+    labels = step_labels(tl)
+    trace = chrome_trace(tl.result, labels)
+    k, start = labels.us_per_unit, float(tl.result.t_sync)
+    for part, seconds in tl.tail.items():
+        if seconds > 0:
+            trace["traceEvents"] += [{"name": TAIL_NAMES[part], "cat": part, "ph": "X",
+                                      "ts": start * k, "dur": seconds * k, "pid": 0, "tid": r,
+                                      "args": {}} for r in range(tl.result.schedule.p)]
+        start += seconds
+    trace["otherData"].update(tail={k_: float(v) for k_, v in tl.tail.items()},
+                              fast_step=float(tl.fast_step))
+    return trace
+
+
+def step_strip(tl, width: int = 80) -> list[str]:
+    """text_strip of a StepTimeline's pipeline, then one line: the step as pipeline + tail, the
+    bubble, and the search's step where it differs (closed forms on uneven stages)."""
+    r = tl.result
+    lines = text_strip(r, width)
+    lines.append(f"step {_fmt_time(tl.step, 's')} = pipeline {_fmt_time(r.t_sync, 's')} + "
+                 f"{_tail_words(tl.tail)}"
+                 f"; bubble {_fmt_time(r.bubble, 's')} ({r.bubble / max(r.t_sync, 1e-30):.1%})")
+    if abs(tl.fast_step - tl.step) > 1e-9 * tl.step:
+        lines.append(f"the search and estimate give {_fmt_time(tl.fast_step, 's')} (closed form; "
+                     f"{(tl.fast_step - tl.step) / tl.step:+.3%}): the simulated op order on "
+                     "these uneven stages differs")
+    return lines
+
+
+def _tail_words(tail: dict) -> str:
+    """'p2p fill + gradient sync 30.8 ms + optimizer step 49.2 ms'."""
+    return " + ".join(f"{TAIL_NAMES[k]} {_fmt_time(v, 's')}" for k, v in tail.items())

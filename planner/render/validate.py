@@ -25,6 +25,8 @@ def value_text(name: str, value, time_unit: tuple[str, int] | None = None) -> st
         return value
     if name.startswith("loss"):
         return fmt.loss(value)
+    if name.startswith("schedule "):  # ops in the order / chunks in flight: counts
+        return f"{int(value):,} " + ("ops" if name.startswith("schedule order") else "chunks")
     if "time" in name:
         return fmt.seconds(float(value)) if time_unit is None else fmt.seconds_in(float(value), time_unit)
     if "bytes" in name or "peak" in name:

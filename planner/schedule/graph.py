@@ -182,7 +182,8 @@ def latency_table(sched: Schedule, K: int, c) -> np.ndarray | None:
     c[p-1] ranks p-1 and 0), (p-1,) when no edge wraps, (K, 1) or (K, p) per case."""
     p = sched.p
     a = np.asarray(c, dtype=np.float64)
-    if a.ndim >= 1 and a.shape[-1] == p - 1 and p > 1:
+    per_case = a.ndim == 2 and a.shape[-1] == 1          # (K, 1): one latency per case
+    if a.ndim >= 1 and a.shape[-1] == p - 1 and p > 1 and not per_case:
         wraps = sched.placement == "loop" and sched.v > 1
         if wraps:
             raise ValueError(f"c has p-1={p - 1} entries; {sched.name} also crosses the rank "

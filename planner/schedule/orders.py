@@ -367,7 +367,7 @@ def _build(name, p, m, v, g, variant):
     return ranks(p, m, *args), "loop", None
 
 
-@lru_cache(maxsize=64)
+@lru_cache(maxsize=512)
 def build_schedule(name: str, p: int, m: int, v: int = 1, g: int | None = None,
                    variant: str | None = None) -> Schedule:
     """The op order of schedule ``name`` (one of SCHEDULES) on p ranks, m micro-batches per

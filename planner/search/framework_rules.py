@@ -14,7 +14,7 @@ import numpy as np
 
 from ..errors import UsageError
 from ..framework_spec import FrameworkProfile
-from ..layout import RECOMPUTE_CODES
+from ..layout import BY_NAME, RECOMPUTE_CODES
 from ..layout.split import uneven_interleave_ok, uneven_layout_ok
 from ..specs import ModelSpec, TrainingSpec
 from .software_rules import software_masks
@@ -80,6 +80,7 @@ def framework_masks(profile: FrameworkProfile, model: ModelSpec, training: Train
     else:
         out[f"{d}: tp divides the KV heads or is a multiple of them"] = (g % tp == 0) | (tp % g == 0)
     out.update(_pipeline_masks(profile, model, c, m, pp, vpp))
+    out.update(schedule_masks(profile, c))
     out.update(_sharding_masks(profile, c, pp))
     codes = [RECOMPUTE_CODES[x] for x in r.recompute]
     if len(codes) < len(RECOMPUTE_CODES):
@@ -160,6 +161,21 @@ def _pipeline_masks(profile: FrameworkProfile, model: ModelSpec, c, m, pp, vpp) 
         out[f"{d}: an interleaved uneven split only as one layer less on the first and last "
             "stage (embedding and loss)"] = ~uneven | flat | c.embedding_loss_split(model.num_layers)
     return out
+
+
+def schedule_masks(profile: FrameworkProfile, c) -> dict:
+    """The pipeline schedules the framework runs (Rules.pipeline_schedules, with its source):
+    {rule: mask}, or {} where it runs every schedule plan3d knows. The two that vpp implies
+    (1F1B, interleaved 1F1B) are the interleaving rules' (_pipeline_masks), and the schedule of
+    a layout with pp = 1 is 1F1B, which every framework runs."""
+    names = profile.rules.pipeline_schedules
+    choices = BY_NAME["pipeline_schedule"].choices
+    if set(choices) <= set(names):
+        return {}
+    code = np.asarray(c.pipeline_schedule)
+    implied = code <= choices.index("interleaved-1f1b")
+    return {f"{profile.display} runs the pipeline schedules {', '.join(names)}":
+            np.isin(code, [choices.index(name) for name in names]) | implied | (np.asarray(c.pp) == 1)}
 
 
 def _expert_masks(profile: FrameworkProfile, c) -> dict:

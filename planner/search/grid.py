@@ -262,6 +262,8 @@ def knob_values(ctx, opts: SearchOptions, name: str) -> np.ndarray:
     dtype = bool if a.kind is bool else np.int64
     if pin is not None:
         return np.array([a.code(pin)], dtype=dtype)
+    if a.offered is not None:  # from the framework's rules (IMPLIED: what the others imply)
+        return np.asarray(a.offered(ctx.framework.rules), dtype=dtype)
     bound = getattr(opts, a.bound) if a.bound else None
     values = np.asarray(a.values(SimpleNamespace(**vars(ctx), bound=bound)))
     return (values if bound is None else values[values <= bound]).astype(dtype)

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..layout import BY_NAME, Candidates
+from ..cost.pipeline import schedule_chunks_ok
+from ..cost.pipeline import schedule_microbatches_ok as schedule_mb_ok
+from ..layout import Candidates
 from ..layout.split import uneven_shape_ok
 from ..cost.collectives import nvlink_domain
 from ..specs import HardwareProfile, ModelSpec, TrainingSpec
@@ -68,6 +70,7 @@ def constraint_masks(model: ModelSpec, training: TrainingSpec, hw: HardwareProfi
             ~c.distributed_optimizer | (c.zero_stage == 0),
         UNEVEN_RULE: uneven_shape_ok(L, c),
         SCHEDULE_RULE: schedule_ok(c),
+        SCHEDULE_MB_RULE: schedule_microbatches_ok(c, c.num_microbatches(B)),
         RECOMPUTE_LAYERS_RULE: _recompute_layers_ok(L, c),
         **expert_rules(model, c),
     }
@@ -77,14 +80,21 @@ def constraint_masks(model: ModelSpec, training: TrainingSpec, hw: HardwareProfi
     return masks
 
 
-SCHEDULE_RULE = "interleaved 1F1B with vpp > 1, 1F1B with vpp = 1"
+SCHEDULE_RULE = "pipeline schedule: its model chunks per rank (vpp) and pp > 1 beyond 1F1B"
+SCHEDULE_MB_RULE = ("pipeline schedule: the micro-batches its generator takes (DualPipe p, m even "
+                    "and m >= 2p; DualPipeV m >= 2p; interleaved zero bubble PyTorch's rounds)")
 
 
 def schedule_ok(c) -> np.ndarray:
-    """The pipeline schedule against the virtual stages: interleaved 1F1B runs vpp > 1 model
-    chunks per rank, 1F1B one (Narayanan et al. 2021 Sec. 2.2). Bool array."""
-    interleaved = np.asarray(c.pipeline_schedule) == BY_NAME["pipeline_schedule"].code("interleaved-1f1b")
-    return interleaved == (np.asarray(c.vpp) > 1)
+    """The pipeline schedule against the model chunks per rank and pp (cost.pipeline.
+    schedule_chunks_ok: the generators' own constraints). Bool array."""
+    return schedule_chunks_ok(c.pipeline_schedule, c.vpp, c.pp)
+
+
+def schedule_microbatches_ok(c, m) -> np.ndarray:
+    """The micro-batches per step ``m`` the schedule's generator takes (cost.pipeline.
+    schedule_microbatches_ok). Bool array."""
+    return schedule_mb_ok(c.pipeline_schedule, c.pp, m)
 
 
 RECOMPUTE_LAYERS_RULE = "recompute_num_layers only with full recompute, at most a model chunk's layers"

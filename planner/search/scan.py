@@ -51,7 +51,8 @@ CALL_COST = 16_384
 # rarely doubles a box; then recomputation, ZeRO stage and micro-batch size (measured: about
 # half the sub-grids and a fifth fewer layouts than the grid's own axis order).
 SORT_AXES = tuple(KNOB_FIELDS.index(name) for name in (
-    "sequence_parallel", "vpp", "recompute", "zero_stage", "micro_batch_size", "distributed_optimizer"))
+    "sequence_parallel", "vpp", "pipeline_schedule", "recompute", "zero_stage", "micro_batch_size",
+    "distributed_optimizer"))
 
 Boxes = list  # per knob axis k, a (split rows, len(knob k)) bool array: the values a row keeps
 
@@ -115,9 +116,12 @@ def step_pass(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gri
         sub = grid.take(rows, values)
         c = with_scanned_layers(sub.candidates(), out, index, sub.shape)  # least N (memory_pass)
         chosen = preferred_software(profile, hw, model, training, c, grid.software) if grid.software else {}
-        step = evaluate(model, hw, training, c.replace(**chosen), summary=True).time["step"]
-        tokens_per_s = training.global_batch_size * training.seq_length / step
-        score, wall = objective.layout_scores(model, hw, training, c, step, tokens_per_s, opts, tokens)
+        # the simulated pipeline schedules are simulated only where the layout fits
+        est = evaluate(model, hw, training, c.replace(**chosen), summary=True,
+                       where=fits[index].reshape(sub.shape))
+        step = est.time["step"]
+        score, wall = objective.layout_scores(model, hw, training, c, step,
+                                              est.throughput["tokens_per_s"], opts, tokens)
         fit = np.flatnonzero(fits[index])
         for name, codes in chosen.items():
             out.software[name].add(index[fit], full(codes.astype(np.int64) + 1, sub.shape).ravel()[fit])

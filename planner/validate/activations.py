@@ -27,6 +27,7 @@ from ..cost.blocks import kv_heads_per_rank
 from ..cost.model_flops import padded_vocab
 from ..cost import memory, pipeline
 from ..specs import TrainingSpec
+from .miniature import SPLIT_BACKWARD
 
 # Every layout tried (13 miniatures, 24 pipeline ranks: 1F1B, interleaved, uneven split, CP,
 # SP, ZeRO-0..3, no / selective / full recompute, GPT-3 and Llama kinds, float64 and float32)
@@ -237,7 +238,16 @@ def activation_check(run, pp_rank: int, ranks: list[dict]) -> dict:
            if not all(r.get("recompute_tracked", True) for r in ranks) else
            "the miniature's routed tensors (permuted rows, probabilities, routing maps) are saved "
            "as its torch code routes them, not as Megatron-Core's MoE layer the plan costs"
-           if run.model.moe is not None else None)
+           if run.model.moe is not None else
+           f"the named torch deltas are derived for the orders of 1F1B and interleaved 1F1B; "
+           f"{run.layout.pipeline_schedule} is checked by its op order and per-rank peak "
+           "(schedule order / schedule peak)" + (
+               "; PyTorch's split backward (stage_backward_input, retain_graph) also keeps a "
+               "chunk's autograd graph from its input to its weight gradient, not the weight "
+               "GEMMs' share gamma the cost model holds (memory.deferred_w_fraction)"
+               if run.layout.pipeline_schedule in SPLIT_BACKWARD else "")
+           if run.layout.pp > 1 and run.layout.pipeline_schedule not in ("1f1b", "interleaved-1f1b")
+           else None)
     return {"name": f"activations pp{pp_rank}", "measured": worst, "predicted": want,
             "passed": rel <= ACT_RTOL if why is None else None,
             "tolerance": ACT_RTOL, "rel_diff": rel, "formula": pred["formula"],

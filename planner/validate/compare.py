@@ -16,6 +16,9 @@ Checks (each {"name", "measured", "predicted", "passed"}):
 - ``activations pp<r>``: the peak of the bytes saved for backward on every rank of pipeline
   rank r against the plan's activation formula + named torch deltas (activations.py), within
   ACT_RTOL; the deltas and their sizes go to ``notes``. Reported instead of checked off the CPU.
+- ``schedule order pp<r>`` / ``schedule peak pp<r>``: the op order every rank of pipeline rank r
+  ran and its chunks in flight at the peak against the simulator's order of the plan's schedule
+  (validate.schedule_check), equal exactly.
 Reported beside them (not checked): the live-tensor peak minus the model states (saved
 activations + transient buffers) and the median warm step time. ``notes`` (how the run maps
 the plan, e.g. the distributed optimizer as ZeRO-1; the activation deltas) and
@@ -30,6 +33,7 @@ import statistics
 from .activations import activation_check, delta_notes
 from .miniature import LOSS_RTOL, Run, predict
 from .moe_plan import routed_volumes
+from .schedule_check import schedule_checks
 
 MEMORY_RTOL = 0.02
 
@@ -87,7 +91,8 @@ def compare(run: Run, records: list[dict], reference: list[float] | None) -> dic
     checks: list[dict] = []
     reported: list[dict] = []
     activations: list[dict] = []
-    last = [r for r in records if r["coord"]["pp"] == lay.pp - 1 and r["coord"]["tp"] == 0]
+    # the ranks that hold the loss: the last pipeline rank, rank 0 in the V shapes
+    last = [r for r in records if r["losses"] and r["coord"]["tp"] == 0]
     for i in range(run.steps):
         got = sum(r["losses"][i] for r in last) / len(last)
         if reference is None:
@@ -100,6 +105,7 @@ def compare(run: Run, records: list[dict], reference: list[float] | None) -> dic
     routed = {}
     if run.model.moe is not None:
         routed = routed_volumes(run, records)
+    checks += schedule_checks(run, records)  # the op order that ran and its in-flight peak
     for pp_rank in range(lay.pp):
         pred = predict(run, pp_rank)
         ranks = [r for r in records if r["coord"]["pp"] == pp_rank]

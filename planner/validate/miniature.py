@@ -81,6 +81,7 @@ class Run:
                           max_positions=m.max_position_embeddings or 0, qkv_bias=m.qkv_bias,
                           **_moe_config(m)),
             "tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "cp": lay.cp, "vpp": lay.vpp,
+            "schedule": lay.pipeline_schedule,
             "ep": lay.ep, "etp": lay.etp,
             "zero": lay.zero_stage, "stage_layers": self.stage_layers(),
             "sp": lay.sequence_parallel, "recompute": lay.recompute, "mbs": lay.micro_batch_size,
@@ -246,20 +247,55 @@ def miniature(plan: Plan, world: int, dtype: str = "float64", steps: int = 3,
     micro = 2 * pp
     training = plan.training.model_copy(update=dict(seq_length=seq, precision="bf16",
                                                     global_batch_size=dp * mbs * micro))
-    layout = Layout(**{**dict(tp=tp, cp=cp, pp=pp, dp=dp, zero_stage=mapped.zero_stage,
+    schedule, zero, more = _schedule(lay, pp, mapped.zero_stage)  # notes, dropped: in Run
+    layout = Layout(**{**dict(tp=tp, cp=cp, pp=pp, dp=dp, zero_stage=zero,
                               micro_batch_size=mbs, recompute=lay.recompute,
                               sequence_parallel=lay.sequence_parallel and tp > 1, vpp=vpp,
-                              first_stage_layers=first, last_stage_layers=last), **moe_layout})
+                              first_stage_layers=first, last_stage_layers=last),
+                       "pipeline_schedule": schedule, **moe_layout})
     return Run(mini, training, layout, dtype=dtype, steps=steps, device=device,
-               notes=tuple(notes),
-               not_exercised=tuple(dropped + _no_dropout(m) + _no_fp8(plan) + _no_host_offload(plan)))
+               notes=tuple(notes + more["notes"]), not_exercised=tuple(
+                   dropped + more["dropped"] + _no_dropout(m) + _no_fp8(plan) + _no_host_offload(plan)))
+
+
+# the schedules that split the backward into input and weight gradients (reference §6-§11)
+SPLIT_BACKWARD = ("interleaved-zero-bubble", "zbv", "dualpipev")
+
+
+def _schedule(lay: Layout, pp: int, zero: int) -> tuple[str | None, int, dict]:
+    """(the run's pipeline schedule, its ZeRO stage, {"notes", "dropped"}): the plan's schedule
+    where torch.distributed.pipelining runs it on pp ranks (worker.SCHEDULE_CLASSES: the op
+    order and per-rank peak are then checked, validate.schedule_check); DualPipe has no class
+    there, so the run takes what its vpp implies and says so; None (implied) with pp = 1.
+    ZeRO ``zero`` >= 2 (the validator's FSDP2) under a split backward runs as ZeRO-1: the gloo
+    run of FSDP2 with PyTorch's separate input and weight gradients hangs."""
+    out: dict = {"notes": [], "dropped": []}
+    if pp == 1 or lay.pipeline_schedule in ("1f1b", "interleaved-1f1b"):
+        return None, zero, out
+    if lay.pipeline_schedule == "dualpipe":
+        out["dropped"].append({"feature": "pipeline schedule dualpipe", "reason": (
+            "torch.distributed.pipelining has no DualPipe (bidirectional) schedule: the miniature "
+            "runs 1F1B; its op order and peaks are not checked")})
+        return None, zero, out
+    out["notes"].append(f"pipeline schedule {lay.pipeline_schedule}: run with torch's own class; "
+                        "its op order and per-rank peak are checked against the simulator's")
+    if lay.pipeline_schedule in SPLIT_BACKWARD and zero >= 2:
+        out["dropped"].append({"feature": f"ZeRO-{zero} with {lay.pipeline_schedule}", "reason": (
+            "the validator's FSDP2 wrapping does not run PyTorch's split backward (its input "
+            "and weight gradients at different times: the gloo run hangs); run with ZeRO-1")})
+        zero = 1
+    return lay.pipeline_schedule, zero, out
 
 
 def full_scale(plan: Plan, layers_per_stage: int | None, dtype: str, steps: int, device: str) -> Run:
     """The plan's own shapes and layout (torchrun), optionally with K layers per pipeline chunk."""
     model = plan.model
     layout, notes = _mapped(plan.layout)
-    dropped: list[dict] = []
+    schedule, zero, more = _schedule(layout, layout.pp, layout.zero_stage)
+    dropped: list[dict] = more["dropped"]
+    if layout.pipeline_schedule == "dualpipe" or zero != layout.zero_stage:  # what runs
+        layout = layout.model_copy(update={"pipeline_schedule": schedule or "1f1b",
+                                           "zero_stage": zero})
     uneven = bool(layout.first_stage_layers or layout.last_stage_layers)
     if layers_per_stage is not None:
         model = model.model_copy(update=dict(

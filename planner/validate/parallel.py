@@ -24,21 +24,26 @@ from .model import GPT, Chunk
 from .instrument import recompute_context
 
 
-def stage_ids(pp_rank: int, pp: int, vpp: int) -> list[int]:
-    """Looped assignment of pipeline stages (model chunks) to one PP rank: r, r+pp, r+2pp, ..."""
+def stage_ids(pp_rank: int, pp: int, vpp: int, v_shape: bool = False) -> list[int]:
+    """Assignment of pipeline stages (model chunks) to one PP rank: looped, r, r+pp, r+2pp, ...;
+    ``v_shape`` (ZB-V, DualPipeV: vpp = 2), r and 2pp-1-r (torchtitan pipeline_parallel.py
+    L558-567; schedule.orders' "v" placement)."""
+    if v_shape:
+        return [pp_rank, 2 * pp - 1 - pp_rank]
     return [pp_rank + k * pp for k in range(vpp)]
 
 
 def build_chunks(model: GPT, pp_rank: int, pp: int, vpp: int,
-                 counts: list[int] | None = None) -> list[tuple[int, Chunk]]:
+                 counts: list[int] | None = None, v_shape: bool = False) -> list[tuple[int, Chunk]]:
     """This rank's (stage id, Chunk) list, cut from ``model``: ``counts[sid]`` layers in stage
-    sid (an uneven split), or the layers split evenly over pp*vpp stages when counts is None."""
+    sid (an uneven split), or the layers split evenly over pp*vpp stages when counts is None;
+    stages placed by stage_ids (``v_shape``)."""
     n_stages = pp * vpp
     if counts is None:
         counts = [model.cfg.num_layers // n_stages] * n_stages
     starts = [sum(counts[:k]) for k in range(n_stages)]
     chunks = []
-    for sid in stage_ids(pp_rank, pp, vpp):
+    for sid in stage_ids(pp_rank, pp, vpp, v_shape):
         layers = {str(i): model.layers[str(i)] for i in range(starts[sid], starts[sid] + counts[sid])}
         chunks.append((sid, Chunk(model.embed if sid == 0 else None, layers,
                                   model.head if sid == n_stages - 1 else None)))

@@ -28,6 +28,13 @@ from .checkpoint import save_and_measure
 from .moe import expert_groups
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
+# plan3d's pipeline schedules by their torch.distributed.pipelining classes (pytorch@00722e648b74
+# schedules.py; torch 2.13); DualPipe (bidirectional) has none (validate.miniature runs 1F1B)
+SCHEDULE_CLASSES = {"1f1b": "Schedule1F1B", "interleaved-1f1b": "ScheduleInterleaved1F1B",
+                    "gpipe": "ScheduleGPipe", "looped-bfs": "ScheduleLoopedBFS",
+                    "interleaved-zero-bubble": "ScheduleInterleavedZeroBubble",
+                    "zbv": "ScheduleZBVZeroBubble", "dualpipev": "ScheduleDualPipeV"}
+V_SHAPES = ("zbv", "dualpipev")  # stages r and 2p-1-r on rank r
 
 
 def batches(cfg: dict, step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -149,7 +156,8 @@ def _build(cfg: dict, r: SimpleNamespace) -> None:
         set_context_parallel(model, r.mesh.get_group("cp"), r.cp_rank, r.cp)
     if r.tied:  # the last stage keeps its own copy of the word embedding (Megatron, formulas.md 1.3)
         model.head.out.weight = torch.nn.Parameter(model.embed.tok.weight.detach().clone())
-    r.chunks = build_chunks(model, r.pp_rank, pp, cfg["vpp"], cfg.get("stage_layers"))
+    r.chunks = build_chunks(model, r.pp_rank, pp, cfg["vpp"], cfg.get("stage_layers"),
+                            v_shape=cfg.get("schedule") in V_SHAPES)
     del model
     r.moes, r.comm = _experts(cfg, r.chunks, r.pp_rank, r.dims)
     for _, chunk in r.chunks:
@@ -166,21 +174,50 @@ def _build(cfg: dict, r: SimpleNamespace) -> None:
 
 
 def _pipeline(cfg: dict, r: SimpleNamespace) -> None:
-    """The pipeline schedule over this rank's chunks (1F1B, interleaved when vpp > 1) and the
-    micro-batch count, whether the rank holds the first / last stage, the tied weights."""
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B
+    """The pipeline schedule over this rank's chunks (the plan's, by its torch.distributed.
+    pipelining class: SCHEDULE_CLASSES; without one, 1F1B or interleaved as vpp implies) and
+    the micro-batch count, whether the rank holds the first / last stage, the tied weights; each
+    stage records the ops it runs, in order, into ``r.ops`` (_record_ops)."""
+    from torch.distributed.pipelining import PipelineStage, schedules
     n_stages = cfg["pp"] * cfg["vpp"]
     r.m = cfg["gbs"] // (cfg["dp"] * cfg["mbs"])
     stages = [PipelineStage(c, sid, n_stages, r.device, group=r.mesh.get_group("pp"))
               for sid, c in r.chunks]
+    r.ops = []
+    for stage in stages:
+        _record_ops(stage, r.ops)
     r.has_first = any(sid == 0 for sid, _ in r.chunks)
     r.has_last = any(sid == n_stages - 1 for sid, _ in r.chunks)
-    if cfg["vpp"] > 1:
-        r.schedule = ScheduleInterleaved1F1B(stages, n_microbatches=r.m, loss_fn=loss_fn)
-    else:
-        r.schedule = Schedule1F1B(stages[0], n_microbatches=r.m, loss_fn=loss_fn)
+    implied = "ScheduleInterleaved1F1B" if cfg["vpp"] > 1 else "Schedule1F1B"
+    cls = getattr(schedules, SCHEDULE_CLASSES.get(cfg.get("schedule"), implied))
+    single = cls in (schedules.Schedule1F1B, schedules.ScheduleGPipe)
+    r.schedule = cls(stages[0] if single else stages, n_microbatches=r.m, loss_fn=loss_fn)
     r.tok_w = r.chunks[0][1].embed.tok.weight if r.has_first and r.tied else None
     r.out_w = r.chunks[-1][1].head.out.weight if r.has_last and r.tied else None
+
+
+def _record_ops(stage, ops: list) -> None:
+    """Wrap ``stage``'s forward, backward and weight-gradient calls so that each appends
+    [kind, stage index, micro-batch] to ``ops`` as it runs: F (forward_one_chunk), B
+    (backward_one_chunk, full backward) or I (input gradient only), W
+    (backward_weight_one_chunk): the op order that ran, compared with the simulator's
+    (validate.schedule_check)."""
+    forward, backward, weight = (stage.forward_one_chunk, stage.backward_one_chunk,
+                                 stage.backward_weight_one_chunk)
+
+    def fwd(chunk, *args, **kwargs):
+        ops.append(["F", stage.stage_index, int(chunk)])
+        return forward(chunk, *args, **kwargs)
+
+    def bwd(chunk, loss=None, full_backward=True, last_backward=False):
+        ops.append(["B" if full_backward else "I", stage.stage_index, int(chunk)])
+        return backward(chunk, loss=loss, full_backward=full_backward, last_backward=last_backward)
+
+    def wgt(chunk, *args, **kwargs):
+        ops.append(["W", stage.stage_index, int(chunk)])
+        return weight(chunk, *args, **kwargs)
+    stage.forward_one_chunk, stage.backward_one_chunk = fwd, bwd
+    stage.backward_weight_one_chunk = wgt
 
 
 def _step(cfg: dict, r: SimpleNamespace, step: int, inst: Instrument, record: dict) -> int:
@@ -202,9 +239,11 @@ def _step(cfg: dict, r: SimpleNamespace, step: int, inst: Instrument, record: di
         inst.track_existing(r.params + [p.grad for p in r.params] + _opt_tensors(r.opt, r.flat)
                             + (_opt_tensors(None, r.flat_e) if r.flat_e else []))
         baseline = inst.live
+        r.ops.clear()
         with SavedBytes() as saved:
             r.schedule.step(*((ids,) if r.has_first else ()),
                             target=targets if r.has_last else None, losses=losses)
+        record["ops"] = list(r.ops)  # the last step's
         grads_held = _reduce_and_update(cfg, r)
     if r.device.type == "cuda":
         torch.cuda.synchronize()
