@@ -138,13 +138,48 @@ def rank_host_time(model: ModelSpec, training: TrainingSpec, c, host: dict | Non
     n_moe = blocks.get(MOE, 0)
     if model.moe is None or not np.any(n_moe) or not np.any(has_sync(training, c)):
         return free
+    sync = has_sync(training, c) & (np.asarray(n_moe) > 0)
+    if WINDOW not in blocks:  # one attention kind: the per-layer segments hold for every rank
+        return np.where(sync, _synced_layers(host, times, blocks, overlap), free)
+    gpu_f, gpu_b = _gpu_split(host, times, blocks)
+    return np.where(sync, _synced(blocks, gpu_f, gpu_b, {k: host[k][:3] for k in blocks}, overlap), free)
+
+
+def _gpu_split(host: dict, times: dict, kinds) -> tuple[dict, dict]:
+    """({kind: forward GPU seconds}, {kind: backward}) of each block, split by its compute."""
     gpu_f, gpu_b = {}, {}
-    for kind in blocks:
+    for kind in kinds:
         t = times[kind]
         share = t.forward / np.maximum(t.forward + t.backward, 1e-30)
         gpu_f[kind], gpu_b[kind] = host[kind][4] * share, host[kind][4] * (1.0 - share)
-    return np.where(has_sync(training, c) & (np.asarray(n_moe) > 0),
-                    _synced(blocks, gpu_f, gpu_b, {k: host[k][:3] for k in blocks}, overlap), free)
+    return gpu_f, gpu_b
+
+
+def _synced_layers(host: dict, times: dict, blocks: dict, overlap) -> np.ndarray:
+    """_synced for a rank whose attention blocks are all of one kind: the per-layer segments
+    (rank-independent, kept in ``host`` for the evaluation's other ranks) times the rank's
+    block counts. The same values as _synced."""
+    if "_layer" not in host:
+        kinds = [k for k in (ATTENTION, MLP, MOE) if k in host]
+        gpu_f, gpu_b = _gpu_split(host, times, kinds)
+        h_af, h_ab, g_af, g_ab = host[ATTENTION][0], host[ATTENTION][2], gpu_f[ATTENTION], gpu_b[ATTENTION]
+        hm = host[MOE]
+        layer = dict(pre=np.maximum(0.0, h_af + hm[0] - g_af), post=np.maximum(0.0, hm[1] - gpu_f[MOE]),
+                     node=np.maximum(0.0, hm[1] + h_ab + hm[2] - gpu_f[MOE] - g_ab - gpu_b[MOE]),
+                     af=h_af - g_af, ab=h_ab - g_ab, mb=h_ab + hm[2] - g_ab - gpu_b[MOE])
+        if MLP in host:
+            layer.update(mf=host[MLP][0] - gpu_f[MLP], mbk=host[MLP][2] - gpu_b[MLP])
+        host["_layer"] = layer
+    lay = host["_layer"]
+    n_moe = blocks[MOE]
+    n_dense = blocks[ATTENTION] - n_moe
+    dense_f, dense_b = n_dense * lay["af"], n_dense * lay["ab"]
+    if MLP in blocks and "mf" in lay:
+        dense_f, dense_b = dense_f + blocks[MLP] * lay["mf"], dense_b + blocks[MLP] * lay["mbk"]
+    ahead_f = np.maximum(0.0, dense_f)
+    plain = n_moe * (lay["pre"] + lay["post"]) + ahead_f + np.maximum(0.0, dense_b + n_moe * lay["mb"])
+    merged = n_moe * (lay["pre"] + lay["node"]) + ahead_f + np.maximum(0.0, dense_b)
+    return np.where(overlap, merged, plain)
 
 
 def _never_behind(blocks: dict, gpu_f: dict, gpu_b: dict, host: dict, g_af, g_ab, h_af, h_ab) -> bool:
