@@ -8,7 +8,8 @@ fitted without the run's source), mean / max |peak-memory error| of the runs tha
 runs predicted not to fit ("no fit") and of those the false OOMs (runs that ran but that no
 layout consistent with them fits, --resolve search). Keys: gpu (H100, B200, GB200, from the run's hardware profile), precision,
 source, kind (dense or MoE: whether the run's model has a moe block). --runs keeps only MoE or
-dense runs. The README's accuracy tables are this script's output (benchmarks/readme_examples.py).
+dense runs. The accuracy tables of docs/accuracy.md and docs/moe.md are this script's output
+(benchmarks/readme_examples.py).
 """
 
 from __future__ import annotations

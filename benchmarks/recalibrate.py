@@ -12,7 +12,7 @@ fit matmul_fp8 (dgx-h100) gets it from its fitted matmul by the measured FP8 / B
 sources say (FOLLOWERS): dgx-h200, hgx-h800, dgx-b200 and gb200-nvl72.
 
 Run it after a change to the cost model moves the fitted factors, then review ``git diff
-hardware_profiles/`` and regenerate the golden baseline (README, "Regression baseline").
+hardware_profiles/`` and regenerate the golden baseline (docs/regress.md).
 ``--check`` only reports whether the shipped factors are what a fresh fit gives (exit 1 if not).
 ``--explore`` fits the plans of benchmarks/calibration_explore.yaml -- fits that were tried and
 are not shipped (dgx-h100 on both datasets, dgx-b200 and gb200-nvl72 on their modern runs) -- and

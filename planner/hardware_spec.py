@@ -315,7 +315,7 @@ class HardwareProfile(_Strict):
         value = getattr(self, block)
         if value is None:
             raise UsageError(f"hardware profile {self.name} has no {block} block, needed for "
-                             f"{purpose}; add one (README, Catalog schemas)")
+                             f"{purpose}; add one (docs/schemas.md, Hardware profiles)")
         return value
 
     @property

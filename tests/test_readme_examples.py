@@ -1,11 +1,14 @@
-"""benchmarks/readme_examples.py: markers are found, transcripts rerun, exit codes checked; every
-output block of README.md is marked (console and plain fences; ```text blocks are hand-written)."""
+"""benchmarks/readme_examples.py: markers are found, transcripts rerun, exit codes checked, pages
+updated in place; every output block of README.md and docs/*.md is marked (console and plain
+fences; ```text blocks are hand-written or generated)."""
 
 from __future__ import annotations
 
 import importlib.util
 import sys
 from pathlib import Path
+
+import pytest
 
 from markdown_it import MarkdownIt
 
@@ -66,9 +69,42 @@ def test_regenerate_reruns_and_checks_exit_codes(tmp_path):
     assert rx.regenerate(transcript, lines, tmp_path)[1] == ["$ echo err >&2; exit 3...: exit code 3, marked 0"]
 
 
-def test_every_output_block_of_the_readme_is_marked():
-    lines = _lines((ROOT / "README.md").read_text())
+# docs/formulas.md's plain fences hold formulas, not command output
+UNCHECKED = {"formulas.md"}
+
+
+def test_the_pages_are_the_readme_and_docs():
+    names = [p.relative_to(ROOT).as_posix() for p in rx.pages()]
+    assert names[0] == "README.md" and "docs/search.md" in names and "docs/formulas.md" in names
+
+
+@pytest.mark.parametrize("page", [p for p in rx.pages() if p.name not in UNCHECKED], ids=lambda p: p.name)
+def test_every_output_block_of_the_readme_is_marked(page):
+    lines = _lines(page.read_text())
     marked = {b.start - 1 for b in rx.find_blocks(lines)}
     unmarked = [t.map[0] + 1 for t in MarkdownIt("commonmark").parse("".join(lines))
                 if t.type == "fence" and t.info.strip() in ("", "console") and t.map[0] not in marked]
-    assert unmarked == [], f"README.md lines {unmarked}: output blocks without an example marker"
+    assert unmarked == [], f"{page.name} lines {unmarked}: output blocks without an example marker"
+
+
+def test_update_rewrites_each_page_in_place(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(rx, "check_install", lambda: None)
+    one, two = tmp_path / "one.md", tmp_path / "two.md"
+    one.write_text(DOC)
+    two.write_text("# two\n\n<!-- example: echo two -->\n```\nold\n```\n")
+    files = ["--file", str(one), "--file", str(two)]
+    assert rx.main(["--check", *files]) == 1  # both pages hold a stale block
+    assert rx.main(["--update", *files]) == 0
+    assert "```\none\n```" in one.read_text() and "a b\n" in one.read_text()
+    assert two.read_text() == "# two\n\n<!-- example: echo two -->\n```\ntwo\n```\n"
+    assert one.read_text().endswith("```\nuntouched\n```\n")  # an unmarked block is left alone
+    assert rx.main(["--check", *files]) == 0
+    assert "2 pages, 3 blocks: 0 differ" in capsys.readouterr().out
+
+
+def test_a_page_runs_in_a_folder_of_its_own(tmp_path, monkeypatch):
+    monkeypatch.setattr(rx, "check_install", lambda: None)
+    writes, reads = tmp_path / "a.md", tmp_path / "b.md"
+    writes.write_text("<!-- example: echo x > made.txt; cat made.txt -->\n```\nx\n```\n")
+    reads.write_text("<!-- example exit=1: cat made.txt 2>/dev/null || exit 1 -->\n```\n```\n")
+    assert rx.main(["--check", "--file", str(writes), "--file", str(reads)]) == 0

@@ -108,7 +108,7 @@ def validate(
     require_torch()
     if not local:
         raise UsageError("on a cluster run `torchrun --nproc-per-node N ... -m planner.validate PLAN` "
-                         "(see README); on this machine pass --local")
+                         "(see docs/validate.md); on this machine pass --local")
     if device != "cpu":
         raise UsageError(f"--local runs on cpu (forked gloo ranks), got --device {device}; "
                          "use torchrun for GPUs")
