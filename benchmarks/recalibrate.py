@@ -122,11 +122,18 @@ def _calibrated_source(name: str, result: FitResult, plan: ProfilePlan, derived:
 def _replace_block(path: Path, block: str) -> bool:
     """Rewrite the efficiency block of ``path`` (the ``efficiency:`` line and the indented lines
     under it, up to a blank line, the next top-level key or the end of the file; the rest of the
-    file is kept byte for byte); True if the text changed. SystemExit if there is no block."""
+    file is kept byte for byte; the entries of the block that ``block`` does not write, such as
+    the all-to-all fractions, are kept); True if the text changed. SystemExit if there is no block."""
     text = path.read_text(encoding="utf-8")
-    new, found = re.subn(r"^efficiency:\n(?:  .*(?:\n|\Z))*", block, text, count=1, flags=re.MULTILINE)
-    if not found:
+    old = re.search(r"^efficiency:\n(?:  .*(?:\n|\Z))*", text, flags=re.MULTILINE)
+    if old is None:
         raise SystemExit(f"{path}: no 'efficiency:' block to rewrite")
+    # the entries the fit does not own (a2a_nvlink, a2a_source, ...) are kept, before the source
+    written = set(re.findall(r"^  (\w+):", block, flags=re.MULTILINE))
+    kept = "".join(m.group(0) for m in re.finditer(r"^  (\w+):.*\n(?:    .*\n)*", old.group(0),
+                                                     flags=re.MULTILINE) if m.group(1) not in written)
+    block = block.replace("\n  source: >-\n", "\n" + kept + "  source: >-\n", 1)
+    new = text[:old.start()] + block + text[old.end():]
     if new == text:
         return False
     path.write_text(new, encoding="utf-8")

@@ -66,7 +66,7 @@ DEFAULTS: dict[str, dict[str, object]] = {
     "gpt_oss": {**_GATED, "intermediate_size": REQUIRED, "num_local_experts": REQUIRED,
                 "num_experts_per_tok": REQUIRED, "num_key_value_heads": REQUIRED,
                 "head_dim": REQUIRED, "sliding_window": REQUIRED, "layer_types": None,
-                "attention_bias": True, "max_position_embeddings": 131072},
+                "attention_bias": True, "max_position_embeddings": 131072, "swiglu_limit": 7.0},
     "olmoe": {**_GATED, "intermediate_size": REQUIRED, "num_experts": REQUIRED,
               "num_experts_per_tok": REQUIRED, "num_key_value_heads": None,
               "attention_bias": False, "max_position_embeddings": 4096},

@@ -177,9 +177,7 @@ def architecture(f: HFFields, mt: str, L: int, notes: list[str]) -> dict:
         if not f.get("attention_bias"):
             raise UsageError(f"{f.origin}: cannot map attention_bias=false: GPT-OSS experts and "
                              "router have biases, which plan3d models together with attention's")
-        # transformers GptOssConfig's default swiglu_limit is 7.0 (configuration_gpt_oss.py)
-        out.update({"bias": True, "attention_sinks": True,
-                    "swiglu_limit": float(f.get("swiglu_limit", 7.0))})
+        out.update({"bias": True, "attention_sinks": True, "swiglu_limit": float(f.get("swiglu_limit"))})
         notes.append("GPT-OSS experts use a clamped SwiGLU (swiglu_alpha, swiglu_limit): "
                      "costed as swiglu with the clamp's own pass where the framework runs it")
     if mt == "llama4_text":

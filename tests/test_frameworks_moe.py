@@ -236,7 +236,7 @@ MEGATRON_OPTIONS = {
     "mtp_layers": "--mtp-num-layers", "sliding_window": "--window-size",
     "window_layers": "--window-attn-skip-freq", "qk_norm": "--qk-layernorm",
     "attention_sinks": "--softmax-type", "qkv_bias": "--add-qkv-bias",
-    "norm_epsilon": "--norm-epsilon",
+    "norm_epsilon": "--norm-epsilon", "swiglu_limit": None,
 }
 BRIDGE_FIELDS = {
     "num_layers": "model.num_layers", "hidden_size": "model.hidden_size",
@@ -251,7 +251,7 @@ BRIDGE_FIELDS = {
     "moe": "model.num_moe_experts", "mtp_layers": "model.mtp_num_layers",
     "sliding_window": "model.window_size", "window_layers": "model.window_attn_skip_freq",
     "qk_norm": "model.qk_layernorm", "attention_sinks": "model.softmax_type",
-    "qkv_bias": "model.add_qkv_bias", "norm_epsilon": "model.layernorm_epsilon",
+    "qkv_bias": "model.add_qkv_bias", "norm_epsilon": "model.layernorm_epsilon", "swiglu_limit": None,
 }
 # models that between them set every architecture field away from its default
 WALK = [("deepseek-v3", DSV3_PP1, 128), ("gpt-oss-120b", dict(tp=2, pp=4, dp=8, ep=8, zero_stage=1,

@@ -64,6 +64,7 @@ def test_every_rule_is_named_after_its_own_framework_or_none():
     # split, activation offload), for a dense and an MoE model, under every shipped profile
     from planner.search.framework_rules import framework_masks
     from planner.search.rules import constraint_masks
+    from planner.search.software_rules import software_masks
     profiles = catalog.framework_profiles().values()
     displays = {p.display for p in profiles} | {"Megatron-LM", "Megatron-Core", "DeepSpeed"}
     c = Candidates.from_layouts([
@@ -73,8 +74,9 @@ def test_every_rule_is_named_after_its_own_framework_or_none():
     for model in (catalog.resolve_model("175b"), catalog.resolve_model("mixtral-8x7b")):
         for p in profiles:
             tr = TrainingSpec(seq_length=4096, global_batch_size=64, framework=p.name)
-            names = constraint_masks(model, tr, 8, c, framework=p)
-            own = framework_masks(p, model, tr, c)
+            hw = catalog.resolve_hardware("dgx-h100")
+            names = constraint_masks(model, tr, hw, c, framework=p)
+            own = {**framework_masks(p, model, tr, c), **software_masks(p, model, tr, c, hw)}
             for name in names:
                 named = {d for d in displays if d in name}
                 if name in own:  # its own display (or the family name it begins with) only

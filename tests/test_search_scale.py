@@ -68,10 +68,15 @@ def test_grid_evaluation_equals_flat_evaluation_element_by_element(gpt3_h100):
     # 2 x 25 middle, 22+22 around 2 x 26), pp = 8 has 1 (9 + 6 x 13 + 9); the (tp, cp) pairs with
     # tp*cp*pp | 512 number 20, 20 and 19 (tp 8, cp 16 leaves no dp at pp 8): 80 + 120 + 19 = 219
     # more, 329 rows; zero 0-3; mbs = divisors of 1536 up to 64 (12); recompute none, selective,
-    # full, selective+ (4); SP 2; vpp = divisors of 96 up to 16 (8; no uneven split adds one);
+    # full, selective+ (4); SP 2; vpp = divisors of 96 up to 16 (1, 2, 3, 4, 6, 8, 12, 16) and
+    # what Megatron-Core's layout form adds, the vpp that cut an uneven split's middle stages
+    # into equal chunks and fit its edges (layout.split.uneven_vpp_options): 46+50 on pp 2 gives
+    # 5, 10; 47+49 gives 7; 22+..+22 on pp 4 (26 per middle stage) gives 13; 30+33+33 on pp 3
+    # gives 11 (pp 3 is among the pp values tried before the GPU count leaves it out): 13 values;
     # distributed optimizer off (1); the pipeline schedule IMPLIED (1: Megatron-Core runs only
     # what vpp implies)
-    assert grid.shape == (329, 4, 12, 4, 2, 8, 1, 1)
+    assert grid.knobs["vpp"].tolist() == [1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 12, 13, 16]
+    assert grid.shape == (329, 4, 12, 4, 2, 13, 1, 1)
     est_grid = evaluate(m, hw, tr, grid.candidates())
     est_flat = evaluate(m, hw, tr, grid.flat(np.arange(grid.size)))
     for group in ("memory", "time", "throughput"):
@@ -82,15 +87,17 @@ def test_grid_evaluation_equals_flat_evaluation_element_by_element(gpt3_h100):
 def test_search_winner_equals_brute_force(gpt3_h100, gpt3_512):
     m, hw, tr = gpt3_h100
     est, ok = _brute_force(m, hw, tr, 512)
-    assert gpt3_512.enumerated == len(est) == 329 * 4 * 12 * 4 * 2 * 8 * 1
+    assert gpt3_512.enumerated == len(est) == 329 * 4 * 12 * 4 * 2 * 13 * 1
     assert gpt3_512.fitting == int(ok.sum())
     best = float(est.throughput["tokens_per_s"][ok].max())
     assert float(gpt3_512.ranked.throughput["tokens_per_s"][0]) == best
-    # ranked best first, and the kept list is the true top of the space
+    # ranked best first; the best of the kept list are the true top of the space (the search
+    # times every software combination for its best layouts by the first pass, search.scan
+    # refine_software: the top 50 here, not every one of the 256 kept)
     tps = gpt3_512.ranked.throughput["tokens_per_s"]
     assert np.all(np.diff(tps) <= 0)
-    top = np.sort(est.throughput["tokens_per_s"][ok])[::-1][:len(tps)]
-    assert np.array_equal(np.sort(tps)[::-1], top)
+    top = np.sort(est.throughput["tokens_per_s"][ok])[::-1][:50]
+    assert np.array_equal(np.sort(tps)[::-1][:50], top)
 
 
 # How the scan cuts the valid and the fitting layouts into sub-grids (scan.CHUNK layouts at most,

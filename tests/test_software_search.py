@@ -36,7 +36,6 @@ def test_refined_winner_is_the_exhaustive_winner(case, monkeypatch):
     enough to hold them all, every one refined) finds the same best throughput as the two
     passes."""
     *_, fast = _run(*case)
-    monkeypatch.setattr(scan_module, "POOL", 10**9)
     monkeypatch.setattr(scan_module, "REFINE", 10**9)
     *_, full = _run(*case)
     best = lambda r: float(r.ranked.throughput["tokens_per_s"][0])  # noqa: E731

@@ -377,10 +377,10 @@ def test_runner_up_terms_sum_to_the_gap():
     step = float(re.search(r"of its ([0-9.]+) s step", text).group(1))
     sentence = re.search(r"Runner-up \([^)]*\) is ([0-9.]+)% slower: (.*?)\.(?: [A-Z]|$)", text)
     pct, terms = float(sentence.group(1)), sentence.group(2)
-    assert "; less: " in terms  # the terms that shrank are named too
     values = [float(v) * (1e-3 if unit == "ms" else 1.0)
               for v, unit in re.findall(r"([+-][0-9.]+) (ms|s)\b", terms)]
-    assert any(v < 0 for v in values) and sum(values) == pytest.approx(pct / 100 * step, abs=2e-4 * step)
+    assert sum(values) == pytest.approx(pct / 100 * step, abs=2e-4 * step)
+    assert ("; less: " in terms) == any(v < 0 for v in values)  # the terms that shrank are named too
 
 
 def test_token_count_has_an_upper_bound():
@@ -538,7 +538,7 @@ def test_layers_rule_names_the_uneven_split_flags():
 
 
 @pytest.mark.parametrize("args, words", [
-    (["search", "-m", "llama3-8b", "-g", "8", "--force"], "--force lets --export overwrite a file"),
+    (["search", "-m", "llama3-8b", "-g", "8", "--force"], "--force lets --export (and --timeline) overwrite a file"),
     (["sweep", "-m", "llama3-8b", "-g", "8", "--force"], "--force lets --plot overwrite a file"),
 ])
 def test_force_without_a_file_to_overwrite_is_refused(args, words):
@@ -684,10 +684,12 @@ def test_why_not_of_a_printed_layout_takes_its_omitted_fields_as_printed():
 
 
 @pytest.mark.parametrize("why, words", [
-    ("pp=4 vpp=2 split=7+..+7", "only vpp 1 works"),
+    # 7 + 2 x 41 + 7: Megatron-Core's layout form would interleave it, but no search tries it
+    ("pp=4 vpp=2 split=7+..+7", "not among the splits the search tries"),
     ("pp=1 split=32+32", "split 32+..+32 on pp=1: an uneven split needs pp >= 2"),
     ("pp=2 split=31+1", "split 31+1 on pp=2: on pp=2 first + last must be the 96 layers"),
-    ("vpp=32", "interleaving needs pp >= 2"),  # above the default --max-vpp 16: judged, not refused
+    # above the default --max-vpp 16: judged, not refused (the layout form interleaves 49+47 on pp 2)
+    ("vpp=32", "vpp=32: best completion"),
 ])
 def test_why_not_split_and_bound_verdicts(why, words):
     res = runner.invoke(app, ["search", "-m", "gpt3-175b", "-g", "256", "--why-not", why])

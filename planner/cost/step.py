@@ -196,14 +196,7 @@ def evaluate(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c,
                              not summary) for kind in RANK_KINDS}          # edges, p2p, DP
     edges = {kind: np.where(ranks[kind].is_last, output, 0.0) for kind in RANK_KINDS}
     extra = {kind: rank_extra(kind, edges, ranks[kind]) for kind in RANK_KINDS}
-    overlap = a2a_overlap_on(c) if model.moe is not None else False
-    host = block_host(model, hw, training, c, costs)                     # host (CPU) time
-    for kind in RANK_KINDS:
-        extra[kind]["host"] = rank_host_time(model, training, c, host, times, counts[kind], overlap)
-    if np.any(uses_host_memory(c)):  # pp 1 only: every rank kind is rank 0
-        stall = offload_stall(model, hw, training, c, times, counts["first"], rank_index(c, "first"))
-        for kind in RANK_KINDS:
-            extra[kind]["offload"] = stall
+    _host_and_offload(model, hw, training, c, costs, times, counts, extra)
     uniform = set(times) == {"attention", "mlp"} and model.mtp_layers == 0
     shares = recompute_shares(model, c)
     t_pipe, bubble, totals = pipeline_makespan(costs, counts, extra, c, m, uniform, shares)
@@ -234,6 +227,21 @@ def evaluate(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c,
                   "microbatch_time": totals[k]} for k in RANK_KINDS}
     return Estimate(c, mem, time, _throughput(model, hw, training, c, step, causal_flops), link,
                     stages)
+
+
+def _host_and_offload(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, c, costs: dict,
+                      times: dict, counts: dict, extra: dict) -> None:
+    """Add each rank kind's exposed host (CPU) time (cost.host) and, where a layout offloads
+    activations, the offload stall (cost.offload; pp 1 only: every rank kind is rank 0) to
+    ``extra``."""
+    overlap = a2a_overlap_on(c) if model.moe is not None else False
+    host = block_host(model, hw, training, c, costs)
+    for kind in RANK_KINDS:
+        extra[kind]["host"] = rank_host_time(model, training, c, host, times, counts[kind], overlap)
+    if np.any(uses_host_memory(c)):
+        stall = offload_stall(model, hw, training, c, times, counts["first"], rank_index(c, "first"))
+        for kind in RANK_KINDS:
+            extra[kind]["offload"] = stall
 
 
 def _slowest(totals: dict, c) -> dict[str, np.ndarray]:

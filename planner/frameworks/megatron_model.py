@@ -111,6 +111,14 @@ def layer_pattern(mask) -> str:
     return "+".join(f"[{b}]" if n == 1 else f"[{b}]*{n}" for b, n in runs)
 
 
+# GPT-OSS's clamped SwiGLU: TransformerConfig fields without Megatron-LM flags (megatron/core/
+# transformer/transformer_config.py L231-235 @d98e8a64; Megatron-Bridge's GPT-OSS provider sets
+# them: activation quick_gelu with alpha 1.702, glu_linear_offset 1.0, the clamp)
+CLAMP_NOTE = ("clamped SwiGLU (swiglu_limit {limit}): set activation_func_clamp_value={limit}, "
+              "glu_linear_offset=1.0 and quick_gelu in the model provider (no Megatron-LM flag; "
+              "Megatron-Bridge's GPT-OSS provider sets them)")
+
+
 def _quoted(pattern: str) -> str:
     """A list expression quoted for the shell ([, ] and * are glob characters)."""
     return f"'{pattern}'"
@@ -238,6 +246,8 @@ def attention_args(plan: Plan) -> tuple[Args, list[str]]:
                         "custom layer spec, as Megatron-Bridge's OLMoE provider")
     if model.attention_sinks:
         args.append(("--softmax-type", "learnable"))
+    if model.swiglu_limit is not None:
+        comments.append(CLAMP_NOTE.format(limit=f"{model.swiglu_limit:g}"))
     if model.qkv_bias:
         args.append(("--add-qkv-bias", None))
     if model.sliding_window is not None:

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 from ..cost.model_counts import has_dense_mlp, moe_layer_mask, window_layer_mask
 from ..plan import Plan
+from .megatron_model import CLAMP_NOTE
 from .megatron_model import unmodelled_routing, unused_dense_ffn
 from .megatron_software import Software, megatron_software
 
@@ -179,6 +180,8 @@ def model_comments(plan: Plan) -> list[str]:
     if m.activation == "swiglu":
         out.append("SwiGLU: gated_linear_unit true with activation_func = F.silu, a callable set "
                    "in the provider's Python (not a YAML field)")
+    if m.swiglu_limit is not None:
+        out.append(CLAMP_NOTE.format(limit=f"{m.swiglu_limit:g}"))
     if m.qk_norm == "full":
         out.append("QK norm over the whole q and k projections (qk_norm: full, OLMoE): a custom "
                    "layer spec, as Megatron-Bridge's OLMoE provider")

@@ -5,6 +5,9 @@ by the keys and values of the axes table (axes.KEYS); --why-not reads its layout
 from __future__ import annotations
 
 import re
+from types import SimpleNamespace
+
+import numpy as np
 
 from ..errors import UsageError
 from ..inputs import MAX_GPUS
@@ -113,8 +116,8 @@ def parse_layout(text: str) -> dict[str, object]:
 def printed_defaults(model, pins: dict[str, object]) -> dict[str, object]:
     """``pins`` with the axes Layout.short() leaves out when they are at their default set to
     it, when ``pins`` has every axis it always prints (a row pasted from a table): each other
-    axis at its default (sp and distopt off, cp 1, no offload; ep and etp 1 for an MoE model),
-    recompute=full every layer, and the even split where pp divides the layers. Otherwise
+    axis at its default (sp and distopt off, cp 1, no offload; ep and etp 1 for an MoE model)
+    or at what the others imply (the pipeline schedule vpp implies), recompute=full every layer, and the even split where pp divides the layers. Otherwise
     ``pins`` as given (the rest is free)."""
     if not {a.name for a in AXES if a.always} <= set(pins):
         return pins
@@ -124,6 +127,10 @@ def printed_defaults(model, pins: dict[str, object]) -> dict[str, object]:
     for a in AXES:
         if a.always or a.default is REQUIRED or a.name in solved or \
                 (a.name in expert and model.moe is None):
+            continue
+        if a.implied is not None:  # left out where the other axes imply it (the schedule by vpp)
+            if a.name not in out:
+                out[a.name] = a.value(int(np.ravel(a.implied(SimpleNamespace(vpp=np.asarray(out["vpp"]))))[0]))
             continue
         out.setdefault(a.name, a.default)
     if out["recompute"] == "full":

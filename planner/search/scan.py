@@ -127,7 +127,7 @@ def step_pass(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gri
             out.software[name].add(index[fit], full(codes.astype(np.int64) + 1, sub.shape).ravel()[fit])
         score = full(score, sub.shape).ravel()[fit]
         wall = None if opts.deadline_s is None else full(wall, sub.shape).ravel()[fit]
-        out.keep(score, index[fit], max(opts.keep, POOL), wall)
+        out.keep(score, index[fit], refined(opts) if grid.software else opts.keep, wall)
 
 
 # The step pass times each layout with the first combination of the software axes the rules
@@ -140,7 +140,13 @@ def step_pass(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gri
 # checks the two against timing every combination).
 PREFERENCE = ("moe_a2a_overlap", "moe_dispatcher", "cuda_graphs", "tp_comm_overlap")
 REFINE = 256  # layouts timed with every software combination, at least 8 x keep
-POOL = 32  # layouts kept per sub-grid, at least keep: the pool refine_software draws on
+
+
+def refined(opts: SearchOptions) -> int:
+    """How many of the best layouts refine_software times with every software combination;
+    each sub-grid keeps at least that many, so the refined set (the best by the first pass,
+    ties included) does not depend on how the scan cut the grid."""
+    return max(REFINE, 8 * opts.keep)
 
 
 def _widened(c, software: dict) -> tuple:
@@ -227,7 +233,7 @@ def refine_software(model: ModelSpec, hw: HardwareProfile, training: TrainingSpe
     if not out.pool_score:
         return
     scores, index = np.concatenate(out.pool_score), np.concatenate(out.pool_index)
-    n = min(max(REFINE, 8 * opts.keep), scores.size)
+    n = min(refined(opts), scores.size)
     cut = np.partition(scores, scores.size - n)[scores.size - n]
     top = scores >= cut
     at = index[top]
