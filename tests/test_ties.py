@@ -115,3 +115,31 @@ def test_the_pick_leaves_the_free_share_and_leads_its_tie_group(name, gpus, hw_n
     assert ref >= fastest * (1 - 1e-12)
     assert math.log(float(result.ranked.time["step"][0]) / ref) <= \
         result.tie_band + math.log1p(f.below[0] + f.above[result.reference]) + 1e-12
+
+
+def test_the_tie_line_and_the_bands_line_or_strict_rank_say_what_they_did():
+    runner = CliRunner()
+    args = ["search", "--model", "llama2-7b", "--gpus", "16", "--top", "3"]
+    out = runner.invoke(app, args).output
+    assert "Bands: measured step -" in out and "Tie: " in out and "--min-free" in out
+    strict = runner.invoke(app, args + ["--strict-rank"]).output
+    assert "Tie: " not in strict and "Ranked strictly by the objective (--strict-rank)" in strict
+
+
+def test_fp8_slower_than_bf16_is_explained_term_by_term():
+    # Qwen3-30B-A3B on 8 H100 under torchtitan in FP8 (torchao casts weights at every use):
+    # predicted slower than BF16 on the same layout; the terms, FP8 minus BF16, add up to it
+    from planner.cli.app import _training
+    from planner.cost.step import estimate_layout
+    from planner.explain import precision_loss
+    model, hw = catalog.resolve_model("qwen3-30b-a3b"), catalog.resolve_hardware("dgx-h100")
+    _, tr = _training(model, None, None, {"framework": "torchtitan", "precision": "fp8"})
+    result = search(model, hw, tr, 8)
+    loss = precision_loss(model, hw, tr, result.ranked, 0)
+    assert loss is not None and loss.step > loss.bf16_step
+    assert sum(s for _, s, _ in loss.terms) == pytest.approx(loss.step - loss.bf16_step, rel=1e-9)
+    names = [t for t, _, _ in loss.terms]
+    assert names[0].startswith("FP8 quantize and cast kernels")  # the largest: the casts
+    assert any(t == "linear GEMMs at the FP8 peak" and s < 0 for t, s, _ in loss.terms)
+    bf16 = tr.model_copy(update={"precision": "bf16"})
+    assert precision_loss(model, hw, bf16, estimate_layout(model, hw, bf16, result.ranked.candidates.layout(0)), 0) is None
