@@ -19,8 +19,14 @@ from .cost import Estimate
 from .cost.checkpoint import evaluate_checkpoint, unavailable
 from .cost.model_counts import window_layer_mask
 from .cost.stages import stage_profile
+from .cost.blocks import rank_blocks
+from .cost.compute import block_times
+from .cost.precision import blackwell, is_fp8, quantize_bytes
 from .cost.step import MEMORY_TERMS, TIME_TERMS, estimate_layout
+from .cost.step import evaluate as cost_evaluate
 from .layout import Layout
+from .search.bands import BY_TERM, Band, regime, shipped, unchecked, widening
+from .search.ties import UNCONVENTIONAL
 
 TIE_RTOL = 1e-12  # "the same prediction": equal up to floating-point rounding
 OVERHEAD_FLOOR = 0.001  # below this share of the step no overhead is named
@@ -158,6 +164,55 @@ class Pruning:
 
 
 @dataclass(frozen=True)
+class BandSummary:
+    """The error bands of a search's job (search.bands): the step-time and peak-memory Bands of
+    its regime, the tie band (a fraction of the step: e^q - 1) and how many measured pairs it
+    comes from, the --min-free share, and the file they are read from."""
+
+    step: Band
+    memory: Band
+    tie: float
+    pairs: int
+    min_free: float
+    path: str
+
+
+@dataclass(frozen=True)
+class Preferences:
+    """What the tie preferences (search.ties) read of one layout: the share and bytes of HBM
+    it leaves free, whether that is at least --min-free, the unchecked terms and the
+    unconventional marks it has (labels), its pipeline stages."""
+
+    free: float
+    free_bytes: float
+    roomy: bool
+    unchecked: tuple[str, ...]
+    marks: tuple[str, ...]
+    pp: int
+
+
+@dataclass(frozen=True)
+class TieSummary:
+    """The top tie group of a search (search.ties): its table ``rows`` and ``layouts``; the
+    row (1-based) of the layout with the best score and that layout (None when it is the
+    pick or not kept) and how much better its score is (a fraction); the preferences that
+    decided (search.ties.PREFERENCES); the pick's and the fastest's Preferences; ``strict``:
+    a strict ranking (no tie groups); ``fastest_in_group``: the group formed around the
+    fastest (else around the best layout leaving the --min-free share)."""
+
+    rows: int
+    layouts: int
+    fastest_row: int | None
+    fastest_layout: Layout | None
+    better_by: float
+    deciding: tuple[str, ...]
+    pick: Preferences
+    fastest: Preferences | None
+    strict: bool
+    fastest_in_group: bool = True
+
+
+@dataclass(frozen=True)
 class SearchExplanation:
     """What the explanation under the search table says, as data."""
 
@@ -166,16 +221,107 @@ class SearchExplanation:
     runner_up: RunnerUp | None
     cp_fallback: CpFallback | None
     pruning: Pruning
+    bands: BandSummary | None = None
+    tie: TieSummary | None = None
 
 
-def explain_search(result) -> SearchExplanation:
-    """The explanation of a planner.search.SearchResult (at least one ranked layout)."""
+def explain_search(result, model=None, hw=None, training=None) -> SearchExplanation:
+    """The explanation of a planner.search.SearchResult (at least one ranked layout); with the
+    job (``model``, ``hw``, ``training``) also its bands and its top tie group."""
     est = result.ranked
     groups = tie_groups(est)
+    bands = None if model is None else band_summary(result, model, hw, training)
     return SearchExplanation(winner=_winner(est), groups=groups,
-                             runner_up=_runner_up(est, groups), cp_fallback=_cp_fallback(est, groups),
+                             runner_up=_runner_up(est, groups),
+                             cp_fallback=_cp_fallback(est, groups, result.features),
                              pruning=Pruning(result.enumerated, result.fitting, dict(result.pruned),
-                                             float(result.usable), float(est.memory["capacity"][0])))
+                                             float(result.usable), float(est.memory["capacity"][0])),
+                             bands=bands, tie=None if model is None else _tie_summary(result, groups))
+
+
+def band_summary(result, model, hw, training) -> BandSummary:
+    """The BandSummary of a search's job."""
+    b = result.bands
+    query = regime(model, hw, training)
+    return BandSummary(b.step(query), b.memory(query), float(np.expm1(result.tie_band)), len(b.pairs),
+                       result.min_free, b.path)
+
+
+def row_band(result, band: Band, i: int) -> tuple[float, float]:
+    """(below, above): how far under and over ranked layout i's predicted step its measured
+    step may be, fractions: the regime's band widened by the layout's unchecked terms."""
+    f = result.features
+    low, high = band.bounds(1.0, 0.0) if f is None else band.bounds(1.0, float(f.below[i]), float(f.above[i]))
+    return float(1.0 - low), float(high - 1.0)
+
+
+def preferences_of(result, i: int) -> Preferences:
+    """The Preferences of ranked layout i (Features of search.ties)."""
+    f = result.features
+    est = result.ranked
+    free_bytes = float(est.memory["capacity"][i] - est.memory["total"][i])
+    unchecked = tuple(BY_TERM[k].label for k, v in f.unchecked.items() if v[i])
+    marks = tuple(UNCONVENTIONAL[k] for k, v in f.marks.items() if v[i])
+    return Preferences(float(f.free[i]), free_bytes, bool(f.roomy[i]), unchecked, marks, int(f.pp[i]))
+
+
+def _tie_summary(result, groups: list[TieGroup]) -> TieSummary | None:
+    if result.features is None:
+        return None
+    est = result.ranked
+    n = result.tie_group
+    rows = sum(1 for g in groups if g.first < n)
+    j = result.fastest
+    fast = j > 0
+    better = 0.0
+    if fast:
+        tps = est.throughput["tokens_per_s"]
+        better = float(tps[j] / tps[0] - 1.0)
+    row = next((k for k, g in enumerate(groups, start=1) if j in g.members), None) if fast else None
+    return TieSummary(rows, n, row, est.candidates.layout(j) if fast else None, better,
+                      tuple(result.deciding), preferences_of(result, 0),
+                      preferences_of(result, j) if fast else None, bool(result.strict),
+                      0 <= j < n)
+
+
+def estimate_band(model, hw, training, est, i: int = 0) -> dict:
+    """``band`` of an estimate's or a search entry's JSON for layout i of ``est`` (search.bands):
+    the measured step, tokens/s and peak memory are expected within ``step_s``,
+    ``tokens_per_s`` and ``memory_bytes`` ([low, high]; the memory band applies to the
+    allocated memory, the reserve added as predicted) for the ``level`` share of measured runs;
+    ``below`` / ``above`` (fractions of the predicted step) include the ``widening`` (below,
+    above) of the ``unchecked`` terms; ``regime``, ``runs``, ``sources``: what the band is drawn from;
+    ``memory_below`` / ``memory_above`` / ``memory_level`` the same for memory; ``source``: the
+    file. Null step and tokens/s where the layout does not fit."""
+    bands = shipped()
+    query = regime(model, hw, training)
+    step_band, mem_band = bands.step(query), bands.memory(query)
+    c = est.candidates.take(np.array([i]))
+    one = est.take(np.array([i]))
+    masks = unchecked(model, hw, training, c, bands)
+    ran = "cp_comm" in est.time and bool(np.isfinite(est.time["step"][i]))  # a full estimate
+    below, above = widening(one, masks, model, hw, training) if ran else (np.zeros(1), np.zeros(1))
+    low, high = step_band.bounds(1.0, float(below[0]), float(above[0]))
+    reserve = float(est.memory["reserve"][i])
+    allocated = float(est.memory["total"][i]) - reserve
+    m_low, m_high = mem_band.bounds(allocated)
+    fits = bool(est.memory["total"][i] <= est.memory["capacity"][i])
+    step = float(est.time["step"][i]) if fits and ran else None
+    tokens = None if step is None else float(est.throughput["tokens_per_s"][i])
+    return {"step_s": None if step is None else [step * low, step * high],
+            "tokens_per_s": None if tokens is None else [tokens / high, tokens / low if low > 0 else None],
+            "memory_bytes": [m_low + reserve, m_high + reserve],
+            "below": float(1.0 - low), "above": float(high - 1.0), "level": step_band.level,
+            "regime": dict(step_band.basis), "runs": step_band.runs, "sources": step_band.sources,
+            "unchecked": [k for k, v in masks.items() if bool(np.asarray(v).ravel()[0])],
+            "widening": [float(below[0]), float(above[0])], "memory_below": mem_band.below, "memory_above": mem_band.above,
+            "memory_level": mem_band.level, "source": band_source(bands)}
+
+
+def band_source(bands) -> str:
+    """Where bands come from, for JSON and plans: the file's name, date and commit."""
+    g = bands.generated
+    return f"error_bands.yaml (generated {g.get('date', '?')} at {g.get('commit', '?')} by {g.get('by', '?')})"
 
 
 def _winner(est: Estimate) -> WinnerSummary:
@@ -205,9 +351,14 @@ def _runner_up(est: Estimate, groups: list[TieGroup]) -> RunnerUp | None:
                     slower_by=float(step[j] / step[0] - 1), worse=worse, better=better)
 
 
-def _cp_fallback(est: Estimate, groups: list[TieGroup]) -> CpFallback | None:
+def _cp_fallback(est: Estimate, groups: list[TieGroup], features=None) -> CpFallback | None:
+    """The best kept layout without CP when the winner's CP is a term no measured run checked
+    (search.bands; with no ``features``, whenever the winner uses CP)."""
     cp = est.candidates.cp
     if int(cp[0]) <= 1:
+        return None
+    if features is not None and not any(bool(features.unchecked[k][0]) for k in
+                                        ("cp_ring_nvlink", "cp_ring_network") if k in features.unchecked):
         return None
     no_cp = np.flatnonzero(cp == 1)
     if no_cp.size == 0:
@@ -216,6 +367,57 @@ def _cp_fallback(est: Estimate, groups: list[TieGroup]) -> CpFallback | None:
     row = next(n for n, g in enumerate(groups, start=1) if i in g.members)
     tps = est.throughput["tokens_per_s"]
     return CpFallback(int(cp[0]), row, est.candidates.layout(i), float(1 - tps[i] / tps[0]))
+
+
+@dataclass(frozen=True)
+class PrecisionLoss:
+    """An FP8 recipe predicted slower than BF16 on the same layout: the ``precision``, the step
+    in it and in BF16 (seconds), and what makes the difference: ``terms`` [(what, seconds,
+    note)], FP8 minus BF16, largest first by size; compute split into the linear GEMMs (at the
+    FP8 peak) and the memory-bound quantize / cast kernels (compute.block_times: their shares
+    of the compute change on the first pipeline rank); they sum to the step's change."""
+
+    precision: str
+    step: float
+    bf16_step: float
+    terms: tuple[tuple[str, float, str], ...]
+
+
+def precision_loss(model, hw, training, est, i: int = 0) -> PrecisionLoss | None:
+    """Why layout i of ``est`` (a full Estimate in ``training``'s precision) is slower in FP8
+    than in BF16, or None when it is not (or the training is BF16)."""
+    if not is_fp8(training):
+        return None
+    c = est.candidates.take(np.array([i]))
+    bf16 = training.model_copy(update={"precision": "bf16"})
+    other = cost_evaluate(model, hw, bf16, c)
+    step8, step16 = float(est.time["step"][i]), float(other.time["step"][0])
+    if step8 <= step16:
+        return None
+    blocks = rank_blocks(model, c, 0)
+    t8, t16 = block_times(model, training, hw, c), block_times(model, bf16, hw, c)
+    gemm = sum(float(blocks[k][0]) * 3.0 * float(np.ravel(t8[k].gemm_forward - t16[k].gemm_forward)[0])
+               for k in t8 if k in blocks)
+    cast = sum(float(blocks[k][0]) * 3.0 * float(np.ravel(t8[k].memory_forward - t16[k].memory_forward)[0])
+               for k in t8 if k in blocks)
+    d_compute = float(est.time["compute"][i] - other.time["compute"][0])
+    scale = d_compute / (gemm + cast) if abs(gemm + cast) > 1e-30 else 0.0
+    per = f"{quantize_bytes(hw, training):g} B of HBM traffic per element of each linear input and output gradient"
+    terms = [("linear GEMMs at the FP8 peak", gemm * scale, f"{training.precision} tensor cores"),
+             ("FP8 quantize and cast kernels (amax, scale, cast" +
+              (", transpose" if training.precision == "fp8" and not blackwell(hw) else "") + ")",
+             cast * scale, per)]
+    notes = {"host": "kernel launches per linear layer", "optimizer": "FP8 weight copies once per step",
+             "recompute": "recomputed casts and GEMMs", "tp_comm": "FP8 all-gathers of linear inputs",
+             "dp_comm": "FP8 parameter all-gather"}
+    for t in TIME_TERMS:
+        if t == "compute":
+            continue
+        d = float(est.time[t][i] - other.time[t][0])
+        if abs(d) > 1e-6 * step8:
+            terms.append((t, d, notes.get(t, "")))
+    terms.sort(key=lambda x: -abs(x[1]))
+    return PrecisionLoss(training.precision, step8, step16, tuple(terms))
 
 
 def model_notes(model) -> list[str]:
@@ -294,8 +496,8 @@ def recompute_choice(model, est: Estimate, i: int = 0) -> dict:
 class EstimateReport:
     """Everything ``estimate`` reports on one layout: its ``estimate`` (one candidate), the
     pipeline ranks (cost.stages.StageProfile), the recomputation chosen (recompute_choice),
-    the checkpoint estimate (None when it does not fit or the hardware has no storage block)
-    and, when it does not fit, ``to_fit`` (search.refusal.FitHint: the best layout that fits
+    the checkpoint estimate (None when it does not fit or the hardware has no storage block),
+    its error ``band`` (estimate_band) and, when it does not fit, ``to_fit`` (search.refusal.FitHint: the best layout that fits
     on these GPUs, else the fewest GPUs on which one fits; None when no count fits)."""
 
     estimate: Estimate
@@ -303,6 +505,7 @@ class EstimateReport:
     recompute: dict
     checkpoint: object = None
     to_fit: object = None
+    band: dict | None = None
 
     @property
     def fits(self) -> bool:
@@ -317,4 +520,4 @@ def estimate_report(model, hw, training, layout: Layout, to_fit) -> EstimateRepo
     ck = None if unavailable(hw) or not fits else evaluate_checkpoint(
         model, hw, training, est.candidates, est.time["step"])
     return EstimateReport(est, stage_profile(model, hw, training, est), recompute_choice(model, est, 0),
-                          ck, None if fits else to_fit())
+                          ck, None if fits else to_fit(), estimate_band(model, hw, training, est, 0))

@@ -22,11 +22,12 @@ from .search.framework_rules import profile_for
 
 def make_plan(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, layout: Layout,
               estimate: dict, framework: FrameworkProfile | None = None) -> Plan:
-    """A Plan with the estimate's memory/time/throughput (SI units) attached and the framework
-    profile embedded (None: the catalog profile ``training.framework`` names)."""
+    """A Plan with the estimate's memory/time/throughput (SI units) and, where given, its error
+    band (explain.estimate_band) attached and the framework profile embedded (None: the catalog
+    profile ``training.framework`` names)."""
     return Plan(plan3d_version=__version__, model=model, hardware=hw, gpus=layout.gpus,
                 training=training, layout=layout,
-                estimate={k: estimate[k] for k in ("memory", "time", "throughput")},
+                estimate={k: estimate[k] for k in ("memory", "time", "throughput", "band") if k in estimate},
                 framework=profile_for(training, framework))
 
 

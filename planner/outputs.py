@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 from .errors import UsageError
-from .explain import recompute_choice, tie_dict
+from .explain import estimate_band, preferences_of, recompute_choice, tie_dict
 from .render.console import out, write_stdout
 
 STDOUT_NAMES = frozenset({"-", "/dev/stdout", "/dev/fd/1", "/proc/self/fd/1"})
@@ -146,31 +146,60 @@ def report_to_stderr(active: bool):
 # ----------------------------------------------------------------------------- JSON of the commands
 
 
-def search_json(model, result, explanation, top: int, currency: str) -> list[dict]:
+def search_json(model, result, explanation, top: int, currency: str, hw=None,
+                training=None) -> list[dict]:
     """``search --json``: one entry per group of tied layouts (explain.explain_search), best
     first, at most ``top``: ``layout``, ``gpus``, the estimate's keys (Estimate.to_dict with the
     usable memory), ``currency`` where costs are priced, ``recompute`` (explain.recompute_choice),
     ``ties`` (explain.tie_dict), ``checkpoint`` (None without a storage block) and ``to_fit``
-    (None: every listed layout fits), as ``estimate --json`` has them."""
+    (None: every listed layout fits), as ``estimate --json`` has them; with the job (``hw``,
+    ``training``) also ``band`` (explain.estimate_band) and ``tie_group`` (tie_group_dict)."""
     best, ck = result.ranked, result.checkpoint
     extra = {"currency": currency} if "cost" in best.throughput else {}
     out = []
     for g in explanation.groups[:top]:
         entry = best.to_dict(g.first, result.usable)
         lay = entry.pop("layout")
-        out.append({"layout": lay, "gpus": best.candidates.layout(g.first).gpus, **entry, "to_fit": None,
-                    **extra, "recompute": recompute_choice(model, best, g.first),
-                    "ties": tie_dict(best, g), "checkpoint": ck.to_dict(g.first) if ck else None})
+        item = {"layout": lay, "gpus": best.candidates.layout(g.first).gpus, **entry, "to_fit": None,
+                **extra, "recompute": recompute_choice(model, best, g.first),
+                "ties": tie_dict(best, g), "checkpoint": ck.to_dict(g.first) if ck else None}
+        if hw is not None and training is not None:
+            item["band"] = estimate_band(model, hw, training, best, g.first)
+            item["tie_group"] = tie_group_dict(result, explanation, g.first)
+        out.append(item)
     return out
 
 
+def tie_group_dict(result, explanation, i: int) -> dict:
+    """``tie_group`` of a search --json entry for ranked layout i (search.ties): ``member`` (in
+    the top tie group), ``picked`` (the pick: the first entry), ``layouts`` and ``rows`` of the
+    group, ``tie_band`` (a fraction of the step), ``min_free`` (share of HBM), ``strict``
+    (--strict-rank), ``picked_by`` (the preferences that put the pick before the fastest),
+    ``fastest`` (the row of the best score, 1-based; null when not kept), and this layout's
+    ``preferences``: ``free`` (share of HBM), ``free_bytes``, ``roomy``, ``unchecked`` and
+    ``unconventional`` (their words), ``pp``."""
+    tie = explanation.tie
+    p = preferences_of(result, i)
+    return {"member": bool(i < result.tie_group) and not result.strict, "picked": i == 0,
+            "layouts": 1 if tie is None else tie.layouts, "rows": 1 if tie is None else tie.rows,
+            "tie_band": None if explanation.bands is None else explanation.bands.tie,
+            "min_free": result.min_free, "strict": bool(result.strict),
+            "picked_by": list(result.deciding),
+            "fastest": None if tie is None else (tie.fastest_row or 1),
+            "preferences": {"free": p.free, "free_bytes": p.free_bytes, "roomy": p.roomy,
+                            "unchecked": list(p.unchecked), "unconventional": list(p.marks),
+                            "pp": p.pp}}
+
+
 def estimate_json(report) -> dict:
-    """``estimate --json`` of an explain.EstimateReport: the estimate's keys, ``recompute``,
+    """``estimate --json`` of an explain.EstimateReport: the estimate's keys, ``band``
+    (explain.estimate_band), ``recompute``,
     ``to_fit`` (refusal.FitHint.to_dict or None), ``checkpoint`` (None when it does not fit or
     without a storage block) and ``pipeline``: each rank's memory and time, the binding and
     the slowest rank, the imbalance (cost.stages)."""
     stages, hint, ck = report.stages, report.to_fit, report.checkpoint
-    return {**report.estimate.to_dict(0), "recompute": report.recompute,
+    band = {} if report.band is None else {"band": report.band}
+    return {**report.estimate.to_dict(0), **band, "recompute": report.recompute,
             "to_fit": hint.to_dict() if hint else None, "checkpoint": ck.to_dict(0) if ck else None,
             "pipeline": {"ranks": stages.to_list(), "binding": stages.binding,
                          "slowest": stages.slowest, "imbalance": stages.imbalance}}

@@ -34,9 +34,13 @@ def test_search_json_and_export_round_trip(tmp_path):
     best = ranked[0]
     gpus = best.pop("gpus")  # search --json only: tp*cp*pp*dp beside the layout
     assert set(best) == {"layout", "memory", "time", "throughput", "stages", "ties", "to_fit",
-                         "checkpoint", "recompute"}
+                         "checkpoint", "recompute", "band", "tie_group"}
     assert best["to_fit"] is None and best["memory"]["shortfall_bytes"] == 0  # it fits
     assert best.pop("ties") == {"count": 1, "varying": [], "layouts": []}  # no tie at the top
+    group = best.pop("tie_group")  # search --json only: the pick and its top tie group
+    assert group["picked"] and group["member"] and not ranked[1]["tie_group"]["picked"]
+    low, high = best["band"]["step_s"]  # the band holds the prediction
+    assert low < best["time"]["step"] < high
     assert {"weights", "gradients", "optimizer", "activations", "other", "total", "capacity",
             "fits"} <= set(best["memory"])
     assert {"tokens_per_s", "model_tflops_per_gpu", "mfu", "hfu"} == set(best["throughput"])

@@ -171,7 +171,7 @@ def test_search_json_has_gpus_and_max_gpus_table_shows_them():
     assert code == 0, err
     for entry in json.loads(out):
         assert set(entry) == {"layout", "gpus", "memory", "time", "throughput", "stages", "ties",
-                              "to_fit", "checkpoint", "recompute"}
+                              "to_fit", "checkpoint", "recompute", "band", "tie_group"}
         lay = entry["layout"]
         assert entry["gpus"] == lay["tp"] * lay["cp"] * lay["pp"] * lay["dp"] <= 1024
     with wide_console():  # one column per dimension and figure

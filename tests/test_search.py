@@ -45,7 +45,14 @@ def test_every_returned_layout_uses_all_gpus_and_fits(name, nodes, batch):
     assert np.all(mem["total"] <= mem["capacity"])
     assert np.all(training.global_batch_size % (c.dp * c.micro_batch_size) == 0)
     tput = result.ranked.throughput["tokens_per_s"]
-    assert np.all(np.diff(tput) <= 0)  # ranked best first
+    # the top tie group first (picked by preference), then the rest best first; every member of
+    # the group within the tie band of the group's reference or faster
+    assert np.all(np.diff(tput[result.tie_group:]) <= 0)
+    assert np.all(tput[:result.tie_group] >= tput[result.reference] * np.exp(-result.tie_band) * (1 - 1e-9)
+                  / (1 + result.features.below[:result.tie_group] + result.features.above[result.reference]))
+    strict = search(model, hw, training, gpus, SearchOptions(strict_rank=True))
+    assert np.all(np.diff(strict.ranked.throughput["tokens_per_s"]) <= 0)  # ranked best first
+    assert strict.ranked.throughput["tokens_per_s"][0] == tput.max()
 
 
 @SETTINGS

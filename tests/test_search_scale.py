@@ -29,7 +29,7 @@ GIB = 2.0**30
 @pytest.fixture(scope="module")
 def gpt3_512(gpt3_h100):
     m, hw, tr = gpt3_h100
-    return search(m, hw, tr, 512)
+    return search(m, hw, tr, 512, SearchOptions(strict_rank=True))
 
 
 def _brute_force(m, hw, tr, gpus, opts=SearchOptions(), least_n=True):
@@ -113,7 +113,7 @@ def test_scan_paths_give_the_same_ranking(gpt3_h100, gpt3_512, monkeypatch, chun
     monkeypatch.setattr(scan_module, "CHUNK", chunk)
     monkeypatch.setattr(scan_module, "CALL_COST", call_cost)
     m, hw, tr = gpt3_h100
-    forced = search(m, hw, tr, 512)
+    forced = search(m, hw, tr, 512, SearchOptions(strict_rank=True))
     assert forced.fitting == gpt3_512.fitting > 0  # = the brute-force count (test above)
     assert forced.pruned == gpt3_512.pruned
     for key in ("tokens_per_s",):
@@ -140,7 +140,7 @@ def test_without_cp_the_search_is_the_cp1_part_of_the_space(gpt3_h100, gpt3_512)
     """max_cp=1 searches exactly the cp = 1 layouts of the full space: its counts equal a brute
     force over them, and its winner is the best cp = 1 layout of the full search's evaluation."""
     m, hw, tr = gpt3_h100
-    res = search(m, hw, tr, 512, SearchOptions(max_cp=1))
+    res = search(m, hw, tr, 512, SearchOptions(max_cp=1, strict_rank=True))
     est, ok = _brute_force(m, hw, tr, 512)
     cp1 = est.candidates.cp == 1
     assert res.enumerated == int(cp1.sum()) and res.fitting == int((ok & cp1).sum())
@@ -172,7 +172,7 @@ def test_capacity_as_nvidia_smi_reports_it(gpt3_h100):
 def test_time_to_train_from_the_token_budget(gpt3_h100, gpt3_512):
     m, hw, tr = gpt3_h100
     assert "time_to_train_s" not in gpt3_512.ranked.throughput  # only when asked for
-    res = search(m, hw, tr, 512, SearchOptions(objective="time-to-train"))
+    res = search(m, hw, tr, 512, SearchOptions(objective="time-to-train", strict_rank=True))
     assert res.ranked.candidates.layout(0) == gpt3_512.ranked.candidates.layout(0)
     th = res.ranked.throughput
     # T = 3e11 tokens / (tokens_per_s x goodput). On 512 GPUs at Llama 3's 1.9733e-5 failures per
@@ -186,11 +186,11 @@ def test_time_to_train_from_the_token_budget(gpt3_h100, gpt3_512):
 
 def test_max_gpus_picks_the_count_in_whole_nodes(gpt3_h100, gpt3_512):
     m, hw, tr = gpt3_h100
-    res = search(m, hw, tr, None, SearchOptions(max_gpus=1024))
+    res = search(m, hw, tr, None, SearchOptions(max_gpus=1024, strict_rank=True))
     c = res.ranked.candidates
     gpus = c.tp * c.cp * c.pp * c.dp
     assert np.all(gpus <= 1024) and np.all(gpus % 8 == 0)
-    fixed = search(m, hw, tr, 1024)
+    fixed = search(m, hw, tr, 1024, SearchOptions(strict_rank=True))
     # throughput: the budget is best spent whole (more GPUs, more tokens/s here), same winner
     assert int(gpus[0]) == 1024
     assert res.ranked.throughput["tokens_per_s"][0] == fixed.ranked.throughput["tokens_per_s"][0]
@@ -201,7 +201,7 @@ def test_cost_objective_prefers_tokens_per_gpu(gpt3_h100):
     m, hw, tr = gpt3_h100
     price = 2.5
     res = search(m, hw, tr, None, SearchOptions(max_gpus=512, objective="cost",
-                                                price_per_gpu_hour=price))
+                                                price_per_gpu_hour=price, strict_rank=True))
     th, c = res.ranked.throughput, res.ranked.candidates
     gpus = (c.tp * c.cp * c.pp * c.dp).astype(float)
     # cost = gpus * tokens / (tokens_per_s * goodput) / 3600 s * price, ranked cheapest first
@@ -211,7 +211,7 @@ def test_cost_objective_prefers_tokens_per_gpu(gpt3_h100):
     # the cheapest is the most tokens/s per GPU over every fixed count the budget allows (an
     # invariant of the cost objective at a fixed token budget: cost = price * tokens / (tokens/s
     # per GPU x goodput); goodput is within 0.3% of 1 on these counts and does not change the order)
-    per_gpu = {n: float(search(m, hw, tr, n).ranked.throughput["tokens_per_s"][0]) / n
+    per_gpu = {n: float(search(m, hw, tr, n, SearchOptions(strict_rank=True)).ranked.throughput["tokens_per_s"][0]) / n
                for n in (64, 128, 192, 256, 512)}
     assert th["tokens_per_s"][0] / gpus[0] == pytest.approx(max(per_gpu.values()))
     assert int(gpus[0]) == max(per_gpu, key=per_gpu.get)

@@ -69,6 +69,11 @@ SEQ = typer.Option(None, "--seq-length", help="Tokens per sequence (default: the
 JSON = typer.Option(False, "--json", help="Print JSON (SI units: bytes, seconds) instead of tables.")
 HEADROOM = typer.Option(None, "--min-memory-headroom",
                         help="Memory to leave free per GPU beyond the framework's reserve: '4GiB' or '10%'.")
+MIN_FREE = typer.Option(None, "--min-free", help="Share of HBM a layout should leave free to be "
+                        "picked inside a tie group, '10%' or 0.1 [default: the memory band's, "
+                        "benchmarks/error_bands.yaml].")
+STRICT_RANK = typer.Option(False, "--strict-rank", help="Rank by the objective alone: no tie "
+                           "groups, no preferences (exact ties: no offload, lower ZeRO stage, less memory).")
 EXPORT = typer.Option(None, "--export", help="Write the best layout as a plan YAML "
                       "(- for stdout; the table then goes to stderr).")
 FORCE = typer.Option(False, "--force", help="Overwrite an existing --export (or --timeline) file.")

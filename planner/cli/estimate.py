@@ -119,7 +119,7 @@ def _estimate_output(m, hw, training, n: int, layout, json_out: bool, plan, prof
         console.print_json(estimate_json(report))
     else:
         header(m, hw, training, n)
-        render_estimate(est, report.stages, report.to_fit, report.recompute)
+        render_estimate(est, report.stages, report.to_fit, report.recompute, report.band)
         host_offload_line(m, hw, training, est)
         overlap = a2a_overlap_note(training, est.candidates)
         if overlap:

@@ -13,10 +13,11 @@ from ..render import console
 from ..inputs import check_numbers
 from ..search.options import search_options
 from ..units import parse_count
-from ..search.objective import parse_deadline
+from ..search.objective import parse_deadline, parse_share
 from ..search.run import search as run_search
 from .app import (CURRENCY, DEADLINE, EXPORT, FORCE, GBS, GPUS, HARDWARE, HEADROOM, JSON,
-                  MAX_GPUS, MODEL, SEQ, WHY_NOT, _require, _training, app, handle_errors)
+                  MAX_GPUS, MIN_FREE, MODEL, SEQ, STRICT_RANK, WHY_NOT, _require, _training, app,
+                  handle_errors)
 from .options import with_options
 from .timeline import check_timeline, png_beside, write_timeline
 
@@ -47,9 +48,12 @@ def search(
                                              help="Let tp exceed one node's GPUs."),
     why_not: Optional[str] = WHY_NOT, deadline: Optional[str] = DEADLINE,
     timeline: Optional[Path] = TIMELINE,
+    min_free: Optional[str] = MIN_FREE, strict_rank: bool = STRICT_RANK,
     axes: dict | None = None, job: dict | None = None,
 ) -> None:
-    """Rank the layouts that fit, by predicted throughput (or --objective)."""
+    """Rank the layouts that fit, by predicted throughput (or --objective); layouts within
+    plan3d's error band of the best are a tie, picked by memory headroom, checked terms and
+    convention (--strict-rank: by the objective alone)."""
     tokens = parse_count(tokens, "--tokens")
     m, hw, profile, training = _inputs(model, hardware, global_batch_size, seq_length, job)
     check_numbers({"top": top})
@@ -62,7 +66,8 @@ def search(
     opts = search_options(hw, training, dict(
         axes, allow_cross_node_tp=allow_cross_node_tp, objective=objective, tokens=tokens,
         price_per_gpu_hour=price_per_gpu_hour, max_gpus=max_gpus,
-        deadline_s=parse_deadline(deadline), framework=profile), min_memory_headroom, model=m)
+        deadline_s=parse_deadline(deadline), framework=profile, min_free=parse_share(min_free, "--min-free"),
+        strict_rank=strict_rank), min_memory_headroom, model=m)
     n = gpus if gpus is not None else f"at most {max_gpus}"
     money = _currency(currency, price_per_gpu_hour)
     if why_not is not None:
@@ -80,11 +85,13 @@ def search(
 def _export_and_show(m, hw, training, profile, result, export, force, show) -> None:
     """Write the winner as a plan (--export) and print the search (``show``), to stderr when
     the plan goes to stdout (--export -)."""
+    from ..explain import estimate_band
     from ..export import make_plan, write_plan
     from ..outputs import is_stdout, report_to_stderr
     best = result.ranked
     if export is not None:
-        write_plan(make_plan(m, hw, training, best.candidates.layout(0), best.to_dict(0), profile),
+        estimate = {**best.to_dict(0), "band": estimate_band(m, hw, training, best, 0)}
+        write_plan(make_plan(m, hw, training, best.candidates.layout(0), estimate, profile),
                    export, force)
     with report_to_stderr(is_stdout(export)):  # --export -: stdout holds the plan alone
         show()
@@ -148,7 +155,7 @@ def _search_output(m, hw, training, n, result, top: int, json_out: bool, currenc
     from ..explain import explain_search
     from ..outputs import search_json
     best = result.ranked
-    explanation = explain_search(result)
+    explanation = explain_search(result, m, hw, training)
     groups = explanation.groups
     if top > len(groups) and result.fitting > len(best):  # capped at the search's keep
         rows = f"{len(groups):,}" + (f" rows ({len(best):,} layouts)" if len(groups) < len(best) else "")
@@ -156,7 +163,7 @@ def _search_output(m, hw, training, n, result, top: int, json_out: bool, currenc
                      f"that fit (the search keeps {len(best):,})")
     ck = result.checkpoint
     if json_out:
-        console.print_json(search_json(m, result, explanation, top, currency))
+        console.print_json(search_json(m, result, explanation, top, currency, hw, training))
         return
     from ..explain import model_notes
     from ..outputs import shown
@@ -165,6 +172,11 @@ def _search_output(m, hw, training, n, result, top: int, json_out: bool, currenc
     from ..render.search import header, search_table
     header(m, hw, training, n)
     search_table(result, explanation, top, currency, gpus_searched=gpus_searched)
+    from ..explain import precision_loss
+    from ..render.search import precision_text
+    loss = precision_loss(m, hw, training, best, 0)
+    if loss is not None:
+        console.out.print(precision_text(loss), markup=False)
     breakdown_report(result)
     checkpoint_report(ck, 0, hw, best.candidates.layout(0), "Winner's checkpoint")
     from ..cost.comm import a2a_overlap_note

@@ -68,7 +68,9 @@ def _options(case: RunCase) -> SearchOptions:
     for name in SOLVED_FIELDS:
         if name != "recompute_num_layers" or "recompute" not in case.unknown:
             pins[name] = getattr(lay, name)
-    return SearchOptions(**pins, keep=64, framework=resolve_framework(case.training.framework))
+    # strict: the fastest consistent layout, as measured runs are resolved (no tie preferences)
+    return SearchOptions(**pins, keep=64, framework=resolve_framework(case.training.framework),
+                         strict_rank=True)
 
 
 def _trainings(case: RunCase) -> list[tuple[TrainingSpec, str]]:

@@ -14,6 +14,7 @@ from .. import fmt
 from . import tables
 from .console import note, out
 from .labels import MEMORY_LABELS, TIME_LABELS
+from ..search.bands import BY_TERM, regime_text
 from .. import __version__
 
 BAR_WIDTH = 40  # cells of a full bar where the console has room
@@ -77,17 +78,40 @@ def recompute_line(r: dict) -> str:
     return f"recompute full in every layer (Megatron --recompute-method uniform){cost}"
 
 
-def estimate_report(est, stages=None, to_fit=None, recompute=None) -> None:
+def band_text(band: dict, fits: bool) -> str:
+    """The estimate's error band in one line (explain.estimate_band)."""
+    regime = regime_text(band["regime"])
+    mem = band["memory_bytes"]
+    memory = (f"peak memory {fmt.gib(mem[0])}-{fmt.gib(mem[1])} (-{fmt.percent(band['memory_below'])}/"
+              f"+{fmt.percent(band['memory_above'])} of what is allocated, "
+              f"{band['memory_level']:.0%} of measured runs)")
+    unchecked = ""
+    if band["unchecked"]:
+        unchecked = (f"; wider for {', '.join(BY_TERM[k].label for k in band['unchecked'])}, which no "
+                     "measured run checked")
+    if not fits:
+        return f"Band: {memory}."
+    step, tps = band["step_s"], band["tokens_per_s"]
+    high = "" if tps[1] is None else f"-{fmt.tokens_per_s(tps[1])}"
+    return (f"Band: step {fmt.seconds(step[0])}-{fmt.seconds(step[1])} (-{fmt.percent(band['below'])}/"
+            f"+{fmt.percent(band['above'])}), tokens/s {fmt.tokens_per_s(tps[0])}{high}, {memory}, "
+            f"for {band['level']:.0%} of plan3d's measured runs predicted without their source "
+            f"({band['runs']} {regime} runs of {band['sources']} sources){unchecked}.")
+
+
+def estimate_report(est, stages=None, to_fit=None, recompute=None, band: dict | None = None) -> None:
     """Full memory and time breakdown of one layout (index 0); ``stages`` (cost.stages.
     StageProfile): memory and time of every pipeline rank, the binding one and the imbalance.
     A layout that does not fit gets its memory, how far over it is per GPU and what would make
     it fit (``to_fit``, a refusal.FitHint or None), and no step time or throughput: it cannot
-    run."""
+    run. ``band``: the estimate's error band (explain.estimate_band), one line."""
     d = est.to_dict(0)
     out.print(f"Layout: {est.candidates.layout(0).short()}")
     _memory_table(d["memory"])
     if not d["memory"]["fits"]:
         _no_fit_lines(est, d["memory"], to_fit)
+        if band is not None:
+            out.print(band_text(band, False), markup=False)
         return
     if stages is not None and len(stages.kind) > 1:
         stage_report(stages)
@@ -110,6 +134,8 @@ def estimate_report(est, stages=None, to_fit=None, recompute=None) -> None:
                   f"FP8 peak MFU is {fmt.percent(th['mfu_fp8_peak'])}", markup=False)
     out.print(f"bubble {fmt.percent(tm['bubble_share'])} of the step "
               f"({fmt.percent(tm['bubble_fraction'])} of the busiest stage's work)")
+    if band is not None:
+        out.print(band_text(band, True), markup=False)
     if recompute is not None and recompute["mode"] != "none":
         out.print(recompute_line(recompute), markup=False)
 

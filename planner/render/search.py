@@ -18,6 +18,7 @@ from ..layout.axes import AXES, BY_NAME, PRINTED
 from .labels import TIME_LABELS
 from ..cost.model_counts import total_params
 from ..frameworks.profile import gradient_dtype_name
+from ..search.bands import regime_text
 
 
 def header(model, hw, training, gpus, batch: str | None = None) -> None:
@@ -59,7 +60,8 @@ def framework_line(training) -> str:
 class _Rows:
     """The cells of the shown rows, formatted once for both table layouts."""
 
-    def __init__(self, result, groups: list[ex.TieGroup], currency: str, gpus_searched: bool):
+    def __init__(self, result, groups: list[ex.TieGroup], currency: str, gpus_searched: bool,
+                 explanation_bands: ex.BandSummary | None = None):
         est = result.ranked
         self.est, self.groups, self.currency = est, groups, currency
         c, th = est.candidates, est.throughput
@@ -73,6 +75,14 @@ class _Rows:
         self.show_ties = any(g.count > 1 for g in groups)
         self.capacity = fmt.capacity(est.memory["capacity"][0])
         self.bubble = est.bubble_share()  # of the step: the column sits beside it
+        self.band = explanation_bands.step if explanation_bands is not None else None
+        bands = {ex.row_band(result, self.band, i) for i in self.index} if self.band is not None else set()
+        self.band_differs = len(bands) > 1
+        if not self.band_differs:  # every row's is the regime's: the line above says it
+            self.band = None
+        self.result = result
+        self.group_rows = sum(1 for g in groups if g.first < getattr(result, "tie_group", 1)) \
+            if not getattr(result, "strict", True) else 0
         # one unit per column: of the rows shown
         self.units = {k: fmt.duration_unit([float(v[i]) for i in self.index]) for k, v in
                       (("step", est.time["step"]), ("train", th.get("time_to_train_s", [])))
@@ -87,11 +97,30 @@ class _Rows:
                  "TFLOP/s": fmt.tflops(th["model_tflops_per_gpu"][i] * 1e12),
                  "MFU": fmt.percent(th["mfu"][i]), "bubble": fmt.percent(self.bubble[i])}
         cells["GPUs"] = fmt.count(self.est.candidates.layout(i).gpus)
+        cells["band"] = band_cell(*ex.row_band(self.result, self.band, i)) if self.band is not None else ""
         if self.show_train:
             cells["train"] = fmt.seconds_in(float(th["time_to_train_s"][i]), self.units["train"])
         if self.show_cost:
             cells["cost"] = fmt.money(float(th["cost"][i]), self.currency)
         return cells
+
+
+def band_cell(below: float, above: float) -> str:
+    """A step band as the table shows it: '-22%/+28%' (one '±9%' when both sides round alike)."""
+    lo, hi = f"{100 * below:.0f}", f"{100 * above:.0f}"
+    return f"±{lo}%" if lo == hi else f"-{lo}%/+{hi}%"
+
+
+def bands_line(b: ex.BandSummary, rows_differ: bool = False) -> str:
+    """The line above the table: the job's bands, what they are drawn from, the tie band."""
+    step, mem = b.step, b.memory
+    column = "; the band column widens a row's for terms no measured run checked" if rows_differ else ""
+    return (f"Bands: measured step -{fmt.percent(step.below)}/+{fmt.percent(step.above)} of "
+            f"predicted (tokens/s the mirror), peak memory -{fmt.percent(mem.below)}/"
+            f"+{fmt.percent(mem.above)}, for {step.level:.0%}/{mem.level:.0%} of plan3d's measured "
+            f"runs, each predicted without its source ({fmt.count(step.runs)} "
+            f"{regime_text(step.basis)} runs of {step.sources} sources); steps within "
+            f"{fmt.percent(b.tie)} of each other tie ({b.pairs} measured pairs){column}.")
 
 
 def _cell(axis, lay) -> str:
@@ -112,8 +141,9 @@ def _wide(rows: _Rows) -> Table:
     dims = [a for a in PRINTED if a.always or any(a.label(lay) for lay in rows.layouts)]
     for a in dims:
         (tables.code_column if a.kind is str else tables.number_column)(t, a.column)
-    figures = ["mem/GPU", "step", "tokens/s", "TFLOP/s/GPU", "MFU", "bubble",
-               *["GPUs"] * rows.show_gpus, *["train"] * rows.show_train, *["cost"] * rows.show_cost]
+    figures = ["mem/GPU", "step", *["band"] * (rows.band is not None), "tokens/s", "TFLOP/s/GPU",
+               "MFU", "bubble", *["GPUs"] * rows.show_gpus, *["train"] * rows.show_train,
+               *["cost"] * rows.show_cost]
     for col in figures + ["layouts"] * rows.show_ties:
         tables.number_column(t, col)
     for n, (i, lay, g) in enumerate(zip(rows.index, rows.layouts, rows.groups), start=1):
@@ -121,19 +151,21 @@ def _wide(rows: _Rows) -> Table:
         f["TFLOP/s/GPU"] = f["TFLOP/s"]
         cells = [str(n), *(_cell(a, lay) for a in dims), *(f[col] for col in figures)]
         cells += [str(g.count) if g.count > 1 else ""] * rows.show_ties
-        t.add_row(*cells)
+        t.add_row(*cells, end_section=n == rows.group_rows < len(rows.groups))
     return t
 
 
 def _narrow(rows: _Rows) -> Table:
     """The layout as folded text beside stacked figures: each figure column holds two (or, with
     GPUs, time to train or cost, three) values, one per line."""
-    third = rows.show_gpus or rows.show_train or rows.show_cost
+    third = rows.show_gpus or rows.show_train or rows.show_cost or rows.band is not None
     stacks = [["mem/GPU", "bubble"], ["step", "tokens/s"], ["MFU", "TFLOP/s"]]
     if third:
-        for stack, extra, shown in zip(stacks, ("GPUs", "train", "cost"),
-                                       (rows.show_gpus, rows.show_train, rows.show_cost)):
+        for stack, extra, shown in zip(stacks, ("GPUs", "band", "cost"),
+                                       (rows.show_gpus, rows.band is not None, rows.show_cost)):
             stack.append(extra if shown else "")
+        if rows.show_train:  # time to train sits under the band
+            stacks[1].append("train")
     t = tables.new()
     tables.number_column(t, "#")
     tables.text_column(t, "layout")
@@ -144,7 +176,8 @@ def _narrow(rows: _Rows) -> Table:
         f[""] = ""
         tie = f"×{g.count}" if g.count > 1 else ""
         t.add_row(tables.stacked([str(n), tie]), lay.short(),
-                  *(tables.stacked(f[k] for k in stack) for stack in stacks))
+                  *(tables.stacked(f[k] for k in stack) for stack in stacks),
+                  end_section=n == rows.group_rows < len(rows.groups))
     return t
 
 
@@ -153,7 +186,9 @@ def search_table(result, explanation: ex.SearchExplanation, top: int, currency: 
     """The ranked table (``top`` rows, one per group of tied layouts) and its explanation;
     ``gpus_searched`` (--max-gpus): a GPUs column even when every row uses the same count;
     ``currency``: the code shown with costs."""
-    rows = _Rows(result, explanation.groups[:top], currency, gpus_searched)
+    rows = _Rows(result, explanation.groups[:top], currency, gpus_searched, explanation.bands)
+    if explanation.bands is not None:
+        out.print(bands_line(explanation.bands, rows.band_differs), markup=False)
     out.print(tables.pick([lambda: _wide(rows), lambda: _narrow(rows)], out))
     out.print(explain_text(explanation, rows.capacity, top, result.ranked.candidates), markup=False)
 
@@ -205,6 +240,8 @@ def explain_text(e: ex.SearchExplanation, capacity: str, top: int, candidates) -
                 f"({fmt.percent(w.largest.share)})" if w.largest else "overheads are under 0.1% each")
     lines = [f"Winner: {w.layout.short()}: compute is {fmt.percent(w.compute_share, 0)} of its "
              f"{fmt.seconds(w.step_s)} step; {overhead}."]
+    if e.tie is not None:
+        lines.append(_tie_text(e.tie, e.bands))
     lines += _ties_text(e.groups[:top], candidates)
     r = e.runner_up
     if r is not None and r.ties_on_time:
@@ -212,6 +249,11 @@ def explain_text(e: ex.SearchExplanation, capacity: str, top: int, candidates) -
         memory = f"{abs(more):.1f} GiB {'more' if more >= 0 else 'less'} memory"
         lines.append(f"Runner-up ties on time ({_differs(r.differs)}) and uses {memory}; ties rank "
                      f"no offload, then the lower ZeRO stage, then the smaller memory, first.")
+    elif r is not None and r.slower_by < 0:  # the pick is not the fastest: #2 is faster
+        more = ", ".join(f"{TIME_LABELS[t]} +{fmt.seconds(d)}" for t, d in r.worse)
+        less = ", ".join(f"{TIME_LABELS[t]} -{fmt.seconds(-d)}" for t, d in r.better) or "no single term"
+        lines.append(f"#2 ({_differs(r.differs)}) is {fmt.percent(-r.slower_by, 2)} faster: "
+                     f"{less}" + (f"; more: {more}" if more else "") + ".")
     elif r is not None:
         worse = ", ".join(f"{TIME_LABELS[t]} +{fmt.seconds(d)}" for t, d in r.worse) or "no single term"
         better = ", ".join(f"{TIME_LABELS[t]} -{fmt.seconds(-d)}" for t, d in r.better)
@@ -229,6 +271,62 @@ def explain_text(e: ex.SearchExplanation, capacity: str, top: int, candidates) -
     return "\n".join(lines)
 
 
+PREFERENCE_WORDS = {"headroom": "memory headroom", "checked": "fewer terms no measured run checked",
+                    "conventional": "the conventional layout", "fewer pipeline stages":
+                    "fewer pipeline stages", "speed": "speed"}
+
+
+def _prefs_text(p: ex.Preferences, min_free: float) -> str:
+    """One layout's standing on the preferences, in words."""
+    room = (f"leaves {fmt.gib(p.free_bytes)} ({fmt.percent(p.free)}) free, "
+            f"{'at least' if p.roomy else 'under'} the {fmt.percent(min_free)} --min-free")
+    checked = ("uses " + ", ".join(p.unchecked) + ", which no measured run checked") if p.unchecked \
+        else "uses no term a measured run has not checked"
+    usual = ("departs from convention: " + ", ".join(p.marks)) if p.marks else "is conventional"
+    return f"{room}; {checked}; {usual}; pp={p.pp}"
+
+
+def _tie_text(t: ex.TieSummary, b: ex.BandSummary | None) -> str:
+    """Which rows tie with the winner and how the winner was picked among them."""
+    band = fmt.percent(b.tie) if b is not None else "the tie band"
+    free = b.min_free if b is not None else 0.0
+    if t.strict:
+        return ("Ranked strictly by the objective (--strict-rank): no tie groups; rows within "
+                f"{band} of each other are ties within plan3d's error.")
+    order = ("memory headroom, then fewer unchecked terms, then convention (TP and EP inside "
+             "the NVLink domain, CP only at measured sequence lengths, ZeRO-1 before ZeRO-2/3), "
+             "then fewer pipeline stages, then speed")
+    if t.layouts <= 1:
+        head = f"No other kept layout is within the {band} tie band of the winner; it"
+    else:
+        rows = "row 1" if t.rows == 1 else f"rows 1-{t.rows}"
+        of = "the fastest" if t.fastest_in_group else \
+            f"the fastest that leaves the {fmt.percent(free)} --min-free share"
+        head = (f"Tie: {rows} ({fmt.count(t.layouts)} layouts) are within {band} of {of}; "
+                f"the winner is picked among them by {order}. It")
+    text = f"{head} {_prefs_text(t.pick, free)}."
+    if t.fastest_layout is not None and t.fastest is not None:
+        why = PREFERENCE_WORDS.get(t.deciding[0], t.deciding[0]) if t.deciding else "the preferences"
+        risk = "" if t.fastest.roomy else ", within plan3d's memory error of not fitting"
+        text += (f" The fastest, #{t.fastest_row} ({t.fastest_layout.short()}), is "
+                 f"{fmt.percent(t.better_by, 1)} faster, but loses on {why}{risk}: it "
+                 f"{_prefs_text(t.fastest, free)}.")
+    return text
+
+
+def precision_text(loss: ex.PrecisionLoss) -> str:
+    """Why FP8 is predicted slower than BF16 on the winner's layout, its terms and sizes."""
+    parts = []
+    for what, seconds, note in loss.terms:
+        name = TIME_LABELS.get(what, what)
+        sign = "+" if seconds >= 0 else "-"
+        parts.append(f"{name} {sign}{fmt.seconds(abs(seconds))}" + (f" ({note})" if note else ""))
+    slower = loss.step / loss.bf16_step - 1.0
+    return (f"{loss.precision.upper()} is predicted {fmt.percent(slower)} slower than BF16 on the "
+            f"winner's layout ({fmt.seconds(loss.step)} vs {fmt.seconds(loss.bf16_step)} per step), "
+            f"FP8 minus BF16: {'; '.join(parts)}.")
+
+
 def _cp_text(f: ex.CpFallback) -> str:
     if f.row is None:
         alt = "no layout without it is among those kept (--max-cp 1 pins it off)"
@@ -236,7 +334,9 @@ def _cp_text(f: ex.CpFallback) -> str:
         alt = (f"#1 also stands for a layout without it ({f.layout.short()}), at the same speed "
                "(--max-cp 1 pins it off)")
     else:
+        more = "fewer" if f.fewer_tokens >= 0 else "more"
         alt = (f"the best kept layout without it, #{f.row} ({f.layout.short()}), runs "
-               f"{fmt.percent(f.fewer_tokens)} fewer tokens/s (--max-cp 1 pins it off)")
-    return (f"The winner uses context parallelism (cp={f.cp}), whose cost (formulas.md 5.7, ring "
-            f"exposure) no measured run has checked yet; {alt}.")
+               f"{fmt.percent(abs(f.fewer_tokens))} {more} tokens/s (--max-cp 1 pins it off)")
+    return (f"The winner uses context parallelism (cp={f.cp}) where no measured run has checked "
+            f"its cost (formulas.md 5.7, ring exposure; measured CP runs: benchmarks/"
+            f"error_bands.yaml, checked); {alt}.")

@@ -47,7 +47,11 @@ def _winner(verdict) -> None:
         return
     ahead = float(mine.throughput["tokens_per_s"][0]) / float(
         verdict.winner.throughput["tokens_per_s"][0]) - 1.0
-    if ahead > 1e-9:  # the search should have found it: say so rather than call it a tie
+    if ahead > 1e-9 and verdict.tie_band is not None:  # the pick is not the fastest: ties
+        out.print(f"[bold green]It is {fmt.percent(ahead, 2)} faster than the search's pick[/] "
+                  f"{best.short()}, which the tie preferences chose (headroom, checked terms, "
+                  "convention; --strict-rank ranks by speed alone).")
+    elif ahead > 1e-9:  # the search should have found it: say so rather than call it a tie
         out.print(f"[bold yellow]It is {fmt.percent(ahead, 2)} faster than the search's pick[/] "
                   f"{best.short()}: the search did not reach it (please report this).")
     else:  # e.g. the distributed optimizer against ZeRO-1

@@ -179,6 +179,22 @@ def parse_headroom(text: str | None) -> tuple[float, float]:
     return parse_quantity(f"{match.group(1)} {unit}", "bytes", "--min-memory-headroom"), 0.0
 
 
+def parse_share(text: str | None, flag: str) -> float | None:
+    """A share given as '10%', '10 %' or 0.1 -> 0.1; None -> None. UsageError (naming ``flag``)
+    unless it is from 0 up to (not including) 1 (100%)."""
+    if text is None:
+        return None
+    raw = str(text).strip()
+    try:
+        value = float(raw[:-1]) / 100.0 if raw.endswith("%") else float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < 1:
+        raise UsageError(f"{flag} must be a share of HBM from 0 up to (not including) 100%, e.g. "
+                         f"'10%' or 0.1, got {text!r}")
+    return value
+
+
 def check_headroom(text: str | None, capacity: float, framework_overhead: float,
                    gpu_name: str) -> tuple[float, float]:
     """``parse_headroom``, then refuse a headroom that leaves no more than the least reserve any

@@ -23,7 +23,8 @@ _OPTIONS = (("allow_cross_node_tp", bool, False), ("objective", str, "throughput
             ("tokens", "float | None", None), ("price_per_gpu_hour", "float | None", None),
             ("max_gpus", "int | None", None), ("deadline_s", "float | None", None),
             ("headroom_bytes", float, 0.0), ("headroom_fraction", float, 0.0), ("keep", int, KEEP),
-            ("framework", "FrameworkProfile | None", None))
+            ("framework", "FrameworkProfile | None", None), ("min_free", "float | None", None),
+            ("strict_rank", bool, False))
 
 
 def _check_bounds(self) -> None:
@@ -60,13 +61,16 @@ seconds. ``max_gpus``: a budget of at most this many GPUs (any positive integer)
 also picks the count, whole nodes within it or, below one node, a divisor of a node.
 ``headroom_bytes`` / ``headroom_fraction``: memory per GPU that a layout must leave free beyond
 the framework's reserve. ``framework``: the profile whose rules apply (None: the catalog
-profile named by the TrainingSpec's ``framework``, megatron-core by default).
+profile named by the TrainingSpec's ``framework``, megatron-core by default). ``min_free``: the
+share of HBM a layout should leave free to be preferred inside a tie group (search.ties; None:
+the memory band's, search.bands.Bands.min_free); ``strict_rank``: rank by the objective alone,
+with no tie groups (search.ties).
 """
 
 _SEARCH_INTS = tuple(a.name for a in AXES if a.kind is int and a.minimum > 0 and a.maximum is None) \
     + tuple(a.bound for a in AXES if a.bound) + ("max_gpus", "keep")
 _SEARCH_COUNTS = tuple(a.name for a in AXES if a.kind is int and a.minimum == 0 and a.maximum is None)
-_SEARCH_BOOLS = tuple(a.name for a in AXES if a.kind is bool) + ("allow_cross_node_tp",)
+_SEARCH_BOOLS = tuple(a.name for a in AXES if a.kind is bool) + ("allow_cross_node_tp", "strict_rank")
 # pins whose bound has a default: --cp 32 searches cp 32 without --max-cp
 DEFAULT_BOUNDS = tuple((a.name, a.bound) for a in AXES if a.bound_default is not None)
 
@@ -159,6 +163,11 @@ def _check_choices(given: dict[str, Any], label: Label) -> None:
         if name in given and not isinstance(given[name], bool):
             raise UsageError(f"{label(name)} must be true or false, got {given[name]!r}")
     check_numbers({"headroom_bytes": given.get("headroom_bytes")}, allow_zero=True, label=label)
+    free = given.get("min_free")
+    if free is not None and (isinstance(free, bool) or not isinstance(free, (int, float))
+                             or not 0 <= free < 1):
+        raise UsageError(f"{label('min_free')} must be a share of HBM from 0 up to (not including) "
+                         f"1, e.g. 0.1 or 10%, got {free!r}")
     fraction = given.get("headroom_fraction")
     if fraction is not None and (isinstance(fraction, bool) or not isinstance(fraction, (int, float))
                                  or not 0 <= fraction < 1):

@@ -27,11 +27,14 @@ from .check import check_inputs
 from .framework_rules import check_model, profile_for
 from .grid import Grid, build_grid
 from .least_layers import as_scanned
-from .options import TIE_LIMIT, SearchOptions
+from .options import KEEP, TIE_LIMIT, SearchOptions
 from .refusal import (FitHint, fewest_gpus, never_done_error, no_fit_message, no_split_reason,
                       nothing_valid_message)
 from .scan import scan
 from .state import Scan
+from . import bands as B
+from . import ties
+from .ties import Prefer
 
 
 
@@ -53,6 +56,20 @@ class SearchResult:
     seconds: float = 0.0
     usable: float = 0.0
     checkpoint: Any = None  # cost.checkpoint.CheckpointEstimate of ``ranked`` (None: no storage block)
+    # tie groups (search.ties): how many of ``ranked``'s first layouts form the top tie group
+    # (1: none, or a strict ranking), the row of the best score in ``ranked`` (-1: not kept),
+    # the tie band (a log ratio), the --min-free share, the layouts' preference features
+    # (ties.Features, in ranked order), the preferences that
+    # decided the pick over the best score, and the bands (search.bands.Bands)
+    tie_group: int = 1
+    fastest: int = 0
+    tie_band: float = 0.0
+    min_free: float = 0.0
+    features: Any = None
+    deciding: tuple = ()
+    strict: bool = True
+    bands: Any = None
+    reference: int = 0  # the row the top tie group formed around (ties.TieOrder.reference)
 
 
 def search(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: int | None,
@@ -73,13 +90,31 @@ def search(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: 
         raise UsageError(no_split_reason(model, hw, gpus, opts))
     usable = objective.usable_memory(float(hw.gpu.hbm_capacity), opts.headroom_bytes,
                                      opts.headroom_fraction)
-    passed = scan(model, hw, training, grid, opts, usable, tokens)
+    bands = B.shipped()
+    min_free = bands.min_free() if opts.min_free is None else float(opts.min_free)
+    prefer = None if opts.strict_rank else \
+        Prefer(float(hw.gpu.hbm_capacity) * (1.0 - min_free), bands, opts.framework)
+    # tie groups are drawn from at least KEEP layouts, so the pick does not depend on ``keep``
+    inner = opts if opts.strict_rank else replace(opts, keep=max(opts.keep, KEEP))
+    passed = scan(model, hw, training, grid, inner, usable, tokens, prefer)
     _refuse_none_kept(model, hw, training, gpus, opts, grid, passed, usable, tokens)
-    est, ck, order = _rank(model, hw, training, grid, passed, opts, tokens)
+    est, ck, tied = _rank(model, hw, training, grid, passed, inner, tokens, bands, min_free)
+    order = tied.order[:opts.keep]
+    moved = opts.keep > 1 and tied.fastest not in order
+    if moved:  # a long tie group: the fastest is still shown, last
+        order = np.concatenate([order[:-1], [tied.fastest]])
+    fastest = np.flatnonzero(order == tied.fastest)
+    reference = np.flatnonzero(order == tied.reference)
     return SearchResult(ranked=est.take(order), enumerated=grid.size, pruned=passed.pruned,
                         fitting=passed.fitting, objective=opts.objective,
                         seconds=time.perf_counter() - started, usable=usable,
-                        checkpoint=None if ck is None else ck.take(order))
+                        checkpoint=None if ck is None else ck.take(order),
+                        tie_group=min(tied.group, order.size - moved),
+                        fastest=int(fastest[0]) if fastest.size else -1, tie_band=tied.tie,
+                        min_free=min_free,
+                        features=tied.features.take(order),
+                        deciding=tied.deciding, strict=tied.strict, bands=bands,
+                        reference=int(reference[0]) if reference.size else 0)
 
 
 def _refuse_none_kept(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec,
@@ -105,17 +140,19 @@ def _refuse_none_kept(model: ModelSpec, hw: HardwareProfile, training: TrainingS
 
 
 def _rank(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, grid: Grid, passed: Scan,
-          opts: SearchOptions, tokens: float | None) -> tuple:
-    """(estimate of the kept layouts, their checkpoint estimate or None, the order of the best
-    ``keep``): the pool's best and every exact tie at the cut (the pool's order depends on the
-    scan's path, the grid index does not), at most TIE_LIMIT x keep, re-evaluated as flat
-    arrays and scored by the objective; exact ties go to no activation offload (no host memory,
-    no host-link traffic), the lower ZeRO stage (less traffic), then less memory."""
-    scores, index = np.concatenate(passed.pool_score), np.concatenate(passed.pool_index)
-    order = np.lexsort((index, -scores))
-    cut = scores[order[min(opts.keep, scores.size) - 1]]
-    chosen = order[scores[order] >= cut][:TIE_LIMIT * opts.keep]
-    est = evaluate(model, hw, training, as_scanned(grid, passed, np.sort(index[chosen])))
+          opts: SearchOptions, tokens: float | None, bands, min_free: float) -> tuple:
+    """(estimate of the kept layouts, their checkpoint estimate or None, their ties.TieOrder):
+    the pool's best ``keep`` and every exact tie at the cut (the pool's order depends on the
+    scan's path, the grid index does not), at most TIE_LIMIT x keep, with the best ``keep`` of
+    the scan's roomy and preferred pools (search.ties; none with a strict ranking), re-evaluated as flat arrays and
+    scored by the objective; ordered by ties.tie_order: the top tie group by preference, then
+    the rest by score (a strict ranking: by score; exact ties to no activation offload (no host
+    memory, no host-link traffic), the lower ZeRO stage (less traffic), then less memory)."""
+    chosen = _best(passed.pool_score, passed.pool_index, opts.keep)
+    if not opts.strict_rank:
+        chosen = np.concatenate([chosen, *(_best(ps, pi, opts.keep) for ps, pi in passed.pools.values())])
+    at = np.unique(chosen)
+    est = evaluate(model, hw, training, as_scanned(grid, passed, at))
     cand = est.candidates
     gpus_flat = np.asarray(cand.gpus, dtype=np.float64)
     asked = objective.reports_training(opts)
@@ -127,8 +164,17 @@ def _rank(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, grid: G
     score = objective.score(opts.objective, est.throughput["tokens_per_s"], gpus_flat, tokens,
                             opts.price_per_gpu_hour, 1.0 if goodput is None else goodput,
                             opts.deadline_s)
-    order = np.lexsort((est.memory["total"], cand.zero_stage, uses_host_memory(cand), -score))
-    return est, ck, order[:opts.keep]
+    feats = ties.features(model, hw, training, est, min_free, bands, opts.framework)
+    return est, ck, ties.tie_order(est, score, at, feats, bands.tie(), min_free, opts.strict_rank)
+
+
+def _best(pool_score: list, pool_index: list, keep: int) -> np.ndarray:
+    """Grid indices of a pool's best ``keep`` and every exact tie at the cut, at most
+    TIE_LIMIT x keep (ordered by score, then grid index)."""
+    scores, index = np.concatenate(pool_score), np.concatenate(pool_index)
+    order = np.lexsort((index, -scores))
+    cut = scores[order[min(keep, scores.size) - 1]]
+    return index[order[scores[order] >= cut][:TIE_LIMIT * keep]]
 
 
 def fit_hint(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, above: int,

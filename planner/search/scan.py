@@ -37,6 +37,7 @@ from dataclasses import fields as dataclass_fields
 from ..layout.axes import KNOB_FIELDS
 from .grid import Grid, full
 from .rules import constraint_masks
+from .ties import Prefer, preferred
 from ..specs import HardwareProfile, ModelSpec, TrainingSpec
 
 
@@ -58,9 +59,10 @@ Boxes = list  # per knob axis k, a (split rows, len(knob k)) bool array: the val
 
 
 def scan(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, grid: Grid,
-         opts: SearchOptions, usable: float, tokens: float | None) -> Scan:
+         opts: SearchOptions, usable: float, tokens: float | None, prefer: Prefer | None = None) -> Scan:
     """Evaluate ``grid``: rules, fit within ``usable`` bytes, score by the objective, keep the
-    best. Cost grows linearly with grid.size.
+    best (and, with ``prefer``, the best preferred layouts: search.ties). Cost grows linearly
+    with grid.size.
 
     Every layout goes through the rules (boolean masks on broadcast blocks of RULES_CHUNK
     layouts) and the model-states floor; memory is computed on the sub-grids that hold the
@@ -70,7 +72,8 @@ def scan(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, grid: Gr
     out = Scan.of_grid(grid.size, small)
     state, boxes = rules_pass(model, hw, training, grid, opts, out, usable)  # state: valid
     boxes = memory_pass(model, hw, training, grid, usable, state, boxes, out,  # state: fits
-                        offers_recompute_layers(training, opts), offers_offload(hw, training, opts))
+                        offers_recompute_layers(training, opts), offers_offload(hw, training, opts),
+                        roomy=None if prefer is None else prefer.roomy_bytes)
     if out.fitting == 0 and out.pruned.get(FIT_RULE, 0):  # the closest miss, of every valid layout
         probe = Scan.of_grid(grid.size, small)
         valid, every = rules_pass(model, hw, training, grid, opts, probe)
@@ -78,7 +81,7 @@ def scan(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, grid: Gr
                     choose_offload=offers_offload(hw, training, opts), most_offload=True)
         out.miss_index, out.miss_over = probe.miss_index, probe.miss_over
         out.miss_layers = probe.layers_at(probe.miss_index)
-    step_pass(model, hw, training, grid, opts, tokens, state, boxes, out)
+    step_pass(model, hw, training, grid, opts, tokens, state, boxes, out, prefer)
     refine_software(model, hw, training, grid, opts, tokens, out)
     out.pruned.setdefault(FIT_RULE, 0)
     return out
@@ -105,10 +108,12 @@ def first_fit(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gri
 
 def step_pass(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, grid: Grid,
               opts: SearchOptions, tokens: float | None, fits: np.ndarray, boxes: Boxes,
-              out: Scan) -> None:
+              out: Scan, prefer: Prefer | None = None) -> None:
     """Step time and score of the fitting layouts (``fits``, flat over the grid), on the
-    sub-grids of their ``boxes``; each sub-grid's best go to ``out.keep``. Full recompute is
-    timed with the least N layers per chunk that fits, a layout that fits only with activation
+    sub-grids of their ``boxes``; each sub-grid's best go to ``out.keep``, and with ``prefer``
+    the best of its preferred layouts (roomy, memory_pass; no unchecked term, nothing
+    unconventional: search.ties.preferred) to ``out.keep_preferred``. Full recompute is timed
+    with the least N layers per chunk that fits, a layout that fits only with activation
     offload with its least N (``out.solved``, memory_pass)."""
     profile = profile_for(training, opts.framework)
     for rows, values in chunks(boxes, CHUNK):
@@ -127,7 +132,15 @@ def step_pass(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gri
             out.software[name].add(index[fit], full(codes.astype(np.int64) + 1, sub.shape).ravel()[fit])
         score = full(score, sub.shape).ravel()[fit]
         wall = None if opts.deadline_s is None else full(wall, sub.shape).ravel()[fit]
-        out.keep(score, index[fit], refined(opts) if grid.software else opts.keep, wall)
+        n = refined(opts) if grid.software else opts.keep
+        out.keep(score, index[fit], n, wall)
+        if prefer is not None and out.roomy is not None:
+            ok = out.roomy[index[fit]]
+            if np.any(ok):
+                out.keep_class("roomy", score[ok], index[fit][ok], n)
+                ok &= full(preferred(model, hw, training, c.replace(**chosen), prefer.bands,
+                                     prefer.framework), sub.shape).ravel()[fit]
+                out.keep_class("preferred", score[ok], index[fit][ok], n)
 
 
 # The step pass times each layout with the first combination of the software axes the rules
@@ -214,9 +227,10 @@ def software_step(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec,
 
 def refine_software(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, grid: Grid,
                     opts: SearchOptions, tokens: float | None, out: Scan) -> None:
-    """Time the pool's best max(REFINE, 8 x keep) layouts (and the exact ties at that cut) with
-    their fastest allowed software (software_step), and put them back in ``out``'s pool with
-    their new scores and software."""
+    """Time the pool's best max(REFINE, 8 x keep) layouts (and the exact ties at that cut) and
+    the preferred pools' best ``keep`` with their fastest allowed software (software_step), and
+    put them back in ``out``'s pools with their new scores and software; with a deadline, the
+    fastest layout too."""
     if not grid.software:
         return
     profile = profile_for(training, opts.framework)
@@ -237,14 +251,27 @@ def refine_software(model: ModelSpec, hw: HardwareProfile, training: TrainingSpe
     cut = np.partition(scores, scores.size - n)[scores.size - n]
     top = scores >= cut
     at = index[top]
-    c = as_scanned(grid, out, at)
+    extra = [np.zeros(0, dtype=at.dtype)]
+    for ps, pi in out.pools.values():
+        ps, pi = np.concatenate(ps), np.concatenate(pi)
+        k = min(opts.keep, ps.size)
+        if k:
+            extra.append(pi[ps >= np.partition(ps, ps.size - k)[ps.size - k]])
+    every = np.concatenate([at, np.setdiff1d(np.concatenate(extra), at)])
+    c = as_scanned(grid, out, every)
     step, chosen = software_step(model, hw, training, profile, c, grid.software)
     tokens_per_s = training.global_batch_size * training.seq_length / step
     score, wall = objective.layout_scores(model, hw, training, c, step, tokens_per_s, opts, tokens)
     for name, codes in chosen.items():
-        out.software[name].add(at, codes + 1)
+        out.software[name].add(every, codes + 1)
     out.pool_score, out.pool_index = [scores[~top]], [index[~top]]
-    out.keep(score, at, at.size, None if opts.deadline_s is None else wall)
+    out.keep(score[:at.size], at, at.size, None if opts.deadline_s is None else wall[:at.size])
+    order = np.argsort(every)
+    for name, (ps, pi) in list(out.pools.items()):
+        ps, pi = np.concatenate(ps), np.concatenate(pi)
+        where = np.minimum(np.searchsorted(every[order], pi), every.size - 1)
+        found = every[order][where] == pi
+        out.pools[name] = ([np.where(found, score[order][where], ps)], [pi])
 
 
 def rules_pass(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, grid: Grid,
@@ -290,7 +317,7 @@ def rules_pass(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gr
 def memory_pass(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, grid: Grid,
                 usable: float, state: np.ndarray, boxes: Boxes, out: Scan,
                 choose_layers: bool = False, choose_offload: bool = False,
-                most_offload: bool = False) -> Boxes:
+                most_offload: bool = False, roomy: float | None = None) -> Boxes:
     """Peak memory of the valid layouts (``state``, flat over the grid), on the sub-grids of
     their ``boxes``; records the fit test into ``out`` and turns ``state`` into which layouts
     fit. Full recompute is tested with every layer recomputed (the most it saves); with
@@ -300,7 +327,8 @@ def memory_pass(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, g
     that does not fit is tested with the least activation offload that fits
     (cost.offload), recorded in ``out.solved`` (with
     ``most_offload``, one that does not fit even so with the most the limits allow: the closest
-    miss's probe). Returns the boxes of the fitting layouts."""
+    miss's probe). With ``roomy`` (bytes), which fitting layouts stay within it
+    (``out.note_roomy``). Returns the boxes of the fitting layouts."""
     fitting = [np.zeros_like(box) for box in boxes]
     for rows, values in chunks(boxes, CHUNK):
         index = grid.index_of(rows, values)
@@ -321,6 +349,8 @@ def memory_pass(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, g
             out.alive_after[HOST_RULE] = out.alive_after.get(HOST_RULE, 0) + int(np.count_nonzero(alive & runs))
             state[index] = alive & runs
         fits = out.fit(total, state[index], index, usable)
+        if roomy is not None:
+            out.note_roomy(index, fits & (total <= roomy), grid.size)
         if choose_layers and np.any(sub.knobs["recompute"] == 2):  # twins judged without offload
             record_least_layers(model, training, sub, c, totals, usable, index, state[index] & (plain <= usable), out)
         state[index] = fits

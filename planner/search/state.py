@@ -61,6 +61,12 @@ class Scan:
     solved: dict = field(default_factory=dict)
     # per software axis the step pass chose among, each timed layout's choice: code + 1
     software: dict = field(default_factory=dict)
+    # with tie groups (search.ties): which fitting layouts leave the preferred free memory (flat
+    # bool array over the grid, allocated at the first), and per class of preferred layouts
+    # ("roomy"; "preferred": roomy, no unchecked term, nothing unconventional) the best of each
+    # sub-grid: {class: ([scores], [flat indices])}
+    roomy: np.ndarray | None = None
+    pools: dict = field(default_factory=dict)
 
     @classmethod
     def of_grid(cls, size: int, dtype: type = np.uint16) -> "Scan":
@@ -90,6 +96,25 @@ class Scan:
             if over[j] < self.miss_over or (over[j] == self.miss_over and at < self.miss_index):
                 self.miss_over, self.miss_index = float(over[j]), at
         return fits
+
+    def note_roomy(self, index: np.ndarray, roomy: np.ndarray, size: int) -> None:
+        """Record which layouts at flat ``index`` (of a grid of ``size``) are roomy."""
+        if self.roomy is None:
+            self.roomy = np.zeros(size, dtype=bool)
+        self.roomy[index] = roomy
+
+    def keep_class(self, name: str, score: np.ndarray, index: np.ndarray, keep: int) -> None:
+        """Keep the best ``keep`` of these scored layouts of class ``name`` (and the exact ties
+        of the ``keep``-th) in that class's pool, beside the pool of all (keep)."""
+        finite = np.isfinite(score)
+        score, index = score[finite], index[finite]
+        k = min(keep, score.size)
+        if k:
+            kth = np.partition(score, score.size - k)[score.size - k]
+            best = np.flatnonzero(score >= kth)
+            scores, indices = self.pools.setdefault(name, ([], []))
+            scores.append(score[best])
+            indices.append(index[best])
 
     def keep(self, score: np.ndarray, index: np.ndarray, keep: int,
              wall: np.ndarray | None = None) -> None:

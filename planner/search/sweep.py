@@ -83,7 +83,9 @@ def _rows(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, counts:
     rows: list[dict] = []
     base: tuple[int, float] | None = None
     failures: set = set()
-    small = replace(opts, keep=min(opts.keep, 8), max_gpus=None)
+    # the scaling curve: each count's best by the objective alone (strict_rank), not a tie
+    # group's pick, so that a row's throughput is the count's best
+    small = replace(opts, keep=min(opts.keep, 8), max_gpus=None, strict_rank=True)
     for n in counts:
         try:
             best = search(model, hw, training, n, small).ranked

@@ -42,12 +42,14 @@ class WhyNot:
     deltas: list[tuple[str, float]] = field(default_factory=list)
     usable: float | None = None  # bytes a layout may use per GPU (HBM less the headroom)
     to_fit: object = None  # refusal.FitHint: the fewest GPUs on which a completion fits
+    tie_band: float | None = None  # the search's tie band (a fraction); None: a strict ranking
 
     def to_dict(self) -> dict:
         """JSON with the same keys for every verdict (None where one does not apply): layout,
         status, reasons, completion and winner (estimate objects; a completion that does not
         fit has no times), slower_by, time_deltas_s, to_fit (refusal.FitHint.to_dict: the
-        fewest GPUs on which a completion fits, for a no-fit verdict)."""
+        fewest GPUs on which a completion fits, for a no-fit verdict), tie_band (the search's,
+        a fraction of the step; null with --strict-rank: a slower completion within it ties)."""
         slower = self.winner is not None
         return {"layout": self.text, "status": self.status, "reasons": self.reasons,
                 "completion": None if self.completion is None else
@@ -55,7 +57,8 @@ class WhyNot:
                 "winner": None if self.winner is None else self.winner.to_dict(0),
                 "slower_by": self.slower_by if slower else None,
                 "time_deltas_s": dict(self.deltas) if slower else None,
-                "to_fit": None if self.to_fit is None else self.to_fit.to_dict()}
+                "to_fit": None if self.to_fit is None else self.to_fit.to_dict(),
+                "tie_band": self.tie_band}
 
 
 def broken_rules(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: int | None,
@@ -173,7 +176,9 @@ def why_not(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus:
             return WhyNot(text, "no-fit", reasons, usable=exc.usable, to_fit=exc.to_fit)
         return WhyNot(text, "no-fit", [_closest_miss(exc)], exc.closest, usable=exc.usable,
                       to_fit=exc.to_fit)
-    best = search(model, hw, training, gpus, opts).ranked.take(np.array([0]))
+    found = search(model, hw, training, gpus, opts)
+    best = found.ranked.take(np.array([0]))
+    band = None if found.strict else float(np.expm1(found.tie_band))
     t_mine, t_best = float(mine.time["step"][0]), float(best.time["step"][0])
     tps_mine = float(mine.throughput["tokens_per_s"][0])
     tps_best = float(best.throughput["tokens_per_s"][0])
@@ -185,7 +190,7 @@ def why_not(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus:
     else:  # lower is better; a tie in cost or time is not a loss
         beaten = float(mine.throughput[key][0]) > float(best.throughput[key][0])
     if same or not beaten:
-        return WhyNot(text, "winner", [], mine, best)
+        return WhyNot(text, "winner", [], mine, best, tie_band=band)
     digits = max(2, min(6, 3 - int(np.floor(np.log10(max(min(t_mine, t_best), 1e-9))))))
     reasons = [f"its best completion runs {tps_mine:,.0f} tokens/s against the winner's "
                f"{tps_best:,.0f} ({t_mine:.{digits}f} s vs {t_best:.{digits}f} s per step)"]
@@ -194,8 +199,11 @@ def why_not(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus:
         reasons.append(f"by {opts.objective}: {unit(float(mine.throughput[key][0]))} against "
                        f"{unit(float(best.throughput[key][0]))} on {mine.candidates.layout(0).gpus} "
                        f"vs {best.candidates.layout(0).gpus} GPUs")
+    if band is not None and tps_best / tps_mine - 1.0 <= band:
+        reasons.append(f"within plan3d's {100 * band:.1f} % tie band: a tie within its error, "
+                       "the winner picked by the tie preferences")
     return WhyNot(text, "slower", reasons, mine, best, tps_best / tps_mine - 1.0,
-                  term_deltas(mine, 0, best, 0))
+                  term_deltas(mine, 0, best, 0), tie_band=band)
 
 
 def _form(training: TrainingSpec, opts: SearchOptions) -> str:
