@@ -336,17 +336,19 @@ def test_a_plan3d_version_that_is_no_version_is_refused(tmp_path, version):
 
 def test_wide_search_table_has_a_column_for_every_setting_that_varies(monkeypatch):
     # at 220 columns the table has one column per setting: an MoE winner's ep, and the
-    # activation offload where a ranked layout uses it (they were in the narrow table's text only)
+    # activation offload where a ranked layout uses it (they were in the narrow table's text only);
+    # --strict-rank: ranked by speed alone the fastest layouts offload (the tie pick does not)
     from planner.render.console import out
     monkeypatch.setattr(out, "width", 220)
     res = runner.invoke(app, ["search", "--model", "gpt-oss-120b", "--gpus", "64", "--hardware",
-                              "gb200-nvl72", "--top", "3"])
+                              "gb200-nvl72", "--top", "3", "--strict-rank"])
     assert res.exit_code == 0, res.stderr
     header = next(line for line in res.stdout.splitlines() if " tp " in line and " dp " in line)
     cols = [c.strip() for c in header.replace("┃", "|").split("|")]
     assert {"ep", "zero", "mbs", "offload"} <= set(cols), header
     rows = json.loads(runner.invoke(app, ["search", "--model", "gpt-oss-120b", "--gpus", "64",
-                                          "--hardware", "gb200-nvl72", "--top", "3", "--json"]).stdout)
+                                          "--hardware", "gb200-nvl72", "--top", "3", "--strict-rank",
+                                          "--json"]).stdout)
     first = next(line for line in res.stdout.splitlines() if line.lstrip().startswith("1 "))
     cells = [c.strip() for c in first.replace("│", "|").split("|")]
     assert cells[cols.index("ep")] == str(rows[0]["layout"]["ep"])

@@ -37,7 +37,8 @@ Mapping (plan -> Megatron-LM flag -> Megatron-Bridge field):
                               drop-and-pad, mlp only with a dense layer, moe_preprocess only
                               with moe_router); with the EP overlap neither mlp nor moe
                               (TC L3063-3071), with fine-grained activation offload no moe
-                              (TC L2960-2962): a comment then says the estimate graphed them
+                              (TC L2960-2962): a comment says they run eagerly (and, for the
+                              offload, that the estimate graphed them)
                                                     model.cuda_graph_impl, model.cuda_graph_modules
                                                     and model.cuda_graph_scope null (what MB
                                                     utils/cuda_graph.py set_cuda_graph_modules
@@ -72,7 +73,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..cost.checkpoint import MEGATRON_FSDP_STRATEGY
-from ..cost.comm import a2a_overlap_applies
+from ..cost.comm import TP_OVERLAP_SMS, a2a_overlap_applies
 from ..cost.model_counts import has_dense_mlp
 from ..errors import UsageError
 from ..plan import Plan
@@ -160,7 +161,8 @@ def graph_modules(plan: Plan) -> tuple[tuple[str, ...], list[str]]:
                if overlap else "fine-grained activation offload refuses the moe graph "
                "(transformer_config.py L2960-2962)")
         comments.append(f"CUDA graphs: {why}, so the {' and '.join(left)} blocks run eagerly; "
-                        "the estimate graphed them, so host time may be higher than estimated")
+                        + ("the estimate timed them so (cost/host.py block_ops)" if overlap else
+                           "the estimate graphed them, so host time may be higher than estimated"))
     return tuple(modules), comments
 
 
@@ -222,7 +224,7 @@ def _comments(plan: Plan, sw: Software, target: str) -> list[str]:
                  "a tuned --tp-comm-overlap-cfg YAML (Megatron-Bridge's presets)")
         out.append("TP communication overlap: Transformer Engine userbuffers with TE's default "
                    "per-GEMM settings, as the estimate assumed (the reduce-scatter after each "
-                   f"row-parallel GEMM pipelined on 16 SMs, the all-gathers by ring exchange); "
+                   f"row-parallel GEMM pipelined on {TP_OVERLAP_SMS} SMs, the all-gathers by ring exchange); "
                    f"{tuned} changes them")
     if sw.flex_backend is not None:
         offered = getattr(hw.moe_dispatch, "backends", None) or []

@@ -47,7 +47,7 @@ from typing import Callable
 import numpy as np
 
 from ..cost.collectives import nvlink_domain, span
-from ..cost.offload import host_bytes, offload_bandwidth
+from ..cost.offload import host_bytes, offload_bandwidth, uses_host_memory
 from ..cost.precision import FP8, blackwell
 from ..errors import UsageError
 from ..files import read_yaml
@@ -268,7 +268,7 @@ TERMS: tuple[Term, ...] = (
     Term("cp_ring_network", "CP ring exposure across NVLink domains (formulas.md 5.7)",
          _cp(False), "cp_comm", "cp", _tokens_per_cp_rank),
     Term("offload", "activation offload to host memory (formulas.md 3.3.2)",
-         lambda model, hw, training, c: np.asarray(c.offload_layers) > 0, "offload"),
+         lambda model, hw, training, c: uses_host_memory(c), "offload"),
     Term("tp_network", "TP communication across NVLink domains",
          lambda model, hw, training, c: (np.asarray(c.tp) > 1) & _domain_span("tp")(model, hw, training, c),
          "tp_comm", "tp"),

@@ -164,18 +164,7 @@ def why_not(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus:
     try:
         mine = search(model, hw, training, gpus, pinned).ranked.take(np.array([0]))
     except NoFitError as exc:
-        try:  # only if other layouts fit is the verdict about this one alone
-            search(model, hw, training, gpus, opts)
-        except NoFitError as none:  # nothing fits at all: say so, and what fits with the pins
-            reasons = [str(none)]
-            if exc.to_fit is None and none.to_fit is not None:
-                reasons.append("with these values no count of GPUs has a completion that fits")
-            elif exc.to_fit is not None and (none.to_fit is None or _layout(none.to_fit) !=
-                                             _layout(exc.to_fit)):
-                reasons.append(f"with these values, {exc.to_fit.text()}")
-            return WhyNot(text, "no-fit", reasons, usable=exc.usable, to_fit=exc.to_fit)
-        return WhyNot(text, "no-fit", [_closest_miss(exc)], exc.closest, usable=exc.usable,
-                      to_fit=exc.to_fit)
+        return _no_fit(model, hw, training, gpus, opts, text, exc)
     found = search(model, hw, training, gpus, opts)
     best = found.ranked.take(np.array([0]))
     band = None if found.strict else float(np.expm1(found.tie_band))
@@ -204,6 +193,24 @@ def why_not(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus:
                        "the winner picked by the tie preferences")
     return WhyNot(text, "slower", reasons, mine, best, tps_best / tps_mine - 1.0,
                   term_deltas(mine, 0, best, 0), tie_band=band)
+
+
+def _no_fit(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: int | None,
+            opts: SearchOptions, text: str, exc: NoFitError) -> WhyNot:
+    """The verdict on a layout none of whose completions fits (``exc``, the pinned search's):
+    about this layout alone where other layouts fit, else what fits at all with its values."""
+    try:
+        search(model, hw, training, gpus, opts)
+    except NoFitError as none:  # nothing fits at all: say so, and what fits with the pins
+        reasons = [str(none)]
+        if exc.to_fit is None and none.to_fit is not None:
+            reasons.append("with these values no count of GPUs has a completion that fits")
+        elif exc.to_fit is not None and (none.to_fit is None or _layout(none.to_fit) !=
+                                         _layout(exc.to_fit)):
+            reasons.append(f"with these values, {exc.to_fit.text()}")
+        return WhyNot(text, "no-fit", reasons, usable=exc.usable, to_fit=exc.to_fit)
+    return WhyNot(text, "no-fit", [_closest_miss(exc)], exc.closest, usable=exc.usable,
+                  to_fit=exc.to_fit)
 
 
 def _form(training: TrainingSpec, opts: SearchOptions) -> str:
