@@ -30,7 +30,8 @@ scale, cast; quantizer.cpp L857-895), block scales 1; an MoE layer (alltoall, ep
 2 E_loc forward and 20 + 4 E_loc backward (router, permutation, all-to-alls, one GEMM per
 local expert per pass on TE GroupedLinear's streams: cublaslt_gemm.cu L969-1020), FP8
 quantization per local expert and GEMM input, HybridEP 8 fewer each way, DeepEP 3, biased
-experts (GPT-OSS's per-expert bias loop, experts.py L608-627) 3 E_loc more each way; of the
+experts (GPT-OSS's per-expert bias loop, experts.py L608-627, where the framework runs the
+unfused path: training.moe_unfused_bias_glu) 3 E_loc more each way; of the
 MoE forward, the router's 10 come before the sync. Arrays broadcast over candidates; seconds.
 """
 
@@ -68,7 +69,8 @@ def _moe_ops(model: ModelSpec, training: TrainingSpec, c) -> tuple:
     """(forward, backward) eager operations of one MoE block (its shared experts included)."""
     e_loc = model.moe.num_experts / np.asarray(c.ep, dtype=np.float64)
     q = QUANTIZE_OPS[training.precision]
-    bias = 3.0 * e_loc if model.bias else 0.0
+    # the per-expert bias loop is the unfused path of training.moe_unfused_bias_glu
+    bias = 3.0 * e_loc if model.bias and training.moe_unfused_bias_glu else 0.0
     saved = np.where(dispatcher_is(c, "hybridep"), 8.0, np.where(dispatcher_is(c, "deepep"), 3.0, 0.0))
     f = 25.0 + 2 * e_loc + 2 * q * e_loc + bias - saved
     b = 20.0 + 4 * e_loc + 2 * q * e_loc + bias - saved
