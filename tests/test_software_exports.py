@@ -274,11 +274,12 @@ def test_torchtitan_dispatchers():
     plan = make("qwen3-30b-a3b", 8, **MOE_TITAN)
     old = flatten(tomllib.loads(export_plan(plan, "torchtitan", "toml").text))
     assert old["parallelism.expert_parallel_comm_backend"] == "standard"
-    # the torchtitan profile lists the all-to-all only (its rules refuse the others first);
-    # the exporter maps what each release has
+    # the torchtitan profile runs the all-to-all, DeepEP and HybridEP (torchtitan
+    # models/common/config_utils.py L362-425 @b5bcd76c); the exporter maps what each release has
     deepep = make("qwen3-30b-a3b", 8, **MOE_TITAN, moe_dispatcher="deepep")
-    with pytest.raises(UsageError, match="torchtitan dispatches tokens with alltoall"):
-        export_plan(deepep, "torchtitan")
+    assert 'moe_comm_backend="deepep"' in export_plan(deepep, "torchtitan").text.replace("\n#   ", " ")
+    with pytest.raises(UsageError, match="torchtitan dispatches tokens with alltoall / deepep / hybridep"):
+        export_plan(make("qwen3-30b-a3b", 8, **MOE_TITAN, moe_dispatcher="allgather"), "torchtitan")
     text = export_torchtitan(deepep, "toml").text
     assert flatten(tomllib.loads(text))["parallelism.expert_parallel_comm_backend"] == "deepep"
     assert 'moe_comm_backend="deepep"' in export_torchtitan(deepep).text.replace("\n#   ", " ")
