@@ -10,7 +10,7 @@ GPT-3 175B on 512 H100s; Llama-3 405B and Megatron 1T on 16,384 H100s; and the 1
 GPU budget (--max-gpus 16384), the largest dense space, for the linearity check.
 
 "layouts" = every layout of the grid: each is checked against the rules, the valid ones get
-their memory, the fitting ones their step time (planner.scan), so layouts/s = grid size /
+their memory, the fitting ones their step time (search.scan), so layouts/s = grid size /
 search wall time. Times are the minimum over --repeat runs after one warm-up (the machine is
 shared; the minimum is the least disturbed run), wall clock and CPU time (user + sys; on a
 loaded machine the wall time includes waiting for a core, the CPU time does not). Peak memory:

@@ -3,7 +3,7 @@
 A framework profile describes one training software as plan3d needs it:
 
 - ``rules`` -- what the framework can run: the layouts the search may propose for it
-  (planner.frameworks.rules turns each into a named, vectorized mask of the search space) and
+  (planner.search.framework_rules turns each into a named, vectorized mask of the search space) and
   the models it can build at all (attention kinds, position embeddings, ...).
 - ``runtime`` -- how it runs a layout: flash attention, overlap of the TP / DP / PP
   communication, the pipeline p2p style, what ZeRO-3 gathers at a time and how fast.
@@ -84,7 +84,8 @@ class _Facts(_Strict):
 
 
 class Rules(_Facts):
-    """What the framework can run. Layout rules (masks of the search, planner.frameworks.rules):
+    """What the framework can run. Layout rules (masks of the search,
+    planner.search.framework_rules):
 
     - ``tensor_parallel`` / ``sequence_parallel`` / ``pipeline_parallel`` / ``expert_parallel``:
       whether tp > 1, SP, pp > 1, ep > 1 exist at all.
@@ -132,7 +133,7 @@ class Rules(_Facts):
       1f1b, interleaved-1f1b, gpipe, looped-bfs, interleaved-zero-bubble, zbv, dualpipev,
       dualpipe; reference/pipeline_schedules.md framework support matrix); default the two
       that vpp implies (interleaved 1F1B only where ``interleaving``).
-    Model rules (checked before a search; planner.frameworks.rules.model_problems):
+    Model rules (checked before a search; planner.search.framework_rules.model_problems):
     ``attention``, ``position_embedding``, ``activation``, ``norm``: the kinds it builds;
     ``dtypes``: the training dtypes; ``integer_rope_base``: the RoPE base must be an integer
     (Megatron-LM's --rotary-base is argparse type=int). ``model_code``: whose code builds the

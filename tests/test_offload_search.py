@@ -1,4 +1,4 @@
-"""The search's choice of activation offload (cost.offload, planner.scan): the least N that fits,
+"""The search's choice of activation offload (cost.offload, search.scan): the least N that fits,
 within the host memory, only where the framework and the hardware offer it."""
 
 from __future__ import annotations

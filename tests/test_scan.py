@@ -1,4 +1,4 @@
-"""The scan's sub-grids (planner.scan): boxes of a mask, the sub-grids that cover them, and
+"""The scan's sub-grids (search.scan): boxes of a mask, the sub-grids that cover them, and
 memory that does not depend on what else a sub-grid holds."""
 
 from __future__ import annotations

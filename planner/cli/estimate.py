@@ -136,7 +136,7 @@ def _zero_stage(zero_stage: Optional[int], distributed_optimizer: Optional[bool]
                 pp: int) -> int:
     """estimate's ZeRO stage: as given (0-3); else 0 with the distributed optimizer (its
     alternative); else the framework ``profile``'s default with ``pp`` stages
-    (frameworks.rules.default_zero_stage; None: 1); UsageError for another value or a stage
+    (search.framework_rules.default_zero_stage; None: 1); UsageError for another value or a stage
     beside the distributed optimizer."""
     if zero_stage is not None and zero_stage not in (0, 1, 2, 3):
         raise UsageError(f"--zero-stage must be 0, 1, 2 or 3, got {zero_stage}")

@@ -40,7 +40,7 @@ Megatron-Core's default optimizer format (``dp_reshardable``) differs from this 
 ways: it writes the optimizer states of TP-replicated parameters on every TP rank, and it keeps
 the padding between parameters in its buckets (formulas.md 12.2 gives their size).
 
-All functions take arrays of candidates (planner.space.Candidates or a Layout) and return
+All functions take arrays of candidates (planner.layout.Candidates or a Layout) and return
 arrays in bytes or seconds.
 """
 

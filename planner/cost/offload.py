@@ -1,7 +1,7 @@
 """The least activation offload that fits: N layers' activations in host memory (formulas.md 3.3.2).
 
 Megatron-Core's CPU offload (--cpu-offloading-num-layers N; pp 1 and no recomputation,
-frameworks.rules) moves the stored activations of N layers to host memory after their forward
+search.framework_rules) moves the stored activations of N layers to host memory after their forward
 and back before their backward, keeping one layer in transfer on the GPU
 (memory.offloaded_bytes). On the one pipeline rank, with H in-flight layers of B bytes each
 (recompute none), its memory is linear in N:
@@ -91,7 +91,7 @@ def uses_host_memory(c) -> np.ndarray:
 def offload_allowed(c) -> np.ndarray:
     """Where Megatron-Core runs activation offload: pp 1 and no recomputation
     (transformer_config.py L1884-1899 @d98e8a64; the megatron-core profile's rule,
-    frameworks.rules). Bool array."""
+    search.framework_rules). Bool array."""
     return (np.asarray(c.pp) == 1) & (np.asarray(c.recompute) == 0)
 
 

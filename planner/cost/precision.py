@@ -61,7 +61,7 @@ def blackwell(hw: HardwareProfile) -> bool:
 def check_precision(hw: HardwareProfile, training: TrainingSpec) -> None:
     """UsageError (one line) when ``hw`` cannot run ``training.precision``: FP8 needs an FP8 peak
     and the profile's ``efficiency.matmul_fp8``; MXFP8 needs Blackwell. (What the framework
-    offers is its profile's rule: frameworks.rules.model_problems.)"""
+    offers is its profile's rule: search.framework_rules.model_problems.)"""
     precision = training.precision
     if not is_fp8(training):
         return

@@ -1,6 +1,6 @@
 """Every collective of a training step, per layer, per micro-batch and per step: the one source
 of communication volumes. cost.step times exactly these; the validator checks exactly these
-(with the named delta of the torch implementation it runs, cost.torch_volumes).
+(with the named delta of the torch implementation it runs, validate.torch_volumes).
 
 A ``Collective`` is one kind of call on one process group: its calls and payload per unit
 (``per``: a layer of one micro-batch, a micro-batch, or the step) on one GPU, the phase it runs

@@ -54,7 +54,8 @@ def export_target(name: str | None, plan: Plan) -> str:
 
 def export_plan(plan: Plan, target: str, torchtitan_format: str = "overrides") -> Export:
     """The configuration of ``plan`` for ``target`` (one of TARGETS). UsageError if the framework
-    the target runs cannot run the plan (frameworks.rules.check_plan: the same rules its search
+    the target runs cannot run the plan (search.framework_rules.check_plan: the same rules its
+    search
     applies) or the target cannot express it; caveats are comments in ``Export.text`` or in
     ``Export.notes``."""
     if target not in TARGETS:

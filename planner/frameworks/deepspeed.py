@@ -14,7 +14,7 @@ The JSON has no field for TP or PP sizes: PP is ``deepspeed.pipe.PipelineModule(
 Megatron-DeepSpeed's ``--tensor-model-parallel-size``). Those go to ``Export.notes`` (stderr),
 since JSON has no comments. What DeepSpeed cannot run (ZeRO-2/3 with PP, interleaving, ring CP,
 an uneven split) is refused before this module runs, by the deepspeed framework profile's rules
-(planner.frameworks.rules.check_plan), the same rules ``--framework deepspeed`` searches with.
+(planner.search.framework_rules.check_plan), the same rules ``--framework deepspeed`` searches with.
 MoE: where AutoEP can run the plan (tp = etp = 1; the only path at ZeRO-3) the ds_config gets
 ``expert_parallel`` {enabled, autoep_size = ep} (deepspeedai/DeepSpeed @edaa72212672
 runtime/config.py EXPERT_PARALLEL, module_inject/auto_ep_config.py parse_autoep_config); else a

@@ -56,7 +56,8 @@ Mapping (plan field -> flag):
 MoE, expert parallelism (ep, etp), MLA, MTP, sliding windows, QK norms, sinks, Q/K/V biases and
 the norm epsilon: planner.frameworks.megatron_model.
 What Megatron-Core cannot build or run (ALiBi, a non-integer RoPE base, ...) is refused by the
-megatron-core framework profile's rules (planner.frameworks.rules), the ones its search applies.
+megatron-core framework profile's rules (planner.search.framework_rules), the ones its search
+applies.
 """
 
 from __future__ import annotations

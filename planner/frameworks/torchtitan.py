@@ -40,7 +40,8 @@ quantize.linear.mx (+ quantize.grouped_mm.mx for experts); 0.3.0 a Python conver
 What torchtitan cannot run (ZeRO-1/2, fp16, tied
 embeddings with PP, 1F1B with fewer micro-batches than stages, other interleaved uneven splits)
 is refused before this module runs, by the torchtitan framework profile's rules
-(planner.frameworks.rules.check_plan), the same rules ``--framework torchtitan`` searches with.
+(planner.search.framework_rules.check_plan), the same rules ``--framework torchtitan`` searches
+with.
 Experts: ep -> expert_parallel_degree, where torchtitan's mesh can hold it (expert_parallel).
 The architecture comes from the model flavour (--module/--config): no option sets it, so a
 comment names every model field with this plan's value.

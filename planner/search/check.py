@@ -39,7 +39,8 @@ def check_layout(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, 
     The checks ``plan3d estimate``, ``--plan`` and ``regress`` apply: whole nodes (search.check_inputs),
     tp*cp*pp*dp = gpus (tp, cp, pp default to 1, dp to gpus/(tp*cp*pp); an error names the
     product of the degrees given, degrees.split_problem), the Layout schema, what the framework
-    can build (frameworks.rules.check_model) and every rule of space.constraint_masks (the
+    can build (search.framework_rules.check_model) and every rule of search.rules.constraint_masks
+    (the
     framework's included), with the "tp within the NVLink domain" rule waived when
     ``allow_cross_node_tp``.
     """

@@ -1,5 +1,5 @@
 """A framework profile's rules as named, vectorized masks of the search space, and the checks
-every consumer of a plan shares: the search (space.constraint_masks calls framework_masks), a
+every consumer of a plan shares: the search (search.rules.constraint_masks calls framework_masks), a
 layout given by hand (search.check_layout) and each export (check_plan), so a search for a
 framework never proposes a plan that its export refuses.
 

@@ -208,7 +208,7 @@ def expert_mesh(split: dict[str, np.ndarray], num_experts: int, ep: int | None =
 
 def build_grid(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: int | None,
                opts: SearchOptions) -> Grid:
-    """The space as a broadcast grid (planner.grid): parallel splits x knob axes.
+    """The space as a broadcast grid (search.grid): parallel splits x knob axes.
 
     tp: powers of two up to the NVLink domain (up to the GPU count with --allow-cross-node-tp);
     cp: powers of two up to ``max_cp``; pp: divisors of the layer count, and powers of two up to

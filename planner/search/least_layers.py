@@ -1,5 +1,5 @@
 """The least recompute and offload layers that make a layout fit, as the search's scan records
-them (planner.scan's memory pass) and reads them back (its step pass, search.as_scanned).
+them (search.scan's memory pass) and reads them back (its step pass, search.as_scanned).
 
 Full recompute of N layers per model chunk (cost.recompute) and activation offload of N layers
 (cost.offload) are not grid axes: the memory pass solves each fitting layout's least N from the

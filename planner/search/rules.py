@@ -23,7 +23,7 @@ from .framework_rules import framework_masks, profile_for
 from .software_rules import software_masks
 
 # Every TP implementation splits whole attention heads over the tp ranks; what it does with the
-# KV heads (query groups) is the framework's rule (frameworks.rules, kv_heads_tp).
+# KV heads (query groups) is the framework's rule (search.framework_rules, kv_heads_tp).
 HEADS_RULE = "attention heads divisible by tp"
 TP_RULE = "tp within the NVLink domain"
 # framework-neutral: the shape plan3d models; how a framework interleaves an uneven split is its

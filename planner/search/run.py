@@ -1,8 +1,9 @@
 """Enumerate -> prune (divisibility, topology, fit) -> evaluate -> rank -> explain.
 
-The space is a broadcast grid of numpy arrays (planner.grid), pruned by named masks
-(space.constraint_masks) and evaluated by the vectorized cost model on sub-grids of about CHUNK
-layouts that hold the layouts still in (planner.scan); each sub-grid keeps only its best. No
+The space is a broadcast grid of numpy arrays (search.grid), pruned by named masks
+(search.rules.constraint_masks) and evaluated by the vectorized cost model on sub-grids of about
+CHUNK
+layouts that hold the layouts still in (search.scan); each sub-grid keeps only its best. No
 Python loop over candidates.
 """
 
@@ -77,7 +78,7 @@ def search(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: 
     """Rank every valid layout that fits by the objective (exact ties: no offload, lower ZeRO stage, then less memory).
 
     ``gpus`` fixes the count; with ``opts.max_gpus`` (and gpus None) the count is searched too.
-    The grid is evaluated on sub-grids of about CHUNK layouts (planner.scan); each keeps its
+    The grid is evaluated on sub-grids of about CHUNK layouts (search.scan); each keeps its
     best ``keep`` (with its ties), and the best overall are re-evaluated as flat arrays at the end. Raises UsageError when no layout can use
     these GPUs/batch at all (the rule that removed the last candidates is named), NoFitError
     when valid layouts exist but none fits in HBM (with the closest miss).

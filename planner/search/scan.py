@@ -1,6 +1,7 @@
 """The scan of a search grid: rules, then memory, then step time, on sub-grids (planner.search).
 
-Every layout of the grid is checked against the rules (space.constraint_masks, boolean masks on
+Every layout of the grid is checked against the rules (search.rules.constraint_masks, boolean masks
+on
 broadcast blocks of split rows). What a split row keeps is close to a box: some values of each
 knob axis (SP only where tp > 1, the micro-batch sizes that divide the batch with its dp, the
 vpp values its pipeline split interleaves with, ...), and what fits of those is again close to a

@@ -13,7 +13,7 @@ ZeRO-2/3 as ZeRO-1 (expert parameters are not FSDP-wrapped), SP is on wherever t
 
 Prediction: parameters per rank (``rank_params``: dense ones TP-sharded as the dense layers,
 the router replicated, the experts E*P_e/(ep*etp)); the volumes of the dense collectives from
-cost.torch_volumes.step_volumes on the model without its experts, corrected for the MoE layers
+validate.torch_volumes.step_volumes on the model without its experts, corrected for the MoE layers
 (``base_volumes``); the expert collectives per rank from the routing each rank recorded
 (``routed_volumes``, cost.moe_dispatch.moe_dispatch_volumes impl "torch").
 """
