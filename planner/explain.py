@@ -198,7 +198,8 @@ class TieSummary:
     pick or not kept) and how much better its score is (a fraction); the preferences that
     decided (search.ties.PREFERENCES); the pick's and the fastest's Preferences; ``strict``:
     a strict ranking (no tie groups); ``fastest_in_group``: the group formed around the
-    fastest (else around the best layout leaving the --min-free share)."""
+    fastest (else around the best layout leaving the --min-free share); ``any_roomy``: some
+    kept layout leaves the --min-free share."""
 
     rows: int
     layouts: int
@@ -210,6 +211,7 @@ class TieSummary:
     fastest: Preferences | None
     strict: bool
     fastest_in_group: bool = True
+    any_roomy: bool = True
 
 
 @dataclass(frozen=True)
@@ -281,7 +283,8 @@ def _tie_summary(result, groups: list[TieGroup]) -> TieSummary | None:
     return TieSummary(rows, n, row, est.candidates.layout(j) if fast else None, better,
                       tuple(result.deciding), preferences_of(result, 0),
                       preferences_of(result, j) if fast else None, bool(result.strict),
-                      0 <= j < n)
+                      result.reference == j or (j < 0 and result.reference == 0),
+                      bool(np.any(result.features.roomy)))
 
 
 def estimate_band(model, hw, training, est, i: int = 0) -> dict:

@@ -243,7 +243,7 @@ def test_why_not_json_has_the_same_keys_for_every_verdict():
         keys = keys or set(d)
         assert set(d) == keys, text
     assert keys == {"layout", "status", "reasons", "completion", "winner", "slower_by",
-                    "time_deltas_s", "to_fit", "tie_band"}
+                    "time_deltas_s", "to_fit", "tie_band", "fastest", "fastest_by"}
 
 
 # ---------------------------------------------------------------- invariant: the fewest GPUs

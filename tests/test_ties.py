@@ -3,6 +3,8 @@ three or four layouts, and on the README's jobs through the search."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 from types import SimpleNamespace
 
@@ -85,7 +87,8 @@ def test_preferences_in_order_checked_then_conventional_then_fewer_stages_then_s
 def test_min_free_and_strict_rank_are_search_options():
     hw = catalog.resolve_hardware("dgx-h100")
     tr = TrainingSpec(seq_length=2048, global_batch_size=64)
-    assert search_options(hw, tr, {"min_free": 0.2, "strict_rank": True}).min_free == 0.2
+    assert search_options(hw, tr, {"min_free": 0.2}).min_free == 0.2
+    assert search_options(hw, tr, {"strict_rank": True}).strict_rank
     with pytest.raises(UsageError, match="min-free"):
         search_options(hw, tr, {"min_free": 1.5})
     code = CliRunner().invoke(app, ["search", "--model", "175b", "--gpus", "512", "--min-free", "110%"])
@@ -143,3 +146,47 @@ def test_fp8_slower_than_bf16_is_explained_term_by_term():
     assert any(t == "linear GEMMs at the FP8 peak" and s < 0 for t, s, _ in loss.terms)
     bf16 = tr.model_copy(update={"precision": "bf16"})
     assert precision_loss(model, hw, bf16, estimate_layout(model, hw, bf16, result.ranked.candidates.layout(0)), 0) is None
+
+
+def test_an_unreachable_min_free_picks_the_most_free_memory_not_the_tightest():
+    # no layout is roomy: the group forms around the fastest (A, 100); B (98, 30 % free) and
+    # D (97.9, 20 %) tie with it (ln(100/98) = 0.020, ln(100/97.9) = 0.021 <= ln 1.05); A leaves
+    # 5 %: headroom picks B, the most free, and names headroom as what decided
+    score = np.array([100.0, 98.0, 90.0, 97.9])
+    feats = _features([False] * 4)
+    feats = dataclasses.replace(feats, free=np.array([0.05, 0.30, 0.50, 0.20]))
+    t = ties.tie_order(_est(), score, np.arange(4), feats, TIE, 0.99, strict=False)
+    assert t.reference == 0 and t.group == 3
+    assert list(t.order[:3]) == [1, 3, 0] and t.deciding == ("headroom",)
+
+
+def test_min_free_with_strict_rank_is_refused():
+    code = CliRunner().invoke(app, ["search", "--model", "175b", "--gpus", "512", "--strict-rank",
+                                    "--min-free", "20%"])
+    assert code.exit_code == 2 and "--strict-rank turns off" in code.output
+
+
+def test_why_not_of_the_pick_names_the_faster_layout_and_no_false_tie():
+    # 175B on 512 H100: the tie pick (tp=8 pp=4) is not the fastest (tp=4 pp=8, the Tie line);
+    # why-not of the pick says so; a layout slower than the group's reference by more than the
+    # tie band is not called a tie
+    res = CliRunner().invoke(app, ["search", "--model", "175b", "--gpus", "512", "--json"])
+    data = json.loads(res.stdout)
+    pick = data[0]["layout"]
+    pick_text = ",".join(f"{k}={pick[k]}" for k in ("tp", "pp", "dp", "micro_batch_size", "vpp"))
+    res = CliRunner().invoke(app, ["search", "--model", "175b", "--gpus", "512", "--why-not",
+                                   pick_text.replace("micro_batch_size", "mbs"), "--json"])
+    verdict = json.loads(res.stdout)
+    assert verdict["status"] == "winner"
+    if data[0]["tie_group"]["fastest"] not in (None, 1):  # the pick is not the fastest
+        assert verdict["fastest_by"] > 0 and verdict["fastest"]
+    else:
+        assert verdict["fastest_by"] is None
+    res = CliRunner().invoke(app, ["search", "--model", "175b", "--gpus", "512", "--why-not",
+                                   "vpp=5", "--json"])
+    slow = json.loads(res.stdout)
+    assert slow["status"] == "slower"
+    ref = min(e["time"]["step"] for e in data if e["tie_group"]["member"])
+    claims_tie = any("tie band" in r for r in slow["reasons"])
+    assert claims_tie == (math.log(slow["completion"]["time"]["step"] / ref)
+                          <= math.log1p(slow["tie_band"]) + 1e-9)

@@ -8,6 +8,8 @@ per row), which fits 80 columns with every number whole.
 
 from __future__ import annotations
 
+import math
+
 from rich.table import Table
 
 from .. import explain as ex
@@ -302,12 +304,18 @@ def _tie_text(t: ex.TieSummary, b: ex.BandSummary | None) -> str:
         rows = "row 1" if t.rows == 1 else f"rows 1-{t.rows}"
         of = "the fastest" if t.fastest_in_group else \
             f"the fastest that leaves the {fmt.percent(free)} --min-free share"
-        head = (f"Tie: {rows} ({fmt.count(t.layouts)} layouts) are within {band} of {of}; "
-                f"the winner is picked among them by {order}. It")
+        head = (f"Tie: {rows} ({fmt.count(t.layouts)} layouts) are within {band} of {of} "
+                "(more where a term no measured run checked widens a band); the winner is "
+                f"picked among them by {order}. It")
+        if not t.any_roomy:
+            head = (f"No kept layout leaves the {fmt.percent(free)} --min-free share, so memory "
+                    f"headroom picks the one that leaves the most. {head}")
     text = f"{head} {_prefs_text(t.pick, free)}."
     if t.fastest_layout is not None and t.fastest is not None:
         why = PREFERENCE_WORDS.get(t.deciding[0], t.deciding[0]) if t.deciding else "the preferences"
-        risk = "" if t.fastest.roomy else ", within plan3d's memory error of not fitting"
+        # within the memory band of not fitting: peak up to e^hi x predicted
+        tight = 1.0 - math.exp(-b.memory.hi) if b is not None else free
+        risk = ", within plan3d's memory error of not fitting" if t.fastest.free < tight else ""
         text += (f" The fastest, #{t.fastest_row} ({t.fastest_layout.short()}), is "
                  f"{fmt.percent(t.better_by, 1)} faster, but loses on {why}{risk}: it "
                  f"{_prefs_text(t.fastest, free)}.")

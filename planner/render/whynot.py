@@ -43,7 +43,13 @@ def _winner(verdict) -> None:
     mine = verdict.completion
     best = verdict.winner.candidates.layout(0) if verdict.winner is not None else None
     if best is None or best == mine.candidates.layout(0):
-        out.print("[bold green]It is the winner[/] (no fitting layout beats it).")
+        if verdict.fastest is not None:
+            out.print(f"[bold green]It is the search's pick[/]: the tie preferences chose it "
+                      f"(headroom, checked terms, convention, fewer stages); the fastest, "
+                      f"{verdict.fastest.short()}, is {fmt.percent(verdict.fastest_by, 1)} faster "
+                      "(--strict-rank ranks by speed alone).")
+        else:
+            out.print("[bold green]It is the winner[/] (no fitting layout beats it).")
         return
     ahead = float(mine.throughput["tokens_per_s"][0]) / float(
         verdict.winner.throughput["tokens_per_s"][0]) - 1.0

@@ -168,6 +168,9 @@ def _check_choices(given: dict[str, Any], label: Label) -> None:
                              or not 0 <= free < 1):
         raise UsageError(f"{label('min_free')} must be a share of HBM from 0 up to (not including) "
                          f"1, e.g. 0.1 or 10%, got {free!r}")
+    if free is not None and given.get("strict_rank"):
+        raise UsageError(f"{label('min_free')} picks inside the top tie group, which "
+                         f"{label('strict_rank')} turns off: give one of them")
     fraction = given.get("headroom_fraction")
     if fraction is not None and (isinstance(fraction, bool) or not isinstance(fraction, (int, float))
                                  or not 0 <= fraction < 1):

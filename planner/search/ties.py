@@ -172,8 +172,11 @@ def tie_order(est, score: np.ndarray, index: np.ndarray, feats: Features | None,
     slower = np.asarray(score) <= score[ref]
     widen = np.where(slower, feats.below + feats.above[ref], feats.above + feats.below[ref])
     member = np.isfinite(score) & (gap <= tie + np.log1p(widen) + 1e-12)
+    # headroom first: roomy before not; where none is roomy (an unreachable --min-free), the
+    # more free memory first, so asking for more headroom never picks the tightest layout
+    headroom = ~feats.roomy if roomy.size else -np.asarray(feats.free)
     key = (index, mem, c.zero_stage, uses_host_memory(c), -score, feats.pp, feats.n_marks,
-           feats.n_unchecked, ~feats.roomy)
+           feats.n_unchecked, headroom)
     group = np.lexsort(key)
     group = group[member[group]]
     rest = strict_order[~member[strict_order]]
@@ -187,7 +190,8 @@ def deciding(feats: Features, pick: int, fastest: int) -> tuple:
     names: the first where they differ decides; () when the pick is the fastest)."""
     if pick == fastest:
         return ()
-    pairs = (("headroom", bool(feats.roomy[pick]) != bool(feats.roomy[fastest])),
+    pairs = (("headroom", bool(feats.roomy[pick]) != bool(feats.roomy[fastest])
+              or (not feats.roomy[pick] and feats.free[pick] > feats.free[fastest])),
              ("checked", feats.n_unchecked[pick] != feats.n_unchecked[fastest]),
              ("conventional", feats.n_marks[pick] != feats.n_marks[fastest]),
              ("fewer pipeline stages", feats.pp[pick] != feats.pp[fastest]))

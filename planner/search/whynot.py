@@ -43,13 +43,17 @@ class WhyNot:
     usable: float | None = None  # bytes a layout may use per GPU (HBM less the headroom)
     to_fit: object = None  # refusal.FitHint: the fewest GPUs on which a completion fits
     tie_band: float | None = None  # the search's tie band (a fraction); None: a strict ranking
+    fastest: object = None  # the search's fastest layout (Layout) where the tie pick is not it
+    fastest_by: float | None = None  # how much faster it is than the pick (fraction of tokens/s)
 
     def to_dict(self) -> dict:
         """JSON with the same keys for every verdict (None where one does not apply): layout,
         status, reasons, completion and winner (estimate objects; a completion that does not
         fit has no times), slower_by, time_deltas_s, to_fit (refusal.FitHint.to_dict: the
         fewest GPUs on which a completion fits, for a no-fit verdict), tie_band (the search's,
-        a fraction of the step; null with --strict-rank: a slower completion within it ties)."""
+        a fraction of the step; null with --strict-rank: a slower completion within it ties),
+        fastest and fastest_by (the search's fastest layout and how much faster it is than the
+        pick, where the tie preferences picked another; else null)."""
         slower = self.winner is not None
         return {"layout": self.text, "status": self.status, "reasons": self.reasons,
                 "completion": None if self.completion is None else
@@ -58,7 +62,9 @@ class WhyNot:
                 "slower_by": self.slower_by if slower else None,
                 "time_deltas_s": dict(self.deltas) if slower else None,
                 "to_fit": None if self.to_fit is None else self.to_fit.to_dict(),
-                "tie_band": self.tie_band}
+                "tie_band": self.tie_band,
+                "fastest": None if self.fastest is None else self.fastest.short(),
+                "fastest_by": self.fastest_by}
 
 
 def broken_rules(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: int | None,
@@ -168,6 +174,7 @@ def why_not(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus:
     found = search(model, hw, training, gpus, opts)
     best = found.ranked.take(np.array([0]))
     band = None if found.strict else float(np.expm1(found.tie_band))
+    fastest, fastest_by = _fastest(found)
     t_mine, t_best = float(mine.time["step"][0]), float(best.time["step"][0])
     tps_mine = float(mine.throughput["tokens_per_s"][0])
     tps_best = float(best.throughput["tokens_per_s"][0])
@@ -179,7 +186,8 @@ def why_not(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus:
     else:  # lower is better; a tie in cost or time is not a loss
         beaten = float(mine.throughput[key][0]) > float(best.throughput[key][0])
     if same or not beaten:
-        return WhyNot(text, "winner", [], mine, best, tie_band=band)
+        return WhyNot(text, "winner", [], mine, best, tie_band=band, fastest=fastest,
+                      fastest_by=fastest_by)
     digits = max(2, min(6, 3 - int(np.floor(np.log10(max(min(t_mine, t_best), 1e-9))))))
     reasons = [f"its best completion runs {tps_mine:,.0f} tokens/s against the winner's "
                f"{tps_best:,.0f} ({t_mine:.{digits}f} s vs {t_best:.{digits}f} s per step)"]
@@ -188,11 +196,27 @@ def why_not(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus:
         reasons.append(f"by {opts.objective}: {unit(float(mine.throughput[key][0]))} against "
                        f"{unit(float(best.throughput[key][0]))} on {mine.candidates.layout(0).gpus} "
                        f"vs {best.candidates.layout(0).gpus} GPUs")
-    if band is not None and tps_best / tps_mine - 1.0 <= band:
-        reasons.append(f"within plan3d's {100 * band:.1f} % tie band: a tie within its error, "
-                       "the winner picked by the tie preferences")
+    if band is not None:
+        # the group forms around its reference layout: a completion within the tie band of it
+        # ties (the group's members widened by unchecked terms aside)
+        t_ref = float(found.ranked.time["step"][found.reference])
+        if np.log(t_mine / t_ref) <= found.tie_band + 1e-12:
+            reasons.append(f"within plan3d's {fmt.percent(band)} tie band of the top tie "
+                           "group's reference: a tie within its error, the winner picked by "
+                           "the tie preferences")
     return WhyNot(text, "slower", reasons, mine, best, tps_best / tps_mine - 1.0,
-                  term_deltas(mine, 0, best, 0), tie_band=band)
+                  term_deltas(mine, 0, best, 0), tie_band=band, fastest=fastest,
+                  fastest_by=fastest_by)
+
+
+def _fastest(found) -> tuple:
+    """(the fastest layout, how much faster than the pick: a fraction of tokens/s) of a
+    search result where the tie preferences picked another; (None, None) where they did not."""
+    j = found.fastest
+    if found.strict or j <= 0:
+        return None, None
+    tps = found.ranked.throughput["tokens_per_s"]
+    return found.ranked.candidates.layout(j), float(tps[j] / tps[0] - 1.0)
 
 
 def _no_fit(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gpus: int | None,
