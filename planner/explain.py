@@ -199,7 +199,8 @@ class TieSummary:
     decided (search.ties.PREFERENCES); the pick's and the fastest's Preferences; ``strict``:
     a strict ranking (no tie groups); ``fastest_in_group``: the group formed around the
     fastest (else around the best layout leaving the --min-free share); ``any_roomy``: some
-    kept layout leaves the --min-free share."""
+    kept layout leaves the --min-free share; ``capped``: the group fills the layouts the
+    search keeps while more fit (it may hold more)."""
 
     rows: int
     layouts: int
@@ -212,6 +213,7 @@ class TieSummary:
     strict: bool
     fastest_in_group: bool = True
     any_roomy: bool = True
+    capped: bool = False
 
 
 @dataclass(frozen=True)
@@ -284,7 +286,8 @@ def _tie_summary(result, groups: list[TieGroup]) -> TieSummary | None:
                       tuple(result.deciding), preferences_of(result, 0),
                       preferences_of(result, j) if fast else None, bool(result.strict),
                       result.reference == j or (j < 0 and result.reference == 0),
-                      bool(np.any(result.features.roomy)))
+                      bool(np.any(result.features.roomy)),
+                      n >= len(est.candidates) - 1 and result.fitting > len(est.candidates))
 
 
 def estimate_band(model, hw, training, est, i: int = 0) -> dict:

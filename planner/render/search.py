@@ -304,7 +304,9 @@ def _tie_text(t: ex.TieSummary, b: ex.BandSummary | None) -> str:
         rows = "row 1" if t.rows == 1 else f"rows 1-{t.rows}"
         of = "the fastest" if t.fastest_in_group else \
             f"the fastest that leaves the {fmt.percent(free)} --min-free share"
-        head = (f"Tie: {rows} ({fmt.count(t.layouts)} layouts) are within {band} of {of} "
+        count = (f"at least {fmt.count(t.layouts)} layouts: the search keeps that many"
+                 if t.capped else f"{fmt.count(t.layouts)} layouts")
+        head = (f"Tie: {rows} ({count}) are within {band} of {of} "
                 "(more where a term no measured run checked widens a band); the winner is "
                 f"picked among them by {order}. It")
         if not t.any_roomy:
