@@ -23,7 +23,7 @@ from .search.framework_rules import profile_for
 def make_plan(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, layout: Layout,
               estimate: dict, framework: FrameworkProfile | None = None) -> Plan:
     """A Plan with the estimate's memory/time/throughput (SI units) and, where given, its error
-    band (explain.estimate_band) attached and the framework profile embedded (None: the catalog
+    band (explain_bands.estimate_band) attached and the framework profile embedded (None: the catalog
     profile ``training.framework`` names)."""
     return Plan(plan3d_version=__version__, model=model, hardware=hw, gpus=layout.gpus,
                 training=training, layout=layout,

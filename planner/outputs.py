@@ -23,7 +23,8 @@ import sys
 from pathlib import Path
 
 from .errors import UsageError
-from .explain import estimate_band, preferences_of, recompute_choice, tie_dict
+from .explain import recompute_choice, tie_dict
+from .explain_bands import estimate_band, preferences_of
 from .render.console import out, write_stdout
 
 STDOUT_NAMES = frozenset({"-", "/dev/stdout", "/dev/fd/1", "/proc/self/fd/1"})
@@ -153,7 +154,7 @@ def search_json(model, result, explanation, top: int, currency: str, hw=None,
     usable memory), ``currency`` where costs are priced, ``recompute`` (explain.recompute_choice),
     ``ties`` (explain.tie_dict), ``checkpoint`` (None without a storage block) and ``to_fit``
     (None: every listed layout fits), as ``estimate --json`` has them; with the job (``hw``,
-    ``training``) also ``band`` (explain.estimate_band) and ``tie_group`` (tie_group_dict)."""
+    ``training``) also ``band`` (explain_bands.estimate_band) and ``tie_group`` (tie_group_dict)."""
     best, ck = result.ranked, result.checkpoint
     extra = {"currency": currency} if "cost" in best.throughput else {}
     out = []
@@ -193,7 +194,7 @@ def tie_group_dict(result, explanation, i: int) -> dict:
 
 def estimate_json(report) -> dict:
     """``estimate --json`` of an explain.EstimateReport: the estimate's keys, ``band``
-    (explain.estimate_band), ``recompute``,
+    (explain_bands.estimate_band), ``recompute``,
     ``to_fit`` (refusal.FitHint.to_dict or None), ``checkpoint`` (None when it does not fit or
     without a storage block) and ``pipeline``: each rank's memory and time, the binding and
     the slowest rank, the imbalance (cost.stages)."""

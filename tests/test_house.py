@@ -24,7 +24,7 @@ ROOMS = [
                 "planner.inputs"]),
     ("layout", ["planner.layout", "planner.plan"]),
     ("cost", ["planner.cost", "planner.schedule"]),
-    ("search", ["planner.search", "planner.explain"]),
+    ("search", ["planner.search", "planner.explain", "planner.explain_bands"]),
     ("users", ["planner.frameworks", "planner.placement", "planner.timeline", "planner.fidelity",
                "planner.validate",
                "planner.regress", "planner.baseline", "planner.export", "planner.outputs"]),

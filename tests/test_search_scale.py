@@ -18,7 +18,7 @@ from planner.search.state import FIT_RULE
 from planner.search.options import SearchOptions
 from planner.search.grid import build_grid, enumerate_space
 from planner.search.run import search
-from planner.search.scan import software_step
+from planner.search.software_scan import software_step
 from planner.search.framework_rules import profile_for
 from planner.search.rules import constraint_masks
 from planner.specs import TrainingSpec
@@ -36,7 +36,7 @@ def _brute_force(m, hw, tr, gpus, opts=SearchOptions(), least_n=True):
     """Flat evaluation of every layout, then the same rules and fit test: the reference
     (``least_n`` False: full recompute of every layer, the memory the fit test reads). Each
     layout is timed with its fastest allowed software (every combination of the grid's software
-    axes, search.scan.software_step), which does not change its memory."""
+    axes, search.software_scan.software_step), which does not change its memory."""
     flat = enumerate_space(m, hw, tr, gpus, opts)
     ok = np.ones(len(flat), dtype=bool)
     for mask in constraint_masks(m, tr, hw, flat).values():

@@ -10,7 +10,7 @@ import pytest
 
 from planner import catalog
 from planner.framework_spec import MOE_DISPATCHERS
-from planner.search import scan as scan_module
+from planner.search import software_scan as software_scan
 from planner.search.options import SearchOptions
 from planner.search.run import search
 from planner.search.rules import constraint_masks
@@ -36,7 +36,7 @@ def test_refined_winner_is_the_exhaustive_winner(case, monkeypatch):
     enough to hold them all, every one refined) finds the same best throughput as the two
     passes."""
     *_, fast = _run(*case)
-    monkeypatch.setattr(scan_module, "REFINE", 10**9)
+    monkeypatch.setattr(software_scan, "REFINE", 10**9)
     *_, full = _run(*case)
     best = lambda r: float(r.ranked.throughput["tokens_per_s"][0])  # noqa: E731
     assert best(fast) == pytest.approx(best(full), rel=1e-9)
@@ -71,7 +71,7 @@ def test_a_dense_model_runs_no_dispatcher_and_no_ep_overlap():
 def test_unravel_of_a_grid_shaped_array():
     """The step pass unravels a chosen combination per layout of a sub-grid shape with unit
     dimensions, where numpy 2.4.6's own unravel_index errs: every index round-trips."""
-    from planner.search.scan import _unravel
+    from planner.search.software_scan import _unravel
     index = np.random.default_rng(0).integers(0, 16, size=(152, 4, 7, 4, 1, 3, 1))
     a, b, c, d = _unravel(index, (2, 2, 2, 2))
     assert np.array_equal(8 * a + 4 * b + 2 * c + d, index)

@@ -85,7 +85,7 @@ def search(
 def _export_and_show(m, hw, training, profile, result, export, force, show) -> None:
     """Write the winner as a plan (--export) and print the search (``show``), to stderr when
     the plan goes to stdout (--export -)."""
-    from ..explain import estimate_band
+    from ..explain_bands import estimate_band
     from ..export import make_plan, write_plan
     from ..outputs import is_stdout, report_to_stderr
     best = result.ranked

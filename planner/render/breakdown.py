@@ -79,7 +79,7 @@ def recompute_line(r: dict) -> str:
 
 
 def band_text(band: dict, fits: bool) -> str:
-    """The estimate's error band in one line (explain.estimate_band)."""
+    """The estimate's error band in one line (explain_bands.estimate_band)."""
     regime = regime_text(band["regime"])
     mem = band["memory_bytes"]
     memory = (f"peak memory {fmt.gib(mem[0])}-{fmt.gib(mem[1])} (-{fmt.percent(band['memory_below'])}/"
@@ -104,7 +104,7 @@ def estimate_report(est, stages=None, to_fit=None, recompute=None, band: dict | 
     StageProfile): memory and time of every pipeline rank, the binding one and the imbalance.
     A layout that does not fit gets its memory, how far over it is per GPU and what would make
     it fit (``to_fit``, a refusal.FitHint or None), and no step time or throughput: it cannot
-    run. ``band``: the estimate's error band (explain.estimate_band), one line."""
+    run. ``band``: the estimate's error band (explain_bands.estimate_band), one line."""
     d = est.to_dict(0)
     out.print(f"Layout: {est.candidates.layout(0).short()}")
     _memory_table(d["memory"])

@@ -13,6 +13,7 @@ import math
 from rich.table import Table
 
 from .. import explain as ex
+from .. import explain_bands as eb
 from .. import fmt
 from . import tables
 from .console import out
@@ -63,7 +64,7 @@ class _Rows:
     """The cells of the shown rows, formatted once for both table layouts."""
 
     def __init__(self, result, groups: list[ex.TieGroup], currency: str, gpus_searched: bool,
-                 explanation_bands: ex.BandSummary | None = None):
+                 explanation_bands: eb.BandSummary | None = None):
         est = result.ranked
         self.est, self.groups, self.currency = est, groups, currency
         c, th = est.candidates, est.throughput
@@ -78,7 +79,7 @@ class _Rows:
         self.capacity = fmt.capacity(est.memory["capacity"][0])
         self.bubble = est.bubble_share()  # of the step: the column sits beside it
         self.band = explanation_bands.step if explanation_bands is not None else None
-        bands = {ex.row_band(result, self.band, i) for i in self.index} if self.band is not None else set()
+        bands = {eb.row_band(result, self.band, i) for i in self.index} if self.band is not None else set()
         self.band_differs = len(bands) > 1
         if not self.band_differs:  # every row's is the regime's: the line above says it
             self.band = None
@@ -99,7 +100,7 @@ class _Rows:
                  "TFLOP/s": fmt.tflops(th["model_tflops_per_gpu"][i] * 1e12),
                  "MFU": fmt.percent(th["mfu"][i]), "bubble": fmt.percent(self.bubble[i])}
         cells["GPUs"] = fmt.count(self.est.candidates.layout(i).gpus)
-        cells["band"] = band_cell(*ex.row_band(self.result, self.band, i)) if self.band is not None else ""
+        cells["band"] = band_cell(*eb.row_band(self.result, self.band, i)) if self.band is not None else ""
         if self.show_train:
             cells["train"] = fmt.seconds_in(float(th["time_to_train_s"][i]), self.units["train"])
         if self.show_cost:
@@ -113,7 +114,7 @@ def band_cell(below: float, above: float) -> str:
     return f"±{lo}%" if lo == hi else f"-{lo}%/+{hi}%"
 
 
-def bands_line(b: ex.BandSummary, rows_differ: bool = False) -> str:
+def bands_line(b: eb.BandSummary, rows_differ: bool = False) -> str:
     """The line above the table: the job's bands, what they are drawn from, the tie band."""
     step, mem = b.step, b.memory
     column = "; the band column widens a row's for terms no measured run checked" if rows_differ else ""
@@ -278,7 +279,7 @@ PREFERENCE_WORDS = {"headroom": "memory headroom", "checked": "fewer terms no me
                     "fewer pipeline stages", "speed": "speed"}
 
 
-def _prefs_text(p: ex.Preferences, min_free: float) -> str:
+def _prefs_text(p: eb.Preferences, min_free: float) -> str:
     """One layout's standing on the preferences, in words."""
     room = (f"leaves {fmt.gib(p.free_bytes)} ({fmt.percent(p.free)}) free, "
             f"{'at least' if p.roomy else 'under'} the {fmt.percent(min_free)} --min-free")
@@ -288,7 +289,7 @@ def _prefs_text(p: ex.Preferences, min_free: float) -> str:
     return f"{room}; {checked}; {usual}; pp={p.pp}"
 
 
-def _tie_text(t: ex.TieSummary, b: ex.BandSummary | None) -> str:
+def _tie_text(t: eb.TieSummary, b: eb.BandSummary | None) -> str:
     """Which rows tie with the winner and how the winner was picked among them."""
     band = fmt.percent(b.tie) if b is not None else "the tie band"
     free = b.min_free if b is not None else 0.0

@@ -18,7 +18,7 @@ import numpy as np
 from .. import fmt
 from ..cost import Estimate, evaluate
 from ..cost.checkpoint import evaluate_checkpoint, unavailable
-from ..cost.offload import check_offload_hardware, uses_host_memory
+from ..cost.offload import check_offload_hardware
 from ..cost.precision import check_precision
 from ..errors import DeadlineError, NoFitError, PlannerError, UsageError
 from ..inputs import check_integers
