@@ -40,8 +40,8 @@ from planner import catalog
 from planner.cli.app import _training
 from planner.cost.model_flops import model_flops_per_step
 from planner.cost.pipeline import inflight_layers
-from planner.cost.step import TIME_TERMS, estimate_layout
-from planner.errors import NoFitError, PlannerError
+from planner.cost.step import estimate_layout
+from planner.errors import PlannerError
 from planner.explain import term_deltas
 from planner.files import read_yaml
 from planner.layout import Layout
@@ -207,9 +207,14 @@ def _no_fit_term(r: dict) -> str:
         held = float(np.ravel(inflight_layers(c, model.num_layers, m, rank))[0])
         per_layer = terms["activations"] / max(held, 1.0)
         room = terms["activations"] - over / (1.0 + training.reserve_allocator)
+        count = int(np.ravel(m)[0])
+        every = held >= count * float(np.ravel(c.rank_layers(model.num_layers, rank))[0])
         text += (f" = {held:.0f} layer-micro-batches in flight on pipeline rank {int(rank[0])} "
-                 f"({int(np.ravel(m)[0])} micro-batches; {per_layer / 2**30:.2f} GiB each): it fits "
+                 f"({count} micro-batches; {per_layer / 2**30:.2f} GiB each): it fits "
                  f"with at most {max(room, 0.0) / per_layer:.0f} in flight")
+        if every:   # the schedule's warm-up covers the step: every micro-batch is held
+            text += (f"; the schedule's warm-up spans all {count} micro-batches of the step, so "
+                     "its depth does not bound them")
     return text
 
 

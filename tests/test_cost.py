@@ -121,6 +121,18 @@ def test_inflight_layers_of_the_embedding_and_loss_split():
     assert float(pipeline.inflight_first_chunk(c, 8, 0)[0]) == 7
 
 
+def test_inflight_layers_with_the_embedding_alone_in_a_chunk():
+    # Meta's Llama 3 405B split (arXiv 2407.21783 §3.3.2): 126 layers on pp 16, vpp 8, 7 + 14 x 8
+    # + 7, (126 + 2)/128 = 1 layer's worth per chunk: rank 0's chunk 0 holds the embedding alone.
+    c = cands(pp=16, vpp=8, first_stage_layers=7, last_stage_layers=7)
+    # m = 16 = p: warm-up 2*15 + 7*16 = 142 >= m*v = 128, so all 128 forwards are held; the 16
+    # of chunk 0 hold no transformer layer: 112 layers on rank 0, 128 on rank 1 (8 chunks of 1)
+    assert float(pipeline.inflight_layers(c, 126, 16, 0)[0]) == 112
+    assert float(pipeline.inflight_layers(c, 126, 16, 1)[0]) == 128
+    # m = 64: rank 1 holds 2*14 + 7*16 + 1 = 141 forwards of one layer each
+    assert float(pipeline.inflight_layers(c, 126, 64, 1)[0]) == 141
+
+
 def test_bubble_fraction_equal_stages():
     # Equal stages of t = 1 s: makespan = m*t + (p-1)*t/v; bubble fraction (p-1)/(v*m).
     t = np.ones(3)

@@ -102,18 +102,26 @@ def test_rules_and_hints():
                 dict(first_stage_layers=7, last_stage_layers=7, vpp=3)):
         with pytest.raises(UsageError, match="uneven pipeline split"):
             check_layout(m, hw, tr, 16384, dict(tp=8, pp=16, zero_stage=1, micro_batch_size=1, **bad), framework=FLAGS)
-    # pp=64: 1 + 62*2 + 1; vpp=2 would leave the embedding's chunk without a transformer layer
+    # pp=64: 1 + 62*2 + 1 = (126 + 2)/64 = 2 layers' worth per rank: vpp 4 would need half a
+    # layer per chunk; vpp 2 is the embedding-and-loss form with the embedding alone in rank 0's
+    # first chunk (Megatron-Core builds a chunk of 0 transformer layers there:
+    # get_num_layers_to_build asserts >= 0, transformer_block.py @d98e8a64)
     with pytest.raises(UsageError, match="uneven pipeline split"):
-        check_layout(m, hw, tr, 16384, dict(tp=8, pp=64, zero_stage=1, micro_batch_size=1, vpp=2,
+        check_layout(m, hw, tr, 16384, dict(tp=8, pp=64, zero_stage=1, micro_batch_size=1, vpp=4,
                                             first_stage_layers=1, last_stage_layers=1), framework=FLAGS)
+    check_layout(m, hw, tr, 16384, dict(tp=8, pp=64, zero_stage=1, micro_batch_size=1, vpp=2,
+                                        first_stage_layers=1, last_stage_layers=1), framework=FLAGS)
     # embedding and loss counted as layers: (126 + 2)/16 = 8 per rank, 8/vpp per chunk; vpp 8
-    # would leave the embedding alone in the first chunk
-    for vpp in (2, 4):
+    # leaves the embedding alone in the first chunk and the loss alone in the last: Meta's split
+    # of Llama 3 405B (arXiv 2407.21783 §3.3.2)
+    for vpp in (2, 4, 8):
         check_layout(m, hw, tr, 16384, dict(tp=8, pp=16, zero_stage=1, micro_batch_size=1, vpp=vpp,
                                             first_stage_layers=7, last_stage_layers=7), framework=FLAGS)
     with pytest.raises(UsageError, match="--first-stage-layers 7 --last-stage-layers 7"):
         check_layout(m, hw, tr, 16384, dict(tp=8, pp=16, zero_stage=1, micro_batch_size=1, vpp=4), framework=FLAGS)
-    for vpp in (3, 8):  # no split helps
+    with pytest.raises(UsageError, match="--first-stage-layers 7 --last-stage-layers 7"):
+        check_layout(m, hw, tr, 16384, dict(tp=8, pp=16, zero_stage=1, micro_batch_size=1, vpp=8), framework=FLAGS)
+    for vpp in (3, 5):  # no split helps: (126 + 2) is not divisible by 16*3 or 16*5
         with pytest.raises(UsageError, match=r"layers divisible by pp\*vpp$"):
             check_layout(m, hw, tr, 16384, dict(tp=8, pp=16, zero_stage=1, micro_batch_size=1, vpp=vpp), framework=FLAGS)
     lay = search(m, hw, tr, 16384, SearchOptions(tp=8, pp=16, max_cp=1, framework=FLAGS)).ranked.candidates.layout(0)
@@ -244,10 +252,11 @@ def test_why_not_names_the_interleaving_that_works():
     from planner.search.whynot import why_not
     m, hw = catalog.resolve_model("llama3-405b"), catalog.resolve_hardware("dgx-h100")
     tr = TrainingSpec(seq_length=8192, global_batch_size=2048)
-    verdict = why_not(m, hw, tr, 16384, SearchOptions(framework=FLAGS), "tp=8 pp=16 vpp=8 cp=1")
-    # 8 layers' worth per rank (126 + 2 = 128 on 16 ranks): chunks of 8/vpp, at least 2 each
+    verdict = why_not(m, hw, tr, 16384, SearchOptions(framework=FLAGS), "tp=8 pp=16 vpp=16 cp=1")
+    # 8 layers' worth per rank (126 + 2 = 128 on 16 ranks): chunks of 8/vpp, at least 1 each
+    # (vpp 8: the embedding alone in the first chunk); vpp 16 would need half a layer per chunk
     assert verdict.status == "invalid"
-    assert verdict.reasons[0].endswith("(126 layers on pp=16 split 7+..+7; vpp 1, 2, 4 would do)")
+    assert verdict.reasons[0].endswith("(126 layers on pp=16 split 7+..+7; vpp 1, 2, 4, 8 would do)")
 
 
 def test_uneven_split_messages_and_the_even_one():
@@ -270,9 +279,10 @@ def test_uneven_split_messages_and_the_even_one():
     lay = check_layout(m, hw, tr, 512, dict(base, first_stage_layers=3, last_stage_layers=3), framework=FLAGS)
     assert (lay.first_stage_layers, lay.last_stage_layers) == (0, 0) and "+..+" not in lay.short()
     llama = catalog.resolve_model("llama3-405b")
-    with pytest.raises(UsageError, match="with vpp 8 neither .* vpp 2, 4 would do"):
+    # (126 + 2)/16 = 8 layers' worth per rank: vpp 5 divides neither 7 nor 8
+    with pytest.raises(UsageError, match="with vpp 5 neither .* vpp 2, 4, 8 would do"):
         check_layout(llama, hw, TrainingSpec(seq_length=8192, global_batch_size=2048), 8192,
-                     dict(tp=8, pp=16, zero_stage=1, micro_batch_size=1, vpp=8,
+                     dict(tp=8, pp=16, zero_stage=1, micro_batch_size=1, vpp=5,
                           first_stage_layers=7, last_stage_layers=7), framework=FLAGS)
 
 
@@ -289,11 +299,12 @@ def test_search_reaches_the_vpp_an_uneven_split_allows():
     # 126 = 14 x 9: the even split only
     assert 4 not in vpp_values(SimpleNamespace(**vars(ctx), pps=np.array([14]))).tolist()
     # in the layout form the search tries the vpp that cut the middle stages' 8 layers evenly and
-    # fit the edges' 7: 1, 2, 4 (8 would leave an edge chunk empty)
+    # fit the edges' 7: 1, 2, 4, and 8 in the embedding-and-loss form (the embedding and the loss
+    # each alone in an edge chunk)
     layout = SimpleNamespace(**{**vars(ctx), "framework": catalog.resolve_framework("megatron-core")},
                              pps=np.array([16]))
     values = vpp_values(layout).tolist()
-    assert {1, 2, 4} <= set(values) and not {5, 8} & set(values)
+    assert {1, 2, 4, 8} <= set(values) and 16 not in values
     tr = TrainingSpec(seq_length=8192, global_batch_size=2048)
     lay = search(m, hw, tr, 8192, SearchOptions(tp=8, pp=16, max_cp=1, recompute="full",
                                                 framework=FLAGS)).ranked.candidates.layout(0)
@@ -314,16 +325,21 @@ def test_interleaved_uneven_split_on_two_stages():
 def test_the_layout_form_interleaves_what_the_flag_forms_cannot():
     """Megatron-Core's profile writes --pipeline-model-parallel-layout: Llama 3 405B's 7+..+7 on
     pp 16 interleaves with vpp 3 (7 and 8 are not divisible by 3, nor is 128 by 48: neither flag
-    form), every one of its 48 chunks holding 2 or 3 layers; vpp 8 would leave an edge stage's
-    7 layers short of a chunk."""
+    form), every one of its 48 chunks holding 2 or 3 layers; vpp 16 would leave an edge stage's
+    7 layers short of a chunk, and vpp 8 is the embedding-and-loss form's (its flags)."""
     from planner.frameworks.megatron import megatron_args
     m, hw = catalog.resolve_model("llama3-405b"), catalog.resolve_hardware("dgx-h100")
     tr = TrainingSpec(seq_length=8192, global_batch_size=2048)
     base = dict(tp=8, pp=16, zero_stage=1, micro_batch_size=1, first_stage_layers=7, last_stage_layers=7)
     lay = check_layout(m, hw, tr, 16384, dict(base, vpp=3))
-    with pytest.raises(UsageError, match="with vpp 8 a stage of 7 layers leaves a model chunk without a "
-                                         "layer; vpp 2, 3, 4, 5, 6, 7 would do"):
-        check_layout(m, hw, tr, 16384, dict(base, vpp=8))
+    with pytest.raises(UsageError, match="with vpp 16 a stage of 7 layers leaves a model chunk without a "
+                                         "layer; vpp 2, 3, 4, 5, 6, 7, 8 would do"):
+        check_layout(m, hw, tr, 16384, dict(base, vpp=16))
+    eight = Plan(plan3d_version=__version__, model=m, hardware=hw, gpus=16384, training=tr,
+                 layout=check_layout(m, hw, tr, 16384, dict(base, vpp=8)))
+    args8 = dict(megatron_args(eight))
+    assert "--account-for-embedding-in-pipeline-split" in args8 and \
+        "--pipeline-model-parallel-layout" not in args8
     plan = Plan(plan3d_version=__version__, model=m, hardware=hw, gpus=16384, training=tr, layout=lay)
     args = dict(megatron_args(plan))
     text = args["--pipeline-model-parallel-layout"].strip("'")

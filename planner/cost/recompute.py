@@ -77,7 +77,8 @@ def layers_from_totals(model: ModelSpec, training: TrainingSpec, c, totals: dict
         stored, recomputed, held = terms[kind]
         saving = grow * held * (stored - recomputed)  # none -> every layer, less the working set
         deficit = total + (saving - grow * stored) - usable * (1.0 - MARGIN)
-        n_rank = np.where(deficit <= 0, 1.0, np.ceil(deficit * chunk / np.maximum(saving, 1e-300)))
+        with np.errstate(over="ignore"):    # no saving (nothing held in flight): inf, every layer
+            n_rank = np.where(deficit <= 0, 1.0, np.ceil(deficit * chunk / np.maximum(saving, 1e-300)))
         n_rank = np.where(n_rank >= chunk, np.inf, np.maximum(n_rank, 1.0))  # inf: every layer
         need, largest = np.maximum(need, n_rank), np.maximum(largest, chunk)
     return np.where(full & np.isfinite(need) & (need < largest), need, 0.0).astype(np.int64)

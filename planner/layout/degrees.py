@@ -146,14 +146,17 @@ class LayoutDegrees:
     def embedding_loss_split(self, num_layers: int) -> np.ndarray:
         """True where an uneven split is Megatron-Core's embedding-and-loss-as-layers form
         (``--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split``):
-        first = last = (L + 2)/pp - 1 with (L + 2) divisible by pp*vpp, and at least two layers'
-        worth per chunk, so the chunks that hold the embedding or the loss keep a transformer
-        layer. Bool array."""
+        first = last = (L + 2)/pp - 1 with (L + 2) divisible by pp*vpp. With one layer's worth
+        per chunk the embedding's chunk holds the embedding alone and the loss's chunk the output
+        layer and loss alone, which Megatron-Core builds (get_num_layers_to_build asserts only
+        ``>= 0`` layers there, transformer_block.py @d98e8a64) and the Llama 3 405B run trained
+        with (Llama Team 2024, arXiv 2407.21783 §3.3.2: "the first model chunk on the first stage
+        has only the embedding"). Bool array."""
         f = np.asarray(self.first_stage_layers)
         la = np.asarray(self.last_stage_layers)
         pp, vpp = np.asarray(self.pp), np.asarray(self.vpp)
         return (f > 0) & (f == la) & ((num_layers + 2) == pp * (f + 1)) & \
-            ((f + 1) % vpp == 0) & (f + 1 >= 2 * vpp)
+            ((f + 1) % vpp == 0)
 
     def rank_chunk_layers(self, num_layers: int, rank):
         """(layers of a full model chunk, index of the chunk one layer short or -1) on pipeline

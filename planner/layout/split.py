@@ -62,10 +62,13 @@ def uneven_layout_ok(num_layers: int, c) -> np.ndarray:
     """True unless an uneven interleaved split leaves a model chunk without a layer: Megatron-
     Core's --pipeline-model-parallel-layout places any count of layers in each of the pp x vpp
     chunks (pipeline_layout), and an empty one is reported to deadlock (NVIDIA/Megatron-LM
-    #1852). Bool array."""
+    #1852); the embedding-and-loss form, whose first and last chunks hold the embedding and the
+    loss in a layer's place, is given by its two flags instead (LayoutDegrees.embedding_loss_split).
+    Bool array."""
     f, la, pp, v = c.first_stage_layers, c.last_stage_layers, c.pp, c.vpp
     mid = np.where(pp > 2, (num_layers - f - la) // np.maximum(pp - 2, 1), v)
-    return ((f == 0) & (la == 0)) | (v == 1) | ((f >= v) & (la >= v) & (mid >= v))
+    return ((f == 0) & (la == 0)) | (v == 1) | ((f >= v) & (la >= v) & (mid >= v)) | \
+        LayoutDegrees.embedding_loss_split(c, num_layers)
 
 
 def pipeline_layout(num_layers: int, pp: int, vpp: int, first: int, last: int,
@@ -222,6 +225,6 @@ def uneven_problem(num_layers: int, pp: int, first: int, last: int, vpp: int,
             return (f"with vpp {vpp} a stage of {min(first, last, rest // middle)} layers leaves a "
                     f"model chunk without a layer" + would)
         return (f"with vpp {vpp} neither is every stage's layer count divisible by vpp nor is it the "
-                "embedding-and-loss split (first = last = middle - 1, at least 2 layers per chunk)"
+                "embedding-and-loss split (first = last = middle - 1, whole layers per chunk)"
                 + (f"; vpp {', '.join(map(str, other))} would do" if other else "; only vpp 1 works"))
     return ""
