@@ -28,9 +28,10 @@ def microbatch_groups(c, m) -> np.ndarray:
     pp = np.broadcast_to(pp, shape)
     group = pp.astype(np.float64)
     odd = (np.asarray(c.vpp) > 1) & (m % pp != 0) & (m >= pp)
-    if odd.any():
-        pairs, inverse = np.unique(np.stack([m[odd], pp[odd]], axis=1), axis=0, return_inverse=True)
-        values = np.array([microbatch_group(int(a), int(b)) for a, b in pairs], dtype=np.float64)
+    if odd.any():   # one (m, pp) key per pair: a 1-D unique (pp < 2**20)
+        keys, inverse = np.unique(m[odd] * (1 << 20) + pp[odd], return_inverse=True)
+        values = np.array([microbatch_group(int(k >> 20), int(k & ((1 << 20) - 1))) for k in keys],
+                          dtype=np.float64)
         group[odd] = values[inverse.reshape(-1)]
     return group
 

@@ -29,6 +29,7 @@ from ..cost.offload import offload_candidates, offload_runs, uses_host_memory
 from .least_layers import (offers_offload, offers_recompute_layers, record_least_layers,
                            record_least_offload, with_scanned_layers)
 from .options import SearchOptions
+from .parallel import run_parts
 from .state import FIT_RULE, Scan
 from .software_scan import preferred_software, refine_software, refined
 from .framework_rules import profile_for
@@ -112,33 +113,46 @@ def step_pass(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, gri
     the best of its preferred layouts (roomy, memory_pass; no unchecked term, nothing
     unconventional: search.ties.preferred) to ``out.keep_preferred``. Full recompute is timed
     with the least N layers per chunk that fits, a layout that fits only with activation
-    offload with its least N (``out.solved``, memory_pass)."""
+    offload with its least N (``out.solved``, memory_pass). The sub-grids are dealt over
+    processes where the pass is large (search.parallel); what is kept does not depend on it."""
     profile = profile_for(training, opts.framework)
-    for rows, values in chunks(boxes, CHUNK):
-        index = grid.index_of(rows, values)
-        sub = grid.take(rows, values)
-        c = with_scanned_layers(sub.candidates(), out, index, sub.shape)  # least N (memory_pass)
-        chosen = preferred_software(profile, hw, model, training, c, grid.software) if grid.software else {}
-        # the simulated pipeline schedules are simulated only where the layout fits
-        est = evaluate(model, hw, training, c.replace(**chosen), summary=True,
-                       where=fits[index].reshape(sub.shape))
-        step = est.time["step"]
-        score, wall = objective.layout_scores(model, hw, training, c, step,
-                                              est.throughput["tokens_per_s"], opts, tokens)
-        fit = np.flatnonzero(fits[index])
-        for name, codes in chosen.items():
-            out.software[name].add(index[fit], full(codes.astype(np.int64) + 1, sub.shape).ravel()[fit])
-        score = full(score, sub.shape).ravel()[fit]
-        wall = None if opts.deadline_s is None else full(wall, sub.shape).ravel()[fit]
-        n = refined(opts) if grid.software else opts.keep
-        out.keep(score, index[fit], n, wall)
-        if prefer is not None and out.roomy is not None:
-            ok = out.roomy[index[fit]]
-            if np.any(ok):
-                out.keep_class("roomy", score[ok], index[fit][ok], n)
-                ok &= full(preferred(model, hw, training, c.replace(**chosen), prefer.bands,
-                                     prefer.framework), sub.shape).ravel()[fit]
-                out.keep_class("preferred", score[ok], index[fit][ok], n)
+    parts = list(chunks(boxes, CHUNK))
+    sizes = [len(rows) * int(np.prod([len(v) for v in values])) for rows, values in parts]
+
+    def work(mine: list, into: Scan) -> None:
+        for rows, values in mine:
+            _step_sub_grid(model, hw, training, grid, opts, tokens, fits, into, prefer, profile,
+                           rows, values)
+    run_parts(work, parts, sizes, out)
+
+
+def _step_sub_grid(model, hw, training, grid, opts, tokens, fits, out, prefer, profile, rows,
+                   values) -> None:
+    """step_pass on one sub-grid (rows, knob value indices) into ``out``."""
+    index = grid.index_of(rows, values)
+    sub = grid.take(rows, values)
+    c = with_scanned_layers(sub.candidates(), out, index, sub.shape)  # least N (memory_pass)
+    chosen = preferred_software(profile, hw, model, training, c, grid.software) if grid.software else {}
+    # the simulated pipeline schedules are simulated only where the layout fits
+    est = evaluate(model, hw, training, c.replace(**chosen), summary=True,
+                   where=fits[index].reshape(sub.shape))
+    step = est.time["step"]
+    score, wall = objective.layout_scores(model, hw, training, c, step,
+                                          est.throughput["tokens_per_s"], opts, tokens)
+    fit = np.flatnonzero(fits[index])
+    for name, codes in chosen.items():
+        out.software[name].add(index[fit], full(codes.astype(np.int64) + 1, sub.shape).ravel()[fit])
+    score = full(score, sub.shape).ravel()[fit]
+    wall = None if opts.deadline_s is None else full(wall, sub.shape).ravel()[fit]
+    n = refined(opts) if grid.software else opts.keep
+    out.keep(score, index[fit], n, wall)
+    if prefer is not None and out.roomy is not None:
+        ok = out.roomy[index[fit]]
+        if np.any(ok):
+            out.keep_class("roomy", score[ok], index[fit][ok], n)
+            ok &= full(preferred(model, hw, training, c.replace(**chosen), prefer.bands,
+                                 prefer.framework), sub.shape).ravel()[fit]
+            out.keep_class("preferred", score[ok], index[fit][ok], n)
 
 
 def rules_pass(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, grid: Grid,
@@ -195,35 +209,58 @@ def memory_pass(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, g
     (cost.offload), recorded in ``out.solved`` (with
     ``most_offload``, one that does not fit even so with the most the limits allow: the closest
     miss's probe). With ``roomy`` (bytes), which fitting layouts stay within it
-    (``out.note_roomy``). Returns the boxes of the fitting layouts."""
+    (``out.note_roomy``). Returns the boxes of the fitting layouts. The sub-grids are dealt
+    over processes where the pass is large (search.parallel); what it records does not depend
+    on it."""
     fitting = [np.zeros_like(box) for box in boxes]
-    for rows, values in chunks(boxes, CHUNK):
+    parts = list(chunks(boxes, CHUNK))
+    sizes = [len(rows) * int(np.prod([len(v) for v in values])) for rows, values in parts]
+
+    def work(mine: list, into: Scan) -> list:
+        return [_memory_sub_grid(model, hw, training, grid, usable, state, into, choose_layers,
+                                 choose_offload, most_offload, roomy, rows, values)
+                for rows, values in mine]
+
+    def apply(part: tuple, result: tuple) -> None:  # this process: the state, roomy and boxes
+        rows, values = part
         index = grid.index_of(rows, values)
-        sub = grid.take(rows, values)
-        c = sub.candidates()
-        kinds = rank_kinds(c, model)
-        totals = {k: v["total"] for k, v in memory_by_rank(model, hw, training, c, kinds).items()}
-        plain = full(np.maximum.reduce(list(totals.values())), sub.shape).ravel()
-        total = plain
-        candidates = offload_candidates(c) if choose_offload else False
-        if np.any(candidates) and np.any(state[index] & (plain > usable) & full(candidates, sub.shape).ravel()):
-            total = record_least_offload(model, hw, training, sub, c, totals, usable, index, plain, out,
-                                         most_offload)
-        elif np.any(uses_host_memory(c)):  # pinned: a rule of its own (HOST_RULE)
-            runs = full(offload_runs(model, hw, training, c), sub.shape).ravel()
-            alive = state[index]
-            out.pruned[HOST_RULE] = out.pruned.get(HOST_RULE, 0) + int(np.count_nonzero(alive & ~runs))
-            out.alive_after[HOST_RULE] = out.alive_after.get(HOST_RULE, 0) + int(np.count_nonzero(alive & runs))
-            state[index] = alive & runs
-        fits = out.fit(total, state[index], index, usable)
+        fits, is_roomy = result
         if roomy is not None:
-            out.note_roomy(index, fits & (total <= roomy), grid.size)
-        if choose_layers and np.any(sub.knobs["recompute"] == 2):  # twins judged without offload
-            record_least_layers(model, training, sub, c, totals, usable, index, state[index] & (plain <= usable), out)
+            out.note_roomy(index, is_roomy, grid.size)
         state[index] = fits
-        for box, kept, sel in zip(fitting, boxes_of(fits.reshape(sub.shape)), values):
+        shape = (len(rows), *(len(v) for v in values))
+        for box, kept, sel in zip(fitting, boxes_of(fits.reshape(shape)), values):
             box[np.ix_(rows, sel)] = kept
+    run_parts(work, parts, sizes, out, apply, own_solved=True)
     return fitting
+
+
+def _memory_sub_grid(model, hw, training, grid, usable, state, out, choose_layers, choose_offload,
+                     most_offload, roomy, rows, values) -> tuple:
+    """memory_pass on one sub-grid (rows, knob value indices): counts, closest miss and solved
+    axes into ``out``; returns (which fit, which of them stay within ``roomy`` or None), flat
+    over the sub-grid. ``state`` is read, not written."""
+    index = grid.index_of(rows, values)
+    sub = grid.take(rows, values)
+    c = sub.candidates()
+    kinds = rank_kinds(c, model)
+    totals = {k: v["total"] for k, v in memory_by_rank(model, hw, training, c, kinds).items()}
+    plain = full(np.maximum.reduce(list(totals.values())), sub.shape).ravel()
+    total = plain
+    alive = state[index]
+    candidates = offload_candidates(c) if choose_offload else False
+    if np.any(candidates) and np.any(alive & (plain > usable) & full(candidates, sub.shape).ravel()):
+        total = record_least_offload(model, hw, training, sub, c, totals, usable, index, plain, out,
+                                     most_offload)
+    elif np.any(uses_host_memory(c)):  # pinned: a rule of its own (HOST_RULE)
+        runs = full(offload_runs(model, hw, training, c), sub.shape).ravel()
+        out.pruned[HOST_RULE] = out.pruned.get(HOST_RULE, 0) + int(np.count_nonzero(alive & ~runs))
+        out.alive_after[HOST_RULE] = out.alive_after.get(HOST_RULE, 0) + int(np.count_nonzero(alive & runs))
+        alive = alive & runs
+    fits = out.fit(total, alive, index, usable)
+    if choose_layers and np.any(sub.knobs["recompute"] == 2):  # twins judged without offload
+        record_least_layers(model, training, sub, c, totals, usable, index, alive & (plain <= usable), out)
+    return fits, None if roomy is None else fits & (total <= roomy)
 
 
 def boxes_of(mask: np.ndarray, shape: tuple[int, ...] | None = None) -> Boxes:

@@ -1,0 +1,53 @@
+"""The step pass dealt over processes (planner.search.parallel) keeps what one process keeps."""
+
+import sys
+
+import numpy as np
+import pytest
+
+from planner import catalog
+from planner.errors import UsageError
+from planner.inputs import training_spec
+from planner.search import parallel
+from planner.search.options import SearchOptions
+from planner.search.run import search
+
+
+def test_deal_gives_the_largest_part_to_the_least_loaded_group():
+    # sizes 5, 4, 3, 3, 1 on 2 groups: 5 -> A (5), 4 -> B (4), 3 -> B (7), 3 -> A (8), 1 -> B (8)
+    assert parallel.deal([5, 4, 3, 3, 1], 2) == [[0, 3], [1, 2, 4]]
+    # more groups than parts: the empty ones are dropped
+    assert parallel.deal([2, 1], 4) == [[0], [1]]
+
+
+@pytest.mark.parametrize("text", ["0", "-2", "two", "1.5", ""])
+def test_a_bad_job_count_is_refused(monkeypatch, text):
+    monkeypatch.setenv("PLAN3D_JOBS", text)
+    with pytest.raises(UsageError, match="PLAN3D_JOBS"):
+        parallel.jobs()
+
+
+def _ranked(monkeypatch, jobs: int, name: str, gpus: int):
+    monkeypatch.setenv("PLAN3D_JOBS", str(jobs))
+    monkeypatch.setattr(parallel, "MIN_PARALLEL", 0)   # split even a small pass
+    merged = []
+    merge = parallel._merge
+    monkeypatch.setattr(parallel, "_merge", lambda out, part: merged.append(1) or merge(out, part))
+    m = catalog.resolve_model(name)
+    hw = catalog.resolve_hardware("dgx-h100")
+    result = search(m, hw, training_spec(m, {}), gpus, SearchOptions(keep=8))
+    c = result.ranked.candidates
+    return ([c.layout(i).short() for i in range(len(c))], result.ranked.time["step"].tolist(),
+            dict(result.pruned), len(merged))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the step pass forks on Linux only")
+@pytest.mark.parametrize("name,gpus", [("llama3-8b", 64), ("qwen3-30b-a3b", 32)])
+def test_three_processes_keep_what_one_keeps(monkeypatch, name, gpus):
+    # dense and MoE (software axes chosen per layout): the same layouts in the same order, the
+    # same step times and the same counts per rule
+    one = _ranked(monkeypatch, 1, name, gpus)
+    three = _ranked(monkeypatch, 3, name, gpus)
+    assert one[0] == three[0] and np.array_equal(one[1], three[1]) and one[2] == three[2]
+    assert len(one[0]) >= 8
+    assert one[3] == 0 and three[3] == 4   # two forked workers merged by the memory and step passes
