@@ -61,12 +61,17 @@ def _unravel(index: np.ndarray, sizes: tuple) -> tuple:
 
 
 def _allowed(profile, hw: HardwareProfile, model: ModelSpec, training: TrainingSpec, wide,
-             shape: tuple) -> np.ndarray:
+             shape: tuple, axes: int | None = None) -> np.ndarray:
     """Where the software rules (search.software_rules) allow each combination: bool array of
-    ``shape`` (candidates' shape + the axes' sizes)."""
+    ``shape`` (candidates' shape + the axes' sizes); with ``axes`` (how many trailing axes are
+    the software's), of the rules' own shape on the candidates' axes (length one where no rule
+    depends on one) and the software axes' sizes."""
     ok = np.ones((), dtype=bool)
     for mask in software_masks(profile, model, training, wide, hw).values():
         ok = ok & mask  # each mask at its own fields' broadcast shape: no stacked copy
+    if axes is not None:
+        ok = np.reshape(ok, (1,) * (len(shape) - np.ndim(ok)) + np.shape(ok))
+        shape = ok.shape[:len(shape) - axes] + shape[len(shape) - axes:]
     return np.broadcast_to(ok, shape)
 
 
@@ -77,10 +82,24 @@ def preferred_software(profile, hw: HardwareProfile, model: ModelSpec, training:
     which every framework runs, where none other is allowed)."""
     order = {n: software[n][::-1] for n in PREFERENCE if n in software}
     wide, base, sizes = _widened(c, order)
-    ok = _allowed(profile, hw, model, training, wide, base + sizes).reshape(base + (-1,))
+    ok = _allowed(profile, hw, model, training, wide, base + sizes, len(sizes))
+    ok = ok.reshape(ok.shape[:len(base)] + (-1,))   # a copy on the rules' own shape only
     first = np.where(ok.any(axis=-1), np.argmax(ok, axis=-1), ok.shape[-1] - 1)
     picks = _unravel(first, sizes)
-    return {name: values[picks[j]] for j, (name, values) in enumerate(order.items())}
+    return {name: _narrowest(values[picks[j]]) for j, (name, values) in enumerate(order.items())}
+
+
+def _narrowest(codes: np.ndarray) -> np.ndarray:
+    """``codes`` with every axis along which they do not change cut to length one: the same
+    values once broadcast, and the cost model computes what depends on them on that smaller
+    shape (DeepSeek-V3's sub-grids: the dispatcher one code, the CUDA-graph scope varying over
+    the split rows, ZeRO stages and recomputation only; its step pass 2x faster). Array."""
+    for axis in range(codes.ndim):
+        if codes.shape[axis] > 1:
+            first = codes[(slice(None),) * axis + (slice(0, 1),)]
+            if np.array_equal(codes, np.broadcast_to(first, codes.shape)):
+                codes = first
+    return codes
 
 
 def software_step(model: ModelSpec, hw: HardwareProfile, training: TrainingSpec, profile, c,
