@@ -18,6 +18,7 @@ from ..layout.degrees import cached_per_candidates
 from .schedule_sim import closed_peak_chunks, microbatch_group, peak_chunks  # noqa: F401
 
 
+@cached_per_candidates(0)
 def microbatch_groups(c, m) -> np.ndarray:
     """microbatch_group per interleaved candidate (pp where pp divides m, where m < pp, which the
     interleaving rule refuses, and where vpp = 1, which has no groups), computed once per
@@ -36,6 +37,7 @@ def microbatch_groups(c, m) -> np.ndarray:
     return group
 
 
+@cached_per_candidates(0)
 def _forwards_held(c, m, rank) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(n, interleaved, G): forward chunks rank ``rank`` holds at its activation peak and the
     micro-batch group. 1F1B: min(pp - r, m) micro-batches; interleaved: min(2*(pp-r-1) +
