@@ -51,3 +51,17 @@ def test_three_processes_keep_what_one_keeps(monkeypatch, name, gpus):
     assert one[0] == three[0] and np.array_equal(one[1], three[1]) and one[2] == three[2]
     assert len(one[0]) >= 8
     assert one[3] == 0 and three[3] == 4   # two forked workers merged by the memory and step passes
+
+
+def test_a_workers_sparse_record_reads_as_the_grid_array_does():
+    # GridLayers keeps one value per layout; a worker keeps the pairs it adds. Indices 7 and 2
+    # get 3 and 5, zeros are not recorded, index 7 is written again with 4 (the last wins).
+    from planner.search.state import GridLayers
+    dense, sparse = GridLayers(10, np.uint8), parallel.SparseLayers()
+    for index, layers in ((np.array([7, 2, 9]), np.array([3, 5, 0])), (np.array([7]), np.array([4]))):
+        dense.add(index, layers)
+        sparse.add(index, layers)
+    ask = np.array([0, 2, 7, 9, 2])
+    assert sparse.find(ask).tolist() == dense.find(ask).tolist() == [0, 5, 4, 0, 5]
+    at, values = sparse.pairs()
+    assert at.tolist() == [2, 7] and values.tolist() == [5, 4]

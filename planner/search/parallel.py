@@ -1,16 +1,18 @@
-"""The step pass's sub-grids over worker processes (planner.search.scan.step_pass).
+"""The memory and step passes' sub-grids over worker processes (planner.search.scan).
 
-The step pass times every fitting layout, sub-grid by sub-grid, and each sub-grid adds only its
-best layouts to the scan's pools (search.state.Scan.keep): the pools' union, ranked by score
-then grid index (search.run._best), does not depend on which process timed which sub-grid nor
-in what order. So the sub-grids are dealt to ``jobs()`` processes, largest first to the least
-loaded; the workers are forked (Linux: they inherit the grid and the memory pass's results
-without a copy) and send back their pools, their deadline counts, their fastest layout and the
-software chosen for the layouts they kept. The parent times one share itself.
+A pass works sub-grid by sub-grid: the memory pass records which layouts fit, the counts per
+rule, the closest miss and the least recompute or offload layers; the step pass adds each
+sub-grid's best layouts to the scan's pools (search.state.Scan.keep), whose union, ranked by
+score then grid index (search.run._best), does not depend on which process timed which
+sub-grid nor in what order. So the sub-grids are dealt to ``jobs()`` processes, largest first to
+the least loaded; the workers are forked (Linux: they inherit the grid and the earlier passes'
+results without a copy) and send back what they recorded, merged here (_merge) in a fixed
+order; the parent works one share itself.
 
 Processes: ``PLAN3D_JOBS`` (a positive integer; 1 = none forked) if set, else the CPUs this
-process may run on; only on Linux (fork), and only for a pass of at least MIN_PARALLEL layouts
-(below it a fork costs more than it saves).
+process may run on, at most DEFAULT_MAX_JOBS; only on Linux (fork), and only for a pass of at
+least MIN_PARALLEL layouts (below it a fork costs more than it saves). A worker records its
+solved and software axes as the pairs it adds (SparseLayers), not an array over the grid.
 """
 
 from __future__ import annotations
@@ -24,26 +26,66 @@ from typing import Callable
 import numpy as np
 
 from ..errors import UsageError
-from .state import GridLayers, Scan
+from .state import Scan
 
 # Layouts a step pass must hold before it is split over processes: a forked worker costs
 # ~20-40 ms to start and to send back; a sub-grid of the step pass is timed at ~1 us a layout
 MIN_PARALLEL = 200_000
 
+# Processes by default at most: a large search has some 20-70 sub-grids in a pass
+DEFAULT_MAX_JOBS = 8
+
 _JOB: tuple | None = None  # (work, groups, out): what a forked worker inherits
 
 
 def jobs() -> int:
-    """Processes the step pass may use: ``PLAN3D_JOBS`` if set (UsageError unless a positive
-    integer), else the CPUs this process may run on; 1 where fork is not the platform's way."""
+    """Processes the passes may use: ``PLAN3D_JOBS`` if set (UsageError unless a positive
+    integer), else the CPUs this process may run on, at most DEFAULT_MAX_JOBS; 1 where fork is
+    not the platform's way."""
     text = os.environ.get("PLAN3D_JOBS")
     if text is not None:
         if not text.strip().isdigit() or int(text) < 1:
             raise UsageError(f"PLAN3D_JOBS={text!r}: give a positive whole number of processes")
         wanted = int(text)
     else:
-        wanted = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        wanted = min(cpus, DEFAULT_MAX_JOBS)
     return wanted if sys.platform.startswith("linux") else 1
+
+
+class SparseLayers:
+    """A worker's record of a solved or software axis (search.state.GridLayers' add and find),
+    kept as the (index, value) pairs it adds rather than one value per layout of the grid: a
+    worker records only its share."""
+
+    def __init__(self):
+        self.index: list[np.ndarray] = []
+        self.value: list[np.ndarray] = []
+
+    def add(self, index: np.ndarray, layers: np.ndarray) -> None:
+        """Record ``layers`` (> 0) of the layouts at flat ``index``."""
+        keep = np.asarray(layers) > 0
+        if np.any(keep):
+            self.index.append(np.asarray(index)[keep])
+            self.value.append(np.asarray(layers)[keep])
+
+    def pairs(self) -> tuple[np.ndarray, np.ndarray]:
+        """(flat indices ascending, their values), the last recorded value of an index."""
+        if not self.index:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        index, value = np.concatenate(self.index), np.concatenate(self.value)
+        last = len(index) - 1 - np.unique(index[::-1], return_index=True)[1]
+        return index[last], value[last].astype(np.int64)
+
+    def find(self, index: np.ndarray) -> np.ndarray:
+        """The recorded values at flat ``index`` (0 where none). Int64."""
+        at, value = self.pairs()
+        out = np.zeros(np.shape(index), dtype=np.int64)
+        if at.size:
+            pos = np.clip(np.searchsorted(at, index), 0, at.size - 1)
+            hit = at[pos] == index
+            out[hit] = value[pos[hit]]
+        return out
 
 
 def deal(sizes: list[int], n: int) -> list[list[int]]:
@@ -98,20 +140,14 @@ def _worker(group: int) -> dict:
     parent's solved axes and roomy layouts (or records its own solved axes); what the parent
     merges (_merge)."""
     work, groups, parent, own_solved = _JOB
-    size = next(iter(parent.software.values())).size if parent.software else 0
-    solved = {name: GridLayers(g.size, g.dtype) for name, g in parent.solved.items()} \
-        if own_solved else parent.solved
+    solved = {name: SparseLayers() for name in parent.solved} if own_solved else parent.solved
     mine = Scan(solved=solved, roomy=None if own_solved else parent.roomy,
-                software={name: GridLayers(size, np.uint8) for name in parent.software})
+                software={name: SparseLayers() for name in parent.software})
     results = work(groups[group], mine)
     fastest = [np.array([mine.fastest_index])] if mine.fastest_index >= 0 else []
     kept = np.unique(np.concatenate([np.zeros(0, dtype=np.int64), *mine.pool_index, *fastest,
                                      *(i for _, pi in mine.pools.values() for i in pi)]))
-    found = {}
-    if own_solved:
-        for name, g in mine.solved.items():
-            at = np.zeros(0, dtype=np.int64) if g.values is None else np.flatnonzero(g.values)
-            found[name] = (at, g.find(at))
+    found = {name: g.pairs() for name, g in mine.solved.items()} if own_solved else {}
     return {"pool_score": mine.pool_score, "pool_index": mine.pool_index, "pools": mine.pools,
             "pruned": mine.pruned, "alive_after": mine.alive_after, "fitting": mine.fitting,
             "miss": (mine.miss_over, mine.miss_index), "solved": found,
