@@ -20,7 +20,7 @@ def test_deal_gives_the_largest_part_to_the_least_loaded_group():
     assert parallel.deal([2, 1], 4) == [[0], [1]]
 
 
-@pytest.mark.parametrize("text", ["0", "-2", "two", "1.5", ""])
+@pytest.mark.parametrize("text", ["0", "-2", "two", "1.5", "", "\u00b2"])
 def test_a_bad_job_count_is_refused(monkeypatch, text):
     monkeypatch.setenv("PLAN3D_JOBS", text)
     with pytest.raises(UsageError, match="PLAN3D_JOBS"):
@@ -65,3 +65,33 @@ def test_a_workers_sparse_record_reads_as_the_grid_array_does():
     assert sparse.find(ask).tolist() == dense.find(ask).tolist() == [0, 5, 4, 0, 5]
     at, values = sparse.pairs()
     assert at.tolist() == [2, 7] and values.tolist() == [5, 4]
+
+
+def test_where_no_worker_can_be_forked_one_process_does_it_all(monkeypatch):
+    # a fork refused at the first submit (OSError), and a daemonic process (which may not have
+    # children): both run every sub-grid here, keeping what one process keeps
+    one = _ranked(monkeypatch, 1, "llama3-8b", 64)
+
+    class Refused:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def submit(self, *args):
+            raise OSError("fork refused")
+
+    monkeypatch.setattr(parallel, "ProcessPoolExecutor", Refused)
+    assert _ranked(monkeypatch, 3, "llama3-8b", 64)[:3] == one[:3]
+    monkeypatch.undo()
+
+    class Daemon:
+        daemon = True
+
+    monkeypatch.setattr(parallel.multiprocessing, "current_process", lambda: Daemon())
+    daemon = _ranked(monkeypatch, 3, "llama3-8b", 64)
+    assert daemon[:3] == one[:3] and daemon[3] == 0

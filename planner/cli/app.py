@@ -172,8 +172,12 @@ def _keep_freed_memory() -> None:
         mallopt = ctypes.CDLL("libc.so.6").mallopt
     except (OSError, AttributeError):
         return
-    for option, value in ((-3, 256 << 20), (-1, 1 << 30), (-2, 64 << 20)):  # M_MMAP/TRIM/TOP_PAD
-        mallopt(option, value)
+    # M_MMAP_THRESHOLD first: glibc before 2.26 or so refuses one above 32 MB (HEAP_MAX_SIZE / 2),
+    # and the trim and top-pad settings alone would pin its threshold at 128 KB, the opposite
+    if mallopt(-3, 256 << 20) != 1 and mallopt(-3, 32 << 20) != 1:
+        return
+    mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD
+    mallopt(-2, 64 << 20)  # M_TOP_PAD
 
 
 def main() -> None:

@@ -21,6 +21,7 @@ import multiprocessing
 import os
 import sys
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import Callable
 
 import numpy as np
@@ -44,9 +45,10 @@ def jobs() -> int:
     not the platform's way."""
     text = os.environ.get("PLAN3D_JOBS")
     if text is not None:
-        if not text.strip().isdigit() or int(text) < 1:
+        word = text.strip()
+        if not (word.isascii() and word.isdigit()) or int(word) < 1:
             raise UsageError(f"PLAN3D_JOBS={text!r}: give a positive whole number of processes")
-        wanted = int(text)
+        wanted = int(word)
     else:
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         wanted = min(cpus, DEFAULT_MAX_JOBS)
@@ -63,11 +65,12 @@ class SparseLayers:
         self.value: list[np.ndarray] = []
 
     def add(self, index: np.ndarray, layers: np.ndarray) -> None:
-        """Record ``layers`` (> 0) of the layouts at flat ``index``."""
+        """Record ``layers`` (> 0, below 65,536: a layer count or a code) of the layouts at flat
+        ``index``."""
         keep = np.asarray(layers) > 0
         if np.any(keep):
             self.index.append(np.asarray(index)[keep])
-            self.value.append(np.asarray(layers)[keep])
+            self.value.append(np.asarray(layers)[keep].astype(np.uint16))
 
     def pairs(self) -> tuple[np.ndarray, np.ndarray]:
         """(flat indices ascending, their values), the last recorded value of an index."""
@@ -107,21 +110,26 @@ def run_parts(work: Callable, parts: list, sizes: list[int], out: Scan,
     in part order. ``own_solved``: the workers record solved axes (the memory pass) into Scans of
     their own, merged here; else they read ``out``'s (the step pass)."""
     n = min(jobs(), len(parts))
-    if n <= 1 or sum(sizes) < MIN_PARALLEL:
+    if n <= 1 or sum(sizes) < MIN_PARALLEL or multiprocessing.current_process().daemon:
         _apply(apply, parts, range(len(parts)), work(parts, out))
         return
     global _JOB
     groups = deal(sizes, n)
     _JOB = (work, [[parts[i] for i in g] for g in groups], out, own_solved)
+    results: dict = {}
     try:
         context = multiprocessing.get_context("fork")
         with ProcessPoolExecutor(len(groups) - 1, mp_context=context) as pool:
             futures = [pool.submit(_worker, g) for g in range(1, len(groups))]
-            results = {0: work(_JOB[1][0], out)}
+            results[0] = work(_JOB[1][0], out)
             for g, future in enumerate(futures, start=1):
                 part = future.result()
                 _merge(out, part)
                 results[g] = part["results"]
+    except (OSError, BrokenProcessPool):  # no fork here, or a worker lost: the rest in this one
+        for g in range(len(groups)):
+            if g not in results:
+                results[g] = work(_JOB[1][g], out)
     finally:
         _JOB = None
     for g, members in enumerate(groups):
