@@ -21,6 +21,7 @@ YAML and is read back with ``yaml.safe_load``.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -84,7 +85,6 @@ def canonical(value: object) -> Scalar:
 
 def format_value(value: Scalar) -> str:
     """One scalar as baseline text: true/false, an int, a float (format_float), a JSON string."""
-    import json
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int):
@@ -96,7 +96,6 @@ def format_value(value: Scalar) -> str:
 
 def _key(key: str) -> str:
     """A mapping key: plain when YAML reads it back as the same string, else JSON-quoted."""
-    import json
     if _PLAIN_KEY.fullmatch(key) and yaml.safe_load(key) == key:
         return key
     return json.dumps(key, ensure_ascii=True)

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+import numpy as np
+
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from .errors import UsageError
@@ -345,7 +347,6 @@ class HardwareProfile(_Strict):
         the NIC traffic is taken to run at the NIC's rate while the copies run, the
         conservative case). 0 where nothing is left.
         Float array of ``multi_node``'s shape. UsageError without a host_link block."""
-        import numpy as np
         link = self._need("host_link", "device<->host transfers")
         shared = link.carries_nic_traffic is not False
         nic = self.network_bandwidth_per_gpu if shared else 0.0

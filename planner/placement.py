@@ -40,7 +40,7 @@ import numpy as np
 from .cost.collectives import group_span, nvlink_domain, p2p_crosses
 from .cost.moe import ep_group
 from .errors import UsageError
-from .frameworks.torchtitan import expert_parallel
+from .frameworks.torchtitan_parallelism import expert_parallel
 from .layout.groups import ORDERS, all_groups, size_stride
 from .plan import Plan
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from planner.catalog import models
-from planner.cost import blocks, memory
+from planner.cost import block_activations, blocks, memory
 from planner.layout import Candidates
 from planner.layout import Layout
 from planner.specs import TrainingSpec
@@ -37,9 +37,9 @@ def test_activation_offload_drops_the_experts_fc1_and_activation_inputs():
     m = models()["qwen3-30b-a3b"]  # h 2048, moe F 768, top-8, SwiGLU
     c = _cands(ep=8)
     t = TrainingSpec(seq_length=4096, global_batch_size=64)
-    kept = blocks.activation_bytes_per_token(m, t, c, np.array([3]))["moe"]
+    kept = block_activations.activation_bytes_per_token(m, t, c, np.array([3]))["moe"]
     off = t.model_copy(update={"moe_activation_offload": True})
-    dropped = blocks.activation_bytes_per_token(m, off, c, np.array([3]))["moe"]
+    dropped = block_activations.activation_bytes_per_token(m, off, c, np.array([3]))["moe"]
     # per routed row (etp 1, bf16): dispatched tokens 2 x 2048 = 4096 B and fc1 output
     # 2 x 2 x 768 = 3072 B leave the GPU; 8 rows per token: 8 x 7168 = 57,344 B
     assert float(kept[0] - dropped[0]) == pytest.approx(8 * (2 * 2048 + 2 * 2 * 768))
@@ -71,8 +71,8 @@ def test_qk_norm_inputs_are_saved_for_the_backward(tp, recompute):
     c = _cands(tp=tp, dp=8, sequence_parallel=tp > 1)
     t = TrainingSpec(seq_length=4096, global_batch_size=64)
     rc = np.array([recompute])
-    with_norm = blocks.activation_bytes_per_token(m, t, c, rc)["attention"]
-    without = blocks.activation_bytes_per_token(plain, t, c, rc)["attention"]
+    with_norm = block_activations.activation_bytes_per_token(m, t, c, rc)["attention"]
+    without = block_activations.activation_bytes_per_token(plain, t, c, rc)["attention"]
     expected = {1: 9216.0, 2: 4608.0, 8: 1280.0}[tp]
     assert float(with_norm[0] - without[0]) == pytest.approx(expected)
     # and the norms' memory-bound traffic, read 2 + write 2 per element: twice the saved bytes

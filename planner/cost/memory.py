@@ -16,6 +16,7 @@ from . import model_counts as mc
 from . import pipeline, precision
 from .model_flops import vocab_per_rank
 from . import blocks
+from .block_activations import activation_bytes_per_token
 from .blocks import block_kinds
 
 OPTIMIZER_BYTES_PER_PARAM = 12.0  # fp32 master weights + Adam m + v (ZeRO paper K = 12)
@@ -156,7 +157,7 @@ def activation_per_layer(model: ModelSpec, training: TrainingSpec, c,
     selective, 2 full, 3 selective with layernorm/moe_act/mla_up_proj). Broadcast array.
 
     tokens = s*b/cp (LayoutDegrees.tokens_per_microbatch) x the bytes per token of an attention
-    block and an MLP block (blocks.activation_bytes_per_token; for a dense MHA/GQA layer this is
+    block and an MLP block (block_activations.activation_bytes_per_token; for a dense MHA/GQA layer this is
     tokens*(R/sp + (S + scores)/t), Korthikanti's s*b*h*(34 + 5*a*s/h) for MHA + GeLU + dropout,
     formulas.md 3.2); a model of mixed layers (MoE, windows, MTP) takes the mean layer of
     pipeline rank ``rank`` (blocks.rank_blocks; default: of the whole model's layers).
@@ -169,7 +170,7 @@ def _activation_per_layer(model: ModelSpec, training: TrainingSpec, c, recompute
     """activation_per_layer, cached on the candidates (the search's memory pass and its least
     full-recompute solver ask for the same terms)."""
     rc = c.recompute if recompute_mode is None else recompute_mode
-    per_token = blocks.activation_bytes_per_token(model, training, c, rc)
+    per_token = activation_bytes_per_token(model, training, c, rc)
     tokens = c.tokens_per_microbatch(training.seq_length)
     if rank is None and set(per_token) == {blocks.ATTENTION, blocks.MLP}:
         return tokens * (per_token[blocks.ATTENTION] + per_token[blocks.MLP])
@@ -189,11 +190,11 @@ def deferred_w_fraction(model: ModelSpec, training: TrainingSpec, c) -> np.ndarr
     W (reference/pipeline_schedules.md §0.4): the bytes the weight-gradient GEMMs need, each
     linear layer's input X and output gradient G at 2 B (blocks.linear_io_per_token; the ZB
     authors' 32h of a GPT layer's 34h + 5as), over the bytes the layer saves for the backward
-    (blocks.activation_bytes_per_token at the layout's recompute mode), on the model's mean
+    (block_activations.activation_bytes_per_token at the layout's recompute mode), on the model's mean
     layer; at most 1 (where recomputation saves less than W needs, W holds what the recompute
     rebuilt). Broadcast array in [0, 1]."""
     io = blocks.linear_io_per_token(model, c, training)
-    saved = blocks.activation_bytes_per_token(model, training, c, c.recompute)
+    saved = activation_bytes_per_token(model, training, c, c.recompute)
     mix = dict(zip((blocks.ATTENTION, blocks.WINDOW, blocks.MLP, blocks.MOE), _model_mix(model)))
     need = sum(float(mix[k]) * 2.0 * io[k] for k in io)
     held = sum(float(mix[k]) * saved[k] for k in saved)

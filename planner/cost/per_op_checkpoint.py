@@ -1,6 +1,6 @@
 """torchtitan's per-op selective activation checkpointing (SAC): what one block keeps for the
 backward and which of its GEMMs it runs again (recompute code 1 with
-``TrainingSpec.selective_recompute = "per_op"``; cost.blocks.activation_bytes_per_token and
+``TrainingSpec.selective_recompute = "per_op"``; cost.block_activations.activation_bytes_per_token and
 cost.compute read it), for dense, MoE, GQA/MHA and MLA blocks alike.
 
 The policy as pytorch/torchtitan @b5bcd76c66d0 writes it (torchtitan/distributed/

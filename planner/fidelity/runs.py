@@ -27,6 +27,7 @@ in the run's ``assumptions`` (``plan3d accuracy`` prints them).
 from __future__ import annotations
 
 import re
+from fnmatch import fnmatch
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -144,7 +145,6 @@ RUN_ID = re.compile(NAME_PATTERN)  # ModelSpec.name's pattern: the id names the 
 def select_runs(cases: list[RunCase], exclude: list[str] | None = None,
                 min_trust: str | None = None) -> list[RunCase]:
     """Cases whose id matches none of the ``exclude`` globs and whose trust tag is >= ``min_trust``."""
-    from fnmatch import fnmatch
     if min_trust is not None and min_trust not in TRUST_LEVELS:
         raise UsageError(f"--min-trust must be one of {', '.join(TRUST_LEVELS)}, got {min_trust!r}")
     floor = TRUST_LEVELS.index(min_trust) if min_trust else -1

@@ -8,6 +8,8 @@ efficiency measures.
 
 from __future__ import annotations
 
+import io
+
 from ..errors import PLOT_EXTRA, UsageError
 from ..outputs import is_stdout, write
 
@@ -86,7 +88,6 @@ def save_scaling_plot(rows: list[dict], path, title: str) -> None:
     fig = scaling_figure(rows, title)
     try:
         if is_stdout(path):  # --plot -: the PNG's bytes on stdout
-            import io
             buffer = io.BytesIO()
             fig.savefig(buffer, dpi=120, format="png")
             write(path, buffer.getvalue(), force=True)
