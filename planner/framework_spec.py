@@ -42,6 +42,9 @@ RECOMPUTE_MODES = ("none", "selective", "full", "selective+")
 # layout.axes, in this order: the first two are the ones vpp implies)
 PIPELINE_SCHEDULES = ("1f1b", "interleaved-1f1b", "gpipe", "looped-bfs", "interleaved-zero-bubble",
                       "zbv", "dualpipev", "dualpipe")
+# The schedules that place a rank's two stages in a V: rank r holds stages r and 2p-1-r
+# (reference/pipeline_schedules.md §8, §11; torchtitan pipeline_parallel.py L558-567)
+V_SHAPED_SCHEDULES = ("zbv", "dualpipev")
 Recompute = Literal[RECOMPUTE_MODES]
 SELECTIVE_PLUS_MODULES = ("layernorm", "moe_act", "mla_up_proj")
 GradDtype = Literal["fp32", "bf16", "fp16"]

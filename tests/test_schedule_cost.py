@@ -19,7 +19,7 @@ from planner.cost.estimate import TIME_TERMS
 from planner.cost.memory import deferred_w_fraction, rank_params
 from planner.cost.schedule_sim import (closed_peak_chunks, combined_1f1b_makespan,
                                        simulated_steps)
-from planner.cost.schedules import stage_times, zero_bubble_ratio
+from planner.cost.schedules import _chain, _stage_layers, stage_times, zero_bubble_ratio
 from planner.cost.step import evaluate
 from planner.framework_spec import PIPELINE_SCHEDULES
 from planner.layout import Candidates, Layout
@@ -248,3 +248,41 @@ def test_megatron_and_deepspeed_searches_keep_their_schedules(framework, allowed
     res = _search(framework)
     kept = {res.ranked.candidates.layout(i).pipeline_schedule for i in range(len(res.ranked))}
     assert kept <= allowed
+
+
+def test_stage_times_of_a_v_shape_follow_its_chain():
+    # ZB-V, p = 2, v = 2, 8 layers: the chain's stages 0, 1, 2, 3 sit on ranks 0, 1, 1, 0
+    # (rank r holds stages r and 2p-1-r). Rank 0 holds the loss (its edge 1.0) on stage 3, not
+    # stage 0. Stage 0: total = 4/2 + 0.1 = 2.1, other = 0.5 + 0.1 = 0.6, F = 0.5 + 0.3 = 0.8,
+    # W = 0.5, I = 0.8; stage 3: total = 2 + 0.1 + 1 = 3.1, F = 0.5 + (0.5 + 0.1 + 1)/2 = 1.3,
+    # I = 1.3; rank 1's stages 1, 2 as stage 0.
+    terms = _terms(first=(4, 1, 2, 1, 0, 1.0, 0.2), middle=(4, 1, 2, 1, 0, 0, 0.2),
+                   last=(4, 1, 2, 1, 0, 0, 0.2))
+    cg = Candidates(tp=np.array([1]), pp=np.array([2]), dp=np.array([1]), zero_stage=np.array([1]),
+                    micro_batch_size=np.array([1]), vpp=np.array([2]),
+                    pipeline_schedule=np.array([PIPELINE_SCHEDULES.index("zbv")]))
+    F, I, W = stage_times(terms, cg, 8, 2, 2)
+    np.testing.assert_allclose(F[0], [0.8, 0.8, 0.8, 1.3])
+    np.testing.assert_allclose(I[0], [0.8, 0.8, 0.8, 1.3])
+    sched = build_schedule("zbv", 2, 4, 2)
+    assert [sched.rank_of(s) for s in range(4)] == [0, 1, 1, 0]
+    np.testing.assert_allclose((F + I + W)[0, [0, 3]].sum(), 4 + 0.2 + 1.0)  # rank 0
+    np.testing.assert_allclose((F + I + W)[0, [1, 2]].sum(), 4 + 0.2)        # rank 1
+
+
+def test_embedding_and_loss_split_under_a_v_shape():
+    # Llama 3 405B, 126 layers + embedding + loss = 128 layers' worth on pp 8, vpp 2: chunks of
+    # 8, first = last = 15. Looped (interleaved 1F1B): rank 0 holds chunks [7, 8] = 15, rank 7
+    # [8, 7] = 15. ZB-V / DualPipeV (stages r and 15-r on rank r): the embedding's stage 0 and
+    # the loss's stage 15 are rank 0's, [7, 7] = 14; rank 7 holds stages 7 and 8, [8, 8] = 16.
+    for name, ranks, chain in (("interleaved-1f1b", (15, 16, 15), None),
+                               ("zbv", (14, 16, 16), [7] + [8] * 14 + [7]),
+                               ("dualpipev", (14, 16, 16), [7] + [8] * 14 + [7])):
+        lay = Layout(tp=8, pp=8, dp=4, zero_stage=1, micro_batch_size=1, vpp=2,
+                     first_stage_layers=15, last_stage_layers=15, pipeline_schedule=name)
+        c = Candidates.from_layouts([lay])
+        assert tuple(float(c.rank_layers(126, r)[0]) for r in (0, 1, 7)) == ranks, name
+        assert lay.rank_layers(126, 0) == ranks[0]  # one Layout names its schedule
+        assert sum(float(c.rank_layers(126, r)[0]) for r in range(8)) == 126
+        if chain is not None:
+            assert _stage_layers(c, 126, _chain(8, 2, True))[0].tolist() == chain

@@ -51,7 +51,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..specs import HardwareProfile, ModelSpec, TrainingSpec
-from . import failures, memory
+from . import failures, memory, pipeline
 from . import model_counts as mc
 from .memory import RANK_KINDS, rank_index
 from . import blocks
@@ -129,7 +129,9 @@ def param_groups(model: ModelSpec, c, rank) -> list[ParamGroup]:
     of the first rank's embedding."""
     rank = np.asarray(rank)
     p = memory.rank_params(model, c, rank)
-    is_first, is_last = rank == 0, rank == np.asarray(c.pp) - 1
+    # the schedule places the embedding and the head (pipeline.holds_embedding, holds_head: the
+    # V shapes put the head on rank 0)
+    is_first, is_last = pipeline.holds_embedding(c, rank), pipeline.holds_head(c, rank)
     counts, per_block = blocks.rank_blocks(model, c, rank), blocks.block_params(model, c)
     norm = float(mc.norm_params(model))
     # the final norm and each MTP module's three norms are TP-replicated on the last rank

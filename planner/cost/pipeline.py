@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..framework_spec import PIPELINE_SCHEDULES
-from ..layout.degrees import cached_per_candidates
+from ..framework_spec import PIPELINE_SCHEDULES, V_SHAPED_SCHEDULES
+from ..layout.degrees import EVERY_CHUNK, cached_per_candidates
 from .schedule_sim import closed_peak_chunks, microbatch_group, peak_chunks  # noqa: F401
 
 
@@ -55,10 +55,11 @@ def _forwards_held(c, m, rank) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def chunk_forwards(n, chunk, group, vpp) -> np.ndarray:
-    """How many of a rank's first ``n`` forward passes run model chunk ``chunk`` (-1: none) under
-    Megatron-Core's interleaved order, where forward k runs chunk (k // G) % vpp (micro-batch
-    groups of G, ``get_model_chunk_id``): G per whole block of G forwards on that chunk, plus
-    the rest of an unfinished block. Float array."""
+    """How many of a rank's first ``n`` forward passes run model chunk ``chunk`` (-1: none;
+    layout.degrees.EVERY_CHUNK: any, so all n) under Megatron-Core's interleaved order, where
+    forward k runs chunk (k // G) % vpp (micro-batch groups of G, ``get_model_chunk_id``): G per
+    whole block of G forwards on that chunk, plus the rest of an unfinished block. Float
+    array."""
     n = np.asarray(n, dtype=np.float64)
     group = np.asarray(group, dtype=np.float64)
     vpp = np.asarray(vpp, dtype=np.float64)
@@ -66,7 +67,7 @@ def chunk_forwards(n, chunk, group, vpp) -> np.ndarray:
     blocks, rest = np.floor(n / group), np.mod(n, group)
     whole = np.maximum(0.0, np.ceil((blocks - chunk) / vpp))
     partial = np.where(np.mod(blocks, vpp) == chunk, rest, 0.0)
-    return np.where(chunk < 0, 0.0, group * whole + partial)
+    return np.where(chunk == EVERY_CHUNK, n, np.where(chunk < 0, 0.0, group * whole + partial))
 
 
 @cached_per_candidates(0)
@@ -143,7 +144,7 @@ def bubble_fraction(pp: np.ndarray, vpp: np.ndarray, m: np.ndarray) -> np.ndarra
 # step (cost.schedules) and the activation peaks (scheduled_inflight).
 SIMULATED = 2
 _NAMES = PIPELINE_SCHEDULES
-_V_SHAPE = (_NAMES.index("zbv"), _NAMES.index("dualpipev"))
+_V_SHAPE = tuple(_NAMES.index(name) for name in V_SHAPED_SCHEDULES)
 _DUALPIPE = _NAMES.index("dualpipe")
 
 
@@ -289,4 +290,7 @@ def scheduled_inflight(c, num_layers: int, m, rank, gamma, held) -> np.ndarray:
     if not np.any(sim):
         return held
     chunks = scheduled_peak_chunks(c, m, rank, gamma)
-    return np.where(sim, chunks * c.rank_layers(num_layers, rank) / np.asarray(c.vpp), held)
+    per_chunk = c.rank_layers(num_layers, rank) / np.asarray(c.vpp)
+    with np.errstate(invalid="ignore"):  # inf x 0: a refused layout on a rank with no layer
+        peak = np.where(np.isinf(chunks), np.inf, chunks * per_chunk)
+    return np.where(sim, peak, held)

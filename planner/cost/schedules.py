@@ -37,6 +37,7 @@ import numpy as np
 from ..framework_spec import PIPELINE_SCHEDULES
 from ..layout import Candidates
 from ..layout.axes import AXES
+from ..layout.degrees import EVERY_CHUNK
 from . import pipeline
 from .schedule_sim import simulated_steps
 
@@ -65,29 +66,46 @@ def kind_terms(times: dict, counts: dict, work: dict, extra: dict) -> dict[str, 
     return out
 
 
-def _stage_layers(cg, num_layers: int, p: int, v: int) -> np.ndarray:
-    """(K, S) layers of each stage s = chunk*p + rank (the looped order of the chain)."""
+def _chain(p: int, v: int, v_shape: bool) -> list[tuple[int, int]]:
+    """(chunk, rank) of each stage s of the chain, in order: looped placement s = chunk*p +
+    rank; V-shaped (ZB-V, DualPipeV, v = 2) stage s < p on rank s, stage s >= p on rank
+    2p-1-s (planner.schedule's placement "v")."""
+    if v_shape:
+        return [(0, s) for s in range(p)] + [(1, p - 1 - j) for j in range(p)]
+    return [(chunk, rank) for chunk in range(v) for rank in range(p)]
+
+
+def _stage_layers(cg, num_layers: int, chain: list[tuple[int, int]]) -> np.ndarray:
+    """(K, S) layers of each stage of ``chain`` (_chain): its rank's full chunk, one less for
+    a short one (LayoutDegrees.rank_chunk_layers)."""
     cols = []
-    for chunk in range(v):
-        for rank in range(p):
-            full, short = cg.rank_chunk_layers(num_layers, rank)
-            cols.append(np.asarray(full, dtype=np.float64) - (np.asarray(short) == chunk))
+    for chunk, rank in chain:
+        full, short = cg.rank_chunk_layers(num_layers, rank)
+        short = np.asarray(short)
+        cols.append(np.asarray(full, dtype=np.float64) - ((short == chunk) | (short == EVERY_CHUNK)))
     return np.stack(np.broadcast_arrays(*cols), axis=1)
 
 
 def stage_times(terms: dict, cg, num_layers: int, p: int, v: int):
     """(F, I, W), each (K, S): per-stage seconds of K candidates ``cg`` (flat Candidates with
-    pp = p, vpp = v) from their kind ``terms`` (kind_terms, taken at the candidates: (K,)
-    arrays); module docstring. S = p*v."""
-    layers = _stage_layers(cg, num_layers, p, v)
-    kind_of = ["first" if r == 0 else "last" if r == p - 1 else "middle" for r in range(p)] * v
-    ranks = [0 if k == "first" else p - 1 if k == "last" else 1 for k in kind_of]
+    pp = p, vpp = v, one schedule) from their kind ``terms`` (kind_terms, taken at the
+    candidates: (K,) arrays), in chain order (_chain); module docstring. S = p*v. A rank's
+    edge work sits on its edge stage: rank 0's on stage 0 and the last rank's on S-1, except
+    in the V shapes, where rank 0 holds both and its edge work (the loss's) sits on S-1."""
+    v_shape = bool(np.all(pipeline.v_shaped(cg))) and v == 2
+    chain = _chain(p, v, v_shape)
+    layers = _stage_layers(cg, num_layers, chain)
+    last = len(chain) - 1
     F, I, W = (np.zeros(layers.shape) for _ in range(3))
-    for s, (kind, rank) in enumerate(zip(kind_of, ranks)):
+    for s, (_, rank) in enumerate(chain):
+        kind = "first" if rank == 0 else "last" if rank == p - 1 else "middle"
         t = terms[kind]
-        share = layers[:, s] / np.maximum(cg.rank_layers(num_layers, rank), 1e-30)
-        edge = terms["first"]["edge"] if s == 0 else \
-            terms["last"]["edge"] if s == layers.shape[1] - 1 else 0.0
+        at = {"first": 0, "middle": 1, "last": p - 1}[kind]  # the kind's rank, as its terms
+        share = layers[:, s] / np.maximum(cg.rank_layers(num_layers, at), 1e-30)
+        if v_shape:
+            edge = terms["first"]["edge"] if s == last else 0.0
+        else:
+            edge = terms["first"]["edge"] if s == 0 else terms["last"]["edge"] if s == last else 0.0
         other = (t["blocks"] - t["fwd"] - t["bwd"] - t["recompute"]) * share + t["overhead"] / v + edge
         total = t["blocks"] * share + t["overhead"] / v + edge
         F[:, s] = t["fwd"] * share + 0.5 * other

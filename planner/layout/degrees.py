@@ -20,6 +20,11 @@ import math
 
 import numpy as np
 
+from ..framework_spec import PIPELINE_SCHEDULES, V_SHAPED_SCHEDULES
+
+# rank_chunk_layers' index of the short chunk where every chunk of the rank is one short
+EVERY_CHUNK = -2
+_V_CODES = tuple(PIPELINE_SCHEDULES.index(name) for name in V_SHAPED_SCHEDULES)
 
 def cached_per_candidates(position: int):
     """Decorator: cache a function's result on the candidates it is given (argument
@@ -138,10 +143,32 @@ class LayoutDegrees:
         return (np.where(uneven, f, even), np.where(uneven, middle, even), np.where(uneven, la, even))
 
     def rank_layers(self, num_layers: int, rank):
-        """Transformer layers on pipeline rank ``rank`` (0-based), float array."""
+        """Transformer layers on pipeline rank ``rank`` (0-based), float array: the first, a
+        middle or the last rank's of stage_layers, except in the embedding-and-loss split under
+        a V-shaped schedule (folded_edges), where rank 0 holds both short chunks (one layer
+        less) and the last rank two full ones (one more)."""
         first, middle, last = self.stage_layers(num_layers)
         rank = np.asarray(rank)
+        fold = self.folded_edges(num_layers)
+        if np.any(fold):
+            first, last = first - fold, last + fold
         return np.where(rank == 0, first, np.where(rank == np.asarray(self.pp) - 1, last, middle))
+
+    def folded_edges(self, num_layers: int) -> np.ndarray:
+        """True where the embedding-and-loss split (embedding_loss_split) runs under a V-shaped
+        schedule (ZB-V, DualPipeV): rank r holds stages r and 2p-1-r (torchtitan
+        pipeline_parallel.py L558-567), so the embedding's stage 0 and the loss's stage 2p-1,
+        each one layer short, are both rank 0's, and rank p-1 holds two full stages. Llama 3
+        405B (126 layers) on pp 8 with ZB-V: stages of 8 layers' worth, rank 0 holds 7 + 7
+        layers, rank 7 8 + 8. Bool array."""
+        code = np.asarray(self.pipeline_schedule)
+        if code.dtype.kind in "US":  # a Layout names its schedule
+            v_shaped = np.isin(code, V_SHAPED_SCHEDULES)
+        else:
+            v_shaped = np.isin(code, _V_CODES)
+        if not np.any(v_shaped):  # the common case keeps the small shape
+            return np.zeros((), dtype=bool)
+        return v_shaped & (np.asarray(self.pp) > 1) & self.embedding_loss_split(num_layers)
 
     def embedding_loss_split(self, num_layers: int) -> np.ndarray:
         """True where an uneven split is Megatron-Core's embedding-and-loss-as-layers form
@@ -159,19 +186,27 @@ class LayoutDegrees:
             ((f + 1) % vpp == 0)
 
     def rank_chunk_layers(self, num_layers: int, rank):
-        """(layers of a full model chunk, index of the chunk one layer short or -1) on pipeline
-        rank ``rank``, per candidate. Every chunk (virtual stage) of a rank holds the rank's
-        layers / vpp, except in the embedding-and-loss form, where every chunk holds
-        (L + 2)/(pp*vpp) layers' worth and the embedding takes the place of a layer in rank 0's
-        chunk 0 and the loss in the last rank's chunk vpp-1 (Megatron-Core
-        ``get_transformer_layer_offset``). 14 layers on pp 4, vpp 2, 3 + 4 + 4 + 3: rank 0
-        holds [1, 2] layers, the last rank [2, 1]. Float and int arrays."""
+        """(layers of a full model chunk, index of the chunk one layer short: -1 none,
+        EVERY_CHUNK all) on pipeline rank ``rank``, per candidate. Every chunk (virtual stage)
+        of a rank holds the rank's layers / vpp, except in the embedding-and-loss form, where
+        every chunk holds (L + 2)/(pp*vpp) layers' worth and the embedding takes the place of a
+        layer in rank 0's chunk 0 and the loss in the last rank's chunk vpp-1 (Megatron-Core
+        ``get_transformer_layer_offset``); under a V-shaped schedule both short chunks are rank
+        0's (folded_edges). 14 layers on pp 4, vpp 2, 3 + 4 + 4 + 3: rank 0 holds [1, 2]
+        layers, the last rank [2, 1]; with ZB-V rank 0 [1, 1] and the last rank [2, 2]. Float
+        and int arrays."""
         rank = np.asarray(rank)
         layers = self.rank_layers(num_layers, rank)
-        pp = np.asarray(self.pp)
-        form_b = self.embedding_loss_split(num_layers) & ((rank == 0) | (rank == pp - 1))
-        short = np.where(form_b, np.where(rank == 0, 0, np.asarray(self.vpp) - 1), -1)
-        return (layers + form_b) / np.asarray(self.vpp, dtype=np.float64), short
+        pp, vpp = np.asarray(self.pp), np.asarray(self.vpp)
+        split = self.embedding_loss_split(num_layers)
+        fold = self.folded_edges(num_layers)
+        first, last = rank == 0, rank == pp - 1
+        form_b = split & (first | last)
+        short = np.where(form_b, np.where(first, 0, vpp - 1), -1)
+        if np.any(fold):  # rank 0: both chunks short; the last rank: none
+            short = np.where(fold, np.where(first, EVERY_CHUNK, -1), short)
+            return (layers + np.where(fold, vpp * first, form_b)) / vpp.astype(np.float64), short
+        return (layers + form_b) / vpp.astype(np.float64), short
 
 
     # ------------------------------------------------------------------ recomputation

@@ -19,6 +19,7 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 
+from ..framework_spec import V_SHAPED_SCHEDULES
 from ..layout import groups
 from .instrument import Instrument, SavedBytes
 from .model import GPT, GPTConfig, cp_positions, loss_fn, set_context_parallel
@@ -34,7 +35,6 @@ SCHEDULE_CLASSES = {"1f1b": "Schedule1F1B", "interleaved-1f1b": "ScheduleInterle
                     "gpipe": "ScheduleGPipe", "looped-bfs": "ScheduleLoopedBFS",
                     "interleaved-zero-bubble": "ScheduleInterleavedZeroBubble",
                     "zbv": "ScheduleZBVZeroBubble", "dualpipev": "ScheduleDualPipeV"}
-V_SHAPES = ("zbv", "dualpipev")  # stages r and 2p-1-r on rank r
 
 
 def batches(cfg: dict, step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -157,7 +157,7 @@ def _build(cfg: dict, r: SimpleNamespace) -> None:
     if r.tied:  # the last stage keeps its own copy of the word embedding (Megatron, formulas.md 1.3)
         model.head.out.weight = torch.nn.Parameter(model.embed.tok.weight.detach().clone())
     r.chunks = build_chunks(model, r.pp_rank, pp, cfg["vpp"], cfg.get("stage_layers"),
-                            v_shape=cfg.get("schedule") in V_SHAPES)
+                            v_shape=cfg.get("schedule") in V_SHAPED_SCHEDULES)
     del model
     r.moes, r.comm = _experts(cfg, r.chunks, r.pp_rank, r.dims)
     for _, chunk in r.chunks:
