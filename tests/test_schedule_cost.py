@@ -21,6 +21,8 @@ from planner.cost.schedule_sim import (closed_peak_chunks, combined_1f1b_makespa
                                        simulated_steps)
 from planner.cost.schedules import _chain, _stage_layers, stage_times, zero_bubble_ratio
 from planner.cost.step import evaluate
+from planner.cost.traffic import Elements
+from planner.cost.volumes import edge_collectives
 from planner.framework_spec import PIPELINE_SCHEDULES
 from planner.layout import Candidates, Layout
 from planner.schedule import build_schedule, simulate_batch
@@ -286,3 +288,21 @@ def test_embedding_and_loss_split_under_a_v_shape():
         assert sum(float(c.rank_layers(126, r)[0]) for r in range(8)) == 126
         if chain is not None:
             assert _stage_layers(c, 126, _chain(8, 2, True))[0].tolist() == chain
+
+
+def test_the_v_shapes_run_the_loss_on_rank_zero():
+    # ZB-V and DualPipeV put stage 2p-1 (output layer, loss) on rank 0: its TP collectives (SP:
+    # the output's all-gather forward, reduce-scatter backward, 3 cross-entropy all-reduces) and
+    # its compute are rank 0's per micro-batch, none of rank p-1's; interleaved 1F1B the reverse.
+    m = catalog.resolve_model("llama3-8b")
+    tr = TrainingSpec(seq_length=8192, global_batch_size=64)
+    for name, loss_rank in (("zbv", 0), ("dualpipev", 0), ("interleaved-1f1b", 3)):
+        lay = Layout(tp=2, pp=4, dp=2, zero_stage=1, micro_batch_size=1, vpp=2,
+                     sequence_parallel=True, pipeline_schedule=name)
+        c = Candidates.from_layouts([lay])
+        assert [bool(pipeline.runs_loss(c, r)[0]) for r in range(4)] == [r == loss_rank for r in range(4)]
+        for rank in range(4):
+            calls = {x.kind: float(np.ravel(x.calls)[0]) for x in
+                     edge_collectives(m, tr, c, np.array(rank), Elements.of(tr))
+                     if x.kind == "all_gather"}  # the output layer's SP all-gather
+            assert calls == {"all_gather": 1.0 if rank == loss_rank else 0.0}, (name, rank)

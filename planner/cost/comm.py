@@ -34,6 +34,7 @@ from .compute import LayerTimes
 from .memory import rank_index
 from .traffic import Collective, Elements
 from .volumes import block_collectives, dp_collectives, edge_collectives, p2p_collectives
+from . import pipeline
 from ..layout import RECOMPUTE_CODES
 from .blocks import MOE, routed_factor
 from .moe import dispatcher_is, flex_links, flex_shares
@@ -266,7 +267,7 @@ def ring_times(c, colls: list[Collective], links: Links, layer: LayerTimes) -> t
 class RankComm:
     """Seconds of one pipeline rank kind's collectives beyond its layers (broadcast arrays)."""
 
-    is_last: np.ndarray
+    is_last: np.ndarray  # runs the output layer and the loss (pipeline.runs_loss)
     blocks: dict  # the rank's blocks: {kind: count} (blocks.rank_blocks)
     edge_tp: np.ndarray  # per micro-batch: embedding, output layer, cross entropy (exposed)
     p2p_per_microbatch: np.ndarray  # blocking p2p, per micro-batch
@@ -325,7 +326,7 @@ def rank_comm(model: ModelSpec, training: TrainingSpec, c, links: Links, times: 
     links_out = {"edge_tp": tp.total(edges), "norm": norm_t, "p2p": p2p.calls * t_p2p,
                  "dp_mb": dp["microbatch", "forward"] + dp["microbatch", "backward"],
                  "dp_step": dp["step", "forward"] + dp["step", "backward"] + tied_t} if link else {}
-    return RankComm(rank == np.asarray(c.pp) - 1, counts, edge_tp, per_mb, fill, mb,
+    return RankComm(pipeline.runs_loss(c, rank), counts, edge_tp, per_mb, fill, mb,
                     step + tied_t, norm_t, links_out)
 
 

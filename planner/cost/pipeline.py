@@ -224,6 +224,18 @@ def holds_head(c, rank) -> np.ndarray:
     return last | ((code == _DUALPIPE) & (rank == 0))
 
 
+def runs_loss(c, rank) -> np.ndarray:
+    """Whether pipeline rank ``rank``'s every micro-batch runs the output layer and the loss
+    (their compute and TP collectives, cost.volumes.edge_collectives): rank pp-1, rank 0 in the
+    V shapes (holds_head). DualPipe's two head ranks, each the loss of one direction's half of
+    the micro-batches, are counted as one on rank pp-1. Bool array."""
+    rank, pp = np.asarray(rank), np.asarray(c.pp)
+    v = v_shaped(c)
+    if not np.any(v):  # the common case keeps the small shape of rank and pp
+        return rank == pp - 1
+    return np.where(v, rank == 0, rank == pp - 1)
+
+
 def param_copies(c) -> np.ndarray:
     """Copies of its stage's parameters a rank holds: 2 with DualPipe (stages r and p-1-r of the
     two directions, DeepSeek-V3 §3.2.1; their gradients summed across the mirrored ranks,

@@ -127,12 +127,13 @@ def block_collectives(model: ModelSpec, training: TrainingSpec, c, elem: Element
 
 def edge_collectives(model: ModelSpec, training: TrainingSpec, c, rank, elem: Elements) -> list[Collective]:
     """Per micro-batch on pipeline rank ``rank``: the embedding's TP collective (rank 0), the
-    output layer's and the cross entropy's (last rank). List of Collective."""
+    output layer's and the cross entropy's (the rank that runs the loss, pipeline.runs_loss:
+    the last; rank 0 in the V shapes). List of Collective."""
     x = _x_bytes(model, training, c, elem)
     on_tp = (np.asarray(c.tp) > 1).astype(np.float64)
     sp = np.asarray(c.sequence_parallel)
     first = (np.asarray(rank) == 0) * on_tp
-    last = (np.asarray(rank) == np.asarray(c.pp) - 1) * on_tp
+    last = pipeline.runs_loss(c, rank) * on_tp
     tokens = c.tokens_per_microbatch(training.seq_length)
     return [
         Collective("tp", "all_reduce", "microbatch", "forward", "", np.where(sp, 0.0, first), x,
