@@ -1,13 +1,34 @@
-"""Shared fixtures: models built by hand (independent of the catalog) and catalog lookups."""
+"""Shared fixtures: models built by hand (independent of the catalog), catalog lookups, and the
+benchmarks/ scripts as modules."""
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
+import sys
+from pathlib import Path
 
 import pytest
 
 from planner import catalog
 from planner.specs import ModelSpec, TrainingSpec
+
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def load_benchmark(name: str, module_name: str | None = None):
+    """The script benchmarks/``name``.py, executed afresh as a module registered in sys.modules
+    under ``module_name`` (default ``name``: its dataclasses look their module up there), with
+    benchmarks/ on sys.path for the scripts it imports."""
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.insert(0, str(BENCHMARKS))
+    module_name = module_name or name
+    spec = importlib.util.spec_from_file_location(module_name, BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def gpt(name: str, layers: int, hidden: int, heads: int, batch: int = 1, **kw) -> ModelSpec:

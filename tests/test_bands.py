@@ -3,7 +3,6 @@ terms, and the shipped benchmarks/error_bands.yaml being what benchmarks/error_b
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from planner.cost.step import estimate_layout
 from planner.layout import Candidates, Layout
 from planner.search import bands as B
 from planner.specs import TrainingSpec
+from tests.conftest import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -127,10 +127,7 @@ def test_the_shipped_file_derives_its_cells_from_its_runs():
 
 @pytest.fixture(scope="module")
 def error_bands():
-    spec = importlib.util.spec_from_file_location("error_bands", ROOT / "benchmarks" / "error_bands.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("error_bands")
 
 
 def test_the_shipped_file_is_what_the_script_computes(error_bands, capsys):

@@ -5,13 +5,12 @@ own --help."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 from pathlib import Path
 from urllib.parse import unquote
 
 from markdown_it import MarkdownIt
+from tests.conftest import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -25,11 +24,7 @@ _md = MarkdownIt("commonmark")
 
 
 def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark(name)
 
 
 def slug(text: str) -> str:

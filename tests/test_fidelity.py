@@ -7,7 +7,6 @@ the mark comes off); exact predicted numbers are pinned only by the golden basel
 (tests/golden), never by a threshold set at today's error.
 """
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -18,16 +17,14 @@ from typer.testing import CliRunner
 from planner.cli import app
 from planner.fidelity import conventions as cv
 from planner.fidelity.runs import load_runs, select_runs
+from tests.conftest import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "benchmarks" / "published_runs.yaml"
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("fidelity_bench", ROOT / "benchmarks" / "fidelity.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("fidelity", "fidelity_bench")
 
 
 @pytest.fixture(scope="module")
@@ -191,9 +188,7 @@ def test_zero3_rows_follow_no_single_rate():
     # 96*2048*96*12288^2*(1 + 2048/73728 + 51200/(16*96*12288)) = 2.93685e15 FLOP, so the
     # 1536-GPU row (mbs 1, 44 TFLOP/s) takes 2.93685e15/44e12 = 66.75 s and the 768-GPU row
     # (mbs 2, 88 TFLOP/s) 2*2.93685e15/88e12 = 66.75 s: twice the compute per GPU, same step.
-    spec = importlib.util.spec_from_file_location("zero3_2021", ROOT / "benchmarks" / "zero3_2021.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_benchmark("zero3_2021")
     rows = {r["id"].removeprefix(module.PREFIX): r for r in module.analyse(load_runs(SHIPPED))}
     assert len(rows) == 6
     assert rows["175b-1536gpu"]["measured_s"] == pytest.approx(66.75, abs=0.01)

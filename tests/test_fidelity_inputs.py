@@ -2,7 +2,6 @@
 misspelled fields and tags are rejected, user text is printed literally, calibration says which
 runs it leaves out, and the scripts fail on bad arguments with one line, never a traceback."""
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -12,6 +11,7 @@ from typer.testing import CliRunner
 from planner.cli import app
 from planner.errors import UsageError
 from planner.fidelity.runs import load_runs
+from tests.conftest import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "benchmarks" / "published_runs.yaml"
@@ -19,10 +19,7 @@ BASE_ID = "korthikanti22-175b-selective-sp"  # A100-SXM4-80GB, 13.75 s/iter, MFU
 
 
 def _script(name):
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark(name, f"bench_{name}")
 
 
 def _row(rid="my-run", notes="[trust=high]", **measured):

@@ -3,18 +3,11 @@ here: benchmarks/heldout_bridge_archive.py prints those)."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.conftest import load_benchmark
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("heldout_bridge_archive",
-                                                  ROOT / "benchmarks" / "heldout_bridge_archive.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("heldout_bridge_archive")
 
 
 def test_heldout_rows_load_with_their_facts(tmp_path):

@@ -4,19 +4,15 @@ fences; ```text blocks are hand-written or generated)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
 from markdown_it import MarkdownIt
+from tests.conftest import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("readme_examples", ROOT / "benchmarks" / "readme_examples.py")
-rx = importlib.util.module_from_spec(_spec)
-sys.modules["readme_examples"] = rx  # dataclasses look their module up there
-_spec.loader.exec_module(rx)
+rx = load_benchmark("readme_examples")
 
 DOC = """# t
 

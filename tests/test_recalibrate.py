@@ -3,23 +3,20 @@ benchmarks/calibration.yaml and the derivations of the profiles without a fit of
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
 from planner import catalog
 from planner.fidelity.loso import calibration_plan
+from tests.conftest import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def recalibrate():
-    spec = importlib.util.spec_from_file_location("recalibrate", ROOT / "benchmarks" / "recalibrate.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("recalibrate")
 
 
 def test_shipped_factors_are_what_a_fresh_fit_gives(recalibrate, capsys):

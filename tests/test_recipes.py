@@ -4,22 +4,17 @@ group or has the term that separates it named; at least 80 % pass, every miss sa
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+from tests.conftest import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def regression():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("recipes", ROOT / "benchmarks" / "recipes.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.run()  # the accuracy harness and one search per recipe: minutes
+    return load_benchmark("recipes").run()  # the accuracy harness and one search per recipe: minutes
 
 
 def test_at_least_80_percent_of_the_recipes_pass_and_every_miss_names_its_term(regression):
