@@ -4,12 +4,10 @@ group or has the term that separates it named; at least 80 % pass, every miss sa
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 from tests.conftest import load_benchmark
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
