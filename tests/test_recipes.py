@@ -4,10 +4,9 @@ group or has the term that separates it named; at least 80 % pass, every miss sa
 
 from __future__ import annotations
 
-
 import pytest
-from tests.conftest import load_benchmark
 
+from tests.conftest import load_benchmark
 
 
 @pytest.fixture(scope="module")
