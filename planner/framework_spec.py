@@ -111,9 +111,8 @@ class Rules(_Facts):
       default: no limit known); ``moe_zero3_model_parallel``: an MoE model at ZeRO-3 may use
       tp > 1 or etp > 1 (DeepSpeed's ZeRO-3 MoE path, AutoEP, takes tp = etp = 1);
       ``distributed_optimizer``: Megatron's --use-distributed-optimizer exists.
-    - ``optimizer_offload_with_fp8_param_gather``: optimizer CPU offload may run beside FP8
-      parameter gathering; ``precision_aware_optimizer_sharded``: optimizer CPU offload and
-      16-bit Adam moments need a sharded optimizer (ZeRO >= 1) (job_rules.job_masks).
+    - ``precision_aware_optimizer_sharded``: optimizer CPU offload and 16-bit Adam moments need
+      a sharded optimizer (ZeRO >= 1) (job_rules.job_masks).
     - ``recompute``: the recomputation modes plan3d can cost that it offers;
       ``recompute_num_layers``: full recompute of only the first N layers of each model chunk
       (Megatron's block method; Layout.recompute_num_layers > 0); ``offload``: the
@@ -172,8 +171,6 @@ class Rules(_Facts):
         "model_code": "the framework builds the model from its own model code",
         "mtp_with_pp_or_cp": "no limit on MTP layers with pipeline or context parallelism is known",
         "moe_zero3_model_parallel": "no limit on TP or ETP for MoE layers under ZeRO-3 is known",
-        "optimizer_offload_with_fp8_param_gather": "no limit on optimizer offload with FP8 "
-                                                   "parameter gathering is known",
         "precision_aware_optimizer_sharded": "no sharding is known to be needed for optimizer "
                                              "offload or 16-bit optimizer moments",
         "pipeline_schedules": "no schedule beyond the ones vpp implies (1F1B, interleaved 1F1B) is "
@@ -182,7 +179,6 @@ class Rules(_Facts):
     recompute: list[Recompute] = Field(min_length=1)
     recompute_num_layers: bool
     offload: list[Literal["activations", "optimizer", "parameters"]]
-    optimizer_offload_with_fp8_param_gather: bool = True
     precision_aware_optimizer_sharded: bool = False
     expert_parallel: bool
     expert_tensor_parallel: bool

@@ -142,7 +142,6 @@ def test_deepspeed_runs_moe_at_zero_3_through_autoep(zero, etp, refused):
 
 # ----------------------------------------------------------------------------- job settings
 
-OFFLOAD_FP8_RULE = "Megatron-Core: optimizer CPU offload cannot run with FP8 parameter gathering"
 AWARE_RULE = ("Megatron-Core: optimizer CPU offload and 16-bit optimizer moments (the "
               "precision-aware optimizer) need the distributed optimizer (ZeRO >= 1)")
 
@@ -166,22 +165,32 @@ def _write(tmp_path, plan) -> str:
     return str(path)
 
 
-def test_fp8_parameter_gathering_with_optimizer_offload_is_one_rule_for_every_consumer(tmp_path):
+def test_optimizer_offload_gathers_16_bit_parameters_in_fp8(tmp_path):
     # Megatron-LM @d98e8a64 arguments.py L1888-1891 refuses --optimizer-cpu-offload with
-    # --fp8-param-gather unless --fp8-recipe delayed; plan3d's fp8 (tensorwise) and mxfp8 gather
-    # FP8 parameters with a sharded optimizer (precision.fp8_param_gather). Before, only the
-    # Megatron-LM export refused it: estimate --plan priced it and the Bridge export wrote it
+    # --fp8-param-gather unless --fp8-recipe delayed, which plan3d's fp8 (tensorwise) and mxfp8
+    # are not: a job that offloads its optimizer gathers 16-bit parameters (the MoE report's
+    # GB200 MXFP8 DeepSeek-V3 run did, Yan et al. 2026 App. B.2). So it is priced and exported
+    # without --fp8-param-gather (the Megatron-LM parser's rule accepts it), its weights keep the
+    # 16-bit parameter beside the FP8 copies; the Bridge preset, a name that gathers FP8
+    # parameters, is refused in one line
+    from planner.cost.precision import fp8_param_gather, weight_bytes
+    from planner.frameworks import export_plan
+    from tests import megatron_rules as rules
     from tests.test_framework_profiles import cli
-    path = _write(tmp_path, _plan({"precision": "fp8", "optimizer_offload_fraction": 0.5}))
-    for args in (("estimate", "--plan", path), ("export", path, "--to", "megatron"),
-                 ("export", path, "--to", "nemo")):
-        code, _, err = cli(*args)
-        assert code != 0 and OFFLOAD_FP8_RULE in err, (args, err)
-        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
-    # in BF16 the same offload runs (no FP8 parameters); and without offload, FP8 runs
-    for training in ({"optimizer_offload_fraction": 0.5}, {"precision": "fp8"}):
-        code, _, err = cli("estimate", "--plan", _write(tmp_path, _plan(training)))
-        assert code == 0, err
+    offload = _plan({"precision": "fp8", "optimizer_offload_fraction": 0.5})
+    plain = _plan({"precision": "fp8"})
+    assert not fp8_param_gather(offload.training) and fp8_param_gather(plain.training)
+    hw = offload.hardware  # H100: FP8 copies 1 + its transpose 1 = 2 bytes; + the 16-bit 2
+    assert (weight_bytes(hw, offload.training, 1), weight_bytes(hw, plain.training, 1)) == (4.0, 2.0)
+    path = _write(tmp_path, offload)
+    code, _, err = cli("estimate", "--plan", path)
+    assert code == 0, err
+    args = rules.parse(export_plan(offload, "megatron").text)
+    assert args["optimizer_cpu_offload"] is True and "fp8_param_gather" not in args
+    rules.validate(args, world=8)
+    code, _, err = cli("export", path, "--to", "nemo")
+    assert code == 2 and "fp8_param_gather=False" in err and len(err.strip().splitlines()) == 1
+    assert "fp8_param_gather" in rules.parse(export_plan(plain, "megatron").text)
 
 
 def test_the_precision_aware_optimizer_needs_the_distributed_optimizer():

@@ -160,8 +160,14 @@ def weight_bytes(hw: HardwareProfile, training: TrainingSpec, stage=None):
 def fp8_param_gather(training: TrainingSpec) -> bool:
     """The recipe keeps parameters in FP8 and gathers them so (Megatron --fp8-param-gather;
     MXFP8 gathers the 16-bit master into the reused gradient buffer): Megatron-Bridge's
-    per-tensor and MXFP8 presets set fp8_param_gather, its blockwise preset does not."""
-    return training.fp8_library == "transformer-engine" and training.precision in ("fp8", "mxfp8")
+    per-tensor and MXFP8 presets set fp8_param_gather, its blockwise preset does not. Not with
+    optimizer CPU offload (``optimizer_offload_fraction`` > 0): Megatron-LM allows the two
+    together only under --fp8-recipe delayed (arguments.py L1888-1891 @d98e8a64), which none of
+    plan3d's precisions is (tensorwise, mxfp8), so such a job gathers 16-bit parameters, as the
+    Megatron-Core MoE report's GB200 MXFP8 DeepSeek-V3 run with optimizer offload (Yan et al.
+    2026, App. B.2) did."""
+    return training.fp8_library == "transformer-engine" and training.precision in ("fp8", "mxfp8") \
+        and training.optimizer_offload_fraction == 0
 
 
 def weight_quantize_bytes(hw: HardwareProfile, training: TrainingSpec) -> float:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import yaml
 
+from ..errors import UsageError
 from ..plan import Plan
 from ..cost.checkpoint import MEGATRON_FSDP_STRATEGY, megatron_ckpt_format
 from ..cost.model_flops import padded_vocab
@@ -84,11 +85,19 @@ def mixed_precision_preset(training) -> str:
     """The Bridge preset of the training's dtype and precision: bf16_mixed, fp16_mixed,
     bf16_with_fp8_current_scaling_mixed (tensorwise, FP8 parameter gather), ..._subchannel_...
     (blockwise, no parameter gather), bf16_with_mxfp8_mixed (MXFP8, gather into the reused
-    gradient buffer)."""
+    gradient buffer). UsageError for a preset that gathers FP8 parameters beside optimizer CPU
+    offload, where plan3d gathers 16-bit ones (precision.fp8_param_gather): the preset is a name
+    whose fp8_param_gather no recipe field overrides."""
     dtype = "bf16" if training.dtype == "bf16" else "fp16"
     if training.precision == "bf16":
         return f"{dtype}_mixed"
-    return f"{dtype}_with_{BRIDGE_PRESETS[training.precision]}"
+    preset = f"{dtype}_with_{BRIDGE_PRESETS[training.precision]}"
+    if training.optimizer_offload_fraction > 0 and training.precision in ("fp8", "mxfp8"):
+        raise UsageError(f"Megatron-Bridge's mixed_precision preset {preset} gathers FP8 "
+                         "parameters, which optimizer CPU offload cannot run beside (Megatron-LM "
+                         "arguments.py L1888-1891); set fp8_param_gather=False in the recipe's "
+                         "MixedPrecisionConfig, or export --to megatron (no --fp8-param-gather)")
+    return preset
 
 
 def nemo_fields(plan: Plan, ck: dict | None = None) -> dict[str, dict[str, object]]:

@@ -1,15 +1,12 @@
-"""What a framework refuses in a plan's job settings (TrainingSpec: optimizer CPU offload, FP8
-parameter gathering and fine-grained activation offload), as named
+"""What a framework refuses in a plan's job settings (TrainingSpec: optimizer CPU offload, 16-bit
+optimizer moments and fine-grained activation offload), as named
 masks of the layout and as model problems: the rules search, estimate, ``--plan`` and every
 export share (framework_rules.framework_masks and model_problems call them), so no consumer
 prices a plan another refuses.
 
 Sources: NVIDIA/Megatron-LM @ d98e8a64ddf3 megatron/core/optimizer/__init__.py L1057-1060 (the
 precision-aware optimizer, which optimizer CPU offload and 16-bit moments need, only with the
-distributed optimizer); megatron/training/arguments.py L1888-1891 (optimizer
-CPU offload with --fp8-param-gather only under the delayed recipe; Megatron-Core's
-HybridDeviceOptimizer fails on FP8 parameters, NVIDIA/Megatron-LM#2407, #5083),
-megatron/core/transformer/transformer_config.py L2127-2130 (fine-grained activation offloading
+distributed optimizer), megatron/core/transformer/transformer_config.py L2127-2130 (fine-grained activation offloading
 beside --cpu-offloading-num-layers). The dispatcher and EP overlap are layout axes, ruled in
 search.software_rules.
 """
@@ -19,7 +16,6 @@ from __future__ import annotations
 import numpy as np
 
 from ..cost.offload import uses_host_memory
-from ..cost.precision import fp8_param_gather
 from ..framework_spec import FrameworkProfile
 from ..specs import ModelSpec, TrainingSpec
 
@@ -34,22 +30,16 @@ def job_masks(profile: FrameworkProfile, model: ModelSpec, training: TrainingSpe
               c) -> dict[str, np.ndarray]:
     """{rule name: bool mask (True = allowed)} of the job settings against the layout ``c``:
     the precision-aware optimizer (optimizer CPU offload, 16-bit Adam moments) without a sharded
-    optimizer, for a profile with ``precision_aware_optimizer_sharded``; optimizer CPU offload
-    where the plan gathers FP8 parameters (the recipe keeps FP8
-    parameters, precision.fp8_param_gather, and the optimizer is sharded: sharding_stage >= 1),
-    for a profile with ``optimizer_offload_with_fp8_param_gather`` false; Megatron-Core's
-    fine-grained MoE activation offload beside whole-layer offload."""
+    optimizer, for a profile with ``precision_aware_optimizer_sharded``; Megatron-Core's
+    fine-grained MoE activation offload beside whole-layer offload. (Optimizer CPU offload
+    beside FP8 parameter gathering, which Megatron-LM refuses, is not a rule: such a job gathers
+    16-bit parameters, precision.fp8_param_gather.)"""
     r, d = profile.rules, profile.display
     out: dict[str, np.ndarray] = {}
     aware = training.optimizer_offload_fraction > 0 or training.optimizer_moment_bytes < 4
     if aware and r.precision_aware_optimizer_sharded:
         out[f"{d}: optimizer CPU offload and 16-bit optimizer moments (the precision-aware "
             "optimizer) need the distributed optimizer (ZeRO >= 1)"] = np.asarray(c.sharding_stage) >= 1
-    if training.optimizer_offload_fraction > 0 and fp8_param_gather(training) \
-            and not r.optimizer_offload_with_fp8_param_gather:
-        out[f"{d}: optimizer CPU offload cannot run with FP8 parameter gathering, which "
-            f"{training.precision} does with a sharded optimizer (ZeRO-0 without the "
-            "distributed optimizer only)"] = np.asarray(c.sharding_stage) < 1
     if training.moe_activation_offload and model.moe is not None and megatron_core(profile):
         out[f"{d}: fine-grained MoE activation offload excludes whole-layer offloading "
             "(no layer offloaded)"] = ~uses_host_memory(c)
