@@ -71,7 +71,8 @@ def _cost_shaped(p, v, k, seed):
     return F, I, W
 
 
-@pytest.mark.parametrize("name,v", [("zbv", 2), ("dualpipev", 2), ("dualpipe", 1)])
+@pytest.mark.parametrize("name,v", [("zbv", 2), ("dualpipev", 2), ("dualpipe", 1), ("gpipe", 1),
+                                    ("interleaved-zero-bubble", 2), ("interleaved-zero-bubble", 4)])
 @pytest.mark.parametrize("p", [2, 4])
 def test_extension_equals_the_full_simulation(name, v, p):
     # T(m) = T(m_a) + (m - m_a) x period, against simulating all m micro-batches

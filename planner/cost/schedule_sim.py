@@ -10,18 +10,23 @@ holds it); a full backward B = I + W. ``c``: the point-to-point latency of one h
 rank: a global synchronisation precedes the optimizer step, the frameworks' default;
 schedule/simulate.py).
 
-Micro-batches: a step of the schedules whose step no closed form gives (ZB-V, DualPipeV,
-DualPipe: cost.schedules.SIMULATED_STEP) is simulated as it is up to m_a + d micro-batches,
-and beyond extended by the period per micro-batch of the steady state: T(m) = T(m_a) +
-(m - m_a) x max(the slope of T over m_a .. m_a + d, the busiest rank's work per micro-batch,
-which no slope can be below), with (m_a, d) = (3p, 2) for DualPipe(V) and (6p, 2) for ZB-V
-(extension_base). Once the steady state has settled by m_a (the op orders repeat one pattern
-per micro-batch there) that is exact; tests/test_schedule_cost.py checks it against the full
-simulation on stage times of the cost model's shape (equal stages, the embedding's and the
-loss's heavier) up to m = 40p. From 2p the extension was up to 0.06% long for DualPipeV and
-0.9% for ZB-V, which settles later, hence the bases. Other schedules are not
-extended (extend=False: every m simulated, the exact path). Graph building is what costs
-(20-50 us an op, schedule/graph.py): m = 2048 micro-batches would take seconds, m_a a few ms.
+Micro-batches: a step is simulated as it is up to m_a + d micro-batches, and beyond extended by
+the period per micro-batch of the steady state: T(m) = T(m_a) + (m - m_a) x max(the slope of T
+over m_a .. m_a + d, the busiest rank's work per micro-batch, which no slope can be below), with
+(m_a, d) = (3p, 2) for DualPipeV and DualPipe, (4p, 2) for ZB-V, (p, 1) for GPipe and (p^2, p)
+for interleaved zero bubble (extension_base). Once the steady state has settled by m_a (the op
+orders repeat one pattern per micro-batch, or per round of p for interleaved zero bubble) that
+is exact; tests/test_schedule_cost.py checks it against the full simulation on stage times of
+the cost model's shape (equal stages, the embedding's and the loss's heavier) up to m = 40p.
+Measured against the full simulation to m = 20p-24p, on those shapes and on random per-stage
+times (0.3-1.5, p = 2 to 32, v up to 16): relative error below 1e-13 from these bases, except
+ZB-V at p = 16 on the cost model's shapes, 1.2% (as from 6p, the base before; 3p was 1.2-2.1%
+off at p = 2-16) and DualPipeV at p = 32 on random times, 9.4e-4. Looped BFS is not extended
+(with random times it had not settled by 8p: 0.3% at p = 8, v = 16), nor are 1F1B and
+interleaved 1F1B, whose closed forms the search uses (extend=False: every m simulated, the
+exact path). Graph building is what costs (20-50 us an op, schedule/graph.py): m = 2048
+micro-batches would take seconds, m_a a few ms; with ZB-V at 6p a Llama 3 405B torchtitan
+search on 512 GPUs took 16 s, most of it the p = 64 graphs.
 """
 
 from __future__ import annotations
@@ -32,9 +37,12 @@ from ..framework_spec import PIPELINE_SCHEDULES
 from ..schedule import build_schedule, simulate_batch
 from ..schedule.graph import memory_profile, peak_memory
 
-# (m_a, d) of the extension (module docstring), m_a in units of p (DualPipe(V) take m >= 2p;
-# d = 2: one micro-batch per direction of DualPipe); ZB-V's steady state settles later
-EXTENSION = {"dualpipe": (3, 2), "dualpipev": (3, 2), "zbv": (6, 2)}
+# (m_a, d) of the extension per p (module docstring): DualPipe(V) take m >= 2p, d = 2 is one
+# micro-batch per direction of DualPipe; interleaved zero bubble takes m in rounds of
+# m // p (p^2 and p^2 + p both whole rounds)
+EXTENSION = {"dualpipe": lambda p: (3 * p, 2), "dualpipev": lambda p: (3 * p, 2),
+             "zbv": lambda p: (4 * p, 2), "gpipe": lambda p: (p, 1),
+             "interleaved-zero-bubble": lambda p: (p * p, p)}
 
 
 def microbatch_group(m: int, pp: int) -> int:
@@ -51,10 +59,7 @@ def microbatch_group(m: int, pp: int) -> int:
 def extension_base(name: str, p: int) -> tuple[int, int] | None:
     """(m_a, d): the two micro-batch counts m_a and m_a + d whose simulated steps extend to
     longer ones (module docstring), or None for a schedule that is not extended. Ints."""
-    if name not in EXTENSION:
-        return None
-    factor, d = EXTENSION[name]
-    return factor * p, d
+    return EXTENSION[name](p) if name in EXTENSION else None
 
 
 def extends(name: str, p: int, m: np.ndarray) -> np.ndarray:
