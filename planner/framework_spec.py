@@ -125,7 +125,10 @@ class Rules(_Facts):
       FSDP degree x cp x tp, the FSDP degree being dp under ZeRO-3 and 1 under DDP).
     - ``tied_embeddings_with_pp``: a model with tied embeddings may use pp > 1.
     - ``tp_comm_overlap``: TP communication overlapped with the GEMMs (Megatron-Core
-      --tp-comm-overlap with Transformer Engine userbuffers; torchtitan's async TP).
+      --tp-comm-overlap with Transformer Engine userbuffers; torchtitan's async TP);
+      ``tp_comm_overlap_schedules_refused``: the pipeline schedules it cannot run beside it
+      (torchtitan's async TP compiles the model, which PyTorch's zero-bubble and V schedules
+      refuse).
     - ``moe_dispatchers``: the MoE token dispatchers it runs (MOE_DISPATCHERS);
       ``moe_a2a_overlap``: Megatron-Core's EP communication overlap (combined 1F1B).
     - ``moe_token_drop``: a capacity factor with padding (drop-and-pad token dropping).
@@ -164,6 +167,8 @@ class Rules(_Facts):
     DEFAULT_SOURCES: ClassVar[dict[str, str]] = {
         "max_zero_stage_with_moe": "no ZeRO stage limit for MoE layers is known in this framework",
         "tp_comm_overlap": "no TP communication overlap is known in this framework",
+        "tp_comm_overlap_schedules_refused": "no pipeline schedule is known to refuse TP "
+                                             "communication overlap",
         "moe_dispatchers": "its MoE layers dispatch tokens with an all-to-all",
         "moe_a2a_overlap": "no EP communication overlap is known in this framework",
         "moe_token_drop": "its MoE layers are dropless (no capacity factor plan3d costs)",
@@ -185,6 +190,7 @@ class Rules(_Facts):
     expert_ranks: Literal["expert_mesh", "data", "fsdp_cp_tp"]
     tied_embeddings_with_pp: bool
     tp_comm_overlap: bool = False
+    tp_comm_overlap_schedules_refused: list[Literal[PIPELINE_SCHEDULES]] = []
     moe_dispatchers: list[Literal[MOE_DISPATCHERS]] = Field(default=["alltoall"], min_length=1)
     moe_a2a_overlap: bool = False
     moe_token_drop: bool = False

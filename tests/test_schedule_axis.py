@@ -137,3 +137,22 @@ def test_megatron_export_refuses_a_schedule_it_lacks():
     with pytest.raises(UsageError, match="Megatron-Core runs the pipeline schedules 1f1b, "
                                          "interleaved-1f1b"):
         export_plan(_plan("zbv", 2), "megatron")
+
+
+@pytest.mark.parametrize("schedule,vpp", [("zbv", 2), ("dualpipev", 2), ("interleaved-zero-bubble", 2)])
+def test_torchtitan_async_tp_not_beside_a_schedule_that_refuses_compile(schedule, vpp):
+    # torchtitan's async TP needs torch.compile of the model (configs.py L291-312); PyTorch's
+    # InterleavedZeroBubble, ZBVZeroBubble and DualPipeV raise on a compiled stage
+    # (_check_torch_compile_compatibility): the pair is one rule for the search, estimate and
+    # the export, which would otherwise write --compile.enable beside the schedule
+    from planner.frameworks import export_plan
+    ovl = dict(tp=8, dp=2, sequence_parallel=True, tp_comm_overlap=True)  # 8 x 4 x 2 = 64 GPUs
+    with pytest.raises(UsageError, match="TP communication overlap .async TP compiles the model. "
+                                         f"not with the .*{schedule}"):
+        _check("torchtitan", vpp=vpp, pipeline_schedule=schedule, **ovl)
+    # 1F1B and interleaved 1F1B compile: the same overlap runs there
+    assert _check("torchtitan", vpp=2, pipeline_schedule="interleaved-1f1b", **ovl).tp_comm_overlap
+    plan = _plan(schedule, vpp)  # 16 GPUs: tp 2 x pp 4 x dp 2
+    plan = plan.model_copy(update={"layout": plan.layout.model_copy(update={**ovl, "tp": 2})})
+    with pytest.raises(UsageError, match="async TP compiles the model"):
+        export_plan(plan, "torchtitan", "overrides")

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..cost.offload import uses_host_memory
 from ..cost.precision import blackwell
-from ..framework_spec import CUDA_GRAPHS, MOE_DISPATCHERS, FrameworkProfile
+from ..framework_spec import CUDA_GRAPHS, MOE_DISPATCHERS, PIPELINE_SCHEDULES, FrameworkProfile
 from ..layout import RECOMPUTE_CODES
 from ..specs import HardwareProfile, ModelSpec, TrainingSpec
 from .job_rules import megatron_core
@@ -45,13 +45,20 @@ def _tp_overlap_masks(profile: FrameworkProfile, model: ModelSpec, c, tp_ovl, hw
     userbuffers only to the linears named qkv, proj, fc1 and fc2, and the first other name
     (MLA's q_down_proj, ...) turns the overlap off on the shared config (extensions/
     transformer_engine.py L1176-1186): refused for MLA rather than costed as running; the
-    SM margin it is costed with needs the GPU's SM count."""
+    schedules a profile refuses beside it (``tp_comm_overlap_schedules_refused``: torchtitan's
+    async TP compiles the model, which PyTorch's zero-bubble and V schedules refuse); the SM
+    margin it is costed with needs the GPU's SM count."""
     if not np.any(tp_ovl):
         return {TP_OVERLAP_RULE: ~tp_ovl}
     r, d = profile.rules, profile.display
     out = {TP_OVERLAP_RULE: ~tp_ovl | (np.asarray(c.sequence_parallel) & (np.asarray(c.tp) > 1))}
     if not r.tp_comm_overlap:
         out[f"{d} has no TP communication overlap"] = ~tp_ovl
+    if r.tp_comm_overlap_schedules_refused:
+        refused = [PIPELINE_SCHEDULES.index(name) for name in r.tp_comm_overlap_schedules_refused]
+        out[f"{d}: TP communication overlap (async TP compiles the model) not with the "
+            f"{' / '.join(r.tp_comm_overlap_schedules_refused)} schedule, which refuses compiled "
+            "stages"] = ~tp_ovl | ~np.isin(np.asarray(c.pipeline_schedule), refused)
     if megatron_core(profile) and model.attention_kind == "mla":
         out[f"{d}: TP communication overlap covers no MLA linear (qkv, proj, fc1, fc2 only)"] = ~tp_ovl
     if hw is not None:
