@@ -92,7 +92,7 @@ def test_gpipe_strip_follows_tv1():
     lines = text_strip(result, width=3 + 33)                   # "rN " + one column per unit
     assert lines[3] == "r3 " + "..." + "F" * 8 + "B" * 16 + "." * 6
     assert lines[0] == "r0 " + "F" * 8 + "." * 9 + "B" * 16
-    assert lines[-1].startswith("F fwd")
+    assert lines[4].startswith("F fwd") and " ".join(lines[4:]).endswith("the pipeline 33")
 
 
 @pytest.mark.parametrize("width", [8, 20, 40, 80, 132])
@@ -101,9 +101,9 @@ def test_text_strip_fits_the_width(name, v, width):
     sched = build_schedule(name, 4, 16, v)
     result = simulate(sched, F=1, I=1, W=1, FB=2.5)
     lines = text_strip(result, width)
-    assert len(lines) == 4 + 1 and all(len(line) <= width for line in lines)
-    assert all(len(line) == width for line in lines[:-1])
-    assert set("".join(line[3:] for line in lines[:-1])) <= set("FBIWX.")
+    assert all(len(line) <= width for line in lines)      # the legend wrapped below the ranks
+    assert all(len(line) == width for line in lines[:4]) and lines[4].startswith("F fwd")
+    assert set("".join(line[3:] for line in lines[:4])) <= set("FBIWX.")
 
 
 def test_text_strip_too_narrow_is_a_value_error():

@@ -73,12 +73,29 @@ def test_no_overwrite_without_force_and_the_trace_alone(plan, tmp_path):
 
 
 def test_missing_matplotlib_is_one_line(plan, tmp_path, monkeypatch):
+    # a chart asked for by name needs matplotlib: one line, nothing written; the default chart
+    # is left out and said so, the trace and the strip written (the README's set-up has no
+    # extra 'plot')
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "matplotlib" else real(name, *a))
-    code, _, err = cli("timeline", plan, "--trace", tmp_path / "t.json")
+    code, _, err = cli("timeline", plan, "--trace", tmp_path / "t.json", "--png", tmp_path / "t.png")
     assert code == 2 and err.count("\n") == 1 and "extra 'plot'" in err and "--no-png" in err
     assert not (tmp_path / "t.json").exists()
+    code, out, err = cli("timeline", plan, "--trace", tmp_path / "t.json", "--width", 80)
+    assert code == 0, err
+    assert (tmp_path / "t.json").exists() and not (tmp_path / "plan.png").exists()
+    assert "no Gantt chart: it needs matplotlib" in " ".join(err.split())
+    assert out.startswith("r0 ") and max(map(len, out.splitlines())) <= 80
+
+
+def test_a_strip_narrower_than_its_labels_is_one_line(plan, tmp_path):
+    # 4 ranks: labels "r0 ".."r3 " take 3 columns, so 4 is the narrowest strip
+    code, _, err = cli("timeline", plan, "--trace", tmp_path / "t.json", "--no-png", "--width", 3)
+    assert code == 2 and err.count("\n") == 1 and "give at least 4" in err
+    assert not (tmp_path / "t.json").exists()
+    code, out, _ = cli("timeline", plan, "--trace", tmp_path / "t.json", "--no-png", "--width", 4)
+    assert code == 0 and all(len(line) <= 4 for line in out.splitlines() if not line.startswith("Wrote"))
 
 
 def test_a_step_too_long_to_draw_is_one_line(plan, tmp_path):

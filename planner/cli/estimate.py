@@ -26,7 +26,7 @@ from ..search.run import to_fit
 from .app import GBS, GPUS, JSON, MODEL, SEQ, _require, app, handle_errors
 from .options import JOB, stated_default, with_options
 from .plan import TIMELINE, _inputs
-from .timeline import check_timeline, png_beside, write_timeline
+from .timeline import check_timeline, default_png, png_beside, write_timeline
 
 
 @app.command(short_help="Memory and step time of one layout.")
@@ -47,7 +47,7 @@ def estimate(
 ) -> None:
     """Memory and step-time breakdown of one layout (from flags or --plan). Exits 1 if it does not fit."""
     if timeline is not None:
-        check_timeline(timeline, png_beside(timeline), force, inputs=[plan] if plan else [])
+        check_timeline(timeline, default_png(png_beside(timeline)), force, inputs=[plan] if plan else [])
     elif force:
         raise UsageError("--force lets --timeline overwrite its files; without it it does nothing")
     given = {"--model": model, "--gpus": gpus, "--hardware": hardware,
@@ -66,7 +66,7 @@ def estimate(
         _estimate_output(m, hw, training, n, layout, json_out, p, profile)
     finally:  # drawn whether it fits or not
         if timeline is not None:
-            write_timeline(m, hw, training, layout, timeline, png_beside(timeline), force,
+            write_timeline(m, hw, training, layout, timeline, default_png(png_beside(timeline)), force,
                            strip=not json_out)
 
 

@@ -19,7 +19,7 @@ from .app import (CURRENCY, DEADLINE, EXPORT, FORCE, GBS, GPUS, HARDWARE, HEADRO
                   MAX_GPUS, MIN_FREE, MODEL, SEQ, STRICT_RANK, WHY_NOT, _require, _training, app,
                   handle_errors)
 from .options import with_options
-from .timeline import check_timeline, png_beside, write_timeline
+from .timeline import check_timeline, default_png, png_beside, write_timeline
 
 TIMELINE = typer.Option(None, "--timeline", help="Write the winner's step (estimate: the "
                         "layout's) as a Chrome trace JSON here and its Gantt chart beside it "
@@ -62,7 +62,7 @@ def search(
         if why_not is not None:
             raise UsageError("--timeline draws the search's winner and --why-not judges your "
                              "layout instead: use one at a time")
-        check_timeline(timeline, png_beside(timeline), force, inputs=[export] if export else [])
+        check_timeline(timeline, default_png(png_beside(timeline)), force, inputs=[export] if export else [])
     opts = search_options(hw, training, dict(
         axes, allow_cross_node_tp=allow_cross_node_tp, objective=objective, tokens=tokens,
         price_per_gpu_hour=price_per_gpu_hour, max_gpus=max_gpus,
@@ -79,7 +79,7 @@ def search(
         m, hw, training, n, result, top, json_out, money, max_gpus is not None, export))
     if timeline is not None:  # the winner's step
         write_timeline(m, hw, training, result.ranked.candidates.layout(0), timeline,
-                       png_beside(timeline), force, strip=not json_out)
+                       default_png(png_beside(timeline)), force, strip=not json_out)
 
 
 def _export_and_show(m, hw, training, profile, result, export, force, show) -> None:

@@ -25,6 +25,13 @@ def png_beside(trace: Path) -> Path:
     return trace.with_suffix(".png") if trace.suffix == ".json" else Path(f"{trace}.png")
 
 
+def default_png(png: Path) -> Path | None:
+    """The Gantt chart a timeline writes when none is named: ``png``, or None where matplotlib
+    (the extra 'plot') is missing: the trace and the strip are written, and write_timeline says
+    why the chart is not. A chart named with --png without matplotlib is an error instead."""
+    return png if importlib.util.find_spec("matplotlib") is not None else None
+
+
 def check_timeline(trace: Path, png: Path | None, force: bool, inputs=()) -> None:
     """UsageError before any work for a destination that cannot be written (outputs.
     check_destination: never over an existing file without ``force``, never over an input),
@@ -52,15 +59,22 @@ def write_timeline(model, hw, training, layout, trace: Path, png: Path | None, f
     from ..render.timeline import gantt_png, step_labels, step_strip, step_trace
     from ..timeline import MAX_OPS, step_timeline
     tl = step_timeline(model, hw, training, layout, max_ops or MAX_OPS)
+    try:
+        lines = step_strip(tl, width or console.out.width) if strip else []
+    except ValueError as exc:  # the rank labels fill the width
+        raise UsageError(f"--width {width}: {exc}; give at least "
+                         f"{len(str(tl.result.schedule.p - 1)) + 3}") from None
     write(trace, json.dumps(step_trace(tl)) + "\n", force, "--timeline", "timeline.json")
     if png is not None:
         try:
             gantt_png(tl.result, step_labels(tl), png)
         except OSError as exc:
             raise UsageError(f"cannot write {png}: {exc.strerror or exc}") from None
-    for line in step_strip(tl, width or console.out.width) if strip else ():
+    for line in lines:
         console.out.print(line, markup=False, highlight=False, soft_wrap=True)
     wrote = f"{trace}" + (f" and the Gantt chart to {png}" if png is not None else "")
+    if png is None and importlib.util.find_spec("matplotlib") is None:
+        wrote += " (no Gantt chart: it needs matplotlib, the extra 'plot')"
     console.note(f"Wrote the timeline (Chrome trace: Perfetto, chrome://tracing) to {wrote}")
 
 
@@ -88,7 +102,7 @@ def timeline(
         if value is not None and value < 1:
             raise UsageError(f"{flag} must be positive, got {value}")
     trace = trace or plan.with_name(plan.stem + ".trace.json")
-    chart = None if no_png else (png or plan.with_name(plan.stem + ".png"))
+    chart = None if no_png else (png or default_png(plan.with_name(plan.stem + ".png")))
     if no_png and png is not None:
         raise UsageError("--png names the chart that --no-png leaves out: give one of them")
     check_timeline(trace, chart, force, inputs=[plan])

@@ -12,6 +12,7 @@ the same rows with unit durations; the ZB scheduler's ``print_details`` the ASCI
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass
 
 from ..schedule.simulate import SimResult, memory_curve
@@ -200,10 +201,11 @@ def _draw_rows(ax, result: SimResult) -> None:
     ax.set_xlim(0, t_end)
 
 
-def text_strip(result: SimResult, width: int = 80) -> list[str]:
+def text_strip(result: SimResult, width: int = 80, unit: str = "") -> list[str]:
     """One line per rank, one character per time slot of T_sync / columns (the op covering the
-    slot's midpoint: F, B, I, W, X for an F&B pair, '.' idle), then a legend line; every line
-    at most ``width`` characters. ValueError if ``width`` leaves no column."""
+    slot's midpoint: F, B, I, W, X for an F&B pair, '.' idle), then the legend (the slot and
+    the span in ``unit``: "s" prints ms below a second), wrapped; every line at most ``width``
+    characters. ValueError if ``width`` leaves no column."""
     p, t_end = result.schedule.p, result.t_sync
     prefix = [f"r{r}".ljust(len(f"r{p - 1}")) + " " for r in range(p)]
     cols = width - len(prefix[0])
@@ -216,9 +218,10 @@ def text_strip(result: SimResult, width: int = 80) -> list[str]:
         last = min(cols, int(-(-(e.end / slot - 0.5) // 1)))
         for i in range(first, last):
             rows[e.rank][i] = STRIP[e.kind]
-    legend = (f"F fwd B bwd I in-grad W wt-grad X F&B . idle; col = {slot:.3g}, "
-              f"step = {t_end:.4g}")
-    return [pre + "".join(row) for pre, row in zip(prefix, rows)] + [legend[:width]]
+    legend = (f"F fwd B bwd I in-grad W wt-grad X F&B . idle; one column "
+              f"{_fmt_time(slot, unit)}, the pipeline {_fmt_time(t_end, unit)}")
+    return [pre + "".join(row) for pre, row in zip(prefix, rows)] + \
+        textwrap.wrap(legend, width, break_long_words=True)
 
 
 # ---------------------------------------------------------------- one step of a plan
@@ -252,20 +255,23 @@ def step_trace(tl) -> dict:
 
 
 def step_strip(tl, width: int = 80) -> list[str]:
-    """text_strip of a StepTimeline's pipeline, then one line: the step as pipeline + tail, the
-    bubble, and the search's step where it differs (closed forms on uneven stages)."""
+    """text_strip of a StepTimeline's pipeline, then the step as pipeline + tail, the bubble,
+    and the search's step where it differs (closed forms on uneven stages), wrapped at
+    ``width``."""
     r = tl.result
-    lines = text_strip(r, width)
-    lines.append(f"step {_fmt_time(tl.step, 's')} = pipeline {_fmt_time(r.t_sync, 's')} + "
-                 f"{_tail_words(tl.tail)}"
-                 f"; bubble {_fmt_time(r.bubble, 's')} ({r.bubble / max(r.t_sync, 1e-30):.1%})")
+    lines = text_strip(r, width, "s")
+    words = (f"step {_fmt_time(tl.step, 's')} = pipeline {_fmt_time(r.t_sync, 's')} + "
+             f"{_tail_words(tl.tail, tl.step)}"
+             f"; bubble {_fmt_time(r.bubble, 's')} ({r.bubble / max(r.t_sync, 1e-30):.1%})")
     if abs(tl.fast_step - tl.step) > 1e-9 * tl.step:
-        lines.append(f"the search and estimate give {_fmt_time(tl.fast_step, 's')} (closed form; "
-                     f"{(tl.fast_step - tl.step) / tl.step:+.3%}): the simulated op order on "
-                     "these uneven stages differs")
-    return lines
+        words += (f"; the search and estimate give {_fmt_time(tl.fast_step, 's')} (closed form; "
+                  f"{(tl.fast_step - tl.step) / tl.step:+.3%}): the simulated op order on "
+                  "these uneven stages differs")
+    return lines + textwrap.wrap(words, width, break_long_words=True)
 
 
-def _tail_words(tail: dict) -> str:
-    """'p2p fill + gradient sync 30.8 ms + optimizer step 49.2 ms'."""
-    return " + ".join(f"{TAIL_NAMES[k]} {_fmt_time(v, 's')}" for k, v in tail.items())
+def _tail_words(tail: dict, step: float) -> str:
+    """'p2p fill + gradient sync 30.8 ms + optimizer step 49.2 ms'; a part below a billionth of
+    the ``step`` (the residue of a subtraction) as 0."""
+    return " + ".join(f"{TAIL_NAMES[k]} {_fmt_time(v if abs(v) > 1e-9 * step else 0.0, 's')}"
+                      for k, v in tail.items())
