@@ -80,7 +80,9 @@ def constraint_masks(model: ModelSpec, training: TrainingSpec, hw: HardwareProfi
     return masks
 
 
-SCHEDULE_RULE = "pipeline schedule: its model chunks per rank (vpp) and pp > 1 beyond 1F1B"
+SCHEDULE_RULE = ("pipeline schedule: its chunks per rank (vpp 1: 1F1B, GPipe, DualPipe; vpp 2: "
+                 "ZB-V, DualPipeV; vpp > 1: interleaved 1F1B and zero bubble, looped BFS) and pp > 1 "
+                 "beyond 1F1B")
 SCHEDULE_MB_RULE = ("pipeline schedule: the micro-batches its generator takes (DualPipe p, m even "
                     "and m >= 2p; DualPipeV m >= 2p; interleaved zero bubble PyTorch's rounds)")
 
