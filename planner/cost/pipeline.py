@@ -217,11 +217,10 @@ def holds_head(c, rank) -> np.ndarray:
     rank pp-1; in the V shapes (ZB-V, DualPipeV: rank r holds stages r and 2p-1-r) rank 0;
     with DualPipe ranks 0 and pp-1 (stage p-1 of one direction each) (reference §8, §10, §11;
     torchtitan pipeline_parallel.py L560-567). Bool array."""
-    rank, pp, code = np.asarray(rank), np.asarray(c.pp), np.asarray(c.pipeline_schedule)
-    if not np.any(code >= SIMULATED):  # the common case keeps the small shape of rank and pp
-        return rank == pp - 1
-    last = np.where(v_shaped(c), rank == 0, rank == pp - 1)
-    return last | ((code == _DUALPIPE) & (rank == 0))
+    code = np.asarray(c.pipeline_schedule)
+    if not np.any(code == _DUALPIPE):  # one head: the rank that runs the loss
+        return runs_loss(c, rank)
+    return runs_loss(c, rank) | ((code == _DUALPIPE) & (np.asarray(rank) == 0))
 
 
 def runs_loss(c, rank) -> np.ndarray:

@@ -157,6 +157,10 @@ def weight_bytes(hw: HardwareProfile, training: TrainingSpec, stage=None):
     return copies if stage is None else np.where(np.asarray(stage) >= 1, copies, kept)
 
 
+# the recipes whose Transformer Engine presets gather FP8 parameters (fp8_param_gather)
+FP8_PARAM_GATHER = ("fp8", "mxfp8")
+
+
 def fp8_param_gather(training: TrainingSpec) -> bool:
     """The recipe keeps parameters in FP8 and gathers them so (Megatron --fp8-param-gather;
     MXFP8 gathers the 16-bit master into the reused gradient buffer): Megatron-Bridge's
@@ -166,7 +170,7 @@ def fp8_param_gather(training: TrainingSpec) -> bool:
     plan3d's precisions is (tensorwise, mxfp8), so such a job gathers 16-bit parameters, as the
     Megatron-Core MoE report's GB200 MXFP8 DeepSeek-V3 run with optimizer offload (Yan et al.
     2026, App. B.2) did."""
-    return training.fp8_library == "transformer-engine" and training.precision in ("fp8", "mxfp8") \
+    return training.fp8_library == "transformer-engine" and training.precision in FP8_PARAM_GATHER \
         and training.optimizer_offload_fraction == 0
 
 

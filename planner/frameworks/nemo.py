@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import yaml
 
+from ..cost.precision import FP8_PARAM_GATHER
 from ..errors import UsageError
 from ..plan import Plan
 from ..cost.checkpoint import MEGATRON_FSDP_STRATEGY, megatron_ckpt_format
@@ -92,7 +93,7 @@ def mixed_precision_preset(training) -> str:
     if training.precision == "bf16":
         return f"{dtype}_mixed"
     preset = f"{dtype}_with_{BRIDGE_PRESETS[training.precision]}"
-    if training.optimizer_offload_fraction > 0 and training.precision in ("fp8", "mxfp8"):
+    if training.precision in FP8_PARAM_GATHER and training.optimizer_offload_fraction > 0:
         raise UsageError(f"Megatron-Bridge's mixed_precision preset {preset} gathers FP8 "
                          "parameters, which optimizer CPU offload cannot run beside (Megatron-LM "
                          "arguments.py L1888-1891); set fp8_param_gather=False in the recipe's "

@@ -203,10 +203,11 @@ class LayoutDegrees:
         first, last = rank == 0, rank == pp - 1
         form_b = split & (first | last)
         short = np.where(form_b, np.where(first, 0, vpp - 1), -1)
+        missing = form_b  # layers' worth the short chunks lack: one each
         if np.any(fold):  # rank 0: both chunks short; the last rank: none
             short = np.where(fold, np.where(first, EVERY_CHUNK, -1), short)
-            return (layers + np.where(fold, vpp * first, form_b)) / vpp.astype(np.float64), short
-        return (layers + form_b) / vpp.astype(np.float64), short
+            missing = np.where(fold, vpp * first, form_b)
+        return (layers + missing) / vpp.astype(np.float64), short
 
 
     # ------------------------------------------------------------------ recomputation
